@@ -1,0 +1,52 @@
+// Package limiter makes the rate-limit decision for a key this process owns.
+//
+// It is a leaf package: it knows nothing of clusters, peers or transports. A
+// [Request] names a limit (Name), a client key (Key), a cost (Hits), a rate
+// (Limit per Period, with a Burst where the algorithm has one) and an
+// [Algorithm]; a [Decision] says whether the request is admitted and what the
+// client may do next (Remaining, ResetAt, RetryAfter, and Delay for the leaky
+// bucket).
+//
+// [Store] keeps the per-key state in memory, sharded with one lock per shard.
+// The state of every algorithm but the sliding window log fits in three
+// machine words, so a key costs well under 128 bytes beyond its own bytes.
+// An entry is dropped by [Store.Sweep] only once its state has returned to
+// fresh, so dropping it changes no future decision; a maximum entry count
+// evicts the least recently used entries, and evictions of live state are
+// counted.
+//
+// Time is always an argument: [Store.CheckAt] takes now, [Store.Check] calls
+// time.Now once. Rejected requests consume nothing, unless the request asks
+// for [DrainOverLimit].
+//
+// The algorithms and their exact semantics:
+//
+//   - [TokenBucket]: a bucket of capacity Burst refilled continuously at
+//     Limit/Period. A request of h hits is admitted when h tokens are present.
+//   - [LeakyBucket]: a queue of capacity Burst that drains at Limit/Period. An
+//     admitted request gets a Delay, the time until everything queued ahead of
+//     it has drained, so outflow is smooth; a full queue rejects. [Wait]
+//     sleeps for the delay under a context.
+//   - [FixedWindow]: at most Limit hits per window. Windows are aligned to
+//     multiples of Period since the Unix epoch, or with a [Calendar] unit to
+//     calendar minutes, hours, days, ISO weeks (starting Monday), months or
+//     years in the request's time zone.
+//   - [SlidingWindowLog]: at most Limit hits admitted in any interval
+//     (now-Period, now]; the log stores (time, hits) pairs, merging hits
+//     admitted at the same instant, so it never holds more entries than Limit.
+//   - [SlidingWindowCounter]: windows aligned like the fixed window; a request
+//     is admitted when cur + hits + prev*(Period-elapsed)/Period <= Limit,
+//     computed exactly in integers, where cur and prev are the admitted hits
+//     of the current and previous windows and elapsed is the time since the
+//     current window began.
+//   - [GCRA]: the generic cell rate algorithm, one theoretical arrival time
+//     (TAT) per key. The emission interval T is Period/Limit rounded up to a
+//     whole nanosecond (never faster than Limit per Period); a request of h
+//     hits is admitted when max(TAT, now) + h*T - now <= Burst*T, all in
+//     integer nanoseconds, so decisions are exact.
+//
+// A request whose Limit, Period or Burst differ from the previous request for
+// the same key takes effect at once and keeps what was consumed: the bucket
+// level, the TAT converted to the new emission interval, the window counts.
+// A request with another Algorithm for an existing key starts from fresh.
+package limiter

@@ -1,0 +1,34 @@
+package limiter
+
+import "time"
+
+// decideGCRA is the generic cell rate algorithm (virtual scheduling form).
+func decideGCRA(st *state, req *Request, now int64) Decision {
+	t := (int64(req.Period) + req.Limit - 1) / req.Limit // ceil(Period/Limit)
+	tat := st.w[0]
+	if old := st.w[1]; old != 0 && old != t && tat > now {
+		// Keep what was consumed: the outstanding hits (tat-now)/old
+		// are rescheduled at the new interval.
+		tat = now + mul(tat-now, t).divCeil(old)
+	}
+	if tat < now {
+		tat = now
+	}
+	tolerance := req.burst() * t
+	probe := max(req.Hits, 1)
+	d := Decision{Limit: req.Limit}
+	if next := tat + probe*t; next-now <= tolerance {
+		d.Allowed = true
+		tat += req.Hits * t
+	} else {
+		d.RetryAfter = time.Duration(next - now - tolerance)
+		if req.Behavior&DrainOverLimit != 0 && tat-now < tolerance {
+			tat = now + tolerance
+		}
+	}
+	d.Remaining = max((tolerance-(tat-now))/t, 0)
+	st.w[0], st.w[1] = tat, t
+	st.expireAt = tat
+	d.ResetAt = nsTime(tat)
+	return d
+}

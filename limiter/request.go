@@ -1,0 +1,255 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Algorithm selects how a limit is enforced. The zero value is invalid.
+type Algorithm uint8
+
+// The algorithms. See the package comment for their semantics.
+const (
+	TokenBucket Algorithm = iota + 1
+	LeakyBucket
+	FixedWindow
+	SlidingWindowLog
+	SlidingWindowCounter
+	GCRA
+	numAlgorithms = iota
+)
+
+// Algorithms lists every algorithm, in declaration order.
+var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, GCRA}
+
+var algorithmNames = [...]string{
+	TokenBucket:          "token_bucket",
+	LeakyBucket:          "leaky_bucket",
+	FixedWindow:          "fixed_window",
+	SlidingWindowLog:     "sliding_window_log",
+	SlidingWindowCounter: "sliding_window_counter",
+	GCRA:                 "gcra",
+}
+
+// String returns the algorithm's snake_case name, as used in config files.
+func (a Algorithm) String() string {
+	if a == 0 || int(a) >= len(algorithmNames) {
+		return fmt.Sprintf("algorithm(%d)", uint8(a))
+	}
+	return algorithmNames[a]
+}
+
+// ParseAlgorithm returns the algorithm named s (as printed by String; case and
+// '-' versus '_' do not matter).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	n := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
+	for a := TokenBucket; a < numAlgorithms; a++ {
+		if algorithmNames[a] == n {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q", ErrUnknownAlgorithm, s)
+}
+
+// Valid reports whether a names a known algorithm.
+func (a Algorithm) Valid() bool { return a >= TokenBucket && a < numAlgorithms }
+
+// HasBurst reports whether Burst means something for a: the token bucket's
+// capacity, the leaky bucket's queue size and GCRA's burst tolerance. The
+// window algorithms admit at most Limit per window and ignore Burst.
+func (a Algorithm) HasBurst() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+
+// Calendar aligns fixed windows to calendar units in a time zone instead of
+// to multiples of Period. The zero value, NoCalendar, uses Period.
+type Calendar uint8
+
+// The calendar units.
+const (
+	NoCalendar Calendar = iota
+	Minute
+	Hour
+	Day
+	Week // ISO week, starting Monday 00:00
+	Month
+	Year
+	numCalendars = iota
+)
+
+var calendarNames = [...]string{NoCalendar: "", Minute: "minute", Hour: "hour", Day: "day", Week: "week", Month: "month", Year: "year"}
+
+// String returns the unit's name ("" for NoCalendar).
+func (c Calendar) String() string {
+	if int(c) >= len(calendarNames) {
+		return fmt.Sprintf("calendar(%d)", uint8(c))
+	}
+	return calendarNames[c]
+}
+
+// ParseCalendar returns the unit named s ("" is NoCalendar).
+func ParseCalendar(s string) (Calendar, error) {
+	n := strings.ToLower(strings.TrimSpace(s))
+	for c := NoCalendar; c < numCalendars; c++ {
+		if calendarNames[c] == n {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown calendar unit %q", ErrInvalidCalendar, s)
+}
+
+// Behavior modifies how one request is decided. Values combine with |.
+type Behavior uint8
+
+const (
+	// Reset forgets the key's state before deciding, as if it were new.
+	Reset Behavior = 1 << iota
+	// DrainOverLimit consumes everything that remains when the request is
+	// rejected, so that the key stays limited until it refills.
+	DrainOverLimit
+
+	allBehaviors = Reset | DrainOverLimit
+)
+
+// Bounds on request fields. They keep every computation inside int64 and
+// bound the memory one request can make a node spend.
+const (
+	MaxNameLen = 128  // bytes
+	MaxKeyLen  = 1024 // bytes
+	MaxLimit   = 1_000_000_000_000
+	MinPeriod  = time.Microsecond
+	MaxPeriod  = 10 * 366 * 24 * time.Hour
+	// MaxDrain bounds how long a burst may take to drain:
+	// Burst*Period/Limit (and Limit*Period/Limit for the windows).
+	MaxDrain = 100 * 366 * 24 * time.Hour
+)
+
+// Validation errors. Every error Validate returns wraps exactly one of these
+// and names the offending field; test with errors.Is.
+var (
+	ErrInvalidName      = errors.New("limiter: invalid Name")
+	ErrInvalidKey       = errors.New("limiter: invalid Key")
+	ErrInvalidHits      = errors.New("limiter: invalid Hits")
+	ErrHitsExceedLimit  = errors.New("limiter: Hits exceed what the limit can ever admit")
+	ErrInvalidLimit     = errors.New("limiter: invalid Limit")
+	ErrInvalidPeriod    = errors.New("limiter: invalid Period")
+	ErrInvalidBurst     = errors.New("limiter: invalid Burst")
+	ErrUnknownAlgorithm = errors.New("limiter: unknown Algorithm")
+	ErrInvalidCalendar  = errors.New("limiter: invalid Calendar")
+	ErrInvalidBehavior  = errors.New("limiter: invalid Behavior")
+)
+
+// Request asks for a decision on one key.
+type Request struct {
+	// Name names the limit ("api_per_user"); Key is the client it applies to
+	// ("user:42"). Together they identify the counter. Both are non-empty
+	// valid UTF-8 of at most MaxNameLen and MaxKeyLen bytes.
+	Name string
+	Key  string
+	// Hits is the cost of this request. Set it to 1 for one request. 0 peeks:
+	// the decision reports the state and whether one hit would be admitted,
+	// and consumes nothing. (Over the wire, an absent hits field means 1.)
+	Hits int64
+	// Limit hits per Period. Limit is in [1, MaxLimit], Period in
+	// [MinPeriod, MaxPeriod]. With a Calendar, Period is ignored and may be 0.
+	Limit  int64
+	Period time.Duration
+	// Burst is the token bucket's capacity, the leaky bucket's queue size
+	// and GCRA's burst tolerance; 0 means Limit. Ignored by the windows.
+	Burst     int64
+	Algorithm Algorithm
+	// Calendar aligns FixedWindow windows to calendar units in Location
+	// (nil means UTC). Only FixedWindow accepts a Calendar.
+	Calendar Calendar
+	Location *time.Location
+	Behavior Behavior
+}
+
+// burst returns the effective burst: Burst, or Limit when Burst is 0 or the
+// algorithm has none.
+func (r *Request) burst() int64 {
+	if r.Burst == 0 || !r.Algorithm.HasBurst() {
+		return r.Limit
+	}
+	return r.Burst
+}
+
+// Capacity is the most hits one request can ever be admitted with: the burst
+// for the bucket algorithms and GCRA, Limit for the windows.
+func (r *Request) Capacity() int64 { return r.burst() }
+
+// Validate checks every field and returns nil or an error wrapping one of the
+// Err* sentinels. It does not allocate when the request is valid.
+func (r *Request) Validate() error {
+	switch {
+	case r.Name == "":
+		return fmt.Errorf("%w: Name is empty", ErrInvalidName)
+	case len(r.Name) > MaxNameLen:
+		return fmt.Errorf("%w: Name is %d bytes, more than the maximum %d", ErrInvalidName, len(r.Name), MaxNameLen)
+	case !utf8.ValidString(r.Name):
+		return fmt.Errorf("%w: Name is not valid UTF-8", ErrInvalidName)
+	case r.Key == "":
+		return fmt.Errorf("%w: Key is empty", ErrInvalidKey)
+	case len(r.Key) > MaxKeyLen:
+		return fmt.Errorf("%w: Key is %d bytes, more than the maximum %d", ErrInvalidKey, len(r.Key), MaxKeyLen)
+	case !utf8.ValidString(r.Key):
+		return fmt.Errorf("%w: Key is not valid UTF-8", ErrInvalidKey)
+	case !r.Algorithm.Valid():
+		return fmt.Errorf("%w: Algorithm %d", ErrUnknownAlgorithm, uint8(r.Algorithm))
+	case r.Limit < 1 || r.Limit > MaxLimit:
+		return fmt.Errorf("%w: Limit %d is outside [1, %d]", ErrInvalidLimit, r.Limit, int64(MaxLimit))
+	case r.Burst < 0 || r.Burst > MaxLimit:
+		return fmt.Errorf("%w: Burst %d is outside [0, %d] (0 means Limit)", ErrInvalidBurst, r.Burst, int64(MaxLimit))
+	case r.Behavior&^allBehaviors != 0:
+		return fmt.Errorf("%w: Behavior %#x has unknown bits", ErrInvalidBehavior, uint8(r.Behavior))
+	case r.Hits < 0:
+		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
+	}
+	if r.Calendar != NoCalendar {
+		if r.Calendar >= numCalendars {
+			return fmt.Errorf("%w: Calendar %d", ErrInvalidCalendar, uint8(r.Calendar))
+		}
+		if r.Algorithm != FixedWindow {
+			return fmt.Errorf("%w: Calendar %s needs Algorithm fixed_window, not %s", ErrInvalidCalendar, r.Calendar, r.Algorithm)
+		}
+	} else {
+		if r.Period < MinPeriod || r.Period > MaxPeriod {
+			return fmt.Errorf("%w: Period %v is outside [%v, %v]", ErrInvalidPeriod, r.Period, MinPeriod, MaxPeriod)
+		}
+		// Draining a full burst must take at most MaxDrain, which keeps
+		// Burst*T inside int64 for GCRA and the buckets.
+		if b := r.burst(); float64(b)/float64(r.Limit)*float64(r.Period) > float64(MaxDrain) {
+			return fmt.Errorf("%w: Burst %d at Limit %d per %v takes more than %v to drain", ErrInvalidBurst, b, r.Limit, r.Period, MaxDrain)
+		}
+		if r.Algorithm == GCRA && r.Limit > int64(r.Period) {
+			return fmt.Errorf("%w: GCRA admits at most one hit per nanosecond, Limit %d per %v is faster", ErrInvalidLimit, r.Limit, r.Period)
+		}
+	}
+	if c := r.burst(); r.Hits > c {
+		return fmt.Errorf("%w: Hits %d, but %s with Limit %d and Burst %d admits at most %d at once", ErrHitsExceedLimit, r.Hits, r.Algorithm, r.Limit, r.Burst, c)
+	}
+	return nil
+}
+
+// Decision is the answer to a Request.
+type Decision struct {
+	// Allowed is true when the request was admitted (its hits consumed).
+	// For a peek (Hits 0) it says whether one hit would be admitted.
+	Allowed bool
+	// Limit echoes the request's Limit.
+	Limit int64
+	// Remaining is how many hits a request could still be admitted with
+	// right now, after this decision. Never negative.
+	Remaining int64
+	// ResetAt is when the key's state returns to fresh if nothing more is
+	// consumed: the bucket full again, the window over, the log empty.
+	ResetAt time.Time
+	// RetryAfter is how long until this same request would be admitted;
+	// zero when it was admitted.
+	RetryAfter time.Duration
+	// Delay is, for an admitted leaky-bucket request, how long the caller
+	// should wait before proceeding so that outflow is smooth. Zero
+	// otherwise.
+	Delay time.Duration
+}

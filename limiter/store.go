@@ -1,0 +1,245 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// Shards is the number of independently locked shards, a power of two.
+	Shards int
+	// MaxEntries bounds the number of keys held. When a new key would pass
+	// it, the least recently used key of its shard is evicted (the bound is
+	// enforced per shard, MaxEntries/Shards each). 0 means no bound.
+	MaxEntries int
+}
+
+// DefaultStoreConfig returns 128 shards and at most 1,000,000 entries
+// (about 120 MB for the window algorithms, GCRA and the token bucket).
+func DefaultStoreConfig() StoreConfig {
+	return StoreConfig{Shards: 128, MaxEntries: 1_000_000}
+}
+
+// ErrInvalidStoreConfig wraps every error of StoreConfig.Validate.
+var ErrInvalidStoreConfig = errors.New("limiter: invalid store config")
+
+// Validate reports the first invalid field.
+func (c StoreConfig) Validate() error {
+	switch {
+	case c.Shards < 1 || c.Shards > 1<<16 || c.Shards&(c.Shards-1) != 0:
+		return fmt.Errorf("%w: Shards %d is not a power of two in [1, 65536]", ErrInvalidStoreConfig, c.Shards)
+	case c.MaxEntries < 0:
+		return fmt.Errorf("%w: MaxEntries %d is negative", ErrInvalidStoreConfig, c.MaxEntries)
+	case c.MaxEntries > 0 && c.MaxEntries < c.Shards:
+		return fmt.Errorf("%w: MaxEntries %d is below Shards %d", ErrInvalidStoreConfig, c.MaxEntries, c.Shards)
+	}
+	return nil
+}
+
+// StoreStats counts what a Store holds and has dropped.
+type StoreStats struct {
+	Entries   int64 // keys held now
+	Evictions int64 // keys evicted by MaxEntries while their state was live
+	Expired   int64 // keys dropped because their state had returned to fresh
+}
+
+// Store is a concurrent in-memory store of per-key limiter state. It is safe
+// for concurrent use. It starts no goroutines: its owner calls Sweep.
+type Store struct {
+	shards   []shard
+	mask     uint64
+	perShard int // max entries per shard, 0 = no bound
+
+	entries   atomic.Int64
+	evictions atomic.Int64
+	expired   atomic.Int64
+}
+
+// entry is one key in a shard's map and LRU list.
+type entry struct {
+	key        string // the store key: len(name), name, key
+	prev, next *entry // LRU list, most recent first
+	state
+}
+
+type shard struct {
+	mu sync.Mutex // guards m, logs, head and tail, and the entries in them
+	m  map[string]*entry
+	// logs holds the sliding window logs of the entries that have one.
+	logs map[string]*windowLog
+	// head is the most recently used entry, tail the least.
+	head, tail *entry
+	_          [32]byte // keep shards on separate cache lines
+}
+
+// NewStore returns an empty store.
+func NewStore(cfg StoreConfig) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		shards: make([]shard, cfg.Shards),
+		mask:   uint64(cfg.Shards - 1),
+	}
+	if cfg.MaxEntries > 0 {
+		s.perShard = (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].logs = make(map[string]*windowLog)
+	}
+	return s, nil
+}
+
+// appendStoreKey appends the store key of (name, key) to b: a length byte,
+// the name and the key. MaxNameLen < 256, so one byte joins them
+// unambiguously.
+func appendStoreKey(b []byte, name, key string) []byte {
+	b = append(b, byte(len(name)))
+	b = append(b, name...)
+	return append(b, key...)
+}
+
+func (s *Store) shardFor(k []byte) *shard {
+	h := xxhash.Sum64(k)
+	return &s.shards[(h^h>>32)&s.mask]
+}
+
+// Check decides req at time.Now().
+func (s *Store) Check(req Request) (Decision, error) { return s.CheckAt(req, time.Now()) }
+
+// CheckAt validates req and decides it at now, updating the key's state.
+func (s *Store) CheckAt(req Request, now time.Time) (Decision, error) {
+	if err := req.Validate(); err != nil {
+		return Decision{}, err
+	}
+	return s.decide(&req, now.UnixNano()), nil
+}
+
+func (s *Store) decide(req *Request, now int64) Decision {
+	var buf [96]byte // most keys fit on the stack; longer ones allocate
+	k := appendStoreKey(buf[:0], req.Name, req.Key)
+	sh := s.shardFor(k)
+	sh.mu.Lock()
+	var lg *windowLog
+	if e, ok := sh.m[string(k)]; ok {
+		if req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog {
+			lg = sh.logs[e.key]
+		}
+		d := decide(&e.state, &lg, req, now)
+		if lg != nil && req.Algorithm != SlidingWindowLog {
+			delete(sh.logs, e.key) // the key moved to another algorithm
+		} else if lg != nil && sh.logs[e.key] == nil {
+			sh.logs[e.key] = lg
+		}
+		sh.touchLocked(e)
+		sh.mu.Unlock()
+		return d
+	}
+	var st state
+	d := decide(&st, &lg, req, now)
+	if st.expireAt > now { // only state that is not fresh is worth keeping
+		key := string(k)
+		s.insertLocked(sh, key, st, now)
+		if lg != nil {
+			sh.logs[key] = lg
+		}
+	}
+	sh.mu.Unlock()
+	return d
+}
+
+// insertLocked adds a key to sh, evicting its least recently used key first
+// when the shard is full. sh.mu must be held.
+func (s *Store) insertLocked(sh *shard, key string, st state, now int64) {
+	if s.perShard > 0 && len(sh.m) >= s.perShard {
+		victim := sh.tail
+		if victim.expireAt > now {
+			s.evictions.Add(1)
+		} else {
+			s.expired.Add(1)
+		}
+		sh.removeLocked(victim)
+		s.entries.Add(-1)
+	}
+	e := &entry{key: key, state: st}
+	sh.m[key] = e
+	sh.pushFrontLocked(e)
+	s.entries.Add(1)
+}
+
+func (sh *shard) pushFrontLocked(e *entry) {
+	e.prev, e.next = nil, sh.head
+	if sh.head != nil {
+		sh.head.prev = e
+	}
+	sh.head = e
+	if sh.tail == nil {
+		sh.tail = e
+	}
+}
+
+func (sh *shard) unlinkLocked(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		sh.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		sh.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (sh *shard) touchLocked(e *entry) {
+	if sh.head != e {
+		sh.unlinkLocked(e)
+		sh.pushFrontLocked(e)
+	}
+}
+
+func (sh *shard) removeLocked(e *entry) {
+	sh.unlinkLocked(e)
+	delete(sh.m, e.key)
+	if e.algo() == SlidingWindowLog {
+		delete(sh.logs, e.key)
+	}
+}
+
+// Sweep drops every key whose state has returned to fresh by now, so that
+// dropping it changes no decision, and returns how many it dropped. It locks
+// one shard at a time.
+func (s *Store) Sweep(now time.Time) int {
+	n := now.UnixNano()
+	dropped := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			if e.expireAt <= n {
+				sh.removeLocked(e)
+				dropped++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	s.entries.Add(int64(-dropped))
+	s.expired.Add(int64(dropped))
+	return dropped
+}
+
+// Len returns the number of keys held.
+func (s *Store) Len() int { return int(s.entries.Load()) }
+
+// Stats returns the store's counters.
+func (s *Store) Stats() StoreStats {
+	return StoreStats{Entries: s.entries.Load(), Evictions: s.evictions.Load(), Expired: s.expired.Load()}
+}

@@ -1,0 +1,190 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/peer"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Policy says what a node does with a check whose owner cannot be reached.
+type Policy uint8
+
+const (
+	// PolicyUnset in a request means "use the node's Config.Unreachable".
+	PolicyUnset Policy = iota
+	// PolicyLocal decides on this node's own store, as if it owned the key:
+	// the limit holds per node until the owner is back.
+	PolicyLocal
+	// PolicyAllow admits the request (fail open).
+	PolicyAllow
+	// PolicyDeny rejects the request (fail closed).
+	PolicyDeny
+	numPolicies = iota
+)
+
+var policyNames = [...]string{PolicyUnset: "", PolicyLocal: "local", PolicyAllow: "allow", PolicyDeny: "deny"}
+
+func (p Policy) String() string {
+	if p >= numPolicies {
+		return fmt.Sprintf("policy(%d)", uint8(p))
+	}
+	return policyNames[p]
+}
+
+// ParsePolicy returns the policy named s ("local", "allow", "deny"; "" is
+// PolicyUnset).
+func ParsePolicy(s string) (Policy, error) {
+	for p := PolicyUnset; p < numPolicies; p++ {
+		if policyNames[p] == s {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown policy %q (want local, allow or deny)", ErrInvalidConfig, s)
+}
+
+// Profile chooses serf's timings.
+type Profile uint8
+
+const (
+	// ProfileLAN is memberlist's LAN defaults: a failed node is noticed in
+	// about five seconds.
+	ProfileLAN Profile = iota
+	// ProfileFast is for nodes on one host, tests above all: joins converge
+	// in tens of milliseconds and a failed node is noticed in about a
+	// second.
+	ProfileFast
+)
+
+// Config configures a Node. Build it from DefaultConfig or TestConfig.
+type Config struct {
+	// NodeName must be unique in the cluster.
+	NodeName string
+	// GossipAddr is serf's bind address, host:port (port 0 picks one).
+	GossipAddr string
+	// GRPCAddr is where the node serves peers and daemon clients.
+	GRPCAddr string
+	// AdvertiseHost is the host other nodes reach this one at. Empty means
+	// the bind host, or the address serf advertises when bound to all
+	// interfaces.
+	AdvertiseHost string
+	// Seeds are gossip addresses of existing members to join. A node whose
+	// seeds do not answer starts alone and retries every RetryJoinInterval.
+	Seeds             []string
+	RetryJoinInterval time.Duration
+	Profile           Profile
+
+	// Unreachable is the policy for requests that do not set their own.
+	Unreachable Policy
+	// DenyRetryAfter is the RetryAfter of a request denied by PolicyDeny.
+	DenyRetryAfter time.Duration
+	// SweepInterval is how often keys whose state returned to fresh are
+	// dropped from the store.
+	SweepInterval time.Duration
+
+	Store limiter.StoreConfig
+	Ring  ring.Config
+	// Peer configures the clients to other nodes; Peer.Timeout is the
+	// deadline of a forwarded check.
+	Peer peer.Config
+
+	// Events, when set, receives a MemberEvent for every membership change
+	// the node applies. Sends never block: when the channel is full the
+	// event is dropped and counted in Stats.DroppedEvents.
+	Events chan<- MemberEvent
+	// Logger receives the node's logs, serf's and memberlist's included;
+	// nil discards them.
+	Logger *slog.Logger
+	// Clock returns the time decisions are made at; nil is time.Now.
+	Clock func() time.Time
+}
+
+// DefaultConfig returns a config for a node on a LAN: gossip on port 7946
+// and gRPC on 7947 of every interface, the node name from the host name.
+func DefaultConfig() Config {
+	return Config{
+		GossipAddr:        ":7946",
+		GRPCAddr:          ":7947",
+		RetryJoinInterval: 5 * time.Second,
+		Profile:           ProfileLAN,
+		Unreachable:       PolicyLocal,
+		DenyRetryAfter:    time.Second,
+		SweepInterval:     10 * time.Second,
+		Store:             limiter.DefaultStoreConfig(),
+		Ring:              ring.DefaultConfig(),
+		Peer:              peer.DefaultConfig(),
+	}
+}
+
+// TestConfig returns DefaultConfig changed for nodes in one process on
+// loopback: free ports on 127.0.0.1, the fast gossip profile, short
+// timeouts and a smaller store.
+func TestConfig(name string) Config {
+	c := DefaultConfig()
+	c.NodeName = name
+	c.GossipAddr = "127.0.0.1:0"
+	c.GRPCAddr = "127.0.0.1:0"
+	c.Profile = ProfileFast
+	c.RetryJoinInterval = 100 * time.Millisecond
+	c.Store.MaxEntries = 100_000
+	c.Peer.Timeout = 500 * time.Millisecond
+	return c
+}
+
+// ErrInvalidConfig wraps every error of Config.Validate.
+var ErrInvalidConfig = errors.New("cluster: invalid config")
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if c.NodeName == "" {
+		return bad("NodeName is empty")
+	}
+	for field, addr := range map[string]string{"GossipAddr": c.GossipAddr, "GRPCAddr": c.GRPCAddr} {
+		if _, _, err := splitHostPort(addr); err != nil {
+			return bad("%s %q: %v", field, addr, err)
+		}
+	}
+	switch {
+	case c.Unreachable == PolicyUnset || c.Unreachable >= numPolicies:
+		return bad("Unreachable policy %v must be local, allow or deny", c.Unreachable)
+	case c.Profile > ProfileFast:
+		return bad("Profile %d is unknown", c.Profile)
+	case c.RetryJoinInterval <= 0:
+		return bad("RetryJoinInterval %v must be positive", c.RetryJoinInterval)
+	case c.DenyRetryAfter < 0:
+		return bad("DenyRetryAfter %v is negative", c.DenyRetryAfter)
+	case c.SweepInterval <= 0:
+		return bad("SweepInterval %v must be positive", c.SweepInterval)
+	}
+	if err := c.Store.Validate(); err != nil {
+		return fmt.Errorf("%w: Store: %w", ErrInvalidConfig, err)
+	}
+	if err := c.Ring.Validate(); err != nil {
+		return fmt.Errorf("%w: Ring: %w", ErrInvalidConfig, err)
+	}
+	if err := c.Peer.Validate(); err != nil {
+		return fmt.Errorf("%w: Peer: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// splitHostPort parses host:port with a numeric port.
+func splitHostPort(addr string) (string, int, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return "", 0, err
+	}
+	return host, p, nil
+}

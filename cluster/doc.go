@@ -1,0 +1,18 @@
+// Package cluster is sluice's embedded entry point: a [Node] composes the
+// limiter store, serf membership, the consistent-hash ring, the gRPC servers
+// and the per-peer batching clients.
+//
+// Every service instance runs a Node. Nodes find each other with serf gossip
+// and advertise their gRPC address in a serf tag. Each node rebuilds its
+// ring from the alive members on every membership event, so once gossip has
+// converged all nodes route a key to the same owner. [Node.Check] decides a
+// key it owns on its own store, and forwards any other key to its owner,
+// where concurrent checks to one peer share a gRPC call. When the owner
+// cannot be reached, the node applies the [Policy] of the request or of its
+// config: decide on its own store (the default), allow, or deny; the
+// [Decision] says it was made without the owner.
+//
+// A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
+// the cluster gracefully; [Node.Close] stops at once. Either stops every
+// goroutine the node started.
+package cluster

@@ -1,0 +1,180 @@
+package cluster
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/sluicehq/sluice/ring"
+)
+
+// grpcTag is the serf tag holding a node's gRPC address.
+const grpcTag = "grpc"
+
+// Member is one node of the cluster as this node sees it.
+type Member struct {
+	Name       string
+	GossipAddr string
+	GRPCAddr   string
+	// Status is serf's: alive, leaving, left or failed.
+	Status string
+}
+
+// MemberEventKind says what happened to a member.
+type MemberEventKind uint8
+
+const (
+	MemberJoined MemberEventKind = iota + 1
+	MemberLeft
+	MemberFailed
+	MemberUpdated
+	MemberReaped
+)
+
+func (k MemberEventKind) String() string {
+	switch k {
+	case MemberJoined:
+		return "joined"
+	case MemberLeft:
+		return "left"
+	case MemberFailed:
+		return "failed"
+	case MemberUpdated:
+		return "updated"
+	case MemberReaped:
+		return "reaped"
+	}
+	return "unknown"
+}
+
+// MemberEvent is a membership change, sent on Config.Events after the ring
+// has been rebuilt with it.
+type MemberEvent struct {
+	Kind    MemberEventKind
+	Members []Member
+}
+
+// serfConfig builds a fresh serf config (serf rewrites the one it is given).
+func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog.Logger) (*serf.Config, error) {
+	host, port, err := splitHostPort(c.GossipAddr)
+	if err != nil {
+		return nil, err
+	}
+	sc := serf.DefaultConfig()
+	sc.NodeName = c.NodeName
+	sc.EventCh = events
+	sc.Tags = map[string]string{grpcTag: grpcAddr}
+	// serf and memberlist log through the node's logger at debug level;
+	// only one of LogOutput and Logger may be set on memberlist.
+	std := slog.NewLogLogger(logger.Handler(), slog.LevelDebug)
+	sc.Logger = std
+	sc.LogOutput = nil
+	if c.Profile == ProfileFast {
+		sc.MemberlistConfig = memberlist.DefaultLocalConfig()
+		ml := sc.MemberlistConfig
+		ml.ProbeInterval = 200 * time.Millisecond
+		ml.ProbeTimeout = 100 * time.Millisecond
+		ml.GossipInterval = 20 * time.Millisecond
+		ml.SuspicionMult = 2
+		ml.RetransmitMult = 4
+		ml.PushPullInterval = 500 * time.Millisecond
+		ml.TCPTimeout = 500 * time.Millisecond
+		ml.DeadNodeReclaimTime = time.Millisecond
+		sc.ReapInterval = 500 * time.Millisecond
+		sc.TombstoneTimeout = 2 * time.Second
+		sc.ReconnectTimeout = 2 * time.Second
+		sc.LeavePropagateDelay = 100 * time.Millisecond
+	}
+	ml := sc.MemberlistConfig
+	ml.Name = c.NodeName
+	ml.BindAddr = host
+	if host == "" {
+		ml.BindAddr = "0.0.0.0"
+	}
+	ml.BindPort = port
+	ml.AdvertisePort = 0
+	if c.AdvertiseHost != "" {
+		ml.AdvertiseAddr = c.AdvertiseHost
+	}
+	ml.Logger = std
+	ml.LogOutput = nil
+	return sc, nil
+}
+
+// advertisedGRPC returns the gRPC address to put in the serf tag: the
+// listener's port on AdvertiseHost, or on the listener's host when that is a
+// specific address. ok is false when the host must come from serf.
+func advertisedGRPC(c *Config, lis net.Listener) (addr string, ok bool) {
+	tcp := lis.Addr().(*net.TCPAddr)
+	port := strconv.Itoa(tcp.Port)
+	if c.AdvertiseHost != "" {
+		return net.JoinHostPort(c.AdvertiseHost, port), true
+	}
+	if !tcp.IP.IsUnspecified() {
+		return net.JoinHostPort(tcp.IP.String(), port), true
+	}
+	return ":" + port, false
+}
+
+// ringMembers turns serf's members into the ring's, keeping alive members
+// whose gRPC tag is a valid address. Tags come from other nodes: a member
+// with a bad one is left out and reported, never trusted.
+func ringMembers(ms []serf.Member, logger *slog.Logger) []ring.Member {
+	out := make([]ring.Member, 0, len(ms))
+	for _, m := range ms {
+		if m.Status != serf.StatusAlive {
+			continue
+		}
+		addr, err := checkGRPCTag(m.Tags[grpcTag])
+		if err != nil {
+			logger.Warn("cluster: ignoring member with a bad gRPC tag", "member", m.Name, "err", err)
+			continue
+		}
+		out = append(out, ring.Member{Name: m.Name, Addr: addr})
+	}
+	return out
+}
+
+func checkGRPCTag(v string) (string, error) {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return "", fmt.Errorf("grpc tag %q: %w", v, err)
+	}
+	if host == "" {
+		return "", fmt.Errorf("grpc tag %q has no host", v)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("grpc tag %q has a bad port", v)
+	}
+	return v, nil
+}
+
+func toMember(m serf.Member) Member {
+	return Member{
+		Name:       m.Name,
+		GossipAddr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
+		GRPCAddr:   m.Tags[grpcTag],
+		Status:     m.Status.String(),
+	}
+}
+
+func eventKind(t serf.EventType) (MemberEventKind, bool) {
+	switch t {
+	case serf.EventMemberJoin:
+		return MemberJoined, true
+	case serf.EventMemberLeave:
+		return MemberLeft, true
+	case serf.EventMemberFailed:
+		return MemberFailed, true
+	case serf.EventMemberUpdate:
+		return MemberUpdated, true
+	case serf.EventMemberReap:
+		return MemberReaped, true
+	}
+	return 0, false
+}

@@ -1,0 +1,364 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/peer"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Errors of the cluster package.
+var (
+	// ErrClosed is returned by a Node that has been closed.
+	ErrClosed = errors.New("cluster: node closed")
+	// ErrJoin wraps a failure to join any of the given seeds.
+	ErrJoin = errors.New("cluster: join failed")
+)
+
+// Decision is a limiter decision and where it was made.
+type Decision struct {
+	limiter.Decision
+	// Owner is the name of the node that decided.
+	Owner string
+	// WithoutOwner is true when the key's owner could not be reached and
+	// the decision came from the unreachable policy.
+	WithoutOwner bool
+}
+
+// Result is one outcome of CheckMany: a Decision, or the error of that item.
+type Result struct {
+	Decision
+	Err error
+}
+
+// CheckOption changes how one Check or CheckMany call is made.
+type CheckOption func(*checkOptions)
+
+type checkOptions struct{ policy Policy }
+
+// OnUnreachable sets the policy applied when the owner cannot be reached,
+// overriding Config.Unreachable for this call.
+func OnUnreachable(p Policy) CheckOption { return func(o *checkOptions) { o.policy = p } }
+
+// Stats counts what a node has done.
+type Stats struct {
+	Local         int64 // checks decided here as owner
+	Forwarded     int64 // checks sent to their owner
+	WithoutOwner  int64 // checks decided under the unreachable policy
+	DroppedEvents int64 // member events not delivered on Config.Events
+	Store         limiter.StoreStats
+}
+
+// Node is one member of a sluice cluster. It is safe for concurrent use.
+type Node struct {
+	cfg    Config
+	logger *slog.Logger
+	now    func() time.Time
+
+	store *limiter.Store
+	ring  *ring.Ring
+	peers *peer.Pool
+
+	lis  net.Listener
+	grpc *grpc.Server
+	serf *serf.Serf
+
+	serfEvents chan serf.Event
+	shutdown   chan struct{} // closed by Close: every loop selects on it
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	closed     atomic.Bool
+	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
+
+	local, forwarded, withoutOwner, dropped atomic.Int64
+}
+
+// New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
+// A node whose seeds do not answer starts alone and keeps retrying. If New
+// fails half-way it stops what it started.
+func New(cfg Config) (n *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Seeds = append([]string(nil), cfg.Seeds...)
+	n = &Node{
+		cfg:        cfg,
+		logger:     cfg.Logger,
+		now:        cfg.Clock,
+		serfEvents: make(chan serf.Event, 1024),
+		shutdown:   make(chan struct{}),
+	}
+	if n.logger == nil {
+		n.logger = slog.New(slog.DiscardHandler)
+	}
+	if n.now == nil {
+		n.now = time.Now
+	}
+	defer func() {
+		if err != nil {
+			n.Close()
+			n = nil
+		}
+	}()
+	if n.store, err = limiter.NewStore(cfg.Store); err != nil {
+		return nil, err
+	}
+	if n.ring, err = ring.New(cfg.Ring); err != nil {
+		return nil, err
+	}
+	pcfg := cfg.Peer
+	pcfg.Self = cfg.NodeName
+	if n.peers, err = peer.NewPool(pcfg); err != nil {
+		return nil, err
+	}
+	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
+	}
+	n.grpc = grpc.NewServer(transport.ServerOptions()...)
+	transport.RegisterPeer(n.grpc, ownerChecker{n})
+	transport.RegisterPublic(n.grpc, router{n}, router{n})
+	lis := n.lis
+	n.goFunc(func() {
+		if err := n.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.logger.Error("cluster: gRPC server stopped", "err", err)
+		}
+	})
+
+	grpcAddr, known := advertisedGRPC(&cfg, n.lis)
+	sc, err := serfConfig(&cfg, n.serfEvents, grpcAddr, n.logger)
+	if err != nil {
+		return nil, err
+	}
+	if n.serf, err = serf.Create(sc); err != nil {
+		return nil, fmt.Errorf("cluster: start serf: %w", err)
+	}
+	if !known { // bound to all interfaces: advertise serf's address
+		self := n.serf.LocalMember()
+		grpcAddr = net.JoinHostPort(self.Addr.String(), grpcAddr[1:])
+		if err = n.serf.SetTags(map[string]string{grpcTag: grpcAddr}); err != nil {
+			return nil, fmt.Errorf("cluster: set tags: %w", err)
+		}
+	}
+	n.rebuild(0)
+	n.goFunc(n.eventLoop)
+	n.goFunc(n.sweepLoop)
+	if len(cfg.Seeds) > 0 {
+		if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
+			n.logger.Warn("cluster: join failed, retrying", "seeds", cfg.Seeds, "err", jerr)
+			n.goFunc(n.retryJoinLoop)
+		}
+	}
+	n.logger.Info("cluster: node started", "name", cfg.NodeName, "gossip", n.GossipAddr(), "grpc", grpcAddr)
+	return n, nil
+}
+
+// goFunc runs f in a goroutine that Close waits for.
+func (n *Node) goFunc(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.cfg.NodeName }
+
+// GossipAddr returns the address other nodes join this one at.
+func (n *Node) GossipAddr() string {
+	m := n.serf.LocalMember()
+	return net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))
+}
+
+// GRPCAddr returns the address the node serves gRPC on, as advertised.
+func (n *Node) GRPCAddr() string { return n.serf.LocalMember().Tags[grpcTag] }
+
+// Join joins the cluster through any of the given gossip addresses and
+// returns how many it reached.
+func (n *Node) Join(seeds ...string) (int, error) {
+	if n.closed.Load() {
+		return 0, ErrClosed
+	}
+	k, err := n.serf.Join(seeds, true)
+	if err != nil {
+		return k, fmt.Errorf("%w: %w", ErrJoin, err)
+	}
+	return k, nil
+}
+
+// Members returns every member serf knows, alive or not.
+func (n *Node) Members() []Member {
+	ms := n.serf.Members()
+	out := make([]Member, len(ms))
+	for i, m := range ms {
+		out[i] = toMember(m)
+	}
+	return out
+}
+
+// RingMembers returns the members the ring routes to, sorted by name.
+func (n *Node) RingMembers() []ring.Member { return n.ring.Members() }
+
+// Owner returns the member that owns (name, key) in this node's ring.
+func (n *Node) Owner(name, key string) (ring.Member, bool) { return n.ring.Owner(name, key) }
+
+// Store returns the node's own store, for inspection.
+func (n *Node) Store() *limiter.Store { return n.store }
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	return Stats{
+		Local:         n.local.Load(),
+		Forwarded:     n.forwarded.Load(),
+		WithoutOwner:  n.withoutOwner.Load(),
+		DroppedEvents: n.dropped.Load(),
+		Store:         n.store.Stats(),
+	}
+}
+
+// Leave leaves the cluster gracefully, telling the other members, then
+// closes the node.
+func (n *Node) Leave() error {
+	if n.closed.Load() {
+		return ErrClosed
+	}
+	err := n.serf.Leave()
+	if cerr := n.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: leave: %w", err)
+	}
+	return nil
+}
+
+// Close stops the node at once: inbound gRPC first, then serf, then the
+// node's loops and peer clients, and waits for all of them. Other members
+// see it fail. Safe to call more than once.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() {
+		n.closed.Store(true)
+		if n.grpc != nil {
+			stopGRPC(n.grpc, 2*time.Second)
+		} else if n.lis != nil {
+			n.lis.Close()
+		}
+		if n.serf != nil {
+			err = n.serf.Shutdown()
+		}
+		close(n.shutdown)
+		n.wg.Wait()
+		if n.peers != nil {
+			n.peers.Close()
+		}
+	})
+	return err
+}
+
+// stopGRPC drains in-flight calls for up to grace, then stops hard.
+func stopGRPC(s *grpc.Server, grace time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.Stop()
+		<-done
+	}
+}
+
+func (n *Node) eventLoop() {
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case e := <-n.serfEvents:
+			me, ok := e.(serf.MemberEvent)
+			if !ok {
+				continue
+			}
+			kind, ok := eventKind(me.Type)
+			if !ok {
+				continue
+			}
+			n.rebuild(kind, me.Members...)
+		}
+	}
+}
+
+// rebuild recomputes the ring and the peer clients from serf's alive
+// members, then reports the event that caused it (kind 0: none).
+func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
+	n.rebuildMu.Lock()
+	defer n.rebuildMu.Unlock()
+	members := ringMembers(n.serf.Members(), n.logger)
+	addrs := make(map[string]string, len(members))
+	for _, m := range members {
+		if m.Name != n.cfg.NodeName {
+			addrs[m.Name] = m.Addr
+		}
+	}
+	// Clients first, so that a new owner is reachable once routed to.
+	n.peers.Update(addrs)
+	if err := n.ring.SetMembers(members); err != nil {
+		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
+	}
+	if kind == 0 || n.cfg.Events == nil {
+		return
+	}
+	ev := MemberEvent{Kind: kind, Members: make([]Member, len(changed))}
+	for i, m := range changed {
+		ev.Members[i] = toMember(m)
+	}
+	select {
+	case n.cfg.Events <- ev:
+	default:
+		n.dropped.Add(1)
+	}
+}
+
+func (n *Node) sweepLoop() {
+	t := time.NewTicker(n.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-t.C:
+			n.store.Sweep(n.now())
+		}
+	}
+}
+
+func (n *Node) retryJoinLoop() {
+	t := time.NewTicker(n.cfg.RetryJoinInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-t.C:
+			if k, err := n.serf.Join(n.cfg.Seeds, true); err == nil && k > 0 {
+				n.logger.Info("cluster: joined", "seeds", n.cfg.Seeds, "reached", k)
+				return
+			}
+		}
+	}
+}

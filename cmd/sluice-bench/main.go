@@ -1,0 +1,160 @@
+// Command sluice-bench measures a cluster on the standard workload: N nodes
+// in this process on loopback, C concurrent callers, each check sent to a
+// random node for a random key of K, with a token bucket whose limit is
+// never reached, for a fixed time. It prints checks/s and the p50, p99 and
+// p99.9 latencies, then the same for a hot-key run (every caller on one key).
+//
+//	go run ./cmd/sluice-bench -nodes 3 -callers 64 -keys 10000 -duration 5s
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+func main() {
+	nodes := flag.Int("nodes", 3, "nodes in the cluster")
+	callers := flag.Int("callers", 64, "concurrent callers")
+	keys := flag.Int("keys", 10_000, "distinct keys")
+	duration := flag.Duration("duration", 5*time.Second, "length of each run")
+	maxChecks := flag.Int("max-checks", 50_000_000, "stop a run after this many checks")
+	hot := flag.Bool("hot", true, "also run the hot-key workload")
+	inflight := flag.Int("inflight", cluster.DefaultConfig().Peer.MaxInFlight, "calls in flight per peer")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	flag.Parse()
+	if *nodes < 1 || *callers < 1 || *keys < 1 || *duration <= 0 || *maxChecks < 1 {
+		fmt.Fprintln(os.Stderr, "sluice-bench: -nodes, -callers, -keys, -duration and -max-checks must be positive")
+		os.Exit(2)
+	}
+	cl, err := start(*nodes, *inflight)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	defer func() {
+		for _, n := range cl {
+			n.Close()
+		}
+	}()
+	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run\n", *nodes, *callers, *duration)
+	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks))
+	if *hot {
+		report("hot key", run(cl, *callers, 1, *duration, *maxChecks))
+	}
+}
+
+type result struct {
+	checks, errors int
+	elapsed        time.Duration
+	lat            []time.Duration
+}
+
+func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks int) result {
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "client:" + strconv.Itoa(i)
+	}
+	perCaller := maxChecks / callers
+	lats := make([][]time.Duration, callers)
+	errs := make([]int, callers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(d)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(c), 7))
+			req := limiter.Request{Name: "bench", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}
+			ctx := context.Background()
+			buf := make([]time.Duration, 0, 1<<16)
+			for i := 0; i < perCaller; i++ {
+				if i%64 == 0 && time.Now().After(stop) {
+					break
+				}
+				req.Key = names[rng.IntN(keys)]
+				n := nodes[rng.IntN(len(nodes))]
+				t0 := time.Now()
+				dec, err := n.Check(ctx, req)
+				buf = append(buf, time.Since(t0))
+				if err != nil || !dec.Allowed || dec.WithoutOwner {
+					errs[c]++
+				}
+			}
+			lats[c] = buf
+		}()
+	}
+	wg.Wait()
+	r := result{elapsed: time.Since(start)}
+	for c := range callers {
+		r.lat = append(r.lat, lats[c]...)
+		r.errors += errs[c]
+	}
+	r.checks = len(r.lat)
+	slices.Sort(r.lat)
+	return r
+}
+
+func report(name string, r result) {
+	q := func(p float64) time.Duration {
+		if len(r.lat) == 0 {
+			return 0
+		}
+		return r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))]
+	}
+	fmt.Printf("%-10s %10.0f checks/s  p50 %-9v p99 %-9v p99.9 %-9v (%d checks, %d errors or denials)\n",
+		name, float64(r.checks)/r.elapsed.Seconds(), q(0.50).Round(time.Microsecond), q(0.99).Round(time.Microsecond), q(0.999).Round(time.Microsecond), r.checks, r.errors)
+}
+
+func start(n, inflight int) ([]*cluster.Node, error) {
+	var nodes []*cluster.Node
+	for i := range n {
+		cfg := cluster.DefaultConfig()
+		cfg.NodeName = fmt.Sprintf("bench-%d", i)
+		cfg.GossipAddr = "127.0.0.1:0"
+		cfg.GRPCAddr = "127.0.0.1:0"
+		cfg.Peer.MaxInFlight = inflight
+		if i > 0 {
+			cfg.Seeds = []string{nodes[0].GossipAddr()}
+		}
+		nd, err := cluster.New(cfg)
+		if err != nil {
+			return nodes, err
+		}
+		nodes = append(nodes, nd)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		done := true
+		for _, nd := range nodes {
+			done = done && len(nd.RingMembers()) == n
+		}
+		if done {
+			return nodes, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nodes, fmt.Errorf("cluster did not converge in 30s")
+}

@@ -1,0 +1,60 @@
+package peer
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// NumBatchBuckets is the number of buckets of Stats.BatchSizes.
+const NumBatchBuckets = 11
+
+// Stats counts a Client's traffic since it was made.
+type Stats struct {
+	Calls         uint64 // calls made
+	FailedCalls   uint64 // calls that failed as a whole, failing all their items
+	Items         uint64 // checks sent in calls
+	CanceledItems uint64 // checks dropped before sending: their caller stopped waiting
+	MaxBatchSize  int    // largest batch sent
+	// BatchSizes[i] counts calls whose batch had between 2^(i-1)+1 and 2^i
+	// checks: [0] counts batches of 1, [1] of 2, [2] of 3-4, ..., [10] of
+	// 513-1024.
+	BatchSizes [NumBatchBuckets]uint64
+	Pending    int // checks waiting for a call now, with those whose caller gave up until dropped
+	InFlight   int // calls in flight now
+}
+
+// counters are the atomics behind Stats.
+type counters struct {
+	calls, failed, items, canceled atomic.Uint64
+	maxBatch                       atomic.Int64
+	buckets                        [NumBatchBuckets]atomic.Uint64
+	inFlight                       atomic.Int64
+}
+
+// recordCall counts a call of n items, n >= 1.
+func (c *counters) recordCall(n int) {
+	c.calls.Add(1)
+	c.items.Add(uint64(n))
+	c.buckets[min(bits.Len(uint(n-1)), NumBatchBuckets-1)].Add(1)
+	for {
+		m := c.maxBatch.Load()
+		if int64(n) <= m || c.maxBatch.CompareAndSwap(m, int64(n)) {
+			return
+		}
+	}
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{
+		Calls:         c.calls.Load(),
+		FailedCalls:   c.failed.Load(),
+		Items:         c.items.Load(),
+		CanceledItems: c.canceled.Load(),
+		MaxBatchSize:  int(c.maxBatch.Load()),
+		InFlight:      int(c.inFlight.Load()),
+	}
+	for i := range s.BatchSizes {
+		s.BatchSizes[i] = c.buckets[i].Load()
+	}
+	return s
+}

@@ -1,0 +1,235 @@
+package testcluster
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+)
+
+// DefaultWait bounds how long New, Add and WaitConverged wait for gossip.
+const DefaultWait = 20 * time.Second
+
+// Option changes how the cluster's nodes are configured.
+type Option func(*options)
+
+type options struct {
+	configure func(i int, c *cluster.Config)
+	wait      time.Duration
+}
+
+// WithConfig lets the test change each node's config (i is the node's index)
+// after it was derived from cluster.TestConfig.
+func WithConfig(f func(i int, c *cluster.Config)) Option {
+	return func(o *options) { o.configure = f }
+}
+
+// WithWait changes how long convergence may take before the test fails.
+func WithWait(d time.Duration) Option { return func(o *options) { o.wait = d } }
+
+// Cluster is a set of real nodes in this process. Its methods are safe for
+// concurrent use; they report failures through the test's t.
+type Cluster struct {
+	t    testing.TB
+	opts options
+
+	mu      sync.Mutex // guards nodes, stopped and next
+	nodes   []*cluster.Node
+	stopped []bool
+	next    int // index for the next node's name
+}
+
+// New starts n nodes, joins them into one cluster, waits until every node
+// sees all n alive, and closes them all when the test ends.
+func New(t testing.TB, n int, opts ...Option) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, opts: options{wait: DefaultWait}}
+	for _, o := range opts {
+		o(&c.opts)
+	}
+	t.Cleanup(c.Close)
+	for range n {
+		c.start()
+	}
+	c.WaitConverged()
+	return c
+}
+
+// start creates one node and joins it to the first live node.
+func (c *Cluster) start() *cluster.Node {
+	c.t.Helper()
+	c.mu.Lock()
+	i := c.next
+	c.next++
+	var seed string
+	for j, nd := range c.nodes {
+		if !c.stopped[j] {
+			seed = nd.GossipAddr()
+			break
+		}
+	}
+	c.mu.Unlock()
+	cfg := cluster.TestConfig(fmt.Sprintf("node-%d", i))
+	if seed != "" {
+		cfg.Seeds = []string{seed}
+	}
+	if c.opts.configure != nil {
+		c.opts.configure(i, &cfg)
+	}
+	nd, err := cluster.New(cfg)
+	if err != nil {
+		c.t.Fatalf("testcluster: start node %d: %v", i, err)
+	}
+	c.mu.Lock()
+	c.nodes = append(c.nodes, nd)
+	c.stopped = append(c.stopped, false)
+	c.mu.Unlock()
+	return nd
+}
+
+// Node returns the i-th node started (stopped ones keep their index).
+func (c *Cluster) Node(i int) *cluster.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// Nodes returns the live nodes.
+func (c *Cluster) Nodes() []*cluster.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*cluster.Node
+	for i, nd := range c.nodes {
+		if !c.stopped[i] {
+			out = append(out, nd)
+		}
+	}
+	return out
+}
+
+// Owner returns the live node that owns (name, key), as the first live
+// node's ring says.
+func (c *Cluster) Owner(name, key string) *cluster.Node {
+	c.t.Helper()
+	live := c.Nodes()
+	if len(live) == 0 {
+		c.t.Fatalf("testcluster: no live node")
+	}
+	m, ok := live[0].Owner(name, key)
+	if !ok {
+		c.t.Fatalf("testcluster: no owner for %q/%q", name, key)
+	}
+	for _, nd := range live {
+		if nd.Name() == m.Name {
+			return nd
+		}
+	}
+	c.t.Fatalf("testcluster: owner %s of %q/%q is not a live node", m.Name, name, key)
+	return nil
+}
+
+// StopHard closes node i without leaving: the others see it fail.
+func (c *Cluster) StopHard(i int) {
+	c.mu.Lock()
+	nd, was := c.nodes[i], c.stopped[i]
+	c.stopped[i] = true
+	c.mu.Unlock()
+	if !was {
+		nd.Close()
+	}
+}
+
+// Leave makes node i leave gracefully.
+func (c *Cluster) Leave(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	nd, was := c.nodes[i], c.stopped[i]
+	c.stopped[i] = true
+	c.mu.Unlock()
+	if !was {
+		if err := nd.Leave(); err != nil {
+			c.t.Errorf("testcluster: node %d leave: %v", i, err)
+		}
+	}
+}
+
+// Add starts one more node, joins it and waits for convergence.
+func (c *Cluster) Add() *cluster.Node {
+	c.t.Helper()
+	nd := c.start()
+	c.WaitConverged()
+	return nd
+}
+
+// WaitConverged waits until every live node's ring holds exactly the live
+// nodes, and fails the test if that takes longer than the wait.
+func (c *Cluster) WaitConverged() {
+	c.t.Helper()
+	if err := WaitFor(c.opts.wait, c.converged); err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+}
+
+// converged reports whether all live nodes route over the live set.
+func (c *Cluster) converged() error {
+	live := c.Nodes()
+	want := make([]string, len(live))
+	for i, nd := range live {
+		want[i] = nd.Name()
+	}
+	slices.Sort(want)
+	for _, nd := range live {
+		var got []string
+		for _, m := range nd.RingMembers() {
+			got = append(got, m.Name)
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("%s routes over %v, want %v", nd.Name(), got, want)
+		}
+	}
+	return nil
+}
+
+// WaitFor polls cond until it returns nil or d has passed, and returns
+// cond's last error in the second case. It is how tests wait on a cluster:
+// on a condition with a deadline, never on a fixed sleep.
+func WaitFor(d time.Duration, cond func() error) error {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still waiting after %v: %w", d, err)
+		}
+		<-tick.C
+	}
+}
+
+// Close closes every node (New registers it with t.Cleanup).
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	var todo []*cluster.Node
+	for i, nd := range c.nodes {
+		if !c.stopped[i] {
+			c.stopped[i] = true
+			todo = append(todo, nd)
+		}
+	}
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, nd := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nd.Close()
+		}()
+	}
+	wg.Wait()
+}

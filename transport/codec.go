@@ -1,0 +1,411 @@
+package transport
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// Bounds on what the codec accepts.
+const (
+	// MaxTimeZoneLen bounds time_zone, in bytes. The longest IANA name is
+	// about 32 bytes.
+	MaxTimeZoneLen = 64
+	// MaxCachedZones bounds the time zones one Codec keeps loaded. Only
+	// names that load are cached, and IANA has about 600.
+	MaxCachedZones = 1024
+)
+
+// Codec converts requests from their wire form. It caches the time zones it
+// has loaded, so that a zone is read from the system's database once, not
+// once per request. The zero value is ready to use; a Codec is safe for
+// concurrent use and must not be copied after first use. Each server owns
+// one unless given one with WithCodec.
+type Codec struct {
+	zones sync.Map     // zone name -> *time.Location, only names that loaded
+	n     atomic.Int64 // entries in zones, about: a race may add a few more
+}
+
+// RequestFromProto converts and validates a request received from the
+// wire. Every field is checked: an unknown algorithm or calendar gives an
+// error wrapping limiter.ErrUnknownAlgorithm or limiter.ErrInvalidCalendar,
+// a time_zone that does not load one wrapping limiter.ErrInvalidCalendar,
+// and the result must pass limiter.Request.Validate, whose error is
+// returned as is. An absent hits field means 1. A nil m gives an error
+// wrapping ErrInvalidArgument. unreachable_policy is not read: see
+// PolicyFromProto.
+func (c *Codec) RequestFromProto(m *pb.RateLimitRequest) (limiter.Request, error) {
+	if m == nil {
+		return limiter.Request{}, fmt.Errorf("%w: nil RateLimitRequest", ErrInvalidArgument)
+	}
+	alg, ok := algorithmFromProto(m.Algorithm)
+	if !ok {
+		return limiter.Request{}, fmt.Errorf("%w: algorithm %d", limiter.ErrUnknownAlgorithm, int32(m.Algorithm))
+	}
+	cal, ok := calendarFromProto(m.Calendar)
+	if !ok {
+		return limiter.Request{}, fmt.Errorf("%w: calendar %d", limiter.ErrInvalidCalendar, int32(m.Calendar))
+	}
+	if m.PeriodNanos < 0 {
+		return limiter.Request{}, fmt.Errorf("%w: period_nanos %d is negative", limiter.ErrInvalidPeriod, m.PeriodNanos)
+	}
+	hits := int64(1)
+	if m.Hits != nil {
+		hits = *m.Hits
+	}
+	var b limiter.Behavior
+	if m.Reset_ {
+		b |= limiter.Reset
+	}
+	if m.DrainOverLimit {
+		b |= limiter.DrainOverLimit
+	}
+	r := limiter.Request{
+		Name:      m.Name,
+		Key:       m.Key,
+		Hits:      hits,
+		Limit:     m.Limit,
+		Period:    time.Duration(m.PeriodNanos),
+		Burst:     m.Burst,
+		Algorithm: alg,
+		Calendar:  cal,
+		Behavior:  b,
+	}
+	if err := r.Validate(); err != nil {
+		return limiter.Request{}, err
+	}
+	loc, err := c.location(m.TimeZone)
+	if err != nil {
+		return limiter.Request{}, err
+	}
+	r.Location = loc
+	return r, nil
+}
+
+// location returns the zone named name: nil for "", from the cache when it
+// has loaded before.
+func (c *Codec) location(name string) (*time.Location, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if v, ok := c.zones.Load(name); ok {
+		return v.(*time.Location), nil
+	}
+	if err := checkZoneName(name); err != nil {
+		return nil, err
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: time_zone %q does not load: %v", limiter.ErrInvalidCalendar, name, err)
+	}
+	if c.n.Load() < MaxCachedZones {
+		if _, loaded := c.zones.LoadOrStore(name, loc); !loaded {
+			c.n.Add(1)
+		}
+	}
+	return loc, nil
+}
+
+// checkZoneName rejects names that cannot be IANA zone names before they
+// reach the file system: too long, odd characters, "." components, or
+// "Local" (the server's own zone, which differs from node to node).
+func checkZoneName(name string) error {
+	if len(name) > MaxTimeZoneLen {
+		return fmt.Errorf("%w: time_zone is %d bytes, more than the maximum %d", limiter.ErrInvalidCalendar, len(name), MaxTimeZoneLen)
+	}
+	if name == "Local" {
+		return fmt.Errorf("%w: time_zone %q is not an IANA zone name", limiter.ErrInvalidCalendar, name)
+	}
+	for i := 0; i < len(name); i++ {
+		switch ch := name[i]; {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
+			ch == '_', ch == '-', ch == '+':
+		case ch == '/' && i > 0 && i < len(name)-1 && name[i-1] != '/':
+		default:
+			return fmt.Errorf("%w: time_zone %q is not an IANA zone name", limiter.ErrInvalidCalendar, name)
+		}
+	}
+	return nil
+}
+
+// ValidateRequest checks r as far as the sender can: r.Validate, and a
+// Location named like a zone the receiver can load (nil, "UTC" or an
+// IANA-like name; not time.Local). It does not load the zone: a name of
+// the right form that the receiver cannot load fails there, in the item's
+// own response. Senders call it so that a request that cannot be encoded
+// never joins a batch.
+func ValidateRequest(r *limiter.Request) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if r.Location != nil {
+		return checkZoneName(r.Location.String())
+	}
+	return nil
+}
+
+// RequestToProto returns r in wire form; see EncodeRequest.
+func RequestToProto(r limiter.Request) *pb.RateLimitRequest {
+	m := new(pb.RateLimitRequest)
+	EncodeRequest(m, &r)
+	return m
+}
+
+// EncodeRequest overwrites every field of dst with r, so that callers may
+// reuse dst. Hits of 1 is sent as an absent field. The Location is sent by
+// name (nil as ""); unreachable_policy is set to UNSPECIFIED. Invalid
+// values are sent as they are and rejected by the receiver.
+func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
+	dst.Name = r.Name
+	dst.Key = r.Key
+	if r.Hits == 1 {
+		dst.Hits = nil
+	} else {
+		h := r.Hits
+		dst.Hits = &h
+	}
+	dst.Limit = r.Limit
+	dst.PeriodNanos = int64(r.Period)
+	dst.Burst = r.Burst
+	dst.Algorithm = algorithmToProto(r.Algorithm)
+	dst.Calendar = calendarToProto(r.Calendar)
+	dst.TimeZone = ""
+	if r.Location != nil {
+		dst.TimeZone = r.Location.String()
+	}
+	dst.Reset_ = r.Behavior&limiter.Reset != 0
+	dst.DrainOverLimit = r.Behavior&limiter.DrainOverLimit != 0
+	dst.UnreachablePolicy = pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
+}
+
+// DecisionToProto returns d in wire form, with no owner and no error.
+func DecisionToProto(d limiter.Decision) *pb.RateLimitResponse {
+	m := new(pb.RateLimitResponse)
+	EncodeResult(m, &Result{Decision: d})
+	return m
+}
+
+// EncodeResult overwrites every field of dst with r: the decision, or, when
+// r.Err is set, zero decision fields and the error (see ErrorToProto). The
+// owner is made valid UTF-8, which proto3 requires.
+func EncodeResult(dst *pb.RateLimitResponse, r *Result) {
+	d := &r.Decision
+	if r.Err != nil {
+		d = &limiter.Decision{}
+	}
+	dst.Allowed = d.Allowed
+	dst.Limit = d.Limit
+	dst.Remaining = d.Remaining
+	dst.ResetAtUnixNano = unixNano(d.ResetAt)
+	dst.RetryAfterNanos = int64(d.RetryAfter)
+	dst.DelayNanos = int64(d.Delay)
+	dst.Owner = cleanText(r.Owner, math.MaxInt)
+	dst.WithoutOwner = r.WithoutOwner
+	dst.ErrorCode, dst.ErrorMessage = ErrorToProto(r.Err)
+}
+
+// unixNano returns t in nanoseconds since the epoch, 0 for the zero time,
+// clamped to the int64 range.
+func unixNano(t time.Time) int64 {
+	switch {
+	case t.IsZero():
+		return 0
+	case t.Unix() >= math.MaxInt64/int64(time.Second):
+		return math.MaxInt64
+	case t.Unix() <= math.MinInt64/int64(time.Second):
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}
+
+// DecisionFromProto returns the decision m carries, or the per-item error
+// it carries (see ErrorFromProto), or an error wrapping
+// ErrMalformedResponse when a field is out of range: limit or remaining
+// outside [0, limiter.MaxLimit], a negative retry_after_nanos or
+// delay_nanos, or a nil m. A reset_at_unix_nano of 0 gives the zero time;
+// other instants are in UTC.
+func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
+	if m == nil {
+		return limiter.Decision{}, fmt.Errorf("%w: nil RateLimitResponse", ErrMalformedResponse)
+	}
+	if err := ErrorFromProto(m.ErrorCode, m.ErrorMessage); err != nil {
+		return limiter.Decision{}, err
+	}
+	switch {
+	case m.Limit < 0 || m.Limit > limiter.MaxLimit:
+		return limiter.Decision{}, fmt.Errorf("%w: limit %d is outside [0, %d]", ErrMalformedResponse, m.Limit, int64(limiter.MaxLimit))
+	case m.Remaining < 0 || m.Remaining > limiter.MaxLimit:
+		return limiter.Decision{}, fmt.Errorf("%w: remaining %d is outside [0, %d]", ErrMalformedResponse, m.Remaining, int64(limiter.MaxLimit))
+	case m.RetryAfterNanos < 0:
+		return limiter.Decision{}, fmt.Errorf("%w: retry_after_nanos %d is negative", ErrMalformedResponse, m.RetryAfterNanos)
+	case m.DelayNanos < 0:
+		return limiter.Decision{}, fmt.Errorf("%w: delay_nanos %d is negative", ErrMalformedResponse, m.DelayNanos)
+	}
+	d := limiter.Decision{
+		Allowed:    m.Allowed,
+		Limit:      m.Limit,
+		Remaining:  m.Remaining,
+		RetryAfter: time.Duration(m.RetryAfterNanos),
+		Delay:      time.Duration(m.DelayNanos),
+	}
+	if m.ResetAtUnixNano != 0 {
+		d.ResetAt = time.Unix(0, m.ResetAtUnixNano).UTC()
+	}
+	return d, nil
+}
+
+// ResultFromProto returns the result m carries: Owner and WithoutOwner, and
+// the decision or error as DecisionFromProto returns them.
+func ResultFromProto(m *pb.RateLimitResponse) Result {
+	d, err := DecisionFromProto(m)
+	if m == nil {
+		return Result{Err: err}
+	}
+	return Result{Decision: d, Owner: m.Owner, WithoutOwner: m.WithoutOwner, Err: err}
+}
+
+// The enums of limiter and of the wire are mapped field by field, so that
+// renumbering either side cannot go unnoticed.
+var (
+	algorithmsToProto = [...]pb.Algorithm{
+		limiter.TokenBucket:          pb.Algorithm_ALGORITHM_TOKEN_BUCKET,
+		limiter.LeakyBucket:          pb.Algorithm_ALGORITHM_LEAKY_BUCKET,
+		limiter.FixedWindow:          pb.Algorithm_ALGORITHM_FIXED_WINDOW,
+		limiter.SlidingWindowLog:     pb.Algorithm_ALGORITHM_SLIDING_WINDOW_LOG,
+		limiter.SlidingWindowCounter: pb.Algorithm_ALGORITHM_SLIDING_WINDOW_COUNTER,
+		limiter.GCRA:                 pb.Algorithm_ALGORITHM_GCRA,
+	}
+	algorithmsFromProto = [...]limiter.Algorithm{
+		pb.Algorithm_ALGORITHM_TOKEN_BUCKET:           limiter.TokenBucket,
+		pb.Algorithm_ALGORITHM_LEAKY_BUCKET:           limiter.LeakyBucket,
+		pb.Algorithm_ALGORITHM_FIXED_WINDOW:           limiter.FixedWindow,
+		pb.Algorithm_ALGORITHM_SLIDING_WINDOW_LOG:     limiter.SlidingWindowLog,
+		pb.Algorithm_ALGORITHM_SLIDING_WINDOW_COUNTER: limiter.SlidingWindowCounter,
+		pb.Algorithm_ALGORITHM_GCRA:                   limiter.GCRA,
+	}
+	calendarsToProto = [...]pb.Calendar{
+		limiter.NoCalendar: pb.Calendar_CALENDAR_NONE,
+		limiter.Minute:     pb.Calendar_CALENDAR_MINUTE,
+		limiter.Hour:       pb.Calendar_CALENDAR_HOUR,
+		limiter.Day:        pb.Calendar_CALENDAR_DAY,
+		limiter.Week:       pb.Calendar_CALENDAR_WEEK,
+		limiter.Month:      pb.Calendar_CALENDAR_MONTH,
+		limiter.Year:       pb.Calendar_CALENDAR_YEAR,
+	}
+	calendarsFromProto = [...]limiter.Calendar{
+		pb.Calendar_CALENDAR_NONE:   limiter.NoCalendar,
+		pb.Calendar_CALENDAR_MINUTE: limiter.Minute,
+		pb.Calendar_CALENDAR_HOUR:   limiter.Hour,
+		pb.Calendar_CALENDAR_DAY:    limiter.Day,
+		pb.Calendar_CALENDAR_WEEK:   limiter.Week,
+		pb.Calendar_CALENDAR_MONTH:  limiter.Month,
+		pb.Calendar_CALENDAR_YEAR:   limiter.Year,
+	}
+)
+
+func algorithmFromProto(a pb.Algorithm) (limiter.Algorithm, bool) {
+	if a <= 0 || int(a) >= len(algorithmsFromProto) {
+		return 0, false
+	}
+	return algorithmsFromProto[a], true
+}
+
+// algorithmToProto maps a; an invalid a is sent as its number, which no
+// wire value uses, so that the receiver rejects it.
+func algorithmToProto(a limiter.Algorithm) pb.Algorithm {
+	if a == 0 || int(a) >= len(algorithmsToProto) {
+		return pb.Algorithm(a)
+	}
+	return algorithmsToProto[a]
+}
+
+func calendarFromProto(c pb.Calendar) (limiter.Calendar, bool) {
+	if c < 0 || int(c) >= len(calendarsFromProto) {
+		return 0, false
+	}
+	return calendarsFromProto[c], true
+}
+
+func calendarToProto(c limiter.Calendar) pb.Calendar {
+	if int(c) >= len(calendarsToProto) {
+		return pb.Calendar(c)
+	}
+	return calendarsToProto[c]
+}
+
+// UnreachablePolicy says how a check is decided when its key's owner
+// cannot be reached. It travels with public API requests only.
+type UnreachablePolicy uint8
+
+// The policies.
+const (
+	// PolicyDefault uses the receiving node's configured default.
+	PolicyDefault UnreachablePolicy = iota
+	// PolicyLocal decides on the receiving node, as if it owned the key.
+	PolicyLocal
+	// PolicyAllow admits the request.
+	PolicyAllow
+	// PolicyDeny rejects the request.
+	PolicyDeny
+	numPolicies = iota
+)
+
+var policyNames = [...]string{PolicyDefault: "default", PolicyLocal: "local", PolicyAllow: "allow", PolicyDeny: "deny"}
+
+// String returns the policy's name, as ParsePolicy reads it.
+func (p UnreachablePolicy) String() string {
+	if int(p) >= len(policyNames) {
+		return fmt.Sprintf("policy(%d)", uint8(p))
+	}
+	return policyNames[p]
+}
+
+// ParsePolicy returns the policy named s ("default", "local", "allow",
+// "deny"; case does not matter).
+func ParsePolicy(s string) (UnreachablePolicy, error) {
+	n := strings.ToLower(strings.TrimSpace(s))
+	for p := PolicyDefault; p < numPolicies; p++ {
+		if policyNames[p] == n {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown unreachable policy %q", ErrInvalidArgument, s)
+}
+
+// PolicyFromProto converts p; an unknown value gives an error wrapping
+// ErrInvalidArgument.
+func PolicyFromProto(p pb.UnreachablePolicy) (UnreachablePolicy, error) {
+	switch p {
+	case pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED:
+		return PolicyDefault, nil
+	case pb.UnreachablePolicy_UNREACHABLE_POLICY_LOCAL:
+		return PolicyLocal, nil
+	case pb.UnreachablePolicy_UNREACHABLE_POLICY_ALLOW:
+		return PolicyAllow, nil
+	case pb.UnreachablePolicy_UNREACHABLE_POLICY_DENY:
+		return PolicyDeny, nil
+	}
+	return 0, fmt.Errorf("%w: unreachable_policy %d", ErrInvalidArgument, int32(p))
+}
+
+// PolicyToProto converts p; an unknown p is sent as its number, which the
+// receiver rejects.
+func PolicyToProto(p UnreachablePolicy) pb.UnreachablePolicy {
+	switch p {
+	case PolicyDefault:
+		return pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
+	case PolicyLocal:
+		return pb.UnreachablePolicy_UNREACHABLE_POLICY_LOCAL
+	case PolicyAllow:
+		return pb.UnreachablePolicy_UNREACHABLE_POLICY_ALLOW
+	case PolicyDeny:
+		return pb.UnreachablePolicy_UNREACHABLE_POLICY_DENY
+	}
+	return pb.UnreachablePolicy(p)
+}

@@ -1,0 +1,36 @@
+// Package transport is sluice's wire protocol: the gRPC services, the
+// conversions between limiter values and their protobuf form, and the
+// servers that expose a node.
+//
+// Two services are defined in proto/sluice/v1/sluice.proto. Peer is spoken
+// between nodes: a node forwards the checks of keys it does not own to their
+// owner in batches (the peer package does the batching), and the receiver
+// decides every item locally as owner, through a [Checker]. Sluice is the
+// public API for clients of the daemon: each check is routed to its key's
+// owner through a [Router], with an [UnreachablePolicy] for when that owner
+// cannot be reached, and Health reports the node's state through [Health].
+// [RegisterPeer] and [RegisterPublic] put the services on a grpc.Server,
+// which should be built with [ServerOptions].
+//
+// Everything received is untrusted. [Codec.RequestFromProto] checks every
+// field (enums, time zone, then [limiter.Request.Validate]) and returns an
+// error, never a panic, for anything from a nil message to arbitrary bytes.
+// Errors travel per item: a bad item gets its own error in its own response
+// and never fails its batch; only a batch of more than [MaxBatchItems] fails
+// as a whole. [ErrorToProto] and [ErrorFromProto] carry an error as a code
+// and a message, so that on the far side errors.Is still matches the
+// limiter's sentinel (limiter.ErrInvalidLimit and the others) and the text
+// names the field.
+//
+// Durations and instants are int64 nanoseconds on the wire; a hits field
+// that is absent means 1. Time zones are IANA names, loaded once per [Codec]
+// and cached there, never in a package-level registry.
+//
+// The generated code in sluicev1 is committed. To regenerate it after
+// editing the .proto, with protoc, protoc-gen-go v1.36.10 and
+// protoc-gen-go-grpc v1.5.1 installed, run transport/gen.sh or:
+//
+//	go generate ./transport
+//
+//go:generate sh gen.sh
+package transport

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
@@ -15,6 +16,17 @@ import (
 // sentinel; a cancelled ctx returns ctx's error. An unreachable owner is not
 // an error: the policy decides and Decision.WithoutOwner is set.
 func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...CheckOption) (Decision, error) {
+	if n.metrics == nil {
+		return n.check(ctx, &req, opts)
+	}
+	start := time.Now()
+	d, err := n.check(ctx, &req, opts)
+	n.metrics.check(&req, &d, err, n.isRemote(d.Owner), time.Since(start))
+	return d, err
+}
+
+func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOption) (Decision, error) {
+	req := *reqp
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
@@ -64,9 +76,21 @@ func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...Ch
 	return n.checkMany(ctx, reqs, policies)
 }
 
+// recordMany records the metrics of a batch answered together.
+func (n *Node) recordMany(reqs []limiter.Request, out []Result, start time.Time) {
+	if n.metrics == nil {
+		return
+	}
+	took := time.Since(start)
+	for i := range out {
+		n.metrics.check(&reqs[i], &out[i].Decision, out[i].Err, n.isRemote(out[i].Owner), took)
+	}
+}
+
 // checkMany is CheckMany with a policy per request.
 func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []Policy) []Result {
 	out := make([]Result, len(reqs))
+	defer n.recordMany(reqs, out, time.Now())
 	if n.closed.Load() {
 		for i := range out {
 			out[i].Err = ErrClosed
@@ -127,6 +151,9 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	return out
 }
 
+// isRemote reports whether a decision by owner came from another node.
+func (n *Node) isRemote(owner string) bool { return owner != "" && owner != n.cfg.NodeName }
+
 func (n *Node) policy(opts []CheckOption) Policy {
 	o := checkOptions{policy: n.cfg.Unreachable}
 	for _, f := range opts {
@@ -151,6 +178,7 @@ func (n *Node) decideLocal(req *limiter.Request) Decision {
 // unreachable decides a request whose owner cannot be reached.
 func (n *Node) unreachable(req *limiter.Request, policy Policy) Decision {
 	n.withoutOwner.Add(1)
+	n.metrics.unreachable(policy)
 	var d Decision
 	switch policy {
 	case PolicyAllow:

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
@@ -97,6 +99,10 @@ type Config struct {
 	// the node applies. Sends never block: when the channel is full the
 	// event is dropped and counted in Stats.DroppedEvents.
 	Events chan<- MemberEvent
+	// Registerer, when set, receives the node's Prometheus metrics
+	// (sluice_checks_total and friends; see metrics.go). Use a registry per
+	// node when several nodes share a process.
+	Registerer prometheus.Registerer
 	// Logger receives the node's logs, serf's and memberlist's included;
 	// nil discards them.
 	Logger *slog.Logger

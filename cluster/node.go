@@ -70,6 +70,8 @@ type Node struct {
 	ring  *ring.Ring
 	peers *peer.Pool
 
+	metrics *metrics // nil without Config.Registerer
+
 	lis  net.Listener
 	grpc *grpc.Server
 	serf *serf.Serf
@@ -116,6 +118,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if n.ring, err = ring.New(cfg.Ring); err != nil {
 		return nil, err
+	}
+	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
+		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName

@@ -1,0 +1,160 @@
+package cluster
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// MaxMetricNames bounds the distinct limit names that get their own label
+// value in metrics; further names are counted under "_other", so that
+// clients sending arbitrary names cannot grow the registry without bound.
+const MaxMetricNames = 256
+
+// metrics holds a node's Prometheus collectors. A nil *metrics records
+// nothing, which is what a node without Config.Registerer has.
+type metrics struct {
+	checks       *prometheus.CounterVec   // name, algorithm, result
+	latency      *prometheus.HistogramVec // path: local, forwarded
+	withoutOwner *prometheus.CounterVec   // policy
+	forwarded    prometheus.Counter
+	batchSize    prometheus.Histogram
+	peerLatency  *prometheus.HistogramVec // peer, outcome
+
+	mu    sync.Mutex // guards names
+	names map[string]struct{}
+	// counters caches the labelled check counters: the hot path looks one
+	// up without hashing label values each time.
+	counters sync.Map // checkLabels -> prometheus.Counter
+}
+
+type checkLabels struct {
+	name   string
+	algo   limiter.Algorithm
+	result string
+}
+
+func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_checks_total",
+			Help: "Checks answered by this node, by limit name, algorithm and result (allowed, limited, error).",
+		}, []string{"name", "algorithm", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_check_duration_seconds",
+			Help:    "Time to answer a check, by path: decided here (local) or by the owner (forwarded).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+		}, []string{"path"}),
+		withoutOwner: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_without_owner_total",
+			Help: "Checks decided without their owner, by the unreachable policy applied.",
+		}, []string{"policy"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_forwarded_checks_total",
+			Help: "Checks forwarded to their owner.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_peer_batch_size",
+			Help:    "Checks per batch sent to a peer.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		peerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_peer_call_duration_seconds",
+			Help:    "Latency of batches sent to peers, by peer and outcome (ok, error).",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
+		}, []string{"peer", "outcome"}),
+		names: make(map[string]struct{}),
+	}
+	members := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_members",
+		Help: "Members in this node's ring.",
+	}, func() float64 { return float64(n.ring.Len()) })
+	entries := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_store_entries",
+		Help: "Keys held in this node's store.",
+	}, func() float64 { return float64(n.store.Stats().Entries) })
+	evictions := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_store_evictions_total",
+		Help: "Keys with live state evicted because the store was full.",
+	}, func() float64 { return float64(n.store.Stats().Evictions) })
+	expired := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_store_expired_total",
+		Help: "Keys dropped because their state had returned to fresh.",
+	}, func() float64 { return float64(n.store.Stats().Expired) })
+	for _, c := range []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, entries, evictions, expired} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// check records one answered check.
+func (m *metrics) check(req *limiter.Request, d *Decision, err error, forwarded bool, took time.Duration) {
+	if m == nil {
+		return
+	}
+	result := "limited"
+	switch {
+	case err != nil:
+		result = "error"
+	case d.Allowed:
+		result = "allowed"
+	}
+	key := checkLabels{name: req.Name, algo: req.Algorithm, result: result}
+	c, ok := m.counters.Load(key)
+	if !ok {
+		name := m.nameLabel(req.Name)
+		c = m.checks.WithLabelValues(name, req.Algorithm.String(), result)
+		if name == req.Name { // cache only the bounded set of names
+			m.counters.Store(key, c)
+		}
+	}
+	c.(prometheus.Counter).Inc()
+	path := "local"
+	if forwarded {
+		path = "forwarded"
+	}
+	m.latency.WithLabelValues(path).Observe(took.Seconds())
+}
+
+// unreachable records a decision made under policy without the owner.
+func (m *metrics) unreachable(policy Policy) {
+	if m != nil {
+		m.withoutOwner.WithLabelValues(policy.String()).Inc()
+	}
+}
+
+// nameLabel returns name, or "_other" once MaxMetricNames are in use.
+func (m *metrics) nameLabel(name string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.names[name]; ok {
+		return name
+	}
+	if len(m.names) >= MaxMetricNames {
+		return "_other"
+	}
+	m.names[name] = struct{}{}
+	return name
+}
+
+// peerCall records one batch sent to a peer.
+func (m *metrics) peerCall(peer string, items int, took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	m.forwarded.Add(float64(items))
+	m.batchSize.Observe(float64(items))
+	m.peerLatency.WithLabelValues(peer, outcome).Observe(took.Seconds())
+}

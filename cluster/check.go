@@ -39,15 +39,24 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 		return n.decideLocal(&req), nil
 	}
 	c, ok := n.peers.Get(owner.Name)
-	if !ok {
+	br := n.breakers.get(owner.Name)
+	if !ok || !br.allow(n.now().UnixNano()) {
 		return n.unreachable(&req, policy), nil
 	}
 	n.forwarded.Add(1)
 	d, err := c.Check(ctx, req)
+	n.callDone(br, err)
 	if err == nil {
 		return Decision{Decision: d, Owner: owner.Name}, nil
 	}
 	return n.forwardFailed(ctx, &req, policy, err)
+}
+
+// callDone feeds a forwarded call's outcome to the owner's breaker: only an
+// unreachable owner counts as a failure.
+func (n *Node) callDone(br *breaker, err error) {
+	down := err != nil && errors.Is(err, transport.ErrUnavailable)
+	br.done(!down, n.now().UnixNano(), int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
 }
 
 // forwardFailed turns the error of a forwarded check into the caller's
@@ -116,7 +125,7 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			continue
 		}
 		c, ok := n.peers.Get(owner.Name)
-		if !ok {
+		if !ok || n.breakers.get(owner.Name).openUntil.Load() > n.now().UnixNano() {
 			out[i].Decision = n.unreachable(req, policies[i])
 			continue
 		}
@@ -138,6 +147,13 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		go func() {
 			defer wg.Done()
 			rs := g.client.CheckMany(ctx, g.reqs)
+			var callErr error
+			for _, r := range rs {
+				if r.Err != nil && errors.Is(r.Err, transport.ErrUnavailable) {
+					callErr = r.Err
+				}
+			}
+			n.callDone(n.breakers.get(g.owner), callErr)
 			for j, i := range g.idx {
 				if err := rs[j].Err; err != nil {
 					out[i].Decision, out[i].Err = n.forwardFailed(ctx, &reqs[i], policies[i], err)

@@ -190,6 +190,11 @@ func TestClusterUnreachablePolicies(t *testing.T) {
 	if got := n.Stats().WithoutOwner; got != 4 {
 		t.Fatalf("Stats.WithoutOwner = %d, want 4", got)
 	}
+	// Three failed calls opened the owner's circuit breaker: the fourth
+	// check was decided without trying the dead owner.
+	if got := n.Stats().Forwarded; got != 3 {
+		t.Fatalf("Stats.Forwarded = %d, want 3 (the breaker opens after 3 failures)", got)
+	}
 }
 
 func TestNodeAloneIsALimiter(t *testing.T) {

@@ -85,6 +85,11 @@ type Config struct {
 	Unreachable Policy
 	// DenyRetryAfter is the RetryAfter of a request denied by PolicyDeny.
 	DenyRetryAfter time.Duration
+	// BreakerThreshold consecutive failed calls to a peer open its circuit
+	// breaker: its keys go to the unreachable policy at once, without a
+	// call, for BreakerCooldown; then one call probes the peer again.
+	BreakerThreshold int
+	BreakerCooldown  time.Duration
 	// SweepInterval is how often keys whose state returned to fresh are
 	// dropped from the store.
 	SweepInterval time.Duration
@@ -120,6 +125,8 @@ func DefaultConfig() Config {
 		Profile:           ProfileLAN,
 		Unreachable:       PolicyLocal,
 		DenyRetryAfter:    time.Second,
+		BreakerThreshold:  3,
+		BreakerCooldown:   time.Second,
 		SweepInterval:     10 * time.Second,
 		Store:             limiter.DefaultStoreConfig(),
 		Ring:              ring.DefaultConfig(),
@@ -167,6 +174,10 @@ func (c *Config) Validate() error {
 		return bad("RetryJoinInterval %v must be positive", c.RetryJoinInterval)
 	case c.DenyRetryAfter < 0:
 		return bad("DenyRetryAfter %v is negative", c.DenyRetryAfter)
+	case c.BreakerThreshold < 1:
+		return bad("BreakerThreshold %d must be at least 1", c.BreakerThreshold)
+	case c.BreakerCooldown <= 0:
+		return bad("BreakerCooldown %v must be positive", c.BreakerCooldown)
 	case c.SweepInterval <= 0:
 		return bad("SweepInterval %v must be positive", c.SweepInterval)
 	}

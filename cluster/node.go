@@ -70,7 +70,8 @@ type Node struct {
 	ring  *ring.Ring
 	peers *peer.Pool
 
-	metrics *metrics // nil without Config.Registerer
+	metrics  *metrics // nil without Config.Registerer
+	breakers breakers
 
 	lis  net.Listener
 	grpc *grpc.Server
@@ -322,6 +323,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	}
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
+	n.breakers.forget(addrs)
 	if err := n.ring.SetMembers(members); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}

@@ -1,0 +1,66 @@
+package cluster
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// breaker is one peer's circuit breaker. After Threshold consecutive failed
+// calls it opens: checks for that peer's keys go straight to the unreachable
+// policy, costing no timeout each, until Cooldown has passed; then one call
+// is let through as a probe, and its outcome closes the breaker or opens it
+// for another Cooldown. All fields are atomics: it sits on the hot path.
+type breaker struct {
+	failures  atomic.Int32
+	openUntil atomic.Int64 // Unix ns; 0 when closed
+	probing   atomic.Bool  // a probe call is in flight
+}
+
+// allow reports whether a call may be made at now.
+func (b *breaker) allow(now int64) bool {
+	until := b.openUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if now < until {
+		return false
+	}
+	return b.probing.CompareAndSwap(false, true) // half-open: one probe
+}
+
+// done records a call's outcome.
+func (b *breaker) done(ok bool, now int64, threshold int32, cooldown time.Duration) {
+	wasProbe := b.probing.Swap(false)
+	if ok {
+		b.failures.Store(0)
+		b.openUntil.Store(0)
+		return
+	}
+	if b.failures.Add(1) >= threshold || wasProbe {
+		b.openUntil.Store(now + int64(cooldown))
+	}
+}
+
+// breakers holds one breaker per peer name.
+type breakers struct {
+	m sync.Map // peer name -> *breaker
+}
+
+func (bs *breakers) get(peer string) *breaker {
+	if b, ok := bs.m.Load(peer); ok {
+		return b.(*breaker)
+	}
+	b, _ := bs.m.LoadOrStore(peer, new(breaker))
+	return b.(*breaker)
+}
+
+// forget drops the breakers of peers no longer in the cluster.
+func (bs *breakers) forget(keep map[string]string) {
+	bs.m.Range(func(k, _ any) bool {
+		if _, ok := keep[k.(string)]; !ok {
+			bs.m.Delete(k)
+		}
+		return true
+	})
+}

@@ -14,18 +14,10 @@ const bucketEpsilon = 1e-9
 // queue (leaky == true). Both keep a level that drains at Limit/Period: the
 // tokens consumed for the token bucket, the hits queued for the leaky bucket.
 func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
-	level := math.Float64frombits(uint64(st.w[0]))
-	last := st.w[1]
 	limit, period := float64(req.Limit), float64(req.Period)
-	if now > last {
-		if level > 0 {
-			// elapsed*Limit is exact in float64 up to 2^53, so a refill at
-			// an exact instant gives an exact level.
-			level -= float64(now-last) * limit / period
-			if level < bucketEpsilon {
-				level = 0
-			}
-		}
+	last := st.w[1]
+	level := bucketLevelAt(math.Float64frombits(uint64(st.w[0])), last, now, limit, period)
+	if now > last || level == 0 {
 		last = now
 	}
 	capacity := float64(req.burst())
@@ -38,23 +30,73 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	if level+probe <= capacity+bucketEpsilon {
 		d.Allowed = true
 		if leaky {
-			d.Delay = drainTime(level, limit, period)
+			// The level drains from last, which is after now only when
+			// the clock stepped back.
+			d.Delay = time.Duration(last-now) + drainTime(level, limit, period)
 		}
 		level += hits
 	} else {
-		d.RetryAfter = drainTime(level+probe-capacity, limit, period)
-		if req.Behavior&DrainOverLimit != 0 && level < capacity {
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
 			level = capacity
 		}
+		d.RetryAfter = bucketRetry(level, last, now, probe, capacity, limit, period)
 	}
 	if rem := capacity - level + bucketEpsilon; rem > 0 {
 		d.Remaining = int64(rem)
 	}
 	st.w[0] = int64(math.Float64bits(level))
 	st.w[1] = last
-	st.expireAt = now + int64(drainTime(level, limit, period))
+	st.expireAt = last + int64(drainTime(level, limit, period))
 	d.ResetAt = nsTime(st.expireAt)
 	return d
+}
+
+// bucketLevelAt is a level stored at last as it stands at now: drained at
+// limit per period, and taken to be empty within bucketEpsilon. decideBucket
+// and bucketRetry both use it, so that RetryAfter agrees exactly with the
+// admission rule, float rounding included.
+func bucketLevelAt(level float64, last, now int64, limit, period float64) float64 {
+	if level > 0 && now > last {
+		// elapsed*Limit is exact in float64 up to 2^53, so a refill at
+		// an exact instant gives an exact level.
+		level -= float64(now-last) * limit / period
+		if level < bucketEpsilon {
+			level = 0
+		}
+	}
+	return level
+}
+
+// bucketRetry is the least d such that a request probing probe hits at now+d
+// is admitted by a bucket whose level was level at last, given that it is not
+// admitted at now. The level drains monotonically, so a bisection around the
+// closed-form estimate finds it; at the state's expiry it is fresh and admits.
+func bucketRetry(level float64, last, now int64, probe, capacity, limit, period float64) time.Duration {
+	admits := func(d int64) bool {
+		return bucketLevelAt(level, last, now+d, limit, period)+probe <= capacity+bucketEpsilon
+	}
+	lo := int64(0)                                            // not admitted
+	hi := last - now + int64(drainTime(level, limit, period)) // admitted (fresh)
+	guess := last - now + int64(drainTime(level+probe-capacity-bucketEpsilon, limit, period))
+	if guess > lo && guess < hi {
+		if admits(guess) {
+			hi = guess
+			if !admits(guess - 1) {
+				return time.Duration(guess)
+			}
+		} else {
+			lo = guess
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if admits(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return time.Duration(hi)
 }
 
 // drainTime is how long a level of amount drains at limit per period,

@@ -17,7 +17,9 @@
 //
 // Time is always an argument: [Store.CheckAt] takes now, [Store.Check] calls
 // time.Now once. Rejected requests consume nothing, unless the request asks
-// for [DrainOverLimit].
+// for [DrainOverLimit]; peeks (Hits 0) never consume. RetryAfter is exact for
+// every algorithm: the same request is admitted at now+RetryAfter and not a
+// nanosecond earlier, if nothing else is consumed meanwhile.
 //
 // The algorithms and their exact semantics:
 //
@@ -30,7 +32,10 @@
 //   - [FixedWindow]: at most Limit hits per window. Windows are aligned to
 //     multiples of Period since the Unix epoch, or with a [Calendar] unit to
 //     calendar minutes, hours, days, ISO weeks (starting Monday), months or
-//     years in the request's time zone.
+//     years in the request's time zone. Across a DST change a day (week,
+//     month, year) is as long as the clocks make it, and it begins at the
+//     transition if that skips midnight; a local hour that the change
+//     repeats is two windows, one per offset.
 //   - [SlidingWindowLog]: at most Limit hits admitted in any interval
 //     (now-Period, now]; the log stores (time, hits) pairs, merging hits
 //     admitted at the same instant, so it never holds more entries than Limit.
@@ -47,6 +52,11 @@
 //
 // A request whose Limit, Period or Burst differ from the previous request for
 // the same key takes effect at once and keeps what was consumed: the bucket
-// level, the TAT converted to the new emission interval, the window counts.
-// A request with another Algorithm for an existing key starts from fresh.
+// level as it stood at the previous request, draining at the new rate from
+// then on; the TAT, its outstanding time converted to the new emission
+// interval (rounded up); the window counts and the log. After a Period or
+// Calendar change the counts of a window that is not over count in the
+// current window. State that had returned to fresh under the parameters of
+// the request that wrote it is fresh. A request with another Algorithm for an
+// existing key starts from fresh.
 package limiter

@@ -6,7 +6,11 @@ import "time"
 func decideGCRA(st *state, req *Request, now int64) Decision {
 	t := (int64(req.Period) + req.Limit - 1) / req.Limit // ceil(Period/Limit)
 	tat := st.w[0]
-	if old := st.w[1]; old != 0 && old != t && tat > now {
+	switch old := st.w[1]; {
+	case old == 0:
+		// Fresh (no interval yet): TAT 0 would be a backlog before 1970.
+		tat = now
+	case old != t && tat > now:
 		// Keep what was consumed: the outstanding hits (tat-now)/old
 		// are rescheduled at the new interval.
 		tat = now + mul(tat-now, t).divCeil(old)
@@ -21,10 +25,10 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 		d.Allowed = true
 		tat += req.Hits * t
 	} else {
-		d.RetryAfter = time.Duration(next - now - tolerance)
-		if req.Behavior&DrainOverLimit != 0 && tat-now < tolerance {
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && tat-now < tolerance {
 			tat = now + tolerance
 		}
+		d.RetryAfter = time.Duration(tat + probe*t - now - tolerance)
 	}
 	d.Remaining = max((tolerance-(tat-now))/t, 0)
 	st.w[0], st.w[1] = tat, t

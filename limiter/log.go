@@ -65,6 +65,9 @@ func decideSlidingLog(st *state, l *windowLog, req *Request, now int64) Decision
 			l.add(now, req.Hits)
 		}
 	} else {
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && l.total < req.Limit {
+			l.add(now, req.Limit-l.total)
+		}
 		// Wait until enough of the oldest entries expire.
 		need := l.total + probe - req.Limit
 		for _, e := range l.entries[l.head:] {
@@ -73,9 +76,6 @@ func decideSlidingLog(st *state, l *windowLog, req *Request, now int64) Decision
 				d.RetryAfter = time.Duration(e.at + p - now)
 				break
 			}
-		}
-		if req.Behavior&DrainOverLimit != 0 && l.total < req.Limit {
-			l.add(now, req.Limit-l.total)
 		}
 	}
 	d.Remaining = max(req.Limit-l.total, 0)

@@ -19,7 +19,7 @@ const (
 	SlidingWindowLog
 	SlidingWindowCounter
 	GCRA
-	numAlgorithms = iota
+	numAlgorithms // one past the last; implicitly iota + 1
 )
 
 // Algorithms lists every algorithm, in declaration order.
@@ -106,10 +106,17 @@ const (
 	// Reset forgets the key's state before deciding, as if it were new.
 	Reset Behavior = 1 << iota
 	// DrainOverLimit consumes everything that remains when the request is
-	// rejected, so that the key stays limited until it refills.
+	// rejected, so that the key stays limited until it refills. A peek
+	// (Hits 0) consumes nothing even with DrainOverLimit.
 	DrainOverLimit
+	// Refund gives Hits back to the key: hits that an earlier request
+	// consumed and that the caller did not use (a multi-limit request that
+	// another limit rejected, say). It never leaves the key with more than
+	// a fresh key has, and the decision reports the state after the refund
+	// as a peek would.
+	Refund
 
-	allBehaviors = Reset | DrainOverLimit
+	allBehaviors = Reset | DrainOverLimit | Refund
 )
 
 // Bounds on request fields. They keep every computation inside int64 and
@@ -245,7 +252,8 @@ type Decision struct {
 	// ResetAt is when the key's state returns to fresh if nothing more is
 	// consumed: the bucket full again, the window over, the log empty.
 	ResetAt time.Time
-	// RetryAfter is how long until this same request would be admitted;
+	// RetryAfter is how long until this same request would be admitted if
+	// nothing else is consumed meanwhile (after DrainOverLimit has drained);
 	// zero when it was admitted.
 	RetryAfter time.Duration
 	// Delay is, for an admitted leaky-bucket request, how long the caller

@@ -41,6 +41,12 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 			(*lg).clear()
 		}
 	}
+	if req.Behavior&Refund != 0 {
+		refund(st, *lg, req, now)
+		peek := *req
+		peek.Hits, peek.Behavior = 0, 0
+		req = &peek
+	}
 	switch req.Algorithm {
 	case TokenBucket:
 		return decideBucket(st, req, now, false)

@@ -16,7 +16,8 @@ type StoreConfig struct {
 	Shards int
 	// MaxEntries bounds the number of keys held. When a new key would pass
 	// it, the least recently used key of its shard is evicted (the bound is
-	// enforced per shard, MaxEntries/Shards each). 0 means no bound.
+	// enforced per shard, MaxEntries/Shards each, rounded down). 0 means no
+	// bound.
 	MaxEntries int
 }
 
@@ -88,7 +89,9 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		mask:   uint64(cfg.Shards - 1),
 	}
 	if cfg.MaxEntries > 0 {
-		s.perShard = (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards
+		// Rounded down, so that the shards together never hold more
+		// than MaxEntries. Validate ensures at least one per shard.
+		s.perShard = cfg.MaxEntries / cfg.Shards
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
@@ -223,16 +226,20 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		d := 0
 		for _, e := range sh.m {
 			if e.expireAt <= n {
 				sh.removeLocked(e)
-				dropped++
+				d++
 			}
 		}
+		// Counted under the lock, as inserts are, so that Entries never
+		// runs ahead of the maps (nor past MaxEntries) during a sweep.
+		s.entries.Add(int64(-d))
+		s.expired.Add(int64(d))
 		sh.mu.Unlock()
+		dropped += d
 	}
-	s.entries.Add(int64(-dropped))
-	s.expired.Add(int64(dropped))
 	return dropped
 }
 

@@ -15,63 +15,82 @@ func windowBounds(req *Request, now int64) (start, end int64) {
 }
 
 // calendarBounds returns the calendar unit containing now in loc (nil: UTC).
+// It always has start <= now < end, also where a zone transition repeats or
+// skips local times.
 func calendarBounds(c Calendar, loc *time.Location, now int64) (start, end int64) {
 	if loc == nil {
 		loc = time.UTC
 	}
 	t := time.Unix(0, now).In(loc)
+	switch c {
+	case Minute, Hour:
+		// Truncate the wall clock in the offset in effect at now: a
+		// repeated hour after a DST change is a window of its own, and
+		// half-hour offsets keep windows on local hours.
+		since := time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())
+		unit := time.Minute
+		if c == Hour {
+			since += time.Duration(t.Minute()) * time.Minute
+			unit = time.Hour
+		}
+		start = now - int64(since)
+		return start, start + int64(unit)
+	}
 	y, mo, d := t.Date()
-	h, mi := t.Hour(), t.Minute()
 	var s, e time.Time
 	switch c {
-	case Minute:
-		s = time.Date(y, mo, d, h, mi, 0, 0, loc)
-		e = s.Add(time.Minute)
-	case Hour:
-		// Truncating in absolute time keeps hours right across DST changes
-		// and in zones with half-hour offsets alike.
-		s = time.Date(y, mo, d, h, 0, 0, 0, loc)
-		e = s.Add(time.Hour)
 	case Day:
-		s = time.Date(y, mo, d, 0, 0, 0, 0, loc)
-		e = time.Date(y, mo, d+1, 0, 0, 0, 0, loc)
+		s, e = dayStart(y, mo, d, loc), dayStart(y, mo, d+1, loc)
 	case Week:
 		back := (int(t.Weekday()) + 6) % 7 // days since Monday
-		s = time.Date(y, mo, d-back, 0, 0, 0, 0, loc)
-		e = time.Date(y, mo, d-back+7, 0, 0, 0, 0, loc)
+		s, e = dayStart(y, mo, d-back, loc), dayStart(y, mo, d-back+7, loc)
 	case Month:
-		s = time.Date(y, mo, 1, 0, 0, 0, 0, loc)
-		e = time.Date(y, mo+1, 1, 0, 0, 0, 0, loc)
+		s, e = dayStart(y, mo, 1, loc), dayStart(y, mo+1, 1, loc)
 	default: // Year
-		s = time.Date(y, 1, 1, 0, 0, 0, 0, loc)
-		e = time.Date(y+1, 1, 1, 0, 0, 0, 0, loc)
-	}
-	if s.UnixNano() > now { // a local midnight skipped by DST: the unit began earlier
-		s = time.Unix(0, now)
+		s, e = dayStart(y, 1, 1, loc), dayStart(y+1, 1, 1, loc)
 	}
 	return s.UnixNano(), e.UnixNano()
+}
+
+// dayStart returns the first instant of the local date (y, m, d) in loc,
+// normalizing m and d as time.Date does. Where a zone transition skips
+// midnight (or the whole day), time.Date returns an instant of an earlier
+// day or one after the gap; the day then begins at the transition.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	wy, wm, wd := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Date() // normalized
+	ty, tm, td := t.Date()
+	switch {
+	case ty != wy || tm != wm || td != wd: // before the gap
+		if _, end := t.ZoneBounds(); !end.IsZero() {
+			return end
+		}
+	case t.Hour() != 0 || t.Minute() != 0 || t.Second() != 0: // after it
+		if start, _ := t.ZoneBounds(); !start.IsZero() {
+			return start
+		}
+	}
+	return t
 }
 
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
+	// The stored count is that of the window containing now: decide has
+	// reset the state if its window ended. (With the same Period or
+	// Calendar a stored window that is not over is this one; after a
+	// change its hits count in the current window, as doc.go says.)
 	count := st.w[1]
-	if st.w[0] < start {
-		// The stored window is over. (A stored start at or after start is
-		// the same window, or one that began inside it before a Period
-		// change: its hits count in this window.)
-		count = 0
-	}
 	probe := max(req.Hits, 1)
 	d := Decision{Limit: req.Limit}
 	if count+probe <= req.Limit {
 		d.Allowed = true
 		count += req.Hits
 	} else {
-		d.RetryAfter = time.Duration(end - now)
-		if req.Behavior&DrainOverLimit != 0 && count < req.Limit {
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && count < req.Limit {
 			count = req.Limit
 		}
+		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(req.Limit-count, 0)
 	st.w[0], st.w[1] = start, count
@@ -93,11 +112,11 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 	case ws == start:
 	case ws == start-p:
 		prev, cur = cur, 0
-	case ws < start-p:
-		prev, cur = 0, 0
 	default:
-		// ws > start: the window began later than the current aligned
-		// one (Period grew, or the clock stepped back): keep its counts.
+		// With an unchanged Period the state is this window's or the
+		// previous one's, since decide resets it once both are over.
+		// After a Period change (or a clock step back) the windows no
+		// longer align: keep the counts as they are.
 	}
 	elapsed := now - start
 	limitP := mul(req.Limit, p)
@@ -114,11 +133,11 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 		cur += req.Hits
 		remaining -= req.Hits
 	} else {
-		d.RetryAfter = slidingCounterRetry(req.Limit, p, cur, prev, probe, elapsed)
-		if req.Behavior&DrainOverLimit != 0 {
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 {
 			cur += remaining
 			remaining = 0
 		}
+		d.RetryAfter = slidingCounterRetry(req.Limit, p, cur, prev, probe, elapsed)
 	}
 	d.Remaining = remaining
 	st.w[0], st.w[1] = start, cur

@@ -108,9 +108,10 @@ func New(cfg Config) (n *Node, err error) {
 	if n.now == nil {
 		n.now = time.Now
 	}
+	node := n // n is nil once a failing return has run; Close needs the node
 	defer func() {
 		if err != nil {
-			n.Close()
+			node.Close()
 			n = nil
 		}
 	}()
@@ -125,6 +126,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
+	if n.metrics != nil && pcfg.Observer == nil {
+		pcfg.Observer = n.metrics.peerCall
+	}
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}

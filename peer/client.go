@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,9 +22,10 @@ var (
 	// ErrClosed is returned for checks made after Close, and for checks
 	// that were waiting or in flight when Close was called.
 	ErrClosed error = &sentinel{"peer: client closed", transport.ErrUnavailable}
-	// ErrUnavailable wraps the error of a call that failed as a whole (the
-	// peer is down, does not answer within Config.Timeout, refuses the
-	// batch); every check of that call, and only those, fail with it.
+	// ErrUnavailable wraps the error of a batch that failed as a whole: the
+	// peer is down, does not answer it within Config.Timeout, or its stream
+	// broke while the batch was in flight. Every check of the batches
+	// concerned, and only those, fail with it.
 	ErrUnavailable error = &sentinel{"peer: peer unavailable", transport.ErrUnavailable}
 	// ErrInvalidConfig is returned by Config.Validate and the constructors.
 	ErrInvalidConfig = errors.New("peer: invalid config")
@@ -39,25 +41,37 @@ func (e *sentinel) Error() string { return e.msg }
 func (e *sentinel) Unwrap() error { return e.also }
 
 // Client sends checks to one remote node, the owner of their keys, in
-// batches. A check goes out at once while fewer than Config.MaxInFlight
-// calls are in flight; otherwise it waits with the others, and the next
-// call to finish takes up to Config.MaxBatch of them. No fixed wait is ever
-// added. A Client is safe for concurrent use.
+// batches on one long-lived stream. A check goes out at once while fewer
+// than Config.MaxInFlight batches are in flight; otherwise it waits with
+// the others, and the next batch to be answered lets up to Config.MaxBatch
+// of them go. No fixed wait is ever added. A Client is safe for concurrent
+// use.
 type Client struct {
 	name, addr string
 	cfg        Config
 	conn       *grpc.ClientConn
 	rpc        pb.PeerClient
 
-	ctx    context.Context // parent of every call; canceled by Close
+	ctx    context.Context // parent of every stream; canceled by Close
 	cancel context.CancelFunc
-	wake   chan struct{} // a token per wake-up of an idle worker; cap MaxInFlight
-	done   chan struct{} // closed by Close: workers return
+	wake   chan struct{} // cap 1: the sender has work
+	done   chan struct{} // closed by Close: loops return
+	timer  *time.Timer   // the watchdog's: fires at timerAt
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex // guards pending and closed
-	pending []*item    // checks waiting for a call, oldest first
-	closed  bool
+	mu       sync.Mutex // guards the fields below and the streams' shared fields
+	pending  []*item    // checks waiting for a batch, oldest first
+	closed   bool
+	sending  bool      // the send token is taken (see stream.go)
+	cur      *stream   // where new batches go; nil until opened, and once it fails or drains
+	streams  []*stream // streams that have not failed, cur among them
+	draining []*stream // streams whose sending side the sender must close
+	inFlight int       // batches sent and not yet answered or failed, on every stream
+	seq      uint64    // id of the last batch taken
+	timerAt  time.Time // when timer fires; zero when stopped or fired
+	free     []*batch  // batches to reuse
+
+	enc *encoder // the send token's
 
 	closeOnce sync.Once
 	closeErr  error
@@ -66,7 +80,7 @@ type Client struct {
 }
 
 // item is one check: the request and, once decided, its result. The
-// worker that sends it or Close writes res and then sends on done, once.
+// goroutine that delivers it writes res and then sends on done, once.
 // Items are pooled; one whose caller gave up is left to the collector.
 type item struct {
 	req      limiter.Request
@@ -99,25 +113,40 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: empty address for peer %q", ErrInvalidConfig, name)
 	}
 	cfg = cfg.clone()
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	opts := append(dialOptions(), cfg.DialOptions...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client of %q at %s: %w", name, addr, err)
 	}
 	c := &Client{
-		name: name,
-		addr: addr,
-		cfg:  cfg,
-		conn: conn,
-		rpc:  pb.NewPeerClient(conn),
-		wake: make(chan struct{}, cfg.MaxInFlight),
-		done: make(chan struct{}),
+		name:  name,
+		addr:  addr,
+		cfg:   cfg,
+		conn:  conn,
+		rpc:   pb.NewPeerClient(conn),
+		wake:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+		timer: time.NewTimer(time.Hour),
+		enc:   newEncoder(cfg.MaxBatch),
 	}
+	c.timer.Stop()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	for range cfg.MaxInFlight {
-		c.goFunc(c.worker)
-	}
+	c.goFunc(c.sender)
+	c.goFunc(c.watchdog)
+	c.goFunc(c.watchConn)
 	return c, nil
+}
+
+// dialOptions are the client's defaults, before Config.DialOptions:
+// insecure transport, and flow-control windows as large as the server's
+// (transport.ServerOptions), so that small batches do not cost a window
+// update every few messages.
+func dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(transport.WindowSize),
+		grpc.WithInitialConnWindowSize(transport.WindowSize),
+	}
 }
 
 // goFunc runs f in a goroutine that Close waits for.
@@ -140,6 +169,7 @@ func (c *Client) Stats() Stats {
 	s := c.stats.snapshot()
 	c.mu.Lock()
 	s.Pending = len(c.pending)
+	s.InFlight = c.inFlight
 	c.mu.Unlock()
 	return s
 }
@@ -147,9 +177,9 @@ func (c *Client) Stats() Stats {
 // Check asks the peer to decide req as its key's owner. It returns the
 // owner's decision or: req's validation error (transport.ValidateRequest)
 // without sending it; the owner's per-item error, which matches the same
-// limiter sentinel; an error wrapping ErrUnavailable when the call failed;
+// limiter sentinel; an error wrapping ErrUnavailable when its batch failed;
 // ErrClosed; or ctx.Err() when ctx ends first (the late result, if any, is
-// discarded). ctx bounds only the wait: every call has Config.Timeout.
+// discarded). ctx bounds only the wait: every batch has Config.Timeout.
 func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
 	if err := transport.ValidateRequest(&req); err != nil {
 		return limiter.Decision{}, err
@@ -167,7 +197,7 @@ func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decisi
 }
 
 // CheckMany checks every request as Check does and returns one result per
-// request, in order. The requests go out together, in as many calls as
+// request, in order. The requests go out together, in as many batches as
 // MaxBatch requires.
 func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
@@ -204,8 +234,11 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request) []transp
 	return out
 }
 
-// enqueue appends its to the pending checks and wakes idle workers. It
-// reports false, enqueueing nothing, when the client is closed.
+// enqueue appends its to the pending checks and has them sent: at once,
+// by this goroutine, when they are few and nothing is in flight on the
+// open stream; otherwise by whoever sends next, waking the sender
+// goroutine if no one else will. It reports false, enqueueing nothing,
+// when the client is closed.
 func (c *Client) enqueue(its ...*item) bool {
 	if len(its) == 0 {
 		return true
@@ -215,22 +248,30 @@ func (c *Client) enqueue(its ...*item) bool {
 		c.mu.Unlock()
 		return false
 	}
+	wasEmpty := len(c.pending) == 0
 	c.pending = append(c.pending, its...)
+	var b *batch
+	s := c.cur
+	if wasEmpty && len(its) <= maxInlineChecks && c.inFlight == 0 && c.usableLocked(s) {
+		b = c.beginSendLocked()
+	}
+	// Otherwise the holder of the send token, or the end of a batch in
+	// flight, looks at the pending checks again.
+	wake := b == nil && wasEmpty && c.canSendLocked()
 	c.mu.Unlock()
-	c.wakeWorkers((len(its) + c.cfg.MaxBatch - 1) / c.cfg.MaxBatch)
+	if b != nil {
+		c.sendInline(s, b)
+	} else if wake {
+		c.wakeSender()
+	}
 	return true
 }
 
-// wakeWorkers leaves up to n tokens for idle workers. When the channel is
-// full, tokens are already waiting, and the worker that takes one will find
-// the new checks.
-func (c *Client) wakeWorkers(n int) {
-	for range n {
-		select {
-		case c.wake <- struct{}{}:
-		default:
-			return
-		}
+// wakeSender leaves a token for the sender, unless one is waiting already.
+func (c *Client) wakeSender() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -249,108 +290,8 @@ func (c *Client) wait(ctx context.Context, it *item) transport.Result {
 	}
 }
 
-// batch is a worker's reusable buffers.
-type batch struct {
-	items []*item
-	msgs  []pb.RateLimitRequest
-	ptrs  []*pb.RateLimitRequest
-	req   pb.PeerCheckRequest
-}
-
-// worker sends batches until Close. Each worker has at most one call in
-// flight, so MaxInFlight workers bound the calls.
-func (c *Client) worker() {
-	b := &batch{
-		items: make([]*item, 0, c.cfg.MaxBatch),
-		msgs:  make([]pb.RateLimitRequest, c.cfg.MaxBatch),
-		ptrs:  make([]*pb.RateLimitRequest, c.cfg.MaxBatch),
-	}
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-c.wake:
-		}
-		for c.take(b) {
-			c.send(b)
-		}
-	}
-}
-
-// take moves up to MaxBatch pending checks into b, dropping those whose
-// caller gave up. It reports whether b has any; false when closed.
-func (c *Client) take(b *batch) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return false
-	}
-	b.items = b.items[:0]
-	n := 0
-	for n < len(c.pending) && len(b.items) < c.cfg.MaxBatch {
-		it := c.pending[n]
-		n++
-		if it.canceled.Load() {
-			c.stats.canceled.Add(1)
-			continue
-		}
-		b.items = append(b.items, it)
-	}
-	rest := copy(c.pending, c.pending[n:])
-	clear(c.pending[rest:])
-	c.pending = c.pending[:rest]
-	if rest > 0 {
-		c.wakeWorkers(1) // an idle worker may send the rest now
-	}
-	return len(b.items) > 0
-}
-
-// send makes one call for the checks in b and delivers their results.
-func (c *Client) send(b *batch) {
-	n := len(b.items)
-	for i, it := range b.items {
-		transport.EncodeRequest(&b.msgs[i], &it.req)
-		b.ptrs[i] = &b.msgs[i]
-	}
-	b.req.From = c.cfg.Self
-	b.req.Items = b.ptrs[:n]
-
-	c.stats.recordCall(n)
-	c.stats.inFlight.Add(1)
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
-	resp, err := c.rpc.CheckBatch(ctx, &b.req)
-	cancel()
-	c.stats.inFlight.Add(-1)
-
-	var fail error
-	switch {
-	case err != nil && c.ctx.Err() != nil:
-		fail = ErrClosed
-	case err != nil:
-		fail = fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, c.name, c.addr, err)
-	case len(resp.GetItems()) != n:
-		fail = fmt.Errorf("%w: %d responses for %d checks from %s at %s", transport.ErrMalformedResponse, len(resp.GetItems()), n, c.name, c.addr)
-	}
-	if fail != nil {
-		c.stats.failed.Add(1)
-	}
-	for i, it := range b.items {
-		if fail != nil {
-			it.res = transport.Result{Err: fail}
-		} else {
-			it.res = transport.ResultFromProto(resp.Items[i])
-		}
-		it.done <- struct{}{}
-		// Keep no references to the callers' requests.
-		b.items[i] = nil
-		b.msgs[i].Name, b.msgs[i].Key = "", ""
-		b.ptrs[i] = nil
-	}
-	b.req.Items = nil
-}
-
-// Close fails every waiting check with ErrClosed, cancels the calls in
-// flight (their checks fail with ErrClosed too), waits for the client's
+// Close fails every waiting check with ErrClosed, ends the stream (the
+// checks in flight fail with ErrClosed too), waits for the client's
 // goroutines and closes the connection. Checks made afterwards fail with
 // ErrClosed. Safe to call more than once and concurrently; later calls wait
 // for the first and return nil.
@@ -370,6 +311,7 @@ func (c *Client) Close() error {
 		c.cancel()
 		close(c.done)
 		c.wg.Wait()
+		c.timer.Stop()
 		c.closeErr = c.conn.Close()
 	})
 	if !first {

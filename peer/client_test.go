@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,8 +104,10 @@ func (o *owner) inside() int {
 
 // server is a real gRPC server on 127.0.0.1:0 serving the Peer service.
 type server struct {
-	addr string
-	stop func()
+	addr    string
+	grpc    *grpc.Server
+	stop    func()
+	streams *atomic.Int64 // CheckStream calls received
 }
 
 func startServer(t testing.TB, local transport.Checker) server {
@@ -113,7 +116,12 @@ func startServer(t testing.TB, local transport.Checker) server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(transport.ServerOptions()...)
+	streams := new(atomic.Int64)
+	count := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		streams.Add(1)
+		return handler(srv, ss)
+	}
+	s := grpc.NewServer(append(transport.ServerOptions(), grpc.StreamInterceptor(count))...)
 	transport.RegisterPeer(s, local)
 	served := make(chan struct{})
 	go func() {
@@ -128,7 +136,7 @@ func startServer(t testing.TB, local transport.Checker) server {
 		})
 	}
 	t.Cleanup(stop)
-	return server{addr: lis.Addr().String(), stop: stop}
+	return server{addr: lis.Addr().String(), grpc: s, stop: stop, streams: streams}
 }
 
 // testConfig is DefaultConfig with a generous timeout: under -race gRPC is
@@ -207,29 +215,66 @@ func holdOneCall(t *testing.T, c *Client, o *owner) <-chan outcome {
 func TestSingleCheckIsSentAtOnce(t *testing.T) {
 	o := newOwner("node-b")
 	srv := startServer(t, o)
-	cfg := testConfig()
-	cfg.MaxInFlight = 2
-	c := newTestClient(t, srv.addr, cfg)
+	c := newTestClient(t, srv.addr, testConfig())
 
-	// One call is held in flight; MaxInFlight is 2, so the next check
-	// must not wait for it.
-	held := holdOneCall(t, c, o)
+	// Nothing is in flight before each check: each goes out alone, at
+	// once, on the one stream.
 	for i := range 4 {
 		d, err := c.Check(context.Background(), req("x"))
 		if wantAllowed := i < 3; err != nil || d.Allowed != wantAllowed || d.Remaining != max(2-int64(i), 0) || d.Limit != 3 {
 			t.Fatalf("check %d: %+v, %v", i, d, err)
 		}
 	}
-	if got := o.batchSizes(); !slices.Equal(got, []int{1, 1, 1, 1, 1}) {
-		t.Fatalf("batch sizes %v, want five single checks", got)
-	}
-	o.release()
-	if out := receive(t, "the held check", held); out.err != nil || !out.d.Allowed {
-		t.Fatalf("held check: %+v", out)
+	if got := o.batchSizes(); !slices.Equal(got, []int{1, 1, 1, 1}) {
+		t.Fatalf("batch sizes %v, want four single checks", got)
 	}
 	s := c.Stats()
-	if s.Calls != 5 || s.Items != 5 || s.MaxBatchSize != 1 || s.BatchSizes[0] != 5 || s.FailedCalls != 0 {
+	if s.Calls != 4 || s.Items != 4 || s.MaxBatchSize != 1 || s.BatchSizes[0] != 4 || s.FailedCalls != 0 || s.InFlight != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+	if n := srv.streams.Load(); n != 1 {
+		t.Fatalf("%d streams, want 1", n)
+	}
+}
+
+func TestMaxInFlightBatchesGoOutAtOnce(t *testing.T) {
+	o := newOwner("node-b")
+	srv := startServer(t, o)
+	cfg := testConfig()
+	cfg.MaxInFlight = 2
+	c := newTestClient(t, srv.addr, cfg)
+
+	// One batch is held by the owner. MaxInFlight is 2, so the next check
+	// is sent at once, without waiting for the first answer (the owner
+	// decides a stream's batches in order, so it waits there instead).
+	held := holdOneCall(t, c, o)
+	second := goCheck(context.Background(), c, req("x"))
+	waitFor(t, "the second batch to be sent", func() bool {
+		s := c.Stats()
+		return s.Calls == 2 && s.InFlight == 2 && s.Pending == 0
+	})
+	// Both slots are taken: the next checks wait, and go out together.
+	third := goCheck(context.Background(), c, req("y"))
+	fourth := goCheck(context.Background(), c, req("z"))
+	waitFor(t, "the checks to queue", func() bool { return c.Stats().Pending == 2 })
+	if s := c.Stats(); s.Calls != 2 {
+		t.Fatalf("stats %+v, want 2 calls while both slots are taken", s)
+	}
+	o.release()
+	for _, ch := range []<-chan outcome{held, second, third, fourth} {
+		if out := receive(t, "a check", ch); out.err != nil || !out.d.Allowed {
+			t.Fatalf("check: %+v", out)
+		}
+	}
+	if got := o.batchSizes(); !slices.Equal(got, []int{1, 1, 2}) {
+		t.Fatalf("batch sizes %v, want [1 1 2]", got)
+	}
+	waitFor(t, "the client to go idle", func() bool { return c.Stats().InFlight == 0 })
+	if s := c.Stats(); s.Calls != 3 || s.Items != 4 || s.MaxBatchSize != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	if n := srv.streams.Load(); n != 1 {
+		t.Fatalf("%d streams, want 1", n)
 	}
 }
 
@@ -363,29 +408,50 @@ func TestCallerCancellation(t *testing.T) {
 	}
 }
 
-func TestTimeoutFailsOnlyItsCall(t *testing.T) {
+func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	o := newOwner("node-b")
 	srv := startServer(t, o)
 	t.Cleanup(func() { close(o.unhang) }) // runs before the server stops
 	cfg := testConfig()
 	cfg.Timeout = 300 * time.Millisecond
+	var observed []error
+	var obsMu sync.Mutex
+	cfg.Observer = func(peer string, items int, _ time.Duration, err error) {
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		if peer != "node-b" || items != 1 {
+			t.Errorf("Observer(%q, %d)", peer, items)
+		}
+		observed = append(observed, err)
+	}
 	c := newTestClient(t, srv.addr, cfg)
 	if _, err := c.Check(context.Background(), req("warm-up")); err != nil {
 		t.Fatal(err)
 	}
 
 	hung := goCheck(context.Background(), c, req("hang"))
-	waitFor(t, "the hung call", func() bool { return o.inside() == 1 })
-	// The other call slot still works while the hung call waits.
-	if _, err := c.Check(context.Background(), req("ok")); err != nil {
-		t.Fatalf("check beside the hung call: %v", err)
-	}
+	waitFor(t, "the hung batch", func() bool { return o.inside() == 1 })
+	// A check made meanwhile waits for the only slot; when the hung batch
+	// times out, its stream is torn down and this check goes out on a new
+	// one.
+	ok := goCheck(context.Background(), c, req("ok"))
 	out := receive(t, "the hung check", hung)
 	if !errors.Is(out.err, ErrUnavailable) || !errors.Is(out.err, transport.ErrUnavailable) || status.Code(out.err) != codes.DeadlineExceeded {
 		t.Fatalf("hung check: %v, want ErrUnavailable with DeadlineExceeded", out.err)
 	}
-	if s := c.Stats(); s.FailedCalls != 1 || s.Calls != 3 {
+	if out := receive(t, "the check after the hung one", ok); out.err != nil || !out.d.Allowed {
+		t.Fatalf("check after the hung one: %+v", out)
+	}
+	if s := c.Stats(); s.FailedCalls != 1 || s.Calls != 3 || s.InFlight != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+	if n := srv.streams.Load(); n != 2 {
+		t.Fatalf("%d streams, want 2: the stuck one is replaced", n)
+	}
+	obsMu.Lock()
+	defer obsMu.Unlock()
+	if len(observed) != 3 || observed[0] != nil || observed[1] == nil || observed[2] != nil {
+		t.Fatalf("observed %v, want [nil deadline nil]", observed)
 	}
 }
 

@@ -15,21 +15,34 @@ const MaxMaxInFlight = 64
 
 // Config configures a Client, and every Client of a Pool.
 type Config struct {
-	// MaxBatch is the most checks one call carries, in
+	// MaxBatch is the most checks one batch carries, in
 	// [1, transport.MaxBatchItems]. Default 500.
 	MaxBatch int
-	// MaxInFlight is the most calls in flight to one peer at once, in
-	// [1, MaxMaxInFlight]. Checks wait for a free call. Default 1: a check goes out at once when
-	// nothing is in flight, and gathers with others while a call is.
+	// MaxInFlight is the most batches in flight (sent and not yet
+	// answered) to one peer at once, in [1, MaxMaxInFlight]. Checks wait
+	// for a free slot. Default 1: a check goes out at once when nothing is
+	// in flight, and gathers with others while a batch is.
 	MaxInFlight int
-	// Timeout is every call's deadline. Default 1s.
+	// Timeout is every batch's deadline, from when it is sent. A batch not
+	// answered in time fails, and so does the stream it is on: the next
+	// batch opens a new one. Default 1s.
 	Timeout time.Duration
-	// Self is this node's name, sent to the peer as the batch's sender.
+	// Self is this node's name, sent to the peer as the batches' sender.
 	// Optional.
 	Self string
 	// DialOptions are added to the client's. Transport credentials default
 	// to insecure; an option here overrides them.
 	DialOptions []grpc.DialOption
+	// Observer, when not nil, is called once per batch, for metrics, when
+	// its checks have their results: with the peer's name, the number of
+	// checks, the time from sending to the answer (or to the failure), and
+	// nil or the error that failed the whole batch (an owner's per-item
+	// errors do not count). It is called on the goroutine that completes
+	// the batch, usually the client's receiver, whose next answers wait
+	// for it; possibly concurrently, for several batches and clients. It
+	// must be fast, must not block, and must be safe for concurrent use.
+	// Default nil: none.
+	Observer func(peer string, items int, latency time.Duration, err error)
 }
 
 // DefaultConfig returns the default configuration.

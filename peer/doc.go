@@ -1,24 +1,37 @@
 // Package peer forwards rate-limit checks to the node that owns their keys.
 //
-// A [Client] talks to one remote node over the transport package's Peer
-// service and batches the checks that callers make concurrently. A check is
-// sent at once while fewer than [Config].MaxInFlight calls are in flight to
-// that node; otherwise it waits, and the next call to return takes up to
-// MaxBatch waiting checks in one batch. At low load every check is a call of
-// its own and no fixed wait is ever added; under load batches grow by
-// themselves, bounded by MaxBatch, and at most MaxInFlight calls are in
-// flight per node.
+// A [Client] talks to one remote node over one long-lived stream of the
+// transport package's Peer service (CheckStream), opened at the first check
+// and again after it fails, and batches the checks that callers make
+// concurrently. A check is sent at once while fewer than [Config].MaxInFlight
+// batches are in flight on the stream; otherwise it waits, and the next
+// answer lets up to MaxBatch waiting checks go in one batch. At low load
+// every check is a batch of its own and no fixed wait is ever added; under
+// load batches grow by themselves, bounded by MaxBatch. Each batch carries an
+// id, and answers are matched to batches by id.
 //
-// The client's goroutines are MaxInFlight workers, each with at most one
-// call in flight, started by [NewClient] and stopped by [Client.Close]; a
-// check itself starts none. Every call has the deadline [Config].Timeout. A
-// caller waits for its own check under its own context and gets ctx.Err()
-// when that ends first. A call that fails fails only its own checks, with an
-// error wrapping [ErrUnavailable]; an error the owner returns for one item
-// (an invalid limit, say) is that item's alone and still matches the
-// limiter's sentinel with errors.Is.
+// Sending costs no goroutine switch in the common cases: the caller of a
+// check made while nothing is in flight sends it, and the stream's receiver,
+// having delivered an answer, sends the next batch. A sender goroutine does
+// the rest (opening streams, sending beside batches in flight); a receiver
+// goroutine per stream reads answers; a watchdog enforces deadlines; and a
+// watcher of the connection closes the stream gracefully when the peer's
+// server stops (so that its graceful stop does not wait for the stream). All
+// of them are started by the client and stopped by [Client.Close].
+//
+// Every batch has the deadline [Config].Timeout. A batch not answered in time
+// fails, and since its stream is then stuck, the stream is torn down and the
+// next batch opens a new one. A caller waits for its own check under its own
+// context and gets ctx.Err() when that ends first. A stream that fails fails
+// only the batches in flight on it, with an error wrapping [ErrUnavailable];
+// an error the owner returns for one item (an invalid limit, say) is that
+// item's alone and still matches the limiter's sentinel with errors.Is.
+// Answers are untrusted: an answer to no batch in flight, or garbage, fails
+// the stream; an answer with the wrong number of items fails its batch with
+// an error wrapping transport.ErrMalformedResponse.
 //
 // A [Pool] keeps one client per cluster member, following membership
 // changes with [Pool.Update]; [Pool.Get] is lock-free for the hot path.
-// [Client.Stats] counts calls, items and batch sizes for metrics.
+// [Client.Stats] counts batches, items and batch sizes, and
+// [Config].Observer sees every batch, for metrics.
 package peer

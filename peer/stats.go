@@ -8,19 +8,20 @@ import (
 // NumBatchBuckets is the number of buckets of Stats.BatchSizes.
 const NumBatchBuckets = 11
 
-// Stats counts a Client's traffic since it was made.
+// Stats counts a Client's traffic since it was made. A call is a batch
+// sent on the client's stream.
 type Stats struct {
-	Calls         uint64 // calls made
-	FailedCalls   uint64 // calls that failed as a whole, failing all their items
-	Items         uint64 // checks sent in calls
+	Calls         uint64 // batches sent
+	FailedCalls   uint64 // batches that failed as a whole, failing all their items
+	Items         uint64 // checks sent in batches
 	CanceledItems uint64 // checks dropped before sending: their caller stopped waiting
 	MaxBatchSize  int    // largest batch sent
-	// BatchSizes[i] counts calls whose batch had between 2^(i-1)+1 and 2^i
+	// BatchSizes[i] counts batches that had between 2^(i-1)+1 and 2^i
 	// checks: [0] counts batches of 1, [1] of 2, [2] of 3-4, ..., [10] of
 	// 513-1024.
 	BatchSizes [NumBatchBuckets]uint64
-	Pending    int // checks waiting for a call now, with those whose caller gave up until dropped
-	InFlight   int // calls in flight now
+	Pending    int // checks waiting for a batch now, with those whose caller gave up until dropped
+	InFlight   int // batches in flight now
 }
 
 // counters are the atomics behind Stats.
@@ -28,10 +29,9 @@ type counters struct {
 	calls, failed, items, canceled atomic.Uint64
 	maxBatch                       atomic.Int64
 	buckets                        [NumBatchBuckets]atomic.Uint64
-	inFlight                       atomic.Int64
 }
 
-// recordCall counts a call of n items, n >= 1.
+// recordCall counts a batch of n items, n >= 1.
 func (c *counters) recordCall(n int) {
 	c.calls.Add(1)
 	c.items.Add(uint64(n))
@@ -51,7 +51,6 @@ func (c *counters) snapshot() Stats {
 		Items:         c.items.Load(),
 		CanceledItems: c.canceled.Load(),
 		MaxBatchSize:  int(c.maxBatch.Load()),
-		InFlight:      int(c.inFlight.Load()),
 	}
 	for i := range s.BatchSizes {
 		s.BatchSizes[i] = c.buckets[i].Load()

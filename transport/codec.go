@@ -66,6 +66,9 @@ func (c *Codec) RequestFromProto(m *pb.RateLimitRequest) (limiter.Request, error
 	if m.DrainOverLimit {
 		b |= limiter.DrainOverLimit
 	}
+	if m.Refund {
+		b |= limiter.Refund
+	}
 	r := limiter.Request{
 		Name:      m.Name,
 		Key:       m.Key,
@@ -181,6 +184,7 @@ func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
 	}
 	dst.Reset_ = r.Behavior&limiter.Reset != 0
 	dst.DrainOverLimit = r.Behavior&limiter.DrainOverLimit != 0
+	dst.Refund = r.Behavior&limiter.Refund != 0
 	dst.UnreachablePolicy = pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
 }
 

@@ -37,6 +37,7 @@ func validRequests(t testing.TB) []limiter.Request {
 		{Name: "api", Key: "user:3", Hits: 7, Limit: 10, Period: time.Hour, Burst: 8, Algorithm: limiter.LeakyBucket, Behavior: limiter.Reset},
 		{Name: "n", Key: "k", Hits: 3, Limit: 100, Period: time.Millisecond, Algorithm: limiter.SlidingWindowLog, Behavior: limiter.DrainOverLimit},
 		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: 3 * time.Second, Algorithm: limiter.SlidingWindowCounter, Behavior: limiter.Reset | limiter.DrainOverLimit},
+		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.TokenBucket, Behavior: limiter.Refund},
 		{Name: "n", Key: "é/ü", Hits: 1, Limit: 1000, Period: time.Second, Burst: 50, Algorithm: limiter.GCRA},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.FixedWindow},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: 0, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: time.UTC},

@@ -5,12 +5,18 @@
 // Two services are defined in proto/sluice/v1/sluice.proto. Peer is spoken
 // between nodes: a node forwards the checks of keys it does not own to their
 // owner in batches (the peer package does the batching), and the receiver
-// decides every item locally as owner, through a [Checker]. Sluice is the
+// decides every item locally as owner, through a [Checker]. The batches
+// travel on one long-lived bidirectional stream per pair of nodes
+// (CheckStream), each with an id that its answer repeats, or one per call
+// (CheckBatch). Sluice is the
 // public API for clients of the daemon: each check is routed to its key's
 // owner through a [Router], with an [UnreachablePolicy] for when that owner
 // cannot be reached, and Health reports the node's state through [Health].
 // [RegisterPeer] and [RegisterPublic] put the services on a grpc.Server,
-// which should be built with [ServerOptions].
+// which should be built with [ServerOptions]; clients of the Peer service
+// call with [CallOptions]. Both give the codec that pads small Peer messages
+// so that gRPC writes them at once (see wire.go), and which reads plain
+// protobuf as well.
 //
 // Everything received is untrusted. [Codec.RequestFromProto] checks every
 // field (enums, time zone, then [limiter.Request.Validate]) and returns an

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 
 	"google.golang.org/grpc"
@@ -21,6 +22,12 @@ const (
 	// MaxMessageSize is the largest message a server accepts, in bytes: a
 	// full batch of the largest valid items takes about 1.3 MiB.
 	MaxMessageSize = 2 << 20
+	// WindowSize is the HTTP/2 flow-control window, per stream and per
+	// connection, that ServerOptions sets and peer clients use. gRPC's
+	// default (64 KiB, grown by probing) makes a stream of small messages
+	// exchange a window update every few dozen messages; a fixed window of
+	// 1 MiB does so every 256 KiB.
+	WindowSize = 1 << 20
 )
 
 // Result is the outcome of one request in a batch: a Decision, or Err.
@@ -110,17 +117,28 @@ func newServerConfig(opts []ServerOption) serverConfig {
 }
 
 // ServerOptions returns the options a grpc.Server serving sluice should
-// have: the largest message it receives bounded to MaxMessageSize.
+// have: the largest message it receives bounded to MaxMessageSize; the
+// protobuf codec with the padding of the Peer messages (see CallOptions),
+// for every service of the server; and flow-control windows of WindowSize.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageSize)}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageSize),
+		grpc.ForceServerCodecV2(wireCodec{}),
+		grpc.InitialWindowSize(WindowSize),
+		grpc.InitialConnWindowSize(WindowSize),
+	}
 }
 
-// RegisterPeer registers the Peer service on s. Every item of a batch is
-// converted with Codec.RequestFromProto; those that fail get their error in
-// their own response, and the rest are decided by local as their owner.
-// A batch of more than MaxBatchItems fails with InvalidArgument.
-// local receives a context whose caller PeerFromContext names. It panics
-// if local is nil.
+// RegisterPeer registers the Peer service on s, with both of its methods:
+// CheckBatch, a batch per call, and CheckStream, a stream of batches from
+// one node answered one at a time in the order received, each with its
+// seq (a Checker that blocks delays the stream's later batches). Every
+// item of a batch is converted with Codec.RequestFromProto; those that fail
+// get their error in their own response, and the rest are decided by local
+// as their owner. A batch of more than MaxBatchItems fails the call, or
+// ends the stream, with InvalidArgument. local receives a context whose
+// caller PeerFromContext names; on a stream, that is the call's context.
+// It panics if local is nil.
 func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
 	if local == nil {
 		panic("transport: RegisterPeer with a nil Checker")
@@ -162,10 +180,53 @@ func (p *peerServer) CheckBatch(ctx context.Context, in *pb.PeerCheckRequest) (*
 	if err := checkCount(len(in.Items), p.cfg.maxItems); err != nil {
 		return nil, err
 	}
-	out := newResponses(len(in.Items))
-	reqs := make([]limiter.Request, 0, len(in.Items))
-	idx := make([]int, 0, len(in.Items)) // reqs[j] is in.Items[idx[j]]
-	for i, m := range in.Items {
+	out := &pb.PeerCheckResponse{Items: newResponses(len(in.Items))}
+	p.decide(context.WithValue(ctx, peerKey{}, in.From), in.Items, out.Items, new(decideBuffers))
+	return out, nil
+}
+
+// CheckStream answers the batches of one stream in the order received,
+// deciding one at a time. A batch over the size limit ends the stream with
+// InvalidArgument; the sender closing its side ends it with OK once every
+// batch received is answered.
+func (p *peerServer) CheckStream(stream pb.Peer_CheckStreamServer) error {
+	ctx := stream.Context()
+	from := ""
+	fromCtx := context.WithValue(ctx, peerKey{}, from)
+	var buf streamBuffers
+	for {
+		in, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := checkCount(len(in.Items), p.cfg.maxItems); err != nil {
+			return err
+		}
+		if in.From != "" && in.From != from {
+			from = in.From
+			fromCtx = context.WithValue(ctx, peerKey{}, from)
+		}
+		out := buf.response(len(in.Items))
+		out.Seq = in.Seq
+		p.decide(fromCtx, in.Items, out.Items, &buf.decideBuffers)
+		hoistOwner(out)
+		// SendMsg has encoded out when it returns, so that its buffers can
+		// be reused for the next batch.
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+// decide converts items, decides the valid ones with the local Checker and
+// writes one response per item to out, which has len(items) messages.
+func (p *peerServer) decide(ctx context.Context, items []*pb.RateLimitRequest, out []*pb.RateLimitResponse, buf *decideBuffers) {
+	reqs := buf.reqs[:0]
+	idx := buf.idx[:0] // reqs[j] is items[idx[j]]
+	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
 		if err != nil {
 			EncodeResult(out[i], &Result{Err: err})
@@ -175,10 +236,55 @@ func (p *peerServer) CheckBatch(ctx context.Context, in *pb.PeerCheckRequest) (*
 		idx = append(idx, i)
 	}
 	if len(reqs) > 0 {
-		res := p.local.CheckMany(context.WithValue(ctx, peerKey{}, in.From), reqs)
-		encodeResults(out, idx, res)
+		encodeResults(out, idx, p.local.CheckMany(ctx, reqs))
 	}
-	return &pb.PeerCheckResponse{Items: out}, nil
+	clear(reqs) // keep no references to this batch's strings
+	buf.reqs, buf.idx = reqs[:0], idx[:0]
+}
+
+// decideBuffers are decide's scratch slices, reused by a stream from one
+// batch to the next.
+type decideBuffers struct {
+	reqs []limiter.Request
+	idx  []int
+}
+
+// streamBuffers are the buffers of one CheckStream handler.
+type streamBuffers struct {
+	decideBuffers
+	slab []pb.RateLimitResponse
+	ptrs []*pb.RateLimitResponse
+	resp pb.PeerCheckResponse
+}
+
+// response returns the stream's response message with n item messages.
+// Each item is overwritten by decide (EncodeResult sets every field).
+func (b *streamBuffers) response(n int) *pb.PeerCheckResponse {
+	if cap(b.slab) < n {
+		b.slab = make([]pb.RateLimitResponse, n)
+		b.ptrs = make([]*pb.RateLimitResponse, n)
+		for i := range b.ptrs {
+			b.ptrs[i] = &b.slab[i]
+		}
+	}
+	b.resp.Items = b.ptrs[:n]
+	b.resp.Owner = ""
+	return &b.resp
+}
+
+// hoistOwner moves the owner of out's first item to out.Owner and clears it
+// from every item that has the same, so that it travels once per batch.
+func hoistOwner(out *pb.PeerCheckResponse) {
+	if len(out.Items) == 0 {
+		return
+	}
+	owner := out.Items[0].Owner
+	out.Owner = owner
+	for _, m := range out.Items {
+		if m.Owner == owner {
+			m.Owner = ""
+		}
+	}
 }
 
 type publicServer struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -282,6 +283,18 @@ func TestGarbageOnTheWire(t *testing.T) {
 				t.Errorf("%s to %s: %v, want %v", tt.name, method, err, tt.want)
 			}
 		}
+		// On the stream, garbage ends the stream with the same code.
+		stream, err := conn.NewStream(ctxT(t), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/sluice.v1.Peer/CheckStream", grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.SendMsg(&tt.data); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		var reply []byte
+		if err := stream.RecvMsg(&reply); status.Code(err) != tt.want {
+			t.Errorf("%s on CheckStream: %v, want %v", tt.name, err, tt.want)
+		}
 	}
 	if len(chk.requests()) != 0 {
 		t.Fatal("garbage reached the checker")
@@ -412,5 +425,110 @@ func TestPublicService(t *testing.T) {
 	}
 	if h.Status != "serving" || h.Members != 3 || h.Node != "node-c" {
 		t.Fatalf("health %v", h)
+	}
+}
+
+func TestPeerStream(t *testing.T) {
+	chk := &echoChecker{owner: "node-b"}
+	conn := startServer(t, func(s *grpc.Server) { RegisterPeer(s, chk, WithMaxBatchItems(3)) })
+	stream, err := pb.NewPeerClient(conn).CheckStream(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.TokenBucket}
+	bad := ok
+	bad.Limit = 0
+	failDown := ok
+	failDown.Key = "fail:down"
+	ok2 := ok
+	ok2.Hits = 3
+	batches := []struct {
+		seq  uint64
+		from string
+		reqs []limiter.Request
+		want []error
+	}{
+		{seq: 10, from: "node-a", reqs: []limiter.Request{ok, bad, failDown}, want: []error{nil, limiter.ErrInvalidLimit, ErrUnavailable}},
+		{seq: 11, reqs: []limiter.Request{ok2}, want: []error{nil}}, // keeps the stream's sender
+		{seq: 3, from: "node-c", reqs: []limiter.Request{ok}, want: []error{nil}},
+		{seq: 0}, // empty: answered, reaches no checker
+	}
+	for _, b := range batches {
+		in := &pb.PeerCheckRequest{Seq: b.seq, From: b.from}
+		for _, r := range b.reqs {
+			in.Items = append(in.Items, RequestToProto(r))
+		}
+		if err := stream.Send(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range batches {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Seq != b.seq || len(resp.Items) != len(b.reqs) {
+			t.Fatalf("answer seq %d with %d items, want seq %d with %d", resp.Seq, len(resp.Items), b.seq, len(b.reqs))
+		}
+		for i, m := range resp.Items {
+			// The owner is said once per batch.
+			if m.Owner != "" || (len(resp.Items) > 0 && resp.Owner != "node-b") {
+				t.Fatalf("batch %d item %d: owner %q, batch owner %q", b.seq, i, m.Owner, resp.Owner)
+			}
+			r := ResultFromProto(m)
+			if !errors.Is(r.Err, b.want[i]) || (b.want[i] == nil) != (r.Err == nil) {
+				t.Fatalf("batch %d item %d: %v, want %v", b.seq, i, r.Err, b.want[i])
+			}
+			if r.Err == nil {
+				r.Owner = resp.Owner
+				checkResult(t, i, r, b.reqs[i], "node-b")
+			}
+		}
+	}
+	// The stream ends with OK once the sender has closed its side and
+	// every batch is answered.
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Fatalf("after the last answer: %v, want io.EOF", err)
+	}
+	chk.mu.Lock()
+	defer chk.mu.Unlock()
+	if got := fmt.Sprint(chk.from); got != "[node-a node-a node-c]" {
+		t.Fatalf("senders %s", got)
+	}
+
+	// A batch over the limit ends the stream.
+	stream, err = pb.NewPeerClient(conn).CheckStream(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := &pb.PeerCheckRequest{Seq: 1}
+	for range 4 {
+		big.Items = append(big.Items, RequestToProto(ok))
+	}
+	if err := stream.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "batch of 4 items") {
+		t.Fatalf("oversized batch: %v", err)
+	}
+}
+
+func TestHoistOwner(t *testing.T) {
+	out := &pb.PeerCheckResponse{Items: []*pb.RateLimitResponse{{Owner: "a"}, {Owner: "b"}, {Owner: "a"}, {}}}
+	hoistOwner(out)
+	var got []string
+	for _, m := range out.Items {
+		got = append(got, m.Owner)
+	}
+	if out.Owner != "a" || fmt.Sprint(got) != "[ b  ]" {
+		t.Fatalf("owner %q, items %q", out.Owner, got)
+	}
+	empty := &pb.PeerCheckResponse{}
+	hoistOwner(empty)
+	if empty.Owner != "" {
+		t.Fatal("owner of an empty batch")
 	}
 }

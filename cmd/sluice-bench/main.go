@@ -15,9 +15,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -33,12 +35,15 @@ func main() {
 	hot := flag.Bool("hot", true, "also run the hot-key workload")
 	inflight := flag.Int("inflight", cluster.DefaultConfig().Peer.MaxInFlight, "calls in flight per peer")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
+	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
 	flag.Parse()
 	if *nodes < 1 || *callers < 1 || *keys < 1 || *duration <= 0 || *maxChecks < 1 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -nodes, -callers, -keys, -duration and -max-checks must be positive")
 		os.Exit(2)
 	}
-	cl, err := start(*nodes, *inflight)
+	var batches peerBatches
+	cl, err := start(*nodes, *inflight, &batches)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -53,6 +58,17 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			log.Fatal(err)
+		}
+		defer trace.Stop()
+	}
 	defer func() {
 		for _, n := range cl {
 			n.Close()
@@ -60,9 +76,36 @@ func main() {
 	}()
 	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run\n", *nodes, *callers, *duration)
 	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks))
+	if *peerStats {
+		batches.report()
+	}
 	if *hot {
 		report("hot key", run(cl, *callers, 1, *duration, *maxChecks))
+		if *peerStats {
+			batches.report()
+		}
 	}
+}
+
+// peerBatches counts the batches the nodes send to their peers.
+type peerBatches struct {
+	batches, items, failed, nanos atomic.Int64
+}
+
+func (p *peerBatches) observe(_ string, items int, took time.Duration, err error) {
+	p.batches.Add(1)
+	p.items.Add(int64(items))
+	p.nanos.Add(int64(took))
+	if err != nil {
+		p.failed.Add(1)
+	}
+}
+
+// report prints the counts since the last report and resets them.
+func (p *peerBatches) report() {
+	b, it, f, ns := p.batches.Swap(0), p.items.Swap(0), p.failed.Swap(0), p.nanos.Swap(0)
+	fmt.Printf("%-10s %10d batches to peers, %.1f checks and %v per batch, %d failed\n", "", b,
+		float64(it)/float64(max(b, 1)), (time.Duration(ns) / time.Duration(max(b, 1))).Round(time.Microsecond), f)
 }
 
 type result struct {
@@ -128,7 +171,7 @@ func report(name string, r result) {
 		name, float64(r.checks)/r.elapsed.Seconds(), q(0.50).Round(time.Microsecond), q(0.99).Round(time.Microsecond), q(0.999).Round(time.Microsecond), r.checks, r.errors)
 }
 
-func start(n, inflight int) ([]*cluster.Node, error) {
+func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
 	var nodes []*cluster.Node
 	for i := range n {
 		cfg := cluster.DefaultConfig()
@@ -136,6 +179,7 @@ func start(n, inflight int) ([]*cluster.Node, error) {
 		cfg.GossipAddr = "127.0.0.1:0"
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight
+		cfg.Peer.Observer = batches.observe
 		if i > 0 {
 			cfg.Seeds = []string{nodes[0].GossipAddr()}
 		}

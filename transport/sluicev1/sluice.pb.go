@@ -342,8 +342,10 @@ type RateLimitRequest struct {
 	DrainOverLimit bool `protobuf:"varint,11,opt,name=drain_over_limit,json=drainOverLimit,proto3" json:"drain_over_limit,omitempty"`
 	// Public API only; see UnreachablePolicy.
 	UnreachablePolicy UnreachablePolicy `protobuf:"varint,12,opt,name=unreachable_policy,json=unreachablePolicy,proto3,enum=sluice.v1.UnreachablePolicy" json:"unreachable_policy,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Give hits back instead of consuming them (limiter.Refund).
+	Refund        bool `protobuf:"varint,13,opt,name=refund,proto3" json:"refund,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RateLimitRequest) Reset() {
@@ -458,6 +460,13 @@ func (x *RateLimitRequest) GetUnreachablePolicy() UnreachablePolicy {
 		return x.UnreachablePolicy
 	}
 	return UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
+}
+
+func (x *RateLimitRequest) GetRefund() bool {
+	if x != nil {
+		return x.Refund
+	}
+	return false
 }
 
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
@@ -587,9 +596,16 @@ func (x *RateLimitResponse) GetErrorMessage() string {
 // keys. At most 1000 items.
 type PeerCheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name of the sending node.
-	From          string              `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Items         []*RateLimitRequest `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// Name of the sending node. On CheckStream it may be sent in the first
+	// message only: an empty from keeps the stream's previous one.
+	From  string              `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Items []*RateLimitRequest `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// Identifies the batch on CheckStream; its response carries the same
+	// seq. The sender numbers its batches; the receiver only echoes seq.
+	// Ignored by CheckBatch.
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Filler that receivers ignore; see padding in PeerCheckResponse.
+	Padding       []byte `protobuf:"bytes,15,opt,name=padding,proto3" json:"padding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,10 +654,35 @@ func (x *PeerCheckRequest) GetItems() []*RateLimitRequest {
 	return nil
 }
 
+func (x *PeerCheckRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PeerCheckRequest) GetPadding() []byte {
+	if x != nil {
+		return x.Padding
+	}
+	return nil
+}
+
 // PeerCheckResponse has one response per item, in order.
 type PeerCheckResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Items         []*RateLimitResponse   `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*RateLimitResponse   `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// The seq of the batch answered (CheckStream only).
+	Seq uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Owner of every item whose own owner field is empty (CheckStream only:
+	// the owner is said once per batch instead of once per item).
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Filler that receivers ignore. Senders may put it first in a small
+	// message so that the message is written to the connection at once:
+	// grpc-go delays writing less than about 1000 bytes, hoping for more to
+	// write together, which on a stream of one batch at a time only adds
+	// latency.
+	Padding       []byte `protobuf:"bytes,15,opt,name=padding,proto3" json:"padding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -679,6 +720,27 @@ func (*PeerCheckResponse) Descriptor() ([]byte, []int) {
 func (x *PeerCheckResponse) GetItems() []*RateLimitResponse {
 	if x != nil {
 		return x.Items
+	}
+	return nil
+}
+
+func (x *PeerCheckResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PeerCheckResponse) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *PeerCheckResponse) GetPadding() []byte {
+	if x != nil {
+		return x.Padding
 	}
 	return nil
 }
@@ -964,7 +1026,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xb8\x03\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xd0\x03\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -978,7 +1040,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05reset\x18\n" +
 	" \x01(\bR\x05reset\x12(\n" +
 	"\x10drain_over_limit\x18\v \x01(\bR\x0edrainOverLimit\x12K\n" +
-	"\x12unreachable_policy\x18\f \x01(\x0e2\x1c.sluice.v1.UnreachablePolicyR\x11unreachablePolicyB\a\n" +
+	"\x12unreachable_policy\x18\f \x01(\x0e2\x1c.sluice.v1.UnreachablePolicyR\x11unreachablePolicy\x12\x16\n" +
+	"\x06refund\x18\r \x01(\bR\x06refundB\a\n" +
 	"\x05_hits\"\xf0\x02\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
@@ -993,12 +1056,17 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\t \x01(\x0e2\x14.sluice.v1.ErrorCodeR\terrorCode\x12#\n" +
 	"\rerror_message\x18\n" +
-	" \x01(\tR\ferrorMessage\"Y\n" +
+	" \x01(\tR\ferrorMessage\"\x85\x01\n" +
 	"\x10PeerCheckRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
-	"\x05items\x18\x02 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\x05items\"G\n" +
+	"\x05items\x18\x02 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\x05items\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x18\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\x89\x01\n" +
 	"\x11PeerCheckResponse\x122\n" +
-	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\"E\n" +
+	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"E\n" +
 	"\fCheckRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"I\n" +
 	"\rCheckResponse\x128\n" +
@@ -1050,10 +1118,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x13ERROR_CODE_INTERNAL\x10\f\x12\x1a\n" +
 	"\x16ERROR_CODE_UNAVAILABLE\x10\r\x12 \n" +
 	"\x1cERROR_CODE_DEADLINE_EXCEEDED\x10\x0e\x12\x17\n" +
-	"\x13ERROR_CODE_CANCELED\x10\x0f2O\n" +
+	"\x13ERROR_CODE_CANCELED\x10\x0f2\x9d\x01\n" +
 	"\x04Peer\x12G\n" +
 	"\n" +
-	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse2\xce\x01\n" +
+	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse\x12L\n" +
+	"\vCheckStream\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse(\x010\x012\xce\x01\n" +
 	"\x06Sluice\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12I\n" +
 	"\n" +
@@ -1102,15 +1171,17 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	4,  // 8: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	5,  // 9: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
 	6,  // 10: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	8,  // 11: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	10, // 12: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	12, // 13: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	7,  // 14: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	9,  // 15: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	11, // 16: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	13, // 17: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
+	6,  // 11: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	8,  // 12: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	10, // 13: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	12, // 14: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	7,  // 15: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	7,  // 16: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	9,  // 17: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	11, // 18: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	13, // 19: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name

@@ -34,7 +34,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_CheckBatch_FullMethodName = "/sluice.v1.Peer/CheckBatch"
+	Peer_CheckBatch_FullMethodName  = "/sluice.v1.Peer/CheckBatch"
+	Peer_CheckStream_FullMethodName = "/sluice.v1.Peer/CheckStream"
 )
 
 // PeerClient is the client API for Peer service.
@@ -45,7 +46,14 @@ const (
 // as the owner of its key; an item that fails validation gets its own error
 // and never fails the batch.
 type PeerClient interface {
+	// One batch per call.
 	CheckBatch(ctx context.Context, in *PeerCheckRequest, opts ...grpc.CallOption) (*PeerCheckResponse, error)
+	// A long-lived stream of batches from one node: the receiver answers
+	// every batch with a response of the same seq, in the order received. A
+	// batch of more than 1000 items ends the stream with INVALID_ARGUMENT.
+	// The sender ends the stream by closing its side once its batches are
+	// answered.
+	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse], error)
 }
 
 type peerClient struct {
@@ -66,6 +74,19 @@ func (c *peerClient) CheckBatch(ctx context.Context, in *PeerCheckRequest, opts 
 	return out, nil
 }
 
+func (c *peerClient) CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_CheckStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PeerCheckRequest, PeerCheckResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_CheckStreamClient = grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -74,7 +95,14 @@ func (c *peerClient) CheckBatch(ctx context.Context, in *PeerCheckRequest, opts 
 // as the owner of its key; an item that fails validation gets its own error
 // and never fails the batch.
 type PeerServer interface {
+	// One batch per call.
 	CheckBatch(context.Context, *PeerCheckRequest) (*PeerCheckResponse, error)
+	// A long-lived stream of batches from one node: the receiver answers
+	// every batch with a response of the same seq, in the order received. A
+	// batch of more than 1000 items ends the stream with INVALID_ARGUMENT.
+	// The sender ends the stream by closing its side once its batches are
+	// answered.
+	CheckStream(grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -87,6 +115,9 @@ type UnimplementedPeerServer struct{}
 
 func (UnimplementedPeerServer) CheckBatch(context.Context, *PeerCheckRequest) (*PeerCheckResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CheckBatch not implemented")
+}
+func (UnimplementedPeerServer) CheckStream(grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method CheckStream not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -127,6 +158,13 @@ func _Peer_CheckBatch_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_CheckStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).CheckStream(&grpc.GenericServerStream[PeerCheckRequest, PeerCheckResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_CheckStreamServer = grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -139,7 +177,14 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_CheckBatch_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "CheckStream",
+			Handler:       _Peer_CheckStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "sluice/v1/sluice.proto",
 }
 

@@ -1,0 +1,51 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/rules"
+)
+
+func Example() {
+	node, err := cluster.New(cluster.TestConfig("example"))
+	if err != nil {
+		panic(err)
+	}
+	defer node.Close()
+	set, err := rules.Parse("limits.yaml", []byte(`
+rules:
+  - name: per_ip
+    key: [ip]
+    algorithm: token_bucket
+    limit: 2
+    period: 1h
+`))
+	if err != nil {
+		panic(err)
+	}
+	mw, err := httplimit.New(node, rules.NewSource(set), httplimit.TrustedProxies("10.0.0.0/8"))
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})))
+	defer srv.Close()
+
+	for range 3 {
+		res, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			panic(err)
+		}
+		res.Body.Close()
+		fmt.Println(res.StatusCode, res.Header.Get("X-RateLimit-Remaining"), res.Header.Get("RateLimit-Policy"))
+	}
+	// Output:
+	// 200 1 "per_ip";q=2;w=3600
+	// 200 0 "per_ip";q=2;w=3600
+	// 429 0 "per_ip";q=2;w=3600
+}

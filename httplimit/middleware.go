@@ -1,0 +1,349 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Limiter decides many limiter requests at once, one result each, in
+// order. *cluster.Node satisfies it. It must be safe for concurrent use.
+type Limiter interface {
+	CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result
+}
+
+// RuleSource gives the rules in force. Current is called once per request
+// and must be cheap and safe for concurrent use; *rules.Source and
+// *rules.Watcher are RuleSources.
+type RuleSource interface {
+	Current() *rules.Set
+}
+
+var (
+	_ Limiter    = (*cluster.Node)(nil)
+	_ RuleSource = (*rules.Source)(nil)
+	_ RuleSource = (*rules.Watcher)(nil)
+)
+
+// ErrInvalidOption wraps the errors of New for a bad option.
+var ErrInvalidOption = errors.New("httplimit: invalid option")
+
+// Outcome is what the middleware did with a request.
+type Outcome uint8
+
+const (
+	// Allowed: every rule admitted the request (or none applied).
+	Allowed Outcome = iota + 1
+	// Rejected: a rule rejected it with 429.
+	Rejected
+	// Shadowed: a shadow rule (or every rule, in shadow mode) would have
+	// rejected it; it went through.
+	Shadowed
+	// FailedOpen: the limiter failed and the request went through.
+	FailedOpen
+	// FailedClosed: the limiter failed and the request got 503.
+	FailedClosed
+	// Abandoned: the request's context ended while it waited for a
+	// leaky-bucket delay; its hits were given back.
+	Abandoned
+	numOutcomes
+)
+
+var outcomeNames = [...]string{Allowed: "allowed", Rejected: "rejected", Shadowed: "shadowed",
+	FailedOpen: "failed_open", FailedClosed: "failed_closed", Abandoned: "abandoned"}
+
+func (o Outcome) String() string {
+	if o == 0 || o >= numOutcomes {
+		return "outcome(" + strconv.Itoa(int(o)) + ")"
+	}
+	return outcomeNames[o]
+}
+
+// Event describes one decision, for OnDecision.
+type Event struct {
+	Request    *http.Request
+	Descriptor *rules.Descriptor
+	Verdict    *rules.Verdict
+	Outcome    Outcome
+}
+
+// Stats counts requests by outcome.
+type Stats struct {
+	Allowed, Rejected, Shadowed, FailedOpen, FailedClosed, Abandoned int64
+	// Waited counts requests that waited for a leaky-bucket delay.
+	Waited int64
+}
+
+// Option configures a Middleware.
+type Option func(*config)
+
+type config struct {
+	trusted    []string
+	route      func(*http.Request) string
+	user       func(*http.Request) (string, bool)
+	values     func(*http.Request) map[string]string
+	shadow     bool
+	maxWait    time.Duration
+	failClosed bool
+	onDecision func(Event)
+	now        func() time.Time
+	after      func(time.Duration) <-chan time.Time
+	logger     *slog.Logger
+}
+
+// TrustedProxies sets the proxies whose X-Forwarded-For and Forwarded
+// headers are believed: addresses or CIDR prefixes. Without it, the client
+// IP is the connection's peer and forwarding headers are ignored.
+func TrustedProxies(cidrs ...string) Option {
+	return func(c *config) { c.trusted = append(c.trusted, cidrs...) }
+}
+
+// RouteFunc sets how a request's route is found; by default it is
+// r.URL.Path. See MuxPattern.
+func RouteFunc(f func(*http.Request) string) Option { return func(c *config) { c.route = f } }
+
+// UserFunc sets how the authenticated user is found; ok false means
+// anonymous.
+func UserFunc(f func(*http.Request) (user string, ok bool)) Option {
+	return func(c *config) { c.user = f }
+}
+
+// DescriptorFunc sets the application-defined descriptors of a request
+// ("plan": "free"), for rules' descriptors conditions and keys.
+func DescriptorFunc(f func(*http.Request) map[string]string) Option {
+	return func(c *config) { c.values = f }
+}
+
+// Shadow turns every rule into a shadow rule: requests are decided,
+// counted and given the headers, but never blocked. Rules can also be
+// shadowed one at a time in the rule set.
+func Shadow() Option { return func(c *config) { c.shadow = true } }
+
+// MaxWait lets a request wait up to d for a leaky-bucket rule's pacing
+// delay instead of being rejected. By default a leaky-bucket rule admits
+// only requests that need no delay. The wait ends early, and the request's
+// hits are given back, when its context ends.
+func MaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
+
+// FailClosed answers 503 when the limiter fails. By default the request
+// goes through and the failure is counted (Stats.FailedOpen).
+func FailClosed() Option { return func(c *config) { c.failClosed = true } }
+
+// OnDecision calls f after every decision, before the response is written
+// or the next handler called, on the request's goroutine. Use it for
+// metrics and logs; it must not keep the Event's pointers.
+func OnDecision(f func(Event)) Option { return func(c *config) { c.onDecision = f } }
+
+// Clock sets the time the response fields are computed at; it should be
+// the limiter's clock. Default time.Now.
+func Clock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WaitTimer replaces time.After for leaky-bucket waits (for tests).
+func WaitTimer(after func(time.Duration) <-chan time.Time) Option {
+	return func(c *config) { c.after = after }
+}
+
+// Logger sets where limiter failures are logged; default: discarded.
+func Logger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// MuxPattern returns a RouteFunc that gives the pattern mux would route
+// the request to ("GET /items/{id}"), or the path when none matches, so
+// that rules match patterns and key counters per pattern rather than per
+// path.
+func MuxPattern(mux *http.ServeMux) func(*http.Request) string {
+	return func(r *http.Request) string {
+		if _, p := mux.Handler(r); p != "" {
+			return p
+		}
+		return r.URL.Path
+	}
+}
+
+// Middleware rate-limits HTTP requests with the rules of a RuleSource. It
+// is safe for concurrent use.
+type Middleware struct {
+	src    RuleSource
+	enf    rules.Enforcer
+	ips    clientIPs
+	cfg    config
+	logger *slog.Logger
+
+	allowed, rejected, shadowed, failedOpen, failedClosed, abandoned, waited atomic.Int64
+}
+
+// New returns a middleware that checks requests with lim against the rules
+// src gives. It fails on an invalid option.
+func New(lim Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
+	if lim == nil || src == nil {
+		return nil, fmt.Errorf("%w: a Limiter and a RuleSource are required", ErrInvalidOption)
+	}
+	m := &Middleware{src: src}
+	for _, o := range opts {
+		o(&m.cfg)
+	}
+	c := &m.cfg
+	for _, s := range c.trusted {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: trusted proxy %q: %w", ErrInvalidOption, s, err)
+		}
+		m.ips.trusted = append(m.ips.trusted, p)
+	}
+	if c.maxWait < 0 {
+		return nil, fmt.Errorf("%w: MaxWait %v is negative", ErrInvalidOption, c.maxWait)
+	}
+	if c.route == nil {
+		c.route = func(r *http.Request) string { return r.URL.Path }
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	m.logger = c.logger
+	if m.logger == nil {
+		m.logger = slog.New(slog.DiscardHandler)
+	}
+	m.enf = rules.Enforcer{Limiter: lim, Shadow: c.shadow, MaxWait: c.maxWait, After: c.after}
+	return m, nil
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), p.Addr().Unmap().BitLen())).Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// Stats returns the middleware's counters.
+func (m *Middleware) Stats() Stats {
+	return Stats{
+		Allowed: m.allowed.Load(), Rejected: m.rejected.Load(), Shadowed: m.shadowed.Load(),
+		FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load(), Abandoned: m.abandoned.Load(),
+		Waited: m.waited.Load(),
+	}
+}
+
+// Descriptor returns what the rules see of r: route, method, client IP,
+// user, headers and descriptors.
+func (m *Middleware) Descriptor(r *http.Request) *rules.Descriptor {
+	d := &rules.Descriptor{
+		Route:  m.cfg.route(r),
+		Method: r.Method,
+		IP:     m.ips.resolve(r),
+		Header: rules.HTTPHeader(r.Header),
+	}
+	if m.cfg.user != nil {
+		if u, ok := m.cfg.user(r); ok {
+			d.User = u
+		}
+	}
+	if m.cfg.values != nil {
+		d.Values = m.cfg.values(r)
+	}
+	return d
+}
+
+// Handler returns next behind the rate limit. Every response to a request
+// some rule applied to carries X-RateLimit-Limit, -Remaining and -Reset
+// and the draft's RateLimit-Policy and RateLimit fields; a rejected
+// request gets 429 with Retry-After and an application/problem+json body,
+// and next is not called.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		set := m.src.Current()
+		if set.Len() == 0 {
+			m.allowed.Add(1)
+			next.ServeHTTP(w, r)
+			return
+		}
+		d := m.Descriptor(r)
+		ctx := r.Context()
+		v := m.enf.Enforce(ctx, set, d, 1)
+		f, hasFields := v.Fields(m.cfg.now())
+		if hasFields {
+			setHeaders(w.Header(), &f)
+		}
+		var outcome Outcome
+		switch {
+		case v.Err != nil && m.cfg.failClosed:
+			outcome = FailedClosed
+		case v.Err != nil:
+			outcome = FailedOpen
+		case !v.Allowed:
+			outcome = Rejected
+		case v.Delay > 0:
+			m.waited.Add(1)
+			if err := m.enf.Wait(ctx, v); err != nil {
+				outcome = Abandoned
+				break
+			}
+			fallthrough
+		default:
+			outcome = Allowed
+			if v.ShadowRejected {
+				outcome = Shadowed
+			}
+		}
+		m.count(outcome)
+		if v.Err != nil {
+			m.logger.Warn("httplimit: limiter failed", "outcome", outcome, "route", d.Route, "err", v.Err)
+		}
+		if m.cfg.onDecision != nil {
+			m.cfg.onDecision(Event{Request: r, Descriptor: d, Verdict: v, Outcome: outcome})
+		}
+		switch outcome {
+		case Rejected:
+			writeProblem(w, http.StatusTooManyRequests, &f, "")
+		case FailedClosed:
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, http.StatusServiceUnavailable, nil, "The rate limiter could not decide on this request.")
+		case Abandoned:
+			writeProblem(w, http.StatusServiceUnavailable, nil, "The request ended while it waited for its turn.")
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+func (m *Middleware) count(o Outcome) {
+	switch o {
+	case Allowed:
+		m.allowed.Add(1)
+	case Rejected:
+		m.rejected.Add(1)
+	case Shadowed:
+		m.shadowed.Add(1)
+	case FailedOpen:
+		m.failedOpen.Add(1)
+	case FailedClosed:
+		m.failedClosed.Add(1)
+	case Abandoned:
+		m.abandoned.Add(1)
+	}
+}
+
+// setHeaders writes the rate-limit fields.
+func setHeaders(h http.Header, f *rules.Fields) {
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(f.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(f.Remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(f.Reset, 10))
+	h.Set("RateLimit-Policy", f.Policy)
+	h.Set("RateLimit", f.RateLimit)
+	if f.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(f.RetryAfter, 10))
+	}
+}

@@ -1,0 +1,270 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Limiter decides many limiter requests at once, one result each, in
+// order. *cluster.Node satisfies it. Implementations must be safe for
+// concurrent use.
+type Limiter interface {
+	CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result
+}
+
+var _ Limiter = (*cluster.Node)(nil)
+
+// Enforcer applies the rules of a set to one request, all or nothing: the
+// request is admitted only if every enforcing rule that applies admits it,
+// and a rejected request consumes from none of them. The HTTP middleware
+// and the gRPC interceptor are built on it. Its fields are read-only once
+// in use; it is safe for concurrent use.
+//
+// With two or more limits, or a leaky bucket, Enforce first peeks at every
+// limit in one CheckMany (Hits 0) and rejects without consuming if any
+// would reject. Otherwise it consumes from all of them in one CheckMany. If
+// a concurrent request made one of them reject in between, it gives back
+// what the others consumed, checking them again with limiter.Refund and the
+// same Hits. Between the consume and the refund, which is one round trip,
+// those limits show hits that do not stand: a concurrent request can see
+// them and be rejected although, in the end, it would have fitted. The
+// window is brief and can only make the limiter stricter, never looser.
+type Enforcer struct {
+	Limiter Limiter
+	// Shadow makes every rule a shadow rule: decided, reported, never
+	// blocking.
+	Shadow bool
+	// MaxWait is the longest a request waits for a leaky-bucket rule's
+	// pacing Delay. A leaky-bucket rule whose delay is longer rejects;
+	// with MaxWait 0 a leaky-bucket rule admits only requests that need no
+	// delay.
+	MaxWait time.Duration
+	// After replaces time.After in Wait; nil uses a real timer.
+	After func(time.Duration) <-chan time.Time
+}
+
+// Verdict is the outcome of Enforce.
+type Verdict struct {
+	// Limits has one entry per rule that applied, in set order.
+	Limits []Limit
+	// Allowed says the request may proceed, after waiting Delay. It is
+	// false when a limit rejected it, and when Err is set.
+	Allowed bool
+	// Delay is the leaky-bucket pacing to wait before proceeding.
+	Delay time.Duration
+	// RetryAfter is, for a rejected request, how long until it would be
+	// admitted if nothing else is consumed meanwhile.
+	RetryAfter time.Duration
+	// ShadowRejected says a shadow rule rejected the request; it proceeds
+	// anyway.
+	ShadowRejected bool
+	// Refunded says hits were consumed and then given back: a concurrent
+	// request got in first, or the wait was abandoned.
+	Refunded bool
+	// Err is set when the limiter failed for some limit; Allowed is then
+	// false and nothing stays consumed (unless giving it back failed too).
+	// The caller chooses to let the request through or not.
+	Err error
+}
+
+// Limit is one rule's part in a verdict.
+type Limit struct {
+	Rule     *Rule
+	Request  limiter.Request // as consumed: Hits is the request's cost
+	Decision cluster.Decision
+	// Rejected says this limit does not admit the request: its decision
+	// did not, or a leaky bucket's delay is longer than MaxWait.
+	Rejected bool
+	// Enforced is false for shadow rules.
+	Enforced bool
+	// RetryAfter is, when Rejected, how long until this limit would admit
+	// the request.
+	RetryAfter time.Duration
+	// Consumed says the request's hits are counted in this limit.
+	Consumed bool
+	Err      error
+}
+
+// Enforce applies the rules of set that match d to a request costing hits.
+func (e *Enforcer) Enforce(ctx context.Context, set *Set, d *Descriptor, hits int64) *Verdict {
+	var buf [8]*Rule
+	matched := set.AppendMatch(buf[:0], d)
+	v := &Verdict{Allowed: true}
+	for _, r := range matched {
+		req, ok := r.Request(d, hits)
+		if !ok {
+			continue
+		}
+		v.Limits = append(v.Limits, Limit{Rule: r, Request: req, Enforced: !e.Shadow && !r.Shadow})
+	}
+	if len(v.Limits) == 0 {
+		return v
+	}
+	// One limit that cannot delay needs no peek: a rejection consumes
+	// nothing by itself.
+	if len(v.Limits) > 1 || v.Limits[0].Request.Algorithm == limiter.LeakyBucket {
+		peek := make([]limiter.Request, len(v.Limits))
+		for i := range v.Limits {
+			peek[i] = v.Limits[i].Request
+			peek[i].Hits = 0
+		}
+		if !e.decide(ctx, v, peek, false) {
+			return v
+		}
+	}
+	reqs := make([]limiter.Request, len(v.Limits))
+	for i := range v.Limits {
+		reqs[i] = v.Limits[i].Request
+	}
+	if !e.decide(ctx, v, reqs, true) {
+		e.refund(ctx, v, false)
+		return v
+	}
+	// A shadow leaky bucket past MaxWait would not have kept its hits.
+	e.refund(ctx, v, true)
+	for i := range v.Limits {
+		if l := &v.Limits[i]; l.Enforced && l.Consumed && l.Decision.Delay > v.Delay {
+			v.Delay = l.Decision.Delay
+		}
+	}
+	return v
+}
+
+// decide checks reqs and records the decisions in v. It returns whether
+// the request can go on: no error and no enforced limit rejected.
+func (e *Enforcer) decide(ctx context.Context, v *Verdict, reqs []limiter.Request, consume bool) bool {
+	res := e.checkMany(ctx, v, nil, reqs)
+	v.ShadowRejected = false
+	for i := range res {
+		l := &v.Limits[i]
+		l.Decision, l.Err, l.Rejected, l.RetryAfter = res[i].Decision, res[i].Err, false, 0
+		if l.Err != nil {
+			v.Err = errors.Join(v.Err, l.Err)
+			continue
+		}
+		dec := &l.Decision.Decision
+		l.Consumed = consume && dec.Allowed && l.Request.Hits > 0
+		switch {
+		case !dec.Allowed:
+			l.Rejected, l.RetryAfter = true, dec.RetryAfter
+		case l.Request.Algorithm == limiter.LeakyBucket && dec.Delay > e.MaxWait:
+			l.Rejected, l.RetryAfter = true, dec.Delay-e.MaxWait
+		}
+		if !l.Rejected {
+			continue
+		}
+		if !l.Enforced {
+			v.ShadowRejected = true
+			continue
+		}
+		v.Allowed = false
+		v.RetryAfter = max(v.RetryAfter, l.RetryAfter)
+	}
+	if v.Err != nil {
+		v.Allowed = false
+	}
+	return v.Allowed
+}
+
+// checkMany runs reqs, those of v.Limits[idx[j]] for each j (every limit
+// when idx is nil), through the limiter: one call per unreachable policy,
+// and all limits share one in the usual case.
+func (e *Enforcer) checkMany(ctx context.Context, v *Verdict, idx []int, reqs []limiter.Request) []cluster.Result {
+	policy := func(j int) cluster.Policy {
+		if idx != nil {
+			j = idx[j]
+		}
+		return v.Limits[j].Rule.Unreachable
+	}
+	same := true
+	for j := range reqs {
+		same = same && policy(j) == policy(0)
+	}
+	if same {
+		return e.Limiter.CheckMany(ctx, reqs, policyOpts(policy(0))...)
+	}
+	groups := map[cluster.Policy][]int{}
+	for j := range reqs {
+		groups[policy(j)] = append(groups[policy(j)], j)
+	}
+	out := make([]cluster.Result, len(reqs))
+	var wg sync.WaitGroup
+	for p, js := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([]limiter.Request, len(js))
+			for k, j := range js {
+				sub[k] = reqs[j]
+			}
+			res := e.Limiter.CheckMany(ctx, sub, policyOpts(p)...)
+			for k, j := range js {
+				out[j] = res[k]
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func policyOpts(p cluster.Policy) []cluster.CheckOption {
+	if p == cluster.PolicyUnset {
+		return nil
+	}
+	return []cluster.CheckOption{cluster.OnUnreachable(p)}
+}
+
+// Wait waits for v.Delay, the leaky-bucket pacing, or until ctx ends. In
+// the second case it gives back what v consumed, marks v not allowed and
+// returns ctx's error.
+func (e *Enforcer) Wait(ctx context.Context, v *Verdict) error {
+	if !v.Allowed || v.Delay <= 0 {
+		return nil
+	}
+	err := limiter.Wait(ctx, limiter.Decision{Allowed: true, Delay: v.Delay}, e.After)
+	if err != nil {
+		v.Allowed = false
+		e.refund(ctx, v, false)
+	}
+	return err
+}
+
+// refund gives back the hits of the consumed limits of v (only of those
+// that rejected, with rejectedOnly), even when ctx is already cancelled,
+// and records the decisions after the refund.
+func (e *Enforcer) refund(ctx context.Context, v *Verdict, rejectedOnly bool) {
+	var idx []int
+	var reqs []limiter.Request
+	for i := range v.Limits {
+		if l := &v.Limits[i]; l.Consumed && (l.Rejected || !rejectedOnly) {
+			r := l.Request
+			r.Behavior |= limiter.Refund
+			idx = append(idx, i)
+			reqs = append(reqs, r)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	v.Refunded = true
+	// The refund must happen although the caller may have gone away.
+	res := e.checkMany(context.WithoutCancel(ctx), v, idx, reqs)
+	for j, i := range idx {
+		l := &v.Limits[i]
+		if res[j].Err != nil {
+			if !rejectedOnly { // a failed shadow refund does not fail an admitted request
+				v.Err = errors.Join(v.Err, res[j].Err)
+			}
+			continue
+		}
+		l.Consumed = false
+		retry := l.RetryAfter
+		l.Decision = res[j].Decision
+		l.Decision.RetryAfter = retry
+	}
+}

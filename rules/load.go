@@ -1,0 +1,475 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Load reads and parses the rule file at path. See Parse.
+func Load(path string) (*Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses and validates a YAML rule file; file names it in errors.
+// Everything is checked: syntax, unknown fields, types, algorithms, rates
+// (by validating a sample limiter.Request per rule), CIDRs, key parts and
+// duplicate names. Every problem found is reported as an [*Error] with its
+// file, line and column (several are joined); nothing is returned unless
+// all of the file is valid.
+func Parse(file string, data []byte) (*Set, error) {
+	l := &loader{file: file}
+	root := l.document(data)
+	if root == nil {
+		return nil, joinErrors(l.errs)
+	}
+	var rules []Rule
+	l.mapping(root, "", func(key string, k, v *yaml.Node) {
+		switch key {
+		case "rules":
+			rules = l.rules(v)
+		default:
+			l.unknown(k, "", key, "rules")
+		}
+	})
+	if l.find(root, "rules") == nil && len(l.errs) == 0 {
+		l.errorf(root, "rules", ErrMissingField, "missing field rules (write \"rules: []\" for none)")
+	}
+	if len(l.errs) > 0 && rules == nil {
+		return nil, joinErrors(l.errs)
+	}
+	s, errs := newSet(rules, l.position, l.reported)
+	l.errs = append(l.errs, errs...)
+	if len(l.errs) > 0 {
+		sortErrors(l.errs)
+		return nil, joinErrors(l.errs)
+	}
+	s.origin = file
+	return s, nil
+}
+
+// loader walks a parsed YAML document, collecting errors with positions.
+type loader struct {
+	file      string
+	errs      []*Error
+	ruleNodes []*yaml.Node            // each rule's mapping
+	pos       []map[string]*yaml.Node // each rule's field nodes, by field path
+}
+
+// reported says whether field of rule i, one of its parents, or (with
+// field "") anything in rule i already failed to parse.
+func (l *loader) reported(i int, field string) bool {
+	base := fmt.Sprintf("rules[%d]", i)
+	for _, e := range l.errs {
+		f, ok := strings.CutPrefix(e.Field, base)
+		if !ok || f != "" && f[0] != '.' && f[0] != '[' {
+			continue
+		}
+		f = strings.TrimPrefix(f, ".")
+		if field == "" || f == "" || f == field || strings.HasPrefix(field, f+".") || strings.HasPrefix(field, f+"[") {
+			return true
+		}
+		if field == "period" && f == "calendar" { // the rate is unknown without it
+			return true
+		}
+	}
+	return false
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// document parses data and returns the root mapping, or nil after
+// recording why there is none.
+func (l *loader) document(data []byte) *yaml.Node {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			l.errs = append(l.errs, &Error{File: l.file, Line: 1, Column: 1, Message: "the file holds no document", Err: ErrEmptyDocument})
+			return nil
+		}
+		l.syntax(err)
+		return nil
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case err == nil:
+		l.errorf(&extra, "", ErrSyntax, "the file holds more than one YAML document")
+		return nil
+	case !errors.Is(err, io.EOF):
+		l.syntax(err)
+		return nil
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+		root = root.Content[0]
+	}
+	root = deref(root)
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" || root.Kind == yaml.DocumentNode {
+		l.errorf(root, "", ErrEmptyDocument, "the document is empty (write \"rules: []\" for no rules)")
+		return nil
+	}
+	if root.Kind != yaml.MappingNode {
+		l.errorf(root, "", ErrWrongType, "the document must be a mapping with a rules list, not %s", kindName(root))
+		return nil
+	}
+	return root
+}
+
+func (l *loader) syntax(err error) {
+	e := &Error{File: l.file, Message: strings.TrimPrefix(err.Error(), "yaml: "), Err: ErrSyntax, Cause: err}
+	e.Line = 1 // yaml.v3 omits the line of errors on the first line
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Message = m[2]
+		if parserProblems[e.Message] {
+			// yaml.v3 reports the parser's marks 0-based and the
+			// scanner's 1-based.
+			e.Line++
+		}
+	}
+	l.errs = append(l.errs, e)
+}
+
+// parserProblems are yaml.v3's parser errors, as opposed to its scanner's.
+var parserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"did not find expected node content":     true,
+	"did not find expected key":              true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+	"found duplicate %TAG directive":         true,
+}
+
+func (l *loader) rules(n *yaml.Node) []Rule {
+	n = deref(n)
+	if n.Kind != yaml.SequenceNode {
+		l.errorf(n, "rules", ErrWrongType, "rules must be a list, not %s", kindName(n))
+		return nil
+	}
+	rules := make([]Rule, len(n.Content))
+	l.ruleNodes = make([]*yaml.Node, len(n.Content))
+	l.pos = make([]map[string]*yaml.Node, len(n.Content))
+	for i, item := range n.Content {
+		item = deref(item)
+		l.ruleNodes[i] = item
+		l.pos[i] = map[string]*yaml.Node{}
+		l.rule(i, item, &rules[i])
+	}
+	return rules
+}
+
+var ruleFields = "name, description, match, key, algorithm, limit, period, calendar, zone, burst, unreachable, shadow"
+
+func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
+	base := fmt.Sprintf("rules[%d]", i)
+	if n.Kind != yaml.MappingNode {
+		l.errorf(n, base, ErrWrongType, "a rule must be a mapping, not %s", kindName(n))
+		return
+	}
+	pos := l.pos[i]
+	var calendar, period bool
+	l.mapping(n, base, func(key string, k, v *yaml.Node) {
+		f := base + "." + key
+		pos[key] = v
+		switch key {
+		case "name":
+			r.Name, _ = l.str(v, f)
+		case "description":
+			l.str(v, f)
+		case "match":
+			l.match(i, v, f, &r.Match)
+		case "key":
+			r.Key = l.strList(v, f, pos, "key", true)
+		case "algorithm":
+			if s, ok := l.str(v, f); ok {
+				a, err := limiter.ParseAlgorithm(s)
+				if err != nil {
+					l.errorfCause(v, f, ErrUnknownAlgorithm, err, "unknown algorithm %q (want one of %v)", s, limiter.Algorithms)
+				}
+				r.Algorithm = a
+			}
+		case "limit":
+			r.Limit, _ = l.int(v, f)
+		case "burst":
+			r.Burst, _ = l.int(v, f)
+		case "period":
+			period = true
+			if s, ok := l.str(v, f); ok {
+				d, err := time.ParseDuration(s)
+				if err != nil {
+					l.errorfCause(v, f, ErrInvalidPeriod, err, "period %q is not a Go duration such as 1m or 500ms", s)
+				}
+				r.Period = d
+			}
+		case "calendar":
+			calendar = true
+			if s, ok := l.str(v, f); ok {
+				c, err := limiter.ParseCalendar(s)
+				if err != nil || c == limiter.NoCalendar {
+					l.errorfCause(v, f, ErrInvalidCalendar, err, "unknown calendar %q (want minute, hour, day, week, month or year)", s)
+				}
+				r.Calendar = c
+			}
+		case "zone":
+			if s, ok := l.str(v, f); ok {
+				loc, err := time.LoadLocation(s)
+				if err != nil || s == "" {
+					l.errorfCause(v, f, ErrInvalidCalendar, err, "unknown time zone %q", s)
+				}
+				r.Location = loc
+			}
+		case "unreachable":
+			if s, ok := l.str(v, f); ok {
+				switch s {
+				case "local":
+					r.Unreachable = cluster.PolicyLocal
+				case "allow":
+					r.Unreachable = cluster.PolicyAllow
+				case "deny":
+					r.Unreachable = cluster.PolicyDeny
+				default:
+					l.errorf(v, f, ErrInvalidPolicy, "unreachable %q must be local, allow or deny", s)
+				}
+			}
+		case "shadow":
+			r.Shadow, _ = l.bool(v, f)
+		default:
+			l.unknown(k, base, key, ruleFields)
+		}
+	})
+	for _, req := range []string{"name", "algorithm", "limit"} {
+		if pos[req] == nil {
+			l.errorf(n, base+"."+req, ErrMissingField, "missing field %s", req)
+		}
+	}
+	if !period && !calendar {
+		l.errorf(n, base+".period", ErrMissingField, "missing field period (or calendar, for fixed_window)")
+	}
+}
+
+func (l *loader) match(i int, n *yaml.Node, base string, m *Match) {
+	n = deref(n)
+	if n.Kind != yaml.MappingNode {
+		l.errorf(n, base, ErrWrongType, "match must be a mapping, not %s", kindName(n))
+		return
+	}
+	pos := l.pos[i]
+	l.mapping(n, base, func(key string, k, v *yaml.Node) {
+		f := base + "." + key
+		rel := "match." + key
+		pos[rel] = v
+		switch key {
+		case "routes":
+			m.Routes = l.strList(v, f, pos, rel, false)
+		case "methods":
+			m.Methods = l.strList(v, f, pos, rel, false)
+		case "headers":
+			m.Headers = l.strMap(v, f, pos, rel)
+		case "ips":
+			m.IPs = l.strList(v, f, pos, rel, false)
+		case "users":
+			m.Users = l.strList(v, f, pos, rel, false)
+		case "descriptors":
+			m.Descriptors = l.strMap(v, f, pos, rel)
+		default:
+			l.unknown(k, base, key, "routes, methods, headers, ips, users, descriptors")
+		}
+	})
+}
+
+// mapping calls f for each key of the mapping n, rejecting non-string and
+// repeated keys.
+func (l *loader) mapping(n *yaml.Node, base string, f func(key string, k, v *yaml.Node)) {
+	seen := make(map[string]*yaml.Node, len(n.Content)/2)
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		k, v := deref(n.Content[j]), n.Content[j+1]
+		if k.Kind != yaml.ScalarNode {
+			l.errorf(k, base, ErrWrongType, "a mapping key must be a string, not %s", kindName(k))
+			continue
+		}
+		if first, dup := seen[k.Value]; dup {
+			l.errorf(k, join(base, k.Value), ErrDuplicateField, "field %s is already given at line %d", k.Value, first.Line)
+			continue
+		}
+		seen[k.Value] = k
+		f(k.Value, k, v)
+	}
+}
+
+func (l *loader) find(n *yaml.Node, key string) *yaml.Node {
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		if deref(n.Content[j]).Value == key {
+			return n.Content[j+1]
+		}
+	}
+	return nil
+}
+
+func (l *loader) unknown(k *yaml.Node, base, key, want string) {
+	l.errorf(k, join(base, key), ErrUnknownField, "unknown field %q (want one of %s)", key, want)
+}
+
+// str returns a scalar's text; any non-null scalar is accepted as text.
+func (l *loader) str(n *yaml.Node, field string) (string, bool) {
+	n = deref(n)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		l.errorf(n, field, ErrWrongType, "want a string, not %s", kindName(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (l *loader) int(n *yaml.Node, field string) (int64, bool) {
+	n = deref(n)
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
+		l.errorf(n, field, ErrWrongType, "want an integer, not %s", kindName(n))
+		return 0, false
+	}
+	return v, true
+}
+
+func (l *loader) bool(n *yaml.Node, field string) (bool, bool) {
+	n = deref(n)
+	var v bool
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&v) != nil {
+		l.errorf(n, field, ErrWrongType, "want true or false, not %s", kindName(n))
+		return false, false
+	}
+	return v, true
+}
+
+// strList reads a list of strings, recording each item's node as
+// rel[i]. With scalarOK a single string stands for a list of one.
+func (l *loader) strList(n *yaml.Node, field string, pos map[string]*yaml.Node, rel string, scalarOK bool) []string {
+	n = deref(n)
+	if scalarOK && n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" {
+		pos[rel+"[0]"] = n
+		return []string{n.Value}
+	}
+	if n.Kind != yaml.SequenceNode {
+		l.errorf(n, field, ErrWrongType, "want a list of strings, not %s", kindName(n))
+		return nil
+	}
+	out := make([]string, 0, len(n.Content))
+	for j, item := range n.Content {
+		s, ok := l.str(item, fmt.Sprintf("%s[%d]", field, j))
+		if ok {
+			pos[fmt.Sprintf("%s[%d]", rel, len(out))] = deref(item)
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// strMap reads a mapping of strings to strings, recording each value's
+// node as rel.name.
+func (l *loader) strMap(n *yaml.Node, field string, pos map[string]*yaml.Node, rel string) map[string]string {
+	n = deref(n)
+	if n.Kind != yaml.MappingNode {
+		l.errorf(n, field, ErrWrongType, "want a mapping of names to strings, not %s", kindName(n))
+		return nil
+	}
+	out := make(map[string]string, len(n.Content)/2)
+	l.mapping(n, field, func(key string, k, v *yaml.Node) {
+		if s, ok := l.str(v, field+"."+key); ok {
+			pos[rel+"."+key] = k
+			out[key] = s
+		}
+	})
+	return out
+}
+
+func (l *loader) errorf(n *yaml.Node, field string, err error, format string, a ...any) {
+	l.errorfCause(n, field, err, nil, format, a...)
+}
+
+func (l *loader) errorfCause(n *yaml.Node, field string, err, cause error, format string, a ...any) {
+	l.errs = append(l.errs, &Error{File: l.file, Line: n.Line, Column: n.Column, Field: field, Message: fmt.Sprintf(format, a...), Err: err, Cause: cause})
+}
+
+// position finds the node of a field of rule i: the field itself, else
+// its closest recorded parent, else the rule.
+func (l *loader) position(i int, field string) (string, int, int) {
+	if i >= len(l.pos) {
+		return l.file, 0, 0
+	}
+	for f := field; f != ""; f = parentField(f) {
+		if n := l.pos[i][f]; n != nil {
+			return l.file, n.Line, n.Column
+		}
+	}
+	n := l.ruleNodes[i]
+	return l.file, n.Line, n.Column
+}
+
+func parentField(f string) string {
+	if j := strings.LastIndexAny(f, ".["); j > 0 {
+		return f[:j]
+	}
+	return ""
+}
+
+func join(base, key string) string {
+	if base == "" {
+		return key
+	}
+	return base + "." + key
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "null"
+		case "!!str":
+			return fmt.Sprintf("the string %q", n.Value)
+		}
+		return fmt.Sprintf("%s %s", strings.TrimPrefix(n.ShortTag(), "!!"), n.Value)
+	}
+	return "nothing"
+}
+
+// sortErrors orders errors by position, stable for equal positions.
+func sortErrors(errs []*Error) {
+	slices.SortStableFunc(errs, func(a, b *Error) int {
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
+}

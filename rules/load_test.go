@@ -1,0 +1,305 @@
+package rules
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	_ "time/tzdata" // the tests load Europe/Paris wherever they run
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// good is a valid file exercising every field.
+const good = `rules:
+  - name: api_per_user
+    description: every user's calls
+    match:
+      routes: ["/api/*", /health]
+      methods: [GET, post]
+      headers: {x-tenant: acme, X-Debug: "*"}
+      ips: ["10.0.0.0/8", "2001:db8::/32", 192.0.2.7]
+      users: [alice, "*"]
+      descriptors: {plan: free}
+    key: [user, header:x-tenant, descriptor:plan]
+    algorithm: token_bucket
+    limit: 100
+    period: 1m
+    burst: 150
+    unreachable: deny
+    shadow: true
+  - name: exports_per_day
+    key: ip
+    algorithm: fixed-window
+    limit: 20
+    calendar: day
+    zone: Europe/Paris
+`
+
+func TestParseGood(t *testing.T) {
+	s, err := Parse("good.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != 2 || s.Origin() != "good.yaml" {
+		t.Fatalf("Len %d, Origin %q", s.Len(), s.Origin())
+	}
+	r, ok := s.Rule("api_per_user")
+	if !ok {
+		t.Fatal("api_per_user missing")
+	}
+	if r.Algorithm != limiter.TokenBucket || r.Limit != 100 || r.Period != time.Minute || r.Burst != 150 ||
+		r.Unreachable != cluster.PolicyDeny || !r.Shadow {
+		t.Errorf("api_per_user = %+v", r)
+	}
+	if got := strings.Join(r.Key, ","); got != "user,header:x-tenant,descriptor:plan" {
+		t.Errorf("Key = %s", got)
+	}
+	if r.Match.Headers["x-tenant"] != "acme" || len(r.Match.IPs) != 3 || r.Match.Descriptors["plan"] != "free" {
+		t.Errorf("Match = %+v", r.Match)
+	}
+	e, _ := s.Rule("exports_per_day")
+	if e.Algorithm != limiter.FixedWindow || e.Calendar != limiter.Day || e.Location.String() != "Europe/Paris" || e.Period != 0 {
+		t.Errorf("exports_per_day = %+v", e)
+	}
+	if got := strings.Join(e.Key, ","); got != "ip" {
+		t.Errorf("a scalar key is a list of one: %q", got)
+	}
+}
+
+func TestParseNoRules(t *testing.T) {
+	s, err := Parse("none.yaml", []byte("rules: []\n"))
+	if err != nil || s.Len() != 0 {
+		t.Fatalf("rules: [] = %v, %v", s, err)
+	}
+}
+
+// TestParseErrors checks that each kind of problem is reported with its
+// sentinel, field and exact position.
+func TestParseErrors(t *testing.T) {
+	const head = "rules:\n  - name: a\n    algorithm: token_bucket\n" // lines 1-3
+	tests := []struct {
+		name       string
+		yaml       string
+		want       error
+		line, col  int
+		field      string
+		alsoWanted error // a limiter sentinel, when the limiter decided
+	}{
+		{"syntax", "rules:\n  - name: a\n    limit: [1, 2\n    period: 1m\n", ErrSyntax, 3, 0, "", nil},
+		{"syntax in a block", "rules: []\nx: 1\n- c\n", ErrSyntax, 3, 0, "", nil},
+		{"syntax on line 1", "rules: a: b\n", ErrSyntax, 1, 0, "", nil},
+		{"unterminated string", "rules:\n  - name: \"a\n", ErrSyntax, 2, 0, "", nil},
+		{"tab indentation", "rules:\n\t- name: a\n", ErrSyntax, 2, 0, "", nil},
+		{"empty file", "", ErrEmptyDocument, 1, 1, "", nil},
+		{"only comments", "# nothing yet\n", ErrEmptyDocument, 1, 1, "", nil},
+		{"null rules", "rules:\n", ErrWrongType, 1, 7, "rules", nil},
+		{"two documents", "rules: []\n---\nrules: []\n", ErrSyntax, 2, 1, "", nil},
+		{"top-level unknown field", "rulez: []\n", ErrUnknownField, 1, 1, "rulez", nil},
+		{"missing rules", "version: 1\n", ErrUnknownField, 1, 1, "version", nil},
+		{"unknown field", head + "    limit: 10\n    period: 1m\n    limits: 5\n", ErrUnknownField, 6, 5, "rules[0].limits", nil},
+		{"unknown match field", head + "    limit: 10\n    period: 1m\n    match:\n      route: [/x]\n", ErrUnknownField, 7, 7, "rules[0].match.route", nil},
+		{"duplicate field", head + "    limit: 10\n    limit: 11\n    period: 1m\n", ErrDuplicateField, 5, 5, "rules[0].limit", nil},
+		{"bad algorithm", "rules:\n  - name: a\n    algorithm: token_buckets\n    limit: 1\n    period: 1s\n", ErrUnknownAlgorithm, 3, 16, "rules[0].algorithm", limiter.ErrUnknownAlgorithm},
+		{"negative limit", head + "    limit: -5\n    period: 1m\n", ErrInvalidLimit, 4, 12, "rules[0].limit", limiter.ErrInvalidLimit},
+		{"limit not a number", head + "    limit: ten\n    period: 1m\n", ErrWrongType, 4, 12, "rules[0].limit", nil},
+		{"limit a float", head + "    limit: 1.5\n    period: 1m\n", ErrWrongType, 4, 12, "rules[0].limit", nil},
+		{"negative burst", head + "    limit: 5\n    period: 1m\n    burst: -1\n", ErrInvalidBurst, 6, 12, "rules[0].burst", limiter.ErrInvalidBurst},
+		{"bad duration", head + "    limit: 10\n    period: 1 minute\n", ErrInvalidPeriod, 5, 13, "rules[0].period", nil},
+		{"duration without unit", head + "    limit: 10\n    period: 60\n", ErrInvalidPeriod, 5, 13, "rules[0].period", nil},
+		{"zero period", head + "    limit: 10\n    period: 0s\n", ErrInvalidPeriod, 5, 13, "rules[0].period", limiter.ErrInvalidPeriod},
+		{"missing period", head + "    limit: 10\n", ErrMissingField, 2, 5, "rules[0].period", nil},
+		{"missing name", "rules:\n  - algorithm: gcra\n    limit: 10\n    period: 1s\n", ErrMissingField, 2, 5, "rules[0].name", nil},
+		{"bad name", "rules:\n  - name: a b\n    algorithm: gcra\n    limit: 10\n    period: 1s\n", ErrInvalidName, 2, 11, "rules[0].name", nil},
+		{"bad CIDR", head + "    limit: 10\n    period: 1m\n    match:\n      ips:\n        - 10.0.0.0/8\n        - 10.0.0.0/33\n", ErrInvalidCIDR, 9, 11, "rules[0].match.ips[1]", nil},
+		{"bad route", head + "    limit: 10\n    period: 1m\n    match: {routes: [\"/a/*/b\"]}\n", ErrInvalidMatch, 6, 22, "rules[0].match.routes[0]", nil},
+		{"bad method", head + "    limit: 10\n    period: 1m\n    match: {methods: [\"GE T\"]}\n", ErrInvalidMatch, 6, 23, "rules[0].match.methods[0]", nil},
+		{"unknown key part", head + "    limit: 10\n    period: 1m\n    key: [user, cookie]\n", ErrInvalidKey, 6, 17, "rules[0].key[1]", nil},
+		{"key part twice", head + "    limit: 10\n    period: 1m\n    key: [ip, ip]\n", ErrInvalidKey, 6, 15, "rules[0].key[1]", nil},
+		{"headers not a mapping", head + "    limit: 10\n    period: 1m\n    match: {headers: [a]}\n", ErrWrongType, 6, 22, "rules[0].match.headers", nil},
+		{"shadow not a bool", head + "    limit: 10\n    period: 1m\n    shadow: sometimes\n", ErrWrongType, 6, 13, "rules[0].shadow", nil},
+		{"bad policy", head + "    limit: 10\n    period: 1m\n    unreachable: maybe\n", ErrInvalidPolicy, 6, 18, "rules[0].unreachable", nil},
+		{"calendar on a bucket", head + "    limit: 10\n    calendar: day\n", ErrInvalidCalendar, 5, 15, "rules[0].calendar", limiter.ErrInvalidCalendar},
+		{"bad calendar", "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    calendar: fortnight\n", ErrInvalidCalendar, 5, 15, "rules[0].calendar", nil},
+		{"bad zone", "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    calendar: day\n    zone: Mars/Olympus\n", ErrInvalidCalendar, 6, 11, "rules[0].zone", nil},
+		{"period and calendar", "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    period: 1h\n    calendar: day\n", ErrInvalidPeriod, 5, 13, "rules[0].period", nil},
+		{"duplicate name", "rules:\n  - {name: a, algorithm: gcra, limit: 1, period: 1s}\n  - name: b\n    algorithm: gcra\n    limit: 1\n    period: 1s\n  - name: a\n    algorithm: gcra\n    limit: 2\n    period: 1s\n", ErrDuplicateName, 7, 11, "rules[2].name", nil},
+		{"rule not a mapping", "rules:\n  - just a string\n", ErrWrongType, 2, 5, "rules[0]", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("limits.yaml", []byte(tt.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("error %v, want %v", err, tt.want)
+			}
+			if tt.alsoWanted != nil && !errors.Is(err, tt.alsoWanted) {
+				t.Errorf("error %v does not wrap %v", err, tt.alsoWanted)
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %T is not an *Error", err)
+			}
+			if e.File != "limits.yaml" || e.Line != tt.line || e.Column != tt.col || e.Field != tt.field {
+				t.Errorf("at %s:%d:%d %q, want limits.yaml:%d:%d %q (%v)", e.File, e.Line, e.Column, e.Field, tt.line, tt.col, tt.field, err)
+			}
+			if !strings.HasPrefix(err.Error(), "rules: limits.yaml:") {
+				t.Errorf("message %q does not start with the file", err)
+			}
+		})
+	}
+}
+
+// Every problem of a file is reported, in file order.
+func TestParseReportsEveryProblem(t *testing.T) {
+	const y = `rules:
+  - name: a
+    algorithm: gcra
+    limit: 0
+    period: 1s
+  - name: b
+    algorithm: nope
+    limit: 1
+    period: 1s
+    match: {ips: [bad]}
+`
+	_, err := Parse("x.yaml", []byte(y))
+	var lines []int
+	for _, want := range []error{ErrInvalidLimit, ErrUnknownAlgorithm, ErrInvalidCIDR} {
+		if !errors.Is(err, want) {
+			t.Errorf("%v does not report %v", err, want)
+		}
+	}
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		lines = append(lines, e.(*Error).Line)
+	}
+	if len(lines) != 3 || lines[0] != 4 || lines[1] != 7 || lines[2] != 10 {
+		t.Errorf("lines %v, want [4 7 10]", lines)
+	}
+	if n := strings.Count(err.Error(), "\n"); n != 2 {
+		t.Errorf("message has %d newlines: %q", n, err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Load(path); err != nil || s.Len() != 2 || s.Origin() != path {
+		t.Fatalf("Load = %v, %v", s, err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+// Rules built in code are validated the same way, with fields but no
+// positions.
+func TestNewSetErrors(t *testing.T) {
+	ok := Rule{Name: "ok", Algorithm: limiter.GCRA, Limit: 10, Period: time.Second}
+	tests := []struct {
+		name  string
+		rule  Rule
+		want  error
+		field string
+	}{
+		{"no algorithm", Rule{Name: "x", Limit: 1, Period: time.Second}, ErrUnknownAlgorithm, "rules[1].algorithm"},
+		{"zero limit", Rule{Name: "x", Algorithm: limiter.GCRA, Period: time.Second}, ErrInvalidLimit, "rules[1].limit"},
+		{"bad ip", Rule{Name: "x", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second, Match: Match{IPs: []string{"::1/129"}}}, ErrInvalidCIDR, "rules[1].match.ips[0]"},
+		{"bad policy", Rule{Name: "x", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second, Unreachable: 9}, ErrInvalidPolicy, "rules[1].unreachable"},
+		{"duplicate", ok, ErrDuplicateName, "rules[1].name"},
+		{"zone without calendar", Rule{Name: "x", Algorithm: limiter.FixedWindow, Limit: 1, Period: time.Second, Location: time.UTC}, ErrInvalidCalendar, "rules[1].zone"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewSet(ok, tt.rule)
+			var e *Error
+			if !errors.Is(err, tt.want) || !errors.As(err, &e) {
+				t.Fatalf("error %v, want %v", err, tt.want)
+			}
+			if e.Field != tt.field || e.File != "" || e.Line != 0 {
+				t.Errorf("error at %q %s:%d, want %q", e.Field, e.File, e.Line, tt.field)
+			}
+			if !strings.HasPrefix(err.Error(), "rules: "+tt.field+": ") {
+				t.Errorf("message %q", err)
+			}
+		})
+	}
+}
+
+func TestSourceUpdate(t *testing.T) {
+	src, err := NewStatic(Rule{Name: "a", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := src.Current()
+	if err := src.Update(Rule{Name: "b"}); !errors.Is(err, ErrUnknownAlgorithm) {
+		t.Fatalf("Update(invalid) = %v", err)
+	}
+	if src.Current() != first {
+		t.Fatal("an invalid update replaced the set")
+	}
+	if err := src.Update(Rule{Name: "b", Algorithm: limiter.GCRA, Limit: 2, Period: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := src.Current().Rule("b"); !ok {
+		t.Fatal("update not applied")
+	}
+}
+
+// NewSet copies what it keeps: changing the caller's rule changes nothing.
+func TestNewSetCopies(t *testing.T) {
+	r := Rule{Name: "a", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second, Key: []string{"ip"}, Match: Match{Users: []string{"u"}}}
+	s, err := NewSet(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Key[0] = "user"
+	r.Match.Users[0] = "v"
+	got, _ := s.Rule("a")
+	if got.Key[0] != "ip" || got.Match.Users[0] != "u" {
+		t.Fatalf("set shares the caller's slices: %+v", got)
+	}
+	if len(s.Match(&Descriptor{User: "u"})) != 1 {
+		t.Fatal("match changed with the caller's slice")
+	}
+}
+
+// The example in the package comment is a valid file.
+func TestDocExample(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var y strings.Builder
+	in := false
+	for _, line := range strings.Split(string(src), "\n") {
+		code, isCode := strings.CutPrefix(line, "//\t")
+		switch {
+		case isCode && strings.HasPrefix(code, "rules:"):
+			in = true
+		case in && !isCode && line != "//":
+			in = false
+		}
+		if in && isCode {
+			y.WriteString(code)
+		}
+		if in {
+			y.WriteString("\n")
+		}
+	}
+	s, err := Parse("doc.go", []byte(y.String()))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y.String())
+	}
+	if s.Len() != 3 {
+		t.Fatalf("%d rules", s.Len())
+	}
+}

@@ -1,0 +1,348 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// Errors of this package; test with errors.Is. Per-request errors wrap the
+// limiter's sentinels instead (see the package comment).
+var (
+	// ErrClosed is returned by calls made after Close.
+	ErrClosed = errors.New("client: closed")
+	// ErrInvalidOption is returned by New for an invalid option.
+	ErrInvalidOption = errors.New("client: invalid option")
+	// ErrInvalidArgument is a request the daemon could not be sent: an
+	// unknown unreachable policy.
+	ErrInvalidArgument = transport.ErrInvalidArgument
+	// ErrMalformedResponse is an answer that breaks the protocol, such as
+	// a batch answer with the wrong number of items.
+	ErrMalformedResponse = transport.ErrMalformedResponse
+)
+
+// DefaultTimeout is the deadline of a call whose context has none, unless
+// WithTimeout changes it.
+const DefaultTimeout = 2 * time.Second
+
+// MaxBatchItems is the most requests one gRPC call carries; CheckMany
+// splits longer lists.
+const MaxBatchItems = transport.MaxBatchItems
+
+// Policy says how the daemon decides a check whose key's owner it cannot
+// reach.
+type Policy = transport.UnreachablePolicy
+
+// The policies.
+const (
+	// PolicyDefault uses the daemon's configured policy.
+	PolicyDefault = transport.PolicyDefault
+	// PolicyLocal decides on the daemon that received the check, as if it
+	// owned the key.
+	PolicyLocal = transport.PolicyLocal
+	// PolicyAllow admits the check (fail open).
+	PolicyAllow = transport.PolicyAllow
+	// PolicyDeny rejects the check (fail closed).
+	PolicyDeny = transport.PolicyDeny
+)
+
+// ParsePolicy returns the policy named s: "default", "local", "allow" or
+// "deny".
+func ParsePolicy(s string) (Policy, error) { return transport.ParsePolicy(s) }
+
+// Decision is the limiter's decision and where it was made.
+type Decision struct {
+	limiter.Decision
+	// Owner is the name of the node that decided.
+	Owner string
+	// WithoutOwner is true when the key's owner could not be reached and
+	// the decision came from the request's Policy.
+	WithoutOwner bool
+}
+
+// Result is one outcome of CheckMany: a Decision, or that request's error.
+type Result struct {
+	Decision
+	Err error
+}
+
+// Health is a node's answer to a health check.
+type Health struct {
+	// Status is "serving" when the node answers checks.
+	Status string
+	// Members is how many cluster members the node routes to, itself
+	// included.
+	Members int
+	// Node is the node's name.
+	Node string
+}
+
+// Serving reports whether the node answers checks.
+func (h Health) Serving() bool { return h.Status == "serving" }
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	timeout time.Duration
+	policy  Policy
+	tls     *tls.Config
+	dial    []grpc.DialOption
+}
+
+// WithTimeout sets the deadline of calls whose context has none; default
+// DefaultTimeout. It must be positive.
+func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+
+// WithPolicy sets the policy of every check that sets none with
+// OnUnreachable; default PolicyDefault, the daemon's own.
+func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
+
+// WithTLS dials with TLS configured by cfg instead of an insecure
+// connection.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithDialOptions adds gRPC dial options after the client's own, which they
+// override (transport credentials included).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dial = append(o.dial, opts...) }
+}
+
+// CallOption changes one call.
+type CallOption func(*callOptions)
+
+type callOptions struct{ policy Policy }
+
+// OnUnreachable sets the policy of the checks of this call.
+func OnUnreachable(p Policy) CallOption { return func(o *callOptions) { o.policy = p } }
+
+// Client calls one sluice daemon. It is safe for concurrent use.
+type Client struct {
+	conn    *grpc.ClientConn
+	rpc     pb.SluiceClient
+	timeout time.Duration
+	policy  Policy
+	closed  atomic.Bool
+}
+
+// New returns a client of the daemon at addr (host:port of its gRPC
+// address, or any gRPC target). It does not connect: the first call does.
+func New(addr string, opts ...Option) (*Client, error) {
+	o := options{timeout: DefaultTimeout}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.timeout <= 0 {
+		return nil, fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, o.timeout)
+	}
+	if err := checkPolicy(o.policy); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	for i, d := range o.dial {
+		if d == nil {
+			return nil, fmt.Errorf("%w: dial option %d is nil", ErrInvalidOption, i)
+		}
+	}
+	creds := insecure.NewCredentials()
+	if o.tls != nil {
+		creds = credentials.NewTLS(o.tls)
+	}
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(transport.MaxMessageSize)),
+	}, o.dial...)
+	conn, err := grpc.NewClient(addr, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return &Client{conn: conn, rpc: pb.NewSluiceClient(conn), timeout: o.timeout, policy: o.policy}, nil
+}
+
+func checkPolicy(p Policy) error {
+	if _, err := transport.PolicyFromProto(transport.PolicyToProto(p)); err != nil {
+		return fmt.Errorf("policy %v: %w", p, err)
+	}
+	return nil
+}
+
+// Close closes the connection. Calls made after it return ErrClosed. Safe
+// to call more than once.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// Check asks the daemon to decide req. A request that cannot be valid
+// returns its error without a call; see the package comment for the rest.
+func (c *Client) Check(ctx context.Context, req limiter.Request, opts ...CallOption) (Decision, error) {
+	policy, err := c.callPolicy(opts)
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := transport.ValidateRequest(&req); err != nil {
+		return Decision{}, err
+	}
+	if c.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	m := transport.RequestToProto(req)
+	m.UnreachablePolicy = transport.PolicyToProto(policy)
+	resp, err := c.rpc.Check(ctx, &pb.CheckRequest{Request: m})
+	if err != nil {
+		return Decision{}, c.callError(ctx, "check", err)
+	}
+	return fromResult(transport.ResultFromProto(resp.GetResponse()))
+}
+
+// CheckMany asks the daemon to decide every request, in order, and returns
+// one Result each. Requests that cannot be valid get their error without
+// being sent. More than MaxBatchItems requests are sent in several calls,
+// one after the other. When a call fails as a whole, CheckMany returns its
+// error, and the requests of that call and of the calls not yet made carry
+// it as their Err; requests of earlier calls were decided.
+func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...CallOption) ([]Result, error) {
+	policy, err := c.callPolicy(opts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Result, len(reqs))
+	if c.closed.Load() {
+		for i := range out {
+			out[i].Err = ErrClosed
+		}
+		return out, ErrClosed
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	wire := transport.PolicyToProto(policy)
+	var (
+		batch = make([]*pb.RateLimitRequest, 0, min(len(reqs), MaxBatchItems))
+		idx   = make([]int, 0, cap(batch)) // batch[j] is reqs[idx[j]]
+	)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		resp, err := c.rpc.CheckBatch(ctx, &pb.BatchCheckRequest{Requests: batch})
+		if err == nil && len(resp.GetResponses()) != len(batch) {
+			err = fmt.Errorf("%w: %d answers to %d requests", ErrMalformedResponse, len(resp.GetResponses()), len(batch))
+		}
+		if err != nil {
+			return c.callError(ctx, "check batch", err)
+		}
+		for j, m := range resp.GetResponses() {
+			d, err := fromResult(transport.ResultFromProto(m))
+			out[idx[j]] = Result{Decision: d, Err: err}
+		}
+		batch, idx = batch[:0], idx[:0]
+		return nil
+	}
+	for i := range reqs {
+		if err := transport.ValidateRequest(&reqs[i]); err != nil {
+			out[i].Err = err
+			continue
+		}
+		m := transport.RequestToProto(reqs[i])
+		m.UnreachablePolicy = wire
+		batch = append(batch, m)
+		idx = append(idx, i)
+		if len(batch) < MaxBatchItems {
+			continue
+		}
+		if err := flush(); err != nil {
+			failFrom(out, reqs, idx[0], err)
+			return out, err
+		}
+	}
+	if err := flush(); err != nil {
+		failFrom(out, reqs, idx[0], err)
+		return out, err
+	}
+	return out, nil
+}
+
+// failFrom sets err on every result from index from on that has no error
+// of its own.
+func failFrom(out []Result, reqs []limiter.Request, from int, err error) {
+	for i := from; i < len(out); i++ {
+		if out[i].Err == nil && transport.ValidateRequest(&reqs[i]) == nil {
+			out[i] = Result{Err: err}
+		}
+	}
+}
+
+// Health asks the daemon for its state.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	if c.closed.Load() {
+		return Health{}, ErrClosed
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	resp, err := c.rpc.Health(ctx, &pb.HealthRequest{})
+	if err != nil {
+		return Health{}, c.callError(ctx, "health", err)
+	}
+	return Health{Status: resp.GetStatus(), Members: int(resp.GetMembers()), Node: resp.GetNode()}, nil
+}
+
+func (c *Client) callPolicy(opts []CallOption) (Policy, error) {
+	o := callOptions{policy: c.policy}
+	for _, f := range opts {
+		f(&o)
+	}
+	if err := checkPolicy(o.policy); err != nil {
+		return 0, fmt.Errorf("client: %w", err)
+	}
+	return o.policy, nil
+}
+
+// withTimeout returns ctx with the client's timeout when it has no
+// deadline.
+func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.timeout)
+}
+
+// callError wraps the error of a failed call with ErrClosed, if the
+// client was closed meanwhile, or the context's error, if it ended. A
+// DeadlineExceeded status wraps context.DeadlineExceeded even when the
+// server noticed the deadline a moment before the client did.
+func (c *Client) callError(ctx context.Context, op string, err error) error {
+	cerr := ctx.Err()
+	if cerr == nil && status.Code(err) == codes.DeadlineExceeded {
+		cerr = context.DeadlineExceeded
+	}
+	switch {
+	case c.closed.Load():
+		return fmt.Errorf("client: %s: %w: %w", op, ErrClosed, err)
+	case cerr != nil:
+		return fmt.Errorf("client: %s: %w: %w", op, cerr, err)
+	}
+	return fmt.Errorf("client: %s: %w", op, err)
+}
+
+func fromResult(r transport.Result) (Decision, error) {
+	if r.Err != nil {
+		return Decision{}, r.Err
+	}
+	return Decision{Decision: r.Decision, Owner: r.Owner, WithoutOwner: r.WithoutOwner}, nil
+}

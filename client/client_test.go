@@ -1,0 +1,342 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startNode starts a single-node cluster and returns a client of it.
+func startNode(t *testing.T, opts ...client.Option) (*cluster.Node, *client.Client) {
+	t.Helper()
+	n, err := cluster.New(cluster.TestConfig("client-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	c, err := client.New(n.GRPCAddr(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return n, c
+}
+
+// serve serves srv's registrations on a loopback port and returns a client
+// of it.
+func serve(t *testing.T, register func(*grpc.Server), opts ...client.Option) *client.Client {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(transport.ServerOptions()...)
+	register(s)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		<-done
+	})
+	c, err := client.New(lis.Addr().String(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func req(key string, limit int64) limiter.Request {
+	return limiter.Request{Name: "api", Key: key, Hits: 1, Limit: limit, Period: time.Hour, Algorithm: limiter.TokenBucket}
+}
+
+func TestCheckAgainstANode(t *testing.T) {
+	n, c := startNode(t)
+	ctx := context.Background()
+	steps := []struct {
+		hits          int64
+		wantAllowed   bool
+		wantRemaining int64
+	}{
+		{1, true, 2},
+		{0, true, 2}, // a peek consumes nothing
+		{2, true, 0},
+		{1, false, 0},
+	}
+	for i, s := range steps {
+		r := req("user:1", 3)
+		r.Hits = s.hits
+		d, err := c.Check(ctx, r)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if d.Allowed != s.wantAllowed || d.Remaining != s.wantRemaining {
+			t.Errorf("step %d: allowed %v remaining %d, want %v %d", i, d.Allowed, d.Remaining, s.wantAllowed, s.wantRemaining)
+		}
+		if d.Owner != n.Name() || d.WithoutOwner || d.Limit != 3 {
+			t.Errorf("step %d: owner %q without owner %v limit %d", i, d.Owner, d.WithoutOwner, d.Limit)
+		}
+		if d.Allowed == (d.RetryAfter != 0) || d.ResetAt.IsZero() {
+			t.Errorf("step %d: retry after %v, reset at %v", i, d.RetryAfter, d.ResetAt)
+		}
+	}
+}
+
+func TestRequestErrorsKeepTheirSentinel(t *testing.T) {
+	_, c := startNode(t)
+	mars := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1, Algorithm: limiter.FixedWindow, Calendar: limiter.Day,
+		Location: time.FixedZone("Mars/Olympus_Mons", 0)} // a valid name the server cannot load
+	tests := []struct {
+		name string
+		req  limiter.Request
+		want error
+	}{
+		{"limit checked by the client", func() limiter.Request { r := req("k", 0); return r }(), limiter.ErrInvalidLimit},
+		{"algorithm checked by the client", func() limiter.Request { r := req("k", 1); r.Algorithm = 0; return r }(), limiter.ErrUnknownAlgorithm},
+		{"zone checked by the server", mars, limiter.ErrInvalidCalendar},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.Check(context.Background(), tt.req)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Check = %v, want %v", err, tt.want)
+			}
+			rs, err := c.CheckMany(context.Background(), []limiter.Request{req("fine:"+tt.name, 1), tt.req})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rs[0].Err != nil || !rs[0].Allowed {
+				t.Errorf("valid item: %+v", rs[0])
+			}
+			if !errors.Is(rs[1].Err, tt.want) {
+				t.Errorf("CheckMany item = %v, want %v", rs[1].Err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckManySplitsLongLists(t *testing.T) {
+	_, c := startNode(t)
+	const n = 2*client.MaxBatchItems + 17
+	reqs := make([]limiter.Request, n)
+	for i := range reqs {
+		reqs[i] = req("shared", 1500)
+	}
+	reqs[1234].Limit = -1
+	rs, err := c.CheckMany(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := 0
+	for i, r := range rs {
+		switch {
+		case i == 1234:
+			if !errors.Is(r.Err, limiter.ErrInvalidLimit) {
+				t.Errorf("item %d: %v", i, r.Err)
+			}
+		case r.Err != nil:
+			t.Fatalf("item %d: %v", i, r.Err)
+		case r.Allowed:
+			allowed++
+		}
+	}
+	if allowed != 1500 {
+		t.Errorf("allowed %d, want 1500", allowed)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	n, c := startNode(t)
+	h, err := c.Health(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Serving() || h.Members != 1 || h.Node != n.Name() {
+		t.Errorf("Health = %+v", h)
+	}
+}
+
+// recorder is a Router that records what it was asked and answers with
+// the request's hits as remaining, after waiting for release if set.
+type recorder struct {
+	mu        sync.Mutex
+	policies  []transport.UnreachablePolicy
+	deadlines []time.Time
+	release   chan struct{}
+}
+
+func (r *recorder) Route(ctx context.Context, reqs []transport.RoutedRequest) []transport.Result {
+	dl, _ := ctx.Deadline()
+	r.mu.Lock()
+	r.deadlines = append(r.deadlines, dl)
+	for _, q := range reqs {
+		r.policies = append(r.policies, q.Policy)
+	}
+	r.mu.Unlock()
+	if r.release != nil {
+		<-r.release // not ctx: the client's own deadline must end the call
+	}
+	out := make([]transport.Result, len(reqs))
+	for i, q := range reqs {
+		out[i] = transport.Result{Decision: limiter.Decision{Allowed: true, Limit: q.Request.Limit, Remaining: q.Request.Hits}, Owner: "fake", WithoutOwner: true}
+	}
+	return out
+}
+
+func TestPolicyIsSent(t *testing.T) {
+	rec := &recorder{}
+	c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithPolicy(client.PolicyDeny))
+	ctx := context.Background()
+	if _, err := c.Check(ctx, req("k", 5)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.Check(ctx, req("k", 5), client.OnUnreachable(client.PolicyAllow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Owner != "fake" || !d.WithoutOwner {
+		t.Errorf("decision %+v", d)
+	}
+	if _, err := c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 1)}, client.OnUnreachable(client.PolicyLocal)); err != nil {
+		t.Fatal(err)
+	}
+	want := []transport.UnreachablePolicy{transport.PolicyDeny, transport.PolicyAllow, transport.PolicyLocal, transport.PolicyLocal}
+	if fmt.Sprint(rec.policies) != fmt.Sprint(want) {
+		t.Errorf("policies %v, want %v", rec.policies, want)
+	}
+	if _, err := c.Check(ctx, req("k", 5), client.OnUnreachable(client.Policy(99))); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("unknown policy: %v", err)
+	}
+	if _, err := client.New("localhost:1", client.WithPolicy(client.Policy(99))); !errors.Is(err, client.ErrInvalidOption) {
+		t.Errorf("New with an unknown policy: %v", err)
+	}
+}
+
+func TestTimeouts(t *testing.T) {
+	t.Run("default timeout without a deadline", func(t *testing.T) {
+		rec := &recorder{release: make(chan struct{})}
+		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(100*time.Millisecond))
+		t.Cleanup(func() { close(rec.release) }) // before the server stops
+		start := time.Now()
+		_, err := c.Check(context.Background(), req("k", 1))
+		if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("Check = %v (code %v), want a deadline error", err, status.Code(err))
+		}
+		rec.mu.Lock()
+		dl := rec.deadlines[0]
+		rec.mu.Unlock()
+		// The server sees the client's deadline, give or take the clock
+		// reads: far below DefaultTimeout.
+		if d := dl.Sub(start); d <= 0 || d > client.DefaultTimeout/2 {
+			t.Errorf("server saw a deadline %v after the call, want about the 100ms timeout", d)
+		}
+	})
+	t.Run("the context's deadline wins", func(t *testing.T) {
+		rec := &recorder{}
+		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		if _, err := c.CheckMany(ctx, []limiter.Request{req("k", 1)}); err != nil {
+			t.Fatal(err)
+		}
+		rec.mu.Lock()
+		dl := rec.deadlines[0]
+		rec.mu.Unlock()
+		if d := time.Until(dl); d < 50*time.Minute {
+			t.Errorf("server saw a deadline in %v, want the context's hour", d)
+		}
+	})
+	if _, err := client.New("localhost:1", client.WithTimeout(0)); !errors.Is(err, client.ErrInvalidOption) {
+		t.Errorf("New with a zero timeout: %v", err)
+	}
+}
+
+// broken answers batches with one item too few and health with an error.
+type broken struct {
+	pb.UnimplementedSluiceServer
+}
+
+func (broken) CheckBatch(_ context.Context, in *pb.BatchCheckRequest) (*pb.BatchCheckResponse, error) {
+	return &pb.BatchCheckResponse{Responses: make([]*pb.RateLimitResponse, len(in.Requests)-1)}, nil
+}
+
+func (broken) Check(context.Context, *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return &pb.CheckResponse{}, nil // no response inside
+}
+
+func TestMalformedAnswers(t *testing.T) {
+	c := serve(t, func(s *grpc.Server) { pb.RegisterSluiceServer(s, broken{}) })
+	ctx := context.Background()
+	if _, err := c.Check(ctx, req("k", 1)); !errors.Is(err, client.ErrMalformedResponse) {
+		t.Errorf("Check = %v, want ErrMalformedResponse", err)
+	}
+	rs, err := c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 0), req("c", 1)})
+	if !errors.Is(err, client.ErrMalformedResponse) {
+		t.Fatalf("CheckMany = %v, want ErrMalformedResponse", err)
+	}
+	if !errors.Is(rs[0].Err, client.ErrMalformedResponse) || !errors.Is(rs[1].Err, limiter.ErrInvalidLimit) || !errors.Is(rs[2].Err, client.ErrMalformedResponse) {
+		t.Errorf("items: %v, %v, %v", rs[0].Err, rs[1].Err, rs[2].Err)
+	}
+	if _, err := c.Health(ctx); status.Code(err) != codes.Unimplemented {
+		t.Errorf("Health = %v, want Unimplemented", err)
+	}
+}
+
+func TestUnreachableDaemon(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there now
+	c, err := client.New(addr, client.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Check(context.Background(), req("k", 1))
+	if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
+		t.Errorf("Check = %v, want Unavailable", err)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	_, c := startNode(t)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	ctx := context.Background()
+	if _, err := c.Check(ctx, req("k", 1)); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("Check = %v", err)
+	}
+	rs, err := c.CheckMany(ctx, []limiter.Request{req("k", 1)})
+	if !errors.Is(err, client.ErrClosed) || !errors.Is(rs[0].Err, client.ErrClosed) {
+		t.Errorf("CheckMany = %v, %v", err, rs[0].Err)
+	}
+	if _, err := c.Health(ctx); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("Health = %v", err)
+	}
+}

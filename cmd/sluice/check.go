@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// errLimited is check's result when the request was not admitted.
+var errLimited = &exitError{code: 1}
+
+// check asks a daemon over gRPC and prints the decision. It returns nil
+// when the request was allowed, errLimited when it was limited, and an
+// error with exit status 2 otherwise.
+func (a *app) check(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("sluice check", flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	addr := fs.String("addr", "127.0.0.1:7947", "gRPC address of a sluice node, host:port (env SLUICE_ADDR)")
+	name := fs.String("name", "", "limit name (required)")
+	key := fs.String("key", "", "key the limit applies to (required)")
+	limit := fs.Int64("limit", 0, "hits admitted per period (required)")
+	period := fs.Duration("period", 0, "period of the limit, such as 1m (required unless --calendar)")
+	burst := fs.Int64("burst", 0, "bucket capacity or GCRA tolerance; 0 means --limit")
+	algorithm := fs.String("algorithm", "token_bucket", "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter or gcra")
+	calendar := fs.String("calendar", "", "align fixed windows to minute, hour, day, week, month or year")
+	zone := fs.String("time-zone", "", "IANA time zone of --calendar (default UTC)")
+	hits := fs.Int64("hits", 1, "cost of this request; 0 peeks")
+	reset := fs.Bool("reset", false, "forget the key's state first")
+	drain := fs.Bool("drain-over-limit", false, "consume what remains when limited")
+	unreachable := fs.String("unreachable", "default", "when the key's owner is unreachable: default, local, allow or deny")
+	timeout := fs.Duration("timeout", client.DefaultTimeout, "deadline of the call")
+	asJSON := fs.Bool("json", false, "print the decision as JSON, as the HTTP API does")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: sluice check --name N --key K --limit L --period P [flags]\n\nAsks a sluice node for a decision and prints it. Exit status: 0 allowed, 1 limited, 2 error.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError(nil) // the flag package printed the error
+	}
+	if fs.NArg() > 0 {
+		return usageError(fmt.Errorf("check: unexpected argument %q", fs.Arg(0)))
+	}
+	setFlags := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
+	if !setFlags["addr"] {
+		if v := a.env("SLUICE_ADDR"); v != "" {
+			*addr = v
+		}
+	}
+	for _, f := range []string{"name", "key", "limit"} {
+		if !setFlags[f] {
+			return usageError(fmt.Errorf("check: --%s is required", f))
+		}
+	}
+
+	alg, err := limiter.ParseAlgorithm(*algorithm)
+	if err != nil {
+		return usageError(fmt.Errorf("check: --algorithm: %w", err))
+	}
+	cal, err := limiter.ParseCalendar(*calendar)
+	if err != nil {
+		return usageError(fmt.Errorf("check: --calendar: %w", err))
+	}
+	policy, err := client.ParsePolicy(*unreachable)
+	if err != nil {
+		return usageError(fmt.Errorf("check: --unreachable: %w", err))
+	}
+	if *timeout <= 0 {
+		return usageError(fmt.Errorf("check: --timeout %v must be positive", *timeout))
+	}
+	req := limiter.Request{
+		Name: *name, Key: *key, Hits: *hits, Limit: *limit, Period: *period, Burst: *burst,
+		Algorithm: alg, Calendar: cal,
+	}
+	if *reset {
+		req.Behavior |= limiter.Reset
+	}
+	if *drain {
+		req.Behavior |= limiter.DrainOverLimit
+	}
+	if *zone != "" {
+		loc, err := time.LoadLocation(*zone)
+		if err != nil {
+			return usageError(fmt.Errorf("check: --time-zone: %w", err))
+		}
+		req.Location = loc
+	}
+
+	c, err := client.New(*addr, client.WithTimeout(*timeout))
+	if err != nil {
+		return usageError(fmt.Errorf("check: %w", err))
+	}
+	defer c.Close()
+	d, err := c.Check(ctx, req, client.OnUnreachable(policy))
+	if err != nil {
+		return usageError(fmt.Errorf("check: %w", err))
+	}
+	out := daemon.EncodeDecision(d.Decision, d.Owner, d.WithoutOwner, time.Now())
+	if *asJSON {
+		b, _ := json.Marshal(out)
+		fmt.Fprintf(a.stdout, "%s\n", b)
+	} else {
+		fmt.Fprintln(a.stdout, formatDecision(out))
+	}
+	if !d.Allowed {
+		return errLimited
+	}
+	return nil
+}
+
+// formatDecision returns one line: "allowed" or "limited", then the
+// decision's fields.
+func formatDecision(d daemon.Decision) string {
+	var b strings.Builder
+	if d.Allowed {
+		b.WriteString("allowed")
+	} else {
+		b.WriteString("limited")
+	}
+	fmt.Fprintf(&b, " limit=%d remaining=%d", d.Limit, d.Remaining)
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	if d.ResetAt != "" {
+		fmt.Fprintf(&b, " reset_after=%v", ms(d.ResetAfterMs))
+	}
+	if d.RetryAfterMs > 0 {
+		fmt.Fprintf(&b, " retry_after=%v", ms(d.RetryAfterMs))
+	}
+	if d.DelayMs > 0 {
+		fmt.Fprintf(&b, " delay=%v", ms(d.DelayMs))
+	}
+	fmt.Fprintf(&b, " owner=%s", d.Owner)
+	if d.WithoutOwner {
+		b.WriteString(" without_owner=true")
+	}
+	return b.String()
+}

@@ -1,0 +1,581 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Config is the daemon's configuration. Build it with DefaultConfig (or
+// Load, which starts from it) and change fields; New validates it.
+type Config struct {
+	// NodeName must be unique in the cluster. Load fills it with the host
+	// name when no source sets it.
+	NodeName string
+	// GossipAddr, GRPCAddr and HTTPAddr are host:port bind addresses; port
+	// 0 picks a free one (see Daemon's address methods for the result).
+	GossipAddr string
+	GRPCAddr   string
+	HTTPAddr   string
+	// AdvertiseHost is the host other nodes reach this one at; empty means
+	// the bind host.
+	AdvertiseHost string
+	// Join are gossip addresses of members to join. Empty starts a new
+	// cluster.
+	Join              []string
+	RetryJoinInterval time.Duration
+	GossipProfile     cluster.Profile
+	// Unreachable is the policy of checks that set none.
+	Unreachable    cluster.Policy
+	DenyRetryAfter time.Duration
+	PeerTimeout    time.Duration
+	// MaxKeys bounds the keys this node's store holds; 0 means no bound.
+	MaxKeys int
+	// MaxBodyBytes bounds an HTTP request body.
+	MaxBodyBytes int64
+	// MaxBatchItems bounds the items of one POST /v1/check/batch.
+	MaxBatchItems int
+	// ShutdownDelay is how long the daemon reports not ready before it
+	// stops accepting requests, so that load balancers notice first.
+	ShutdownDelay time.Duration
+	// ShutdownTimeout bounds the wait for in-flight HTTP requests.
+	ShutdownTimeout time.Duration
+	LogFormat       string // "json" or "text"
+	LogLevel        slog.Level
+}
+
+// Bounds on Config fields.
+const (
+	MinBodyBytes = 1 << 10
+	MaxBodyBytes = 64 << 20
+	maxNameLen   = 128
+)
+
+// DefaultConfig returns the configuration of a production node: gossip on
+// 7946, gRPC on 7947 and HTTP on 8080 of every interface.
+func DefaultConfig() Config {
+	cc := cluster.DefaultConfig()
+	return Config{
+		GossipAddr:        cc.GossipAddr,
+		GRPCAddr:          cc.GRPCAddr,
+		HTTPAddr:          ":8080",
+		RetryJoinInterval: cc.RetryJoinInterval,
+		GossipProfile:     cluster.ProfileLAN,
+		Unreachable:       cluster.PolicyLocal,
+		DenyRetryAfter:    cc.DenyRetryAfter,
+		PeerTimeout:       cc.Peer.Timeout,
+		MaxKeys:           cc.Store.MaxEntries,
+		MaxBodyBytes:      1 << 20,
+		MaxBatchItems:     transport.MaxBatchItems,
+		ShutdownTimeout:   10 * time.Second,
+		LogFormat:         "json",
+		LogLevel:          slog.LevelInfo,
+	}
+}
+
+// ErrInvalidConfig is wrapped by every configuration error; the error is a
+// *ConfigError that names the field and where its value came from.
+var ErrInvalidConfig = errors.New("daemon: invalid config")
+
+// ConfigError is an invalid configuration value.
+type ConfigError struct {
+	// Source is where the value came from: a file name, "env SLUICE_X",
+	// "flag --x", or "" for a Config built in code.
+	Source string
+	// Line is the value's line in the file Source, or 0.
+	Line int
+	// Field is the YAML key of the field ("" for an error of the file as a
+	// whole).
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString("config: ")
+	if e.Source != "" {
+		b.WriteString(e.Source)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+// Unwrap returns ErrInvalidConfig and the cause.
+func (e *ConfigError) Unwrap() []error { return []error{ErrInvalidConfig, e.Err} }
+
+// field is one setting: its YAML key (the flag is the key with '-' for
+// '_', the environment variable SLUICE_ and the key in upper case), how to
+// parse it from text and how to check the result.
+type field struct {
+	key   string
+	usage string
+	list  bool // a list: comma-separated text, or a YAML sequence
+	parse func(c *Config, v string) error
+	check func(c *Config) error // nil: parse checks everything
+	show  func(c *Config) string
+}
+
+func (f *field) flagName() string { return strings.ReplaceAll(f.key, "_", "-") }
+func (f *field) envName() string  { return "SLUICE_" + strings.ToUpper(f.key) }
+
+// fields lists every setting, in the order of the usage text.
+var fields = []field{
+	{key: "node_name", usage: "unique name of this node (default: the host name)",
+		parse: func(c *Config, v string) error { c.NodeName = v; return nil },
+		check: func(c *Config) error { return checkName(c.NodeName) },
+		show:  func(c *Config) string { return c.NodeName }},
+	{key: "gossip_addr", usage: "serf gossip bind address, host:port",
+		parse: func(c *Config, v string) error { c.GossipAddr = v; return nil },
+		check: func(c *Config) error { return checkAddr(c.GossipAddr) },
+		show:  func(c *Config) string { return c.GossipAddr }},
+	{key: "grpc_addr", usage: "gRPC bind address (peers and the public API), host:port",
+		parse: func(c *Config, v string) error { c.GRPCAddr = v; return nil },
+		check: func(c *Config) error { return checkAddr(c.GRPCAddr) },
+		show:  func(c *Config) string { return c.GRPCAddr }},
+	{key: "http_addr", usage: "HTTP bind address (JSON API, health, metrics), host:port",
+		parse: func(c *Config, v string) error { c.HTTPAddr = v; return nil },
+		check: func(c *Config) error { return checkAddr(c.HTTPAddr) },
+		show:  func(c *Config) string { return c.HTTPAddr }},
+	{key: "advertise_host", usage: "host other nodes reach this one at (default: the bind host)",
+		parse: func(c *Config, v string) error { c.AdvertiseHost = v; return nil },
+		check: func(c *Config) error { return checkHost(c.AdvertiseHost) },
+		show:  func(c *Config) string { return c.AdvertiseHost }},
+	{key: "join", list: true, usage: "gossip addresses of members to join, comma-separated",
+		parse: func(c *Config, v string) error { c.Join = splitList(v); return nil },
+		check: func(c *Config) error {
+			for i, a := range c.Join {
+				if err := checkAddr(a); err != nil {
+					return fmt.Errorf("address %d: %w", i+1, err)
+				}
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strings.Join(c.Join, ",") }},
+	{key: "retry_join_interval", usage: "how often to retry joining while no seed answers",
+		parse: func(c *Config, v string) error { return parseDuration(&c.RetryJoinInterval, v) },
+		check: func(c *Config) error { return positive(c.RetryJoinInterval) },
+		show:  func(c *Config) string { return c.RetryJoinInterval.String() }},
+	{key: "gossip_profile", usage: "gossip timings: lan, or fast for nodes on one host",
+		parse: func(c *Config, v string) error {
+			switch v {
+			case "lan":
+				c.GossipProfile = cluster.ProfileLAN
+			case "fast":
+				c.GossipProfile = cluster.ProfileFast
+			default:
+				return fmt.Errorf("%q is not lan or fast", v)
+			}
+			return nil
+		},
+		show: func(c *Config) string {
+			if c.GossipProfile == cluster.ProfileFast {
+				return "fast"
+			}
+			return "lan"
+		}},
+	{key: "unreachable", usage: "policy when a key's owner is unreachable: local, allow or deny",
+		parse: func(c *Config, v string) error {
+			p, err := cluster.ParsePolicy(v)
+			if err != nil || p == cluster.PolicyUnset {
+				return fmt.Errorf("%q is not local, allow or deny", v)
+			}
+			c.Unreachable = p
+			return nil
+		},
+		check: func(c *Config) error {
+			switch c.Unreachable {
+			case cluster.PolicyLocal, cluster.PolicyAllow, cluster.PolicyDeny:
+				return nil
+			}
+			return fmt.Errorf("policy %d is not local, allow or deny", c.Unreachable)
+		},
+		show: func(c *Config) string { return c.Unreachable.String() }},
+	{key: "deny_retry_after", usage: "retry_after of checks denied by the deny policy",
+		parse: func(c *Config, v string) error { return parseDuration(&c.DenyRetryAfter, v) },
+		check: func(c *Config) error { return nonNegative(c.DenyRetryAfter) },
+		show:  func(c *Config) string { return c.DenyRetryAfter.String() }},
+	{key: "peer_timeout", usage: "deadline of a check forwarded to its owner",
+		parse: func(c *Config, v string) error { return parseDuration(&c.PeerTimeout, v) },
+		check: func(c *Config) error { return positive(c.PeerTimeout) },
+		show:  func(c *Config) string { return c.PeerTimeout.String() }},
+	{key: "max_keys", usage: "most keys this node's store holds, least recently used evicted; 0: no bound",
+		parse: func(c *Config, v string) error { return parseInt(&c.MaxKeys, v) },
+		check: func(c *Config) error {
+			if c.MaxKeys != 0 && c.MaxKeys < 1024 {
+				return fmt.Errorf("%d is below 1024 (0 means no bound)", c.MaxKeys)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.MaxKeys) }},
+	{key: "max_body_bytes", usage: "largest HTTP request body",
+		parse: func(c *Config, v string) error { return parseInt(&c.MaxBodyBytes, v) },
+		check: func(c *Config) error {
+			if c.MaxBodyBytes < MinBodyBytes || c.MaxBodyBytes > MaxBodyBytes {
+				return fmt.Errorf("%d is outside [%d, %d]", c.MaxBodyBytes, MinBodyBytes, MaxBodyBytes)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatInt(c.MaxBodyBytes, 10) }},
+	{key: "max_batch_items", usage: "most items of one POST /v1/check/batch",
+		parse: func(c *Config, v string) error { return parseInt(&c.MaxBatchItems, v) },
+		check: func(c *Config) error {
+			if c.MaxBatchItems < 1 || c.MaxBatchItems > transport.MaxBatchItems {
+				return fmt.Errorf("%d is outside [1, %d]", c.MaxBatchItems, transport.MaxBatchItems)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.MaxBatchItems) }},
+	{key: "shutdown_delay", usage: "how long to report not ready before refusing requests on shutdown",
+		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownDelay, v) },
+		check: func(c *Config) error { return nonNegative(c.ShutdownDelay) },
+		show:  func(c *Config) string { return c.ShutdownDelay.String() }},
+	{key: "shutdown_timeout", usage: "how long in-flight HTTP requests may take on shutdown",
+		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownTimeout, v) },
+		check: func(c *Config) error { return positive(c.ShutdownTimeout) },
+		show:  func(c *Config) string { return c.ShutdownTimeout.String() }},
+	{key: "log_format", usage: "log format: json or text",
+		parse: func(c *Config, v string) error { c.LogFormat = v; return nil },
+		check: func(c *Config) error {
+			if c.LogFormat != "json" && c.LogFormat != "text" {
+				return fmt.Errorf("%q is not json or text", c.LogFormat)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return c.LogFormat }},
+	{key: "log_level", usage: "least level logged: debug, info, warn or error",
+		parse: func(c *Config, v string) error {
+			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+				return fmt.Errorf("%q is not debug, info, warn or error", v)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strings.ToLower(c.LogLevel.String()) }},
+}
+
+func fieldByKey(key string) *field {
+	for i := range fields {
+		if fields[i].key == key {
+			return &fields[i]
+		}
+	}
+	return nil
+}
+
+// set parses v into c's field f and checks it.
+func (f *field) set(c *Config, v string) error {
+	if err := f.parse(c, strings.TrimSpace(v)); err != nil {
+		return err
+	}
+	if f.check != nil {
+		return f.check(c)
+	}
+	return nil
+}
+
+// Validate checks every field and returns a *ConfigError for the first
+// invalid one.
+func (c *Config) Validate() error {
+	for i := range fields {
+		if f := &fields[i]; f.check != nil {
+			if err := f.check(c); err != nil {
+				return &ConfigError{Field: f.key, Err: err}
+			}
+		}
+	}
+	if c.GossipProfile > cluster.ProfileFast {
+		return &ConfigError{Field: "gossip_profile", Err: fmt.Errorf("profile %d is unknown", c.GossipProfile)}
+	}
+	return nil
+}
+
+func (c *Config) clone() Config {
+	out := *c
+	out.Join = append([]string(nil), c.Join...)
+	return out
+}
+
+func checkName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("is empty")
+	case len(s) > maxNameLen:
+		return fmt.Errorf("is %d bytes, more than %d", len(s), maxNameLen)
+	case !utf8.ValidString(s):
+		return errors.New("is not valid UTF-8")
+	case strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return fmt.Errorf("%q has spaces or control characters", s)
+	}
+	return nil
+}
+
+// checkAddr accepts host:port with a numeric port in [0, 65535].
+func checkAddr(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", a)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || (port != "0" && p == 0) {
+		return fmt.Errorf("%q: port %q is not a number in [0, 65535]", a, port)
+	}
+	return checkHost(host)
+}
+
+func checkHost(h string) error {
+	if strings.IndexFunc(h, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == '/' }) >= 0 {
+		return fmt.Errorf("%q is not a host name or address", h)
+	}
+	return nil
+}
+
+func splitList(v string) []string {
+	if v == "" {
+		return nil
+	}
+	parts := strings.Split(v, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
+}
+
+func parseDuration(dst *time.Duration, v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration such as 500ms or 2s", v)
+	}
+	*dst = d
+	return nil
+}
+
+func positive(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%v must be positive", d)
+	}
+	return nil
+}
+
+func nonNegative(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%v is negative", d)
+	}
+	return nil
+}
+
+func parseInt[T int | int64](dst *T, v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || int64(T(n)) != n {
+		return fmt.Errorf("%q is not an integer", v)
+	}
+	*dst = T(n)
+	return nil
+}
+
+// Load builds the configuration of `sluice serve` from its arguments, the
+// environment and the YAML file named by --config or SLUICE_CONFIG. Each
+// field is taken from the first that sets it: flag, environment variable,
+// file, DefaultConfig. A node name set nowhere is the host name. Usage and
+// flag errors are written to output; -h returns flag.ErrHelp. Every other
+// error is a *ConfigError that names the field and its source.
+func Load(args []string, env func(string) string, output io.Writer) (Config, error) {
+	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
+	fs.SetOutput(output)
+	type flagValue struct {
+		f      *field
+		values []string
+	}
+	var set []*flagValue // in the order of fields
+	byKey := make(map[string]*flagValue)
+	def := DefaultConfig()
+	for i := range fields {
+		f := &fields[i]
+		usage := f.usage + " (env " + f.envName() + ")"
+		if d := f.show(&def); d != "" {
+			usage += " (default " + strconv.Quote(d) + ")"
+		}
+		fs.Func(f.flagName(), usage, func(v string) error {
+			fv := byKey[f.key]
+			if fv == nil {
+				fv = &flagValue{f: f}
+				byKey[f.key] = fv
+				set = append(set, fv)
+			}
+			fv.values = append(fv.values, v)
+			return nil
+		})
+	}
+	configPath := fs.String("config", "", "YAML config file (env SLUICE_CONFIG)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: sluice serve [flags]\n\nRuns a sluice node: the cluster member, its gRPC API and the HTTP API.\nEvery flag has an environment variable and a YAML key (the flag name with _ for -);\nflags win over the environment, which wins over the file.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return Config{}, &ConfigError{Source: "arguments", Err: fmt.Errorf("unexpected %q", fs.Arg(0))}
+	}
+
+	cfg := DefaultConfig()
+	path := *configPath
+	if path == "" {
+		path = env("SLUICE_CONFIG")
+	}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, &ConfigError{Source: path, Err: err}
+		}
+		if err := applyYAML(&cfg, path, data); err != nil {
+			return Config{}, err
+		}
+	}
+	for i := range fields {
+		f := &fields[i]
+		if v := env(f.envName()); v != "" {
+			if err := f.set(&cfg, v); err != nil {
+				return Config{}, &ConfigError{Source: "env " + f.envName(), Field: f.key, Err: err}
+			}
+		}
+	}
+	for _, fv := range set {
+		if err := fv.f.set(&cfg, strings.Join(fv.values, ",")); err != nil {
+			return Config{}, &ConfigError{Source: "flag --" + fv.f.flagName(), Field: fv.f.key, Err: err}
+		}
+	}
+	if cfg.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return Config{}, &ConfigError{Field: "node_name", Err: fmt.Errorf("not set, and the host name is unknown: %w", err)}
+		}
+		cfg.NodeName = host
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// applyYAML sets the fields of the YAML mapping in data; name is the file's
+// name for errors.
+func applyYAML(cfg *Config, name string, data []byte) error {
+	fail := func(line int, key string, err error) error {
+		return &ConfigError{Source: name, Line: line, Field: key, Err: err}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // an empty file sets nothing
+		}
+		line, msg := yamlError(err)
+		return fail(line, "", fmt.Errorf("not valid YAML: %s", msg))
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return fail(extra.Line, "", errors.New("holds more than one YAML document"))
+	}
+	if len(doc.Content) == 0 {
+		return nil
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil // only comments
+	}
+	if root.Kind != yaml.MappingNode {
+		return fail(root.Line, "", errors.New("is not a mapping of settings"))
+	}
+	seen := make(map[string]int)
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return fail(k.Line, "", errors.New("a setting's name must be text"))
+		}
+		f := fieldByKey(k.Value)
+		if f == nil {
+			return fail(k.Line, "", fmt.Errorf("unknown field %q", k.Value))
+		}
+		if first, dup := seen[k.Value]; dup {
+			return fail(k.Line, f.key, fmt.Errorf("set twice (first at line %d)", first))
+		}
+		seen[k.Value] = k.Line
+		if v.Kind == yaml.AliasNode && v.Alias != nil {
+			v = v.Alias
+		}
+		text, err := yamlText(f, v)
+		if err != nil {
+			return fail(v.Line, f.key, err)
+		}
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			continue // "key:" with no value keeps the default
+		}
+		if err := f.set(cfg, text); err != nil {
+			return fail(v.Line, f.key, err)
+		}
+	}
+	return nil
+}
+
+// yamlText returns v as the text its field parses: a scalar's value, or a
+// list's items joined by commas.
+func yamlText(f *field, v *yaml.Node) (string, error) {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		return v.Value, nil
+	case yaml.SequenceNode:
+		if !f.list {
+			return "", errors.New("want a single value, not a list")
+		}
+		items := make([]string, len(v.Content))
+		for i, it := range v.Content {
+			if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
+				return "", fmt.Errorf("item %d at line %d is not a single value", i+1, it.Line)
+			}
+			if strings.Contains(it.Value, ",") {
+				return "", fmt.Errorf("item %d at line %d holds a comma", i+1, it.Line)
+			}
+			items[i] = it.Value
+		}
+		return strings.Join(items, ","), nil
+	}
+	return "", errors.New("want a single value, not a mapping")
+}
+
+// yamlError splits a yaml.v3 error ("yaml: line 3: did not find...") into
+// its line (0 when it names none) and the rest of its text.
+func yamlError(err error) (int, string) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	rest, ok := strings.CutPrefix(msg, "line ")
+	if !ok {
+		return 0, msg
+	}
+	num, text, ok := strings.Cut(rest, ": ")
+	n, err := strconv.Atoi(num)
+	if !ok || err != nil {
+		return 0, msg
+	}
+	return n, text
+}

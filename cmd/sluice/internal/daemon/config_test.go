@@ -1,0 +1,231 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+)
+
+// envMap returns an env function reading m.
+func envMap(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// writeFile writes a config file in the test's directory and returns its
+// path.
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPrecedence(t *testing.T) {
+	file := `
+node_name: from-file
+http_addr: 127.0.0.1:1001
+grpc_addr: 127.0.0.1:2001
+gossip_addr: 127.0.0.1:3001
+unreachable: deny
+join:
+  - 10.0.0.1:7946
+  - 10.0.0.2:7946
+shutdown_timeout: 3s
+`
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		check func(t *testing.T, c Config)
+	}{
+		{"defaults", nil, nil, func(t *testing.T, c Config) {
+			want := DefaultConfig()
+			host, _ := os.Hostname()
+			want.NodeName = host
+			if c.NodeName != host || c.HTTPAddr != want.HTTPAddr || c.GRPCAddr != ":7947" || c.Unreachable != cluster.PolicyLocal || len(c.Join) != 0 || c.LogFormat != "json" {
+				t.Errorf("got %+v, want the defaults with the host name", c)
+			}
+		}},
+		{"file over defaults", []string{"--config", "FILE"}, nil, func(t *testing.T, c Config) {
+			if c.NodeName != "from-file" || c.HTTPAddr != "127.0.0.1:1001" || c.Unreachable != cluster.PolicyDeny ||
+				!slices.Equal(c.Join, []string{"10.0.0.1:7946", "10.0.0.2:7946"}) || c.ShutdownTimeout != 3*time.Second {
+				t.Errorf("got %+v", c)
+			}
+			if c.LogLevel != slog.LevelInfo || c.MaxBatchItems != 1000 {
+				t.Errorf("fields the file does not set changed: %+v", c)
+			}
+		}},
+		{"file named by the environment", nil, map[string]string{"SLUICE_CONFIG": "FILE"}, func(t *testing.T, c Config) {
+			if c.NodeName != "from-file" {
+				t.Errorf("node name %q", c.NodeName)
+			}
+		}},
+		{"env over file", []string{"--config", "FILE"}, map[string]string{
+			"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1, b:2", "SLUICE_UNREACHABLE": "allow",
+			"SLUICE_ADVERTISE_HOST": "10.1.1.1", "SLUICE_LOG_LEVEL": "debug", "SLUICE_GOSSIP_PROFILE": "fast",
+		}, func(t *testing.T, c Config) {
+			if c.NodeName != "from-env" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != cluster.PolicyAllow ||
+				c.AdvertiseHost != "10.1.1.1" || c.LogLevel != slog.LevelDebug || c.GossipProfile != cluster.ProfileFast {
+				t.Errorf("got %+v", c)
+			}
+			if c.HTTPAddr != "127.0.0.1:1001" {
+				t.Errorf("http addr %q, want the file's", c.HTTPAddr)
+			}
+		}},
+		{"flags over env", []string{"--config", "FILE", "--node-name", "from-flag", "--join", "c:3", "--join=d:4,e:5", "--http-addr=127.0.0.1:0", "--log-format", "text"},
+			map[string]string{"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1", "SLUICE_HTTP_ADDR": "127.0.0.1:9"},
+			func(t *testing.T, c Config) {
+				if c.NodeName != "from-flag" || !slices.Equal(c.Join, []string{"c:3", "d:4", "e:5"}) || c.HTTPAddr != "127.0.0.1:0" || c.LogFormat != "text" {
+					t.Errorf("got %+v", c)
+				}
+				if c.GRPCAddr != "127.0.0.1:2001" {
+					t.Errorf("grpc addr %q, want the file's", c.GRPCAddr)
+				}
+			}},
+		{"a flag clears a list", []string{"--config", "FILE", "--join", ""}, nil, func(t *testing.T, c Config) {
+			if len(c.Join) != 0 {
+				t.Errorf("join %q, want empty", c.Join)
+			}
+		}},
+	}
+	path := writeFile(t, file)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := slices.Clone(tt.args)
+			for i := range args {
+				args[i] = strings.ReplaceAll(args[i], "FILE", path)
+			}
+			env := make(map[string]string)
+			for k, v := range tt.env {
+				env[k] = strings.ReplaceAll(v, "FILE", path)
+			}
+			c, err := Load(args, envMap(env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name      string
+		file      string // written and passed with --config when set
+		args      []string
+		env       map[string]string
+		wantField string
+		wantLine  int
+		wantText  []string // in the message
+	}{
+		{name: "unknown yaml field", file: "node_name: a\nhttp_adr: :80\n", wantLine: 2, wantText: []string{`sluice.yaml:2`, `unknown field "http_adr"`}},
+		{name: "bad policy in yaml", file: "# comment\n\nunreachable: maybe\n", wantField: "unreachable", wantLine: 3, wantText: []string{"sluice.yaml:3: unreachable:", `"maybe"`}},
+		{name: "bad duration in yaml", file: "shutdown_timeout: soon\n", wantField: "shutdown_timeout", wantLine: 1},
+		{name: "zero duration in yaml", file: "peer_timeout: 0s\n", wantField: "peer_timeout", wantLine: 1, wantText: []string{"must be positive"}},
+		{name: "bad address in a yaml list", file: "join:\n  - a:1\n  - nope\n", wantField: "join", wantLine: 2, wantText: []string{"address 2", `"nope"`}},
+		{name: "list for a scalar", file: "node_name:\n  - a\n", wantField: "node_name", wantLine: 2, wantText: []string{"not a list"}},
+		{name: "mapping for a scalar", file: "http_addr:\n  host: a\n", wantField: "http_addr", wantLine: 2},
+		{name: "set twice", file: "log_level: info\nlog_level: debug\n", wantField: "log_level", wantLine: 2, wantText: []string{"first at line 1"}},
+		{name: "not a mapping", file: "- a\n- b\n", wantLine: 1, wantText: []string{"not a mapping"}},
+		{name: "bad yaml", file: "node_name: a\n  http_addr: b\n", wantLine: 2, wantText: []string{"not valid YAML"}},
+		{name: "two documents", file: "node_name: a\n---\nnode_name: b\n", wantLine: 2, wantText: []string{"more than one"}},
+		{name: "integer out of range", file: "max_batch_items: 5000\n", wantField: "max_batch_items", wantLine: 1, wantText: []string{"[1, 1000]"}},
+		{name: "not an integer", file: "max_body_bytes: 1MB\n", wantField: "max_body_bytes", wantLine: 1},
+		{name: "missing file", args: []string{"--config", "/nonexistent/sluice.yaml"}, wantText: []string{"/nonexistent/sluice.yaml"}},
+		{name: "bad env", env: map[string]string{"SLUICE_UNREACHABLE": "sometimes"}, wantField: "unreachable", wantText: []string{"env SLUICE_UNREACHABLE"}},
+		{name: "bad env address", env: map[string]string{"SLUICE_GRPC_ADDR": "localhost"}, wantField: "grpc_addr", wantText: []string{"env SLUICE_GRPC_ADDR", "host:port"}},
+		{name: "bad env port", env: map[string]string{"SLUICE_HTTP_ADDR": ":http"}, wantField: "http_addr", wantText: []string{"port"}},
+		{name: "bad flag", args: []string{"--log-format", "xml"}, wantField: "log_format", wantText: []string{"flag --log-format", `"xml"`}},
+		{name: "bad flag level", args: []string{"--log-level", "loud"}, wantField: "log_level", wantText: []string{"flag --log-level"}},
+		{name: "bad profile", args: []string{"--gossip-profile", "wan"}, wantField: "gossip_profile"},
+		{name: "small max keys", args: []string{"--max-keys", "10"}, wantField: "max_keys"},
+		{name: "node name with a space", args: []string{"--node-name", "a b"}, wantField: "node_name"},
+		{name: "stray argument", args: []string{"extra"}, wantText: []string{`"extra"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if tt.file != "" {
+				args = append([]string{"--config", writeFile(t, tt.file)}, args...)
+			}
+			_, err := Load(args, envMap(tt.env), io.Discard)
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("Load = %v, want a *ConfigError", err)
+			}
+			if ce.Field != tt.wantField || ce.Line != tt.wantLine {
+				t.Errorf("field %q line %d, want %q line %d (%v)", ce.Field, ce.Line, tt.wantField, tt.wantLine, err)
+			}
+			for _, s := range tt.wantText {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("%q does not contain %q", err, s)
+				}
+			}
+			if tt.wantField != "" && !strings.Contains(err.Error(), tt.wantField+": ") {
+				t.Errorf("%q does not name the field %s", err, tt.wantField)
+			}
+		})
+	}
+}
+
+func TestYAMLNullsAndEmptyFiles(t *testing.T) {
+	for _, text := range []string{"", "# only a comment\n", "node_name:\njoin: []\n"} {
+		c, err := Load([]string{"--config", writeFile(t, text), "--node-name", "n"}, envMap(nil), io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", text, err)
+			continue
+		}
+		if c.NodeName != "n" || len(c.Join) != 0 {
+			t.Errorf("%q: %+v", text, c)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out strings.Builder
+	_, err := Load([]string{"-h"}, envMap(nil), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Load(-h) = %v", err)
+	}
+	for _, s := range []string{"-join", "SLUICE_JOIN", "-config", "SLUICE_UNREACHABLE", `default ":8080"`} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("usage does not mention %s:\n%s", s, out.String())
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if def := DefaultConfig(); def.Validate() == nil {
+		t.Error("DefaultConfig without a node name is valid")
+	}
+	c := DefaultConfig()
+	c.NodeName = "n"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func(c *Config){
+		func(c *Config) { c.Unreachable = cluster.PolicyUnset },
+		func(c *Config) { c.GossipProfile = 9 },
+		func(c *Config) { c.MaxBodyBytes = 1 },
+		func(c *Config) { c.ShutdownDelay = -1 },
+		func(c *Config) { c.Join = []string{""} },
+	} {
+		cc := c.clone()
+		bad(&cc)
+		var ce *ConfigError
+		if err := cc.Validate(); !errors.As(err, &ce) || ce.Field == "" {
+			t.Errorf("Validate = %v, want a *ConfigError naming a field", err)
+		}
+	}
+}

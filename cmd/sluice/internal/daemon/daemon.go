@@ -1,0 +1,306 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Option changes how New builds a Daemon; options are for programs that
+// embed the daemon and for tests.
+type Option func(*options)
+
+type options struct {
+	logOutput io.Writer
+	logger    *slog.Logger
+	now       func() time.Time
+	sleep     func(ctx context.Context, d time.Duration)
+	ready     func(*Daemon)
+}
+
+// WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
+// instead of os.Stderr.
+func WithLogOutput(w io.Writer) Option { return func(o *options) { o.logOutput = w } }
+
+// WithLogger logs to l, ignoring Config.LogFormat and LogLevel.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithClock makes the node decide, and the HTTP API compute reset_after_ms,
+// at the times now returns.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithSleep replaces the timer of Config.ShutdownDelay: sleep must return
+// after d or once ctx ends.
+func WithSleep(sleep func(ctx context.Context, d time.Duration)) Option {
+	return func(o *options) { o.sleep = sleep }
+}
+
+// WithReady makes Run call f once the daemon serves, with its bound
+// addresses known. f must not block for long.
+func WithReady(f func(*Daemon)) Option { return func(o *options) { o.ready = f } }
+
+// Daemon is a running sluice node: a cluster.Node, which serves gRPC, and
+// an HTTP server for the JSON API, health and metrics. Its methods are
+// safe for concurrent use.
+type Daemon struct {
+	cfg    Config
+	opts   options
+	logger *slog.Logger
+
+	reg     *prometheus.Registry
+	metrics *httpMetrics
+	codec   transport.Codec
+
+	node    *cluster.Node
+	lis     net.Listener
+	srv     *http.Server
+	served  chan struct{} // closed when srv.Serve has returned
+	serveMu sync.Mutex    // guards serveErr
+	// serveErr is srv.Serve's error other than http.ErrServerClosed.
+	serveErr error
+
+	joined       atomic.Bool // latched once another member was seen alive
+	shuttingDown atomic.Bool
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// New validates cfg, starts the node (which joins cfg.Join) and the HTTP
+// server, and returns the running daemon. If it fails half-way it stops
+// what it started.
+func New(cfg Config, opts ...Option) (d *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := options{logOutput: os.Stderr, now: time.Now, sleep: sleepTimer}
+	for _, f := range opts {
+		f(&o)
+	}
+	d = &Daemon{cfg: cfg.clone(), opts: o, logger: o.logger, served: make(chan struct{})}
+	if d.logger == nil {
+		d.logger = newLogger(o.logOutput, cfg.LogFormat, cfg.LogLevel)
+	}
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_daemon_ready",
+			Help: "1 when the daemon reports ready on /readyz, 0 otherwise.",
+		}, func() float64 {
+			if ok, _ := d.readiness(); ok {
+				return 1
+			}
+			return 0
+		}),
+	)
+	d.metrics = newHTTPMetrics(d.reg)
+
+	// Listen for HTTP before the node starts, so that a taken port fails
+	// the daemon before it joins the cluster.
+	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
+	}
+	if d.node, err = cluster.New(d.clusterConfig()); err != nil {
+		d.lis.Close()
+		return nil, fmt.Errorf("daemon: start node: %w", err)
+	}
+	d.srv = &http.Server{
+		Handler:           d.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(d.logger.Handler(), slog.LevelWarn),
+	}
+	go func() {
+		defer close(d.served)
+		if err := d.srv.Serve(d.lis); !errors.Is(err, http.ErrServerClosed) {
+			d.serveMu.Lock()
+			d.serveErr = err
+			d.serveMu.Unlock()
+		}
+	}()
+	d.logger.Info("sluice: daemon started", "node", cfg.NodeName, "http", d.HTTPAddr(),
+		"grpc", d.node.GRPCAddr(), "gossip", d.node.GossipAddr(), "join", cfg.Join)
+	return d, nil
+}
+
+// clusterConfig returns the node's configuration.
+func (d *Daemon) clusterConfig() cluster.Config {
+	c := cluster.DefaultConfig()
+	c.NodeName = d.cfg.NodeName
+	c.GossipAddr = d.cfg.GossipAddr
+	c.GRPCAddr = d.cfg.GRPCAddr
+	c.AdvertiseHost = d.cfg.AdvertiseHost
+	c.Seeds = d.cfg.Join
+	c.RetryJoinInterval = d.cfg.RetryJoinInterval
+	c.Profile = d.cfg.GossipProfile
+	c.Unreachable = d.cfg.Unreachable
+	c.DenyRetryAfter = d.cfg.DenyRetryAfter
+	c.Peer.Timeout = d.cfg.PeerTimeout
+	c.Store.MaxEntries = d.cfg.MaxKeys
+	c.Logger = d.logger.With("component", "cluster")
+	c.Clock = d.opts.now
+	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's
+	return c
+}
+
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	ho := &slog.HandlerOptions{Level: level}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, ho))
+	}
+	return slog.New(slog.NewJSONHandler(w, ho))
+}
+
+func sleepTimer(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// Node returns the daemon's cluster node.
+func (d *Daemon) Node() *cluster.Node { return d.node }
+
+// Registry returns the registry /metrics serves.
+func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
+
+// Config returns the daemon's configuration.
+func (d *Daemon) Config() Config { return d.cfg.clone() }
+
+// HTTPAddr returns the address the HTTP server listens on.
+func (d *Daemon) HTTPAddr() string { return d.lis.Addr().String() }
+
+// GRPCAddr returns the node's gRPC address, as advertised.
+func (d *Daemon) GRPCAddr() string { return d.node.GRPCAddr() }
+
+// GossipAddr returns the address other nodes join this one at.
+func (d *Daemon) GossipAddr() string { return d.node.GossipAddr() }
+
+// Ready reports what /readyz does: the node is up, has joined the cluster
+// when it was given addresses to join, and is not shutting down.
+func (d *Daemon) Ready() bool {
+	ok, _ := d.readiness()
+	return ok
+}
+
+// readiness returns whether the daemon is ready and, when not, why.
+func (d *Daemon) readiness() (bool, string) {
+	switch {
+	case d.shuttingDown.Load():
+		return false, "shutting down"
+	case len(d.cfg.Join) > 0 && !d.hasJoined():
+		return false, "joining"
+	}
+	return true, ""
+}
+
+// hasJoined reports whether another member has been seen alive; once true
+// it stays true, so that the departure of the others does not make this
+// node unready.
+func (d *Daemon) hasJoined() bool {
+	if d.joined.Load() {
+		return true
+	}
+	for _, m := range d.node.Members() {
+		if m.Name != d.cfg.NodeName && m.Status == "alive" {
+			d.joined.Store(true)
+			return true
+		}
+	}
+	return false
+}
+
+// Run calls the WithReady function, serves until ctx ends or the HTTP
+// server fails, then shuts down gracefully (see Shutdown). It returns nil
+// after a shutdown caused by ctx, or the error that stopped it.
+func (d *Daemon) Run(ctx context.Context) error {
+	if d.opts.ready != nil {
+		d.opts.ready(d)
+	}
+	var cause error
+	select {
+	case <-ctx.Done():
+		d.logger.Info("sluice: shutting down", "reason", context.Cause(ctx))
+	case <-d.served:
+		d.serveMu.Lock()
+		cause = d.serveErr
+		d.serveMu.Unlock()
+		d.logger.Error("sluice: HTTP server failed", "err", cause)
+	}
+	err := d.Shutdown(context.WithoutCancel(ctx))
+	if cause != nil {
+		return fmt.Errorf("daemon: http server: %w", cause)
+	}
+	return err
+}
+
+// Shutdown stops the daemon gracefully: /readyz fails at once; after
+// Config.ShutdownDelay the HTTP server stops accepting and waits up to
+// Config.ShutdownTimeout (or until ctx ends) for in-flight requests, then
+// closes the rest; last the node leaves the cluster, telling the other
+// members, and stops its gRPC server. Later calls return the first call's
+// result.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.shutdownOnce.Do(func() { d.shutdownErr = d.shutdown(ctx) })
+	return d.shutdownErr
+}
+
+func (d *Daemon) shutdown(ctx context.Context) error {
+	d.shuttingDown.Store(true)
+	if d.cfg.ShutdownDelay > 0 {
+		d.opts.sleep(ctx, d.cfg.ShutdownDelay)
+	}
+	var errs []error
+	sctx, cancel := context.WithTimeout(ctx, d.cfg.ShutdownTimeout)
+	err := d.srv.Shutdown(sctx)
+	cancel()
+	if err != nil {
+		d.logger.Warn("sluice: in-flight HTTP requests did not finish in time", "err", err)
+		d.srv.Close()
+	}
+	<-d.served
+	if err := d.node.Leave(); err != nil && !errors.Is(err, cluster.ErrClosed) {
+		errs = append(errs, fmt.Errorf("daemon: leave: %w", err))
+	}
+	d.logger.Info("sluice: daemon stopped", "node", d.cfg.NodeName)
+	return errors.Join(errs...)
+}
+
+// Close stops the daemon at once: the HTTP server and the node, without
+// leaving the cluster (other members see it fail). Safe after Shutdown.
+func (d *Daemon) Close() error {
+	d.shuttingDown.Store(true)
+	d.srv.Close()
+	<-d.served
+	return d.node.Close()
+}
+
+// Run builds a daemon from cfg and runs it until ctx ends; see New and
+// Daemon.Run.
+func Run(ctx context.Context, cfg Config, opts ...Option) error {
+	d, err := New(cfg, opts...)
+	if err != nil {
+		return err
+	}
+	return d.Run(ctx)
+}

@@ -1,0 +1,30 @@
+// Package daemon is the sluice daemon behind `sluice serve`: a
+// cluster.Node, which serves the gRPC API on its own, and an HTTP server for
+// services that speak JSON, with health, readiness and Prometheus metrics.
+//
+// [Load] builds a [Config] from flags, the environment (SLUICE_*) and a YAML
+// file, in that order of precedence, over [DefaultConfig]; every invalid
+// value is a [ConfigError] naming the field and where it came from (file and
+// line for YAML). [New] starts the node and the HTTP server; [Daemon.Run]
+// serves until its context ends and then shuts down gracefully
+// ([Daemon.Shutdown]): /readyz fails at once, the HTTP server drains its
+// in-flight requests, and the node leaves the cluster, so that the other
+// members see it leave rather than fail.
+//
+// The HTTP API ([Daemon.Handler]):
+//
+//	POST /v1/check        a CheckRequest; 200 with a Decision, or 400/413/503
+//	                      with an application/problem+json body naming the field
+//	POST /v1/check/batch  {"requests": [CheckRequest...]}; 200 with one item
+//	                      per request, each a Decision or {"error": {code,
+//	                      field, message}}
+//	GET  /healthz         200 while the process serves
+//	GET  /readyz          200 once the node is up and, when given addresses to
+//	                      join, has joined; 503 while joining or shutting down
+//	GET  /metrics         Prometheus, from the daemon's own registry
+//
+// Checks are validated like the gRPC API validates them (through transport's
+// codec) and decided by the node, which routes each to its key's owner.
+// Everything a Daemon owns hangs off it: several run in one process, as the
+// tests do.
+package daemon

@@ -1,0 +1,123 @@
+// Command sluice is the sluice daemon, a distributed rate limiter for
+// services in any language, and its command-line client.
+//
+//	sluice serve [flags]   run a node: gossip, gRPC API and HTTP/JSON API
+//	sluice check [flags]   ask a running node for a decision over gRPC
+//
+// Run `sluice serve -h` and `sluice check -h` for the flags. serve also reads
+// SLUICE_* environment variables and a YAML file (--config); see the
+// internal/daemon package for the HTTP API.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}
+	code := a.exitCode(a.run(ctx, os.Args[1:]))
+	stop()
+	os.Exit(code)
+}
+
+// app is the command with its environment, so that tests run it in-process.
+type app struct {
+	env    func(string) string
+	stdout io.Writer
+	stderr io.Writer
+	// onReady, when set, is called by serve once the daemon serves (tests
+	// read the bound addresses from it).
+	onReady func(*daemon.Daemon)
+}
+
+// exitError carries a process exit code; err, if set, is printed.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError makes err exit with status 2.
+func usageError(err error) error { return &exitError{code: 2, err: err} }
+
+const usage = `Usage: sluice <command> [flags]
+
+Commands:
+  serve   run a sluice node (cluster member, gRPC API, HTTP/JSON API)
+  check   ask a running node for a decision; exit 0 allowed, 1 limited, 2 error
+
+Run "sluice <command> -h" for the flags of a command.
+`
+
+// run runs the command line args (without the program name) until ctx
+// ends. ctx ending stops serve gracefully.
+func (a *app) run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(a.stderr, usage)
+		return usageError(nil)
+	}
+	switch args[0] {
+	case "serve":
+		return a.serve(ctx, args[1:])
+	case "check":
+		return a.check(ctx, args[1:])
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(a.stdout, usage)
+		return nil
+	}
+	fmt.Fprint(a.stderr, usage)
+	return usageError(fmt.Errorf("unknown command %q", args[0]))
+}
+
+func (a *app) serve(ctx context.Context, args []string) error {
+	cfg, err := daemon.Load(args, a.env, a.stderr)
+	var cerr *daemon.ConfigError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return nil
+	case errors.As(err, &cerr):
+		return usageError(err)
+	case err != nil:
+		return usageError(nil) // a flag error, printed by the flag package
+	}
+	opts := []daemon.Option{daemon.WithLogOutput(a.stderr)}
+	if a.onReady != nil {
+		opts = append(opts, daemon.WithReady(a.onReady))
+	}
+	return daemon.Run(ctx, cfg, opts...)
+}
+
+// exitCode prints err, unless it is only an exit code, and returns the
+// process's exit status.
+func (a *app) exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(a.stderr, "sluice:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(a.stderr, "sluice:", err)
+	return 1
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// waitFor polls cond until it holds, failing the test after 20s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for time to pass
+	}
+}
+
+// served is a `sluice serve` running in this process.
+type served struct {
+	*daemon.Daemon
+	cancel context.CancelFunc // stops it gracefully
+	done   chan error         // receives run's result
+	logs   *syncBuffer
+	base   string // http://host:port
+}
+
+// serve runs `sluice serve` with args after the loopback defaults, and
+// stops it when the test ends. Part of the configuration comes from the
+// environment, to run that path too.
+func serve(t *testing.T, name string, args ...string) *served {
+	t.Helper()
+	ready := make(chan *daemon.Daemon, 1)
+	s := &served{done: make(chan error, 1), logs: new(syncBuffer)}
+	a := &app{
+		env: envMap(map[string]string{
+			"SLUICE_NODE_NAME":      name,
+			"SLUICE_GOSSIP_PROFILE": "fast",
+			"SLUICE_LOG_FORMAT":     "text",
+		}),
+		stdout:  io.Discard,
+		stderr:  s.logs,
+		onReady: func(d *daemon.Daemon) { ready <- d },
+	}
+	all := append([]string{"serve",
+		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--retry-join-interval", "100ms", "--log-level", "warn"}, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go func() { s.done <- a.run(ctx, all) }()
+	select {
+	case s.Daemon = <-ready:
+	case err := <-s.done:
+		cancel()
+		t.Fatalf("serve %s: %v\n%s", name, err, s.logs)
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatalf("serve %s did not start", name)
+	}
+	s.base = "http://" + s.HTTPAddr()
+	t.Cleanup(func() {
+		cancel()
+		<-s.done
+	})
+	return s
+}
+
+// stop stops s gracefully and returns run's result.
+func (s *served) stop(t *testing.T) error {
+	t.Helper()
+	s.cancel()
+	select {
+	case err := <-s.done:
+		s.done <- err // for the cleanup
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+		return nil
+	}
+}
+
+// probe is an HTTP client that opens a new connection per request.
+var probe = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := probe.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// scrape returns every sample of base's /metrics by series.
+func scrape(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	status, body := httpGet(t, base+"/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("/metrics: %d", status)
+	}
+	out := make(map[string]float64)
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// TestThreeDaemonsShareOneLimit runs three daemons that form a cluster
+// through serf, spreads 100 checks of one limit of 30 over them, half over
+// HTTP/JSON and half over gRPC, and expects exactly 30 admitted; then one
+// daemon leaves gracefully and the others see it go.
+func TestThreeDaemonsShareOneLimit(t *testing.T) {
+	nodes := []*served{serve(t, "e2e-0")}
+	nodes = append(nodes, serve(t, "e2e-1", "--join", nodes[0].GossipAddr()))
+	nodes = append(nodes, serve(t, "e2e-2", "--join", nodes[0].GossipAddr()))
+	for _, n := range nodes {
+		waitFor(t, n.Config().NodeName+" to route to 3 members", func() bool { return len(n.Node().RingMembers()) == 3 })
+		waitFor(t, n.Config().NodeName+" to be ready", func() bool { s, _ := httpGet(t, n.base+"/readyz"); return s == http.StatusOK })
+	}
+	clients := make([]*client.Client, len(nodes))
+	for i, n := range nodes {
+		c, err := client.New(n.GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+
+	const sent, limit = 100, 30
+	req := limiter.Request{Name: "shared", Key: "tenant:1", Hits: 1, Limit: limit, Period: 24 * time.Hour, Algorithm: limiter.TokenBucket}
+	body := fmt.Sprintf(`{"name":%q,"key":%q,"limit":%d,"period":"24h","algorithm":"token_bucket"}`, req.Name, req.Key, req.Limit)
+	type outcome struct {
+		allowed      bool
+		owner        string
+		withoutOwner bool
+		err          error
+	}
+	// Concurrent requests make the transport dial connections it may not
+	// use; a server's graceful shutdown waits up to 5s for such unused
+	// connections, so the test closes them once done.
+	hc := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	outcomes := make([]outcome, sent)
+	httpSent := make([]int, len(nodes))
+	var wg sync.WaitGroup
+	for i := range sent {
+		n := i % len(nodes)
+		if i%2 == 0 {
+			httpSent[n]++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 1 {
+				d, err := clients[n].Check(context.Background(), req)
+				outcomes[i] = outcome{d.Allowed, d.Owner, d.WithoutOwner, err}
+				return
+			}
+			resp, err := hc.Post(nodes[n].base+"/v1/check", "application/json", strings.NewReader(body))
+			if err != nil {
+				outcomes[i].err = err
+				return
+			}
+			defer resp.Body.Close()
+			var d daemon.Decision
+			if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK {
+				outcomes[i].err = fmt.Errorf("HTTP %d: %v", resp.StatusCode, err)
+				return
+			}
+			outcomes[i] = outcome{d.Allowed, d.Owner, d.WithoutOwner, nil}
+		}()
+	}
+	wg.Wait()
+	hc.CloseIdleConnections()
+	admitted := 0
+	owners := make(map[string]int)
+	for i, o := range outcomes {
+		if o.err != nil {
+			t.Fatalf("check %d: %v", i, o.err)
+		}
+		if o.withoutOwner {
+			t.Errorf("check %d was decided without its owner", i)
+		}
+		owners[o.owner]++
+		if o.allowed {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Errorf("%d of %d checks admitted, want exactly %d", admitted, sent, limit)
+	}
+	if len(owners) != 1 {
+		t.Errorf("decided by %v, want one owner", owners)
+	}
+
+	// Every daemon counted the HTTP checks it received; the node metrics on
+	// the same registries count every check once, where it was received.
+	var nodeAllowed, nodeLimited float64
+	for i, n := range nodes {
+		m := scrape(t, n.base)
+		if got := m[`sluice_http_requests_total{code="200",endpoint="/v1/check"}`]; got != float64(httpSent[i]) {
+			t.Errorf("node %d: sluice_http_requests_total for /v1/check = %v, want %d", i, got, httpSent[i])
+		}
+		nodeAllowed += m[`sluice_checks_total{algorithm="token_bucket",name="shared",result="allowed"}`]
+		nodeLimited += m[`sluice_checks_total{algorithm="token_bucket",name="shared",result="limited"}`]
+		if m[`sluice_members`] != 3 {
+			t.Errorf("node %d: sluice_members = %v", i, m[`sluice_members`])
+		}
+	}
+	if nodeAllowed != limit || nodeLimited != sent-limit {
+		t.Errorf("sluice_checks_total: %v allowed, %v limited; want %d and %d", nodeAllowed, nodeLimited, limit, sent-limit)
+	}
+
+	// The seed leaves gracefully; the others see it leave and stay ready.
+	if err := nodes[0].stop(t); err != nil {
+		t.Fatalf("serve e2e-0 returned %v\n%s", err, nodes[0].logs)
+	}
+	for i, n := range nodes[1:] {
+		c := clients[i+1]
+		waitFor(t, n.Config().NodeName+" to see e2e-0 leave", func() bool {
+			h, err := c.Health(context.Background())
+			if err != nil || h.Members != 2 {
+				return false
+			}
+			for _, m := range n.Node().Members() {
+				if m.Name == "e2e-0" {
+					return m.Status == "left"
+				}
+			}
+			return true // already reaped
+		})
+		if s, body := httpGet(t, n.base+"/readyz"); s != http.StatusOK || !strings.Contains(body, `"members":2`) {
+			t.Errorf("%s /readyz after e2e-0 left: %d %s", n.Config().NodeName, s, body)
+		}
+		// Checks still work, decided by one of the two left.
+		d, err := c.Check(context.Background(), limiter.Request{Name: "after", Key: "k", Hits: 1, Limit: 1, Period: time.Hour, Algorithm: limiter.GCRA})
+		if err != nil || d.WithoutOwner || d.Owner == "e2e-0" {
+			t.Errorf("%s: check after the leave: %+v %v", n.Config().NodeName, d, err)
+		}
+	}
+	if logs := nodes[0].logs.String(); strings.Contains(logs, "level=ERROR") {
+		t.Errorf("e2e-0 logged errors:\n%s", logs)
+	}
+}
+
+// runCheck runs `sluice check` with args and returns its exit code and
+// output.
+func runCheck(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	a := &app{env: envMap(env), stdout: &stdout, stderr: &stderr}
+	code := a.exitCode(a.run(context.Background(), append([]string{"check"}, args...)))
+	return code, stdout.String(), stderr.String()
+}
+
+func TestCheckCommand(t *testing.T) {
+	s := serve(t, "cli")
+	addr := s.GRPCAddr()
+	base := []string{"--addr", addr, "--name", "cli", "--key", "user:1", "--limit", "2", "--period", "1h"}
+	steps := []struct {
+		name       string
+		env        map[string]string
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{name: "allowed", args: base, wantCode: 0, wantStdout: "allowed limit=2 remaining=1"},
+		{name: "peek", args: append(base, "--hits", "0"), wantCode: 0, wantStdout: "allowed limit=2 remaining=1"},
+		{name: "json", args: append(base, "--json"), wantCode: 0, wantStdout: `"remaining":0`},
+		{name: "limited", args: base, wantCode: 1, wantStdout: "limited limit=2 remaining=0"},
+		{name: "limited shows retry_after", args: append(base, "--unreachable", "deny"), wantCode: 1, wantStdout: "retry_after="},
+		{name: "address from the environment", env: map[string]string{"SLUICE_ADDR": addr},
+			args: []string{"--name", "cli", "--key", "env", "--limit", "1", "--period", "1m", "--algorithm", "gcra"}, wantCode: 0, wantStdout: "owner=cli"},
+		{name: "invalid limit", args: []string{"--addr", addr, "--name", "n", "--key", "k", "--limit", "0", "--period", "1m"}, wantCode: 2, wantStderr: "Limit"},
+		{name: "hits over the limit", args: append(base, "--hits", "3"), wantCode: 2, wantStderr: "Hits"},
+		{name: "unknown algorithm", args: append(base, "--algorithm", "random"), wantCode: 2, wantStderr: "--algorithm"},
+		{name: "unknown policy", args: append(base, "--unreachable", "maybe"), wantCode: 2, wantStderr: "--unreachable"},
+		{name: "missing name", args: []string{"--addr", addr, "--key", "k", "--limit", "1"}, wantCode: 2, wantStderr: "--name is required"},
+		{name: "bad flag", args: append(base, "--limit", "ten"), wantCode: 2, wantStderr: "invalid value"},
+		{name: "nobody there", args: []string{"--addr", "127.0.0.1:1", "--name", "n", "--key", "k", "--limit", "1", "--period", "1m", "--timeout", "2s"}, wantCode: 2, wantStderr: "check:"},
+		{name: "help", args: []string{"-h"}, wantCode: 0, wantStderr: "Exit status: 0 allowed, 1 limited, 2 error"},
+	}
+	for _, st := range steps {
+		code, stdout, stderr := runCheck(t, st.env, st.args...)
+		if code != st.wantCode || !strings.Contains(stdout, st.wantStdout) || !strings.Contains(stderr, st.wantStderr) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+				st.name, code, stdout, stderr, st.wantCode, st.wantStdout, st.wantStderr)
+		}
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		env        map[string]string
+		wantCode   int
+		wantStderr string
+		wantStdout string
+	}{
+		{name: "no command", wantCode: 2, wantStderr: "Usage: sluice"},
+		{name: "unknown command", args: []string{"serv"}, wantCode: 2, wantStderr: `unknown command "serv"`},
+		{name: "help", args: []string{"help"}, wantCode: 0, wantStdout: "Commands:"},
+		{name: "serve help", args: []string{"serve", "-h"}, wantCode: 0, wantStderr: "SLUICE_JOIN"},
+		{name: "serve with an unknown flag", args: []string{"serve", "--nope"}, wantCode: 2, wantStderr: "flag provided but not defined: -nope"},
+		{name: "serve with a bad flag", args: []string{"serve", "--unreachable", "perhaps"}, wantCode: 2, wantStderr: "flag --unreachable: unreachable:"},
+		{name: "serve with a bad env", args: []string{"serve"}, env: map[string]string{"SLUICE_HTTP_ADDR": "8080"}, wantCode: 2, wantStderr: "env SLUICE_HTTP_ADDR: http_addr:"},
+		{name: "serve on an address it cannot bind", args: []string{"serve", "--node-name", "x", "--http-addr", "256.0.0.1:1", "--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, wantCode: 1, wantStderr: "http_addr"},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		a := &app{env: envMap(tt.env), stdout: &stdout, stderr: &stderr}
+		code := a.exitCode(a.run(context.Background(), tt.args))
+		if code != tt.wantCode || !strings.Contains(stderr.String(), tt.wantStderr) || !strings.Contains(stdout.String(), tt.wantStdout) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %d, %q, %q", tt.name, code, stdout.String(), stderr.String(), tt.wantCode, tt.wantStdout, tt.wantStderr)
+		}
+	}
+}

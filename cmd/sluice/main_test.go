@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,12 +47,14 @@ func envMap(m map[string]string) func(string) string { return func(k string) str
 // waitFor polls cond until it holds, failing the test after 20s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	err := testcluster.WaitFor(20*time.Second, func() error {
+		if !cond() {
+			return fmt.Errorf("%s", what)
 		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for time to pass
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("timed out: %v", err)
 	}
 }
 

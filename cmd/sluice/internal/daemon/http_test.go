@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -78,12 +79,14 @@ func do(t *testing.T, method, url, body string) response {
 // waitFor polls cond until it holds, failing the test after 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	err := testcluster.WaitFor(10*time.Second, func() error {
+		if !cond() {
+			return fmt.Errorf("%s", what)
 		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for time to pass
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("timed out: %v", err)
 	}
 }
 

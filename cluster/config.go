@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -100,6 +101,22 @@ type Config struct {
 	// deadline of a forwarded check.
 	Peer peer.Config
 
+	// GossipKeys, when not empty, encrypt and authenticate gossip with
+	// AES-GCM: every key is 16, 24 or 32 bytes; the first encrypts, all
+	// decrypt. Every member must also hold every other member's primary
+	// key; a node without a matching key cannot join.
+	GossipKeys [][]byte
+	// TLS, when set, secures gRPC between nodes (and from daemon clients)
+	// with mutual TLS. The config is cloned, never modified, and must hold:
+	//   - Certificates: this node's certificate and key, served to callers
+	//     and presented to peers as the client certificate;
+	//   - RootCAs: the CAs that verify peers' server certificates;
+	//   - ClientCAs: the CAs that verify callers; when set, callers must
+	//     present a certificate they sign (RequireAndVerifyClientCert).
+	// Peers are dialled at their advertised gRPC address, so certificates
+	// need IP SANs (or DNS SANs) for the advertised addresses.
+	TLS *tls.Config
+
 	// Events, when set, receives a MemberEvent for every membership change
 	// the node applies. Sends never block: when the channel is full the
 	// event is dropped and counted in Stats.DroppedEvents.
@@ -180,6 +197,11 @@ func (c *Config) Validate() error {
 		return bad("BreakerCooldown %v must be positive", c.BreakerCooldown)
 	case c.SweepInterval <= 0:
 		return bad("SweepInterval %v must be positive", c.SweepInterval)
+	}
+	for i, k := range c.GossipKeys {
+		if l := len(k); l != 16 && l != 24 && l != 32 {
+			return bad("GossipKeys[%d] is %d bytes, want 16, 24 or 32", i, l)
+		}
 	}
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("%w: Store: %w", ErrInvalidConfig, err)

@@ -103,6 +103,15 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	}
 	ml.Logger = std
 	ml.LogOutput = nil
+	if len(c.GossipKeys) > 0 {
+		kr, err := memberlist.NewKeyring(c.GossipKeys, c.GossipKeys[0])
+		if err != nil {
+			return nil, fmt.Errorf("cluster: gossip keyring: %w", err)
+		}
+		ml.Keyring = kr
+		ml.GossipVerifyIncoming = true
+		ml.GossipVerifyOutgoing = true
+	}
 	return sc, nil
 }
 

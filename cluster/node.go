@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
@@ -126,6 +128,11 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
+	if cfg.TLS != nil {
+		client := cfg.TLS.Clone()
+		pcfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.Peer.DialOptions...),
+			grpc.WithTransportCredentials(credentials.NewTLS(client)))
+	}
 	if n.metrics != nil && pcfg.Observer == nil {
 		pcfg.Observer = n.metrics.peerCall
 	}
@@ -135,7 +142,15 @@ func New(cfg Config) (n *Node, err error) {
 	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
-	n.grpc = grpc.NewServer(transport.ServerOptions()...)
+	sopts := transport.ServerOptions()
+	if cfg.TLS != nil {
+		server := cfg.TLS.Clone()
+		if server.ClientCAs != nil {
+			server.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(server)))
+	}
+	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n})
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
 	lis := n.lis

@@ -58,12 +58,25 @@ func New(t testing.TB, n int, opts ...Option) *Cluster {
 	return c
 }
 
-// start creates one node and joins it to the first live node.
+// start creates node c.next and joins it to the first live node.
 func (c *Cluster) start() *cluster.Node {
 	c.t.Helper()
 	c.mu.Lock()
 	i := c.next
 	c.next++
+	c.mu.Unlock()
+	nd := c.newNode(i)
+	c.mu.Lock()
+	c.nodes = append(c.nodes, nd)
+	c.stopped = append(c.stopped, false)
+	c.mu.Unlock()
+	return nd
+}
+
+// newNode creates node i, joined to the first live node.
+func (c *Cluster) newNode(i int) *cluster.Node {
+	c.t.Helper()
+	c.mu.Lock()
 	var seed string
 	for j, nd := range c.nodes {
 		if !c.stopped[j] {
@@ -83,10 +96,25 @@ func (c *Cluster) start() *cluster.Node {
 	if err != nil {
 		c.t.Fatalf("testcluster: start node %d: %v", i, err)
 	}
+	return nd
+}
+
+// Restart starts stopped node i again with the same name, on new ports and
+// with an empty store, as a crashed process coming back would, and waits
+// for convergence.
+func (c *Cluster) Restart(i int) *cluster.Node {
+	c.t.Helper()
 	c.mu.Lock()
-	c.nodes = append(c.nodes, nd)
-	c.stopped = append(c.stopped, false)
+	was := c.stopped[i]
 	c.mu.Unlock()
+	if !was {
+		c.t.Fatalf("testcluster: node %d is running", i)
+	}
+	nd := c.newNode(i)
+	c.mu.Lock()
+	c.nodes[i], c.stopped[i] = nd, false
+	c.mu.Unlock()
+	c.WaitConverged()
 	return nd
 }
 

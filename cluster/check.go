@@ -27,21 +27,21 @@ func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...CheckOpti
 
 func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOption) (Decision, error) {
 	req := *reqp
-	if err := req.Validate(); err != nil {
-		return Decision{}, err
-	}
 	if n.closed.Load() {
 		return Decision{}, ErrClosed
 	}
-	policy := n.policy(opts)
 	owner, ok := n.ring.Owner(req.Name, req.Key)
 	if !ok || owner.Name == n.cfg.NodeName {
-		return n.decideLocal(&req), nil
+		return n.decideLocal(&req) // the store validates
 	}
+	if err := req.Validate(); err != nil {
+		return Decision{}, err
+	}
+	policy := n.policy(opts)
 	c, ok := n.peers.Get(owner.Name)
 	br := n.breakers.get(owner.Name)
 	if !ok || !br.allow(n.now().UnixNano()) {
-		return n.unreachable(&req, policy), nil
+		return n.unreachable(&req, policy)
 	}
 	n.forwarded.Add(1)
 	d, err := c.Check(ctx, req)
@@ -71,7 +71,7 @@ func (n *Node) forwardFailed(ctx context.Context, req *limiter.Request, policy P
 		return Decision{}, err
 	}
 	n.logger.Debug("cluster: owner unreachable", "key", req.Key, "err", err)
-	return n.unreachable(req, policy), nil
+	return n.unreachable(req, policy)
 }
 
 // CheckMany decides every request, in order, one Result each. Requests for
@@ -115,18 +115,18 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	var groups map[string]*group
 	for i := range reqs {
 		req := &reqs[i]
+		owner, ok := n.ring.Owner(req.Name, req.Key)
+		if !ok || owner.Name == n.cfg.NodeName {
+			out[i].Decision, out[i].Err = n.decideLocal(req) // the store validates
+			continue
+		}
 		if err := req.Validate(); err != nil {
 			out[i].Err = err
 			continue
 		}
-		owner, ok := n.ring.Owner(req.Name, req.Key)
-		if !ok || owner.Name == n.cfg.NodeName {
-			out[i].Decision = n.decideLocal(req)
-			continue
-		}
 		c, ok := n.peers.Get(owner.Name)
 		if !ok || n.breakers.get(owner.Name).openUntil.Load() > n.now().UnixNano() {
-			out[i].Decision = n.unreachable(req, policies[i])
+			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
 			continue
 		}
 		if groups == nil {
@@ -181,18 +181,19 @@ func (n *Node) policy(opts []CheckOption) Policy {
 	return o.policy
 }
 
-// decideLocal decides a validated request on this node's store.
-func (n *Node) decideLocal(req *limiter.Request) Decision {
-	n.local.Add(1)
+// decideLocal decides req on this node's store, which validates it: the
+// one validation a locally owned request goes through.
+func (n *Node) decideLocal(req *limiter.Request) (Decision, error) {
 	d, err := n.store.CheckAt(*req, n.now())
-	if err != nil { // validated already: cannot happen, but never panic
-		n.logger.Error("cluster: store rejected a validated request", "err", err)
+	if err != nil {
+		return Decision{}, err
 	}
-	return Decision{Decision: d, Owner: n.cfg.NodeName}
+	n.local.Add(1)
+	return Decision{Decision: d, Owner: n.cfg.NodeName}, nil
 }
 
-// unreachable decides a request whose owner cannot be reached.
-func (n *Node) unreachable(req *limiter.Request, policy Policy) Decision {
+// unreachable decides a valid request whose owner cannot be reached.
+func (n *Node) unreachable(req *limiter.Request, policy Policy) (Decision, error) {
 	n.withoutOwner.Add(1)
 	n.metrics.unreachable(policy)
 	var d Decision
@@ -204,10 +205,13 @@ func (n *Node) unreachable(req *limiter.Request, policy Policy) Decision {
 		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: n.now().Add(n.cfg.DenyRetryAfter)}
 		d.Owner = n.cfg.NodeName
 	default:
-		d = n.decideLocal(req)
+		var err error
+		if d, err = n.decideLocal(req); err != nil {
+			return Decision{}, err
+		}
 	}
 	d.WithoutOwner = true
-	return d
+	return d, nil
 }
 
 // ownerChecker serves the peer service: the caller routed these requests
@@ -218,12 +222,8 @@ type ownerChecker struct{ n *Node }
 func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
 	for i := range reqs {
-		if err := reqs[i].Validate(); err != nil {
-			out[i].Err = err
-			continue
-		}
-		d := o.n.decideLocal(&reqs[i])
-		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner}
+		d, err := o.n.decideLocal(&reqs[i])
+		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner, Err: err}
 	}
 	return out
 }

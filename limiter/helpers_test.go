@@ -85,9 +85,9 @@ func newTestStore(t testing.TB) *Store {
 	return s
 }
 
-// snapshot is a copy of one key's state, to decide on without touching the
+// stateCopy is a copy of one key's state, to decide on without touching the
 // store.
-type snapshot struct {
+type stateCopy struct {
 	st state
 	lg *windowLog
 }
@@ -99,22 +99,22 @@ func cloneLog(l *windowLog) *windowLog {
 	return &windowLog{entries: slices.Clone(l.entries), head: l.head, total: l.total}
 }
 
-// takeSnapshot copies what s holds for req's key (the fresh state if none).
-func takeSnapshot(s *Store, req *Request) snapshot {
+// copyState copies what s holds for req's key (the fresh state if none).
+func copyState(s *Store, req *Request) stateCopy {
 	k := appendStoreKey(nil, req.Name, req.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[string(k)]
 	if !ok {
-		return snapshot{}
+		return stateCopy{}
 	}
-	return snapshot{st: e.state, lg: cloneLog(sh.logs[e.key])}
+	return stateCopy{st: e.state, lg: cloneLog(sh.logs[e.key])}
 }
 
 // decideAt is the decision the store would make for req at now (Unix ns),
-// leaving the snapshot as it is.
-func (sn snapshot) decideAt(req Request, now int64) Decision {
+// leaving the copy as it is.
+func (sn stateCopy) decideAt(req Request, now int64) Decision {
 	st, lg := sn.st, cloneLog(sn.lg)
 	return decide(&st, &lg, &req, now)
 }
@@ -156,7 +156,7 @@ func checkInvariants(t testing.TB, s *Store, req Request, now time.Time, d Decis
 	if d.Delay < 0 || (d.Delay != 0 && (!d.Allowed || req.Algorithm != LeakyBucket)) {
 		fail("Delay only for admitted leaky-bucket requests")
 	}
-	sn := takeSnapshot(s, &req)
+	sn := copyState(s, &req)
 	same := req
 	same.Behavior &^= Reset
 	if !d.Allowed {

@@ -11,8 +11,8 @@ package limiter
 //	GCRA:                     w[0] theoretical arrival time (ns), w[1] the
 //	                          emission interval it was computed with (ns)
 //
-// The top 8 bits of w[2] hold the Algorithm the state belongs to, which keeps
-// an entry at 64 bytes. The zero value is the fresh state of every algorithm.
+// The top 8 bits of w[2] hold the Algorithm the state belongs to and the
+// changed mark of Store.Changed, which keeps an entry at 64 bytes. The zero value is the fresh state of every algorithm.
 type state struct {
 	// expireAt is the time (Unix ns) from which the state is equivalent to
 	// fresh under the parameters of the last request; dropping it then
@@ -21,9 +21,18 @@ type state struct {
 	w        [3]int64
 }
 
-const algoShift = 56
+const (
+	algoShift = 56
+	// changedBit, above the algorithm, marks an entry listed for
+	// Store.Changed.
+	changedBit = 1 << 62
+)
 
-func (st *state) algo() Algorithm { return Algorithm(uint64(st.w[2]) >> algoShift) }
+func (st *state) algo() Algorithm { return Algorithm(uint64(st.w[2]) >> algoShift & 0x3f) }
+
+func (st *state) isChanged() bool { return st.w[2]&changedBit != 0 }
+func (st *state) setChanged()     { st.w[2] |= changedBit }
+func (st *state) clearChanged()   { st.w[2] &^= changedBit }
 
 // third returns w[2] without the algorithm bits.
 func (st *state) third() int64 { return st.w[2] & (1<<algoShift - 1) }

@@ -19,6 +19,10 @@ type StoreConfig struct {
 	// enforced per shard, MaxEntries/Shards each, rounded down). 0 means no
 	// bound.
 	MaxEntries int
+	// TrackChanges makes the store remember which keys each decision or
+	// Merge changed, for Changed (replication). It costs one mark per
+	// decision.
+	TrackChanges bool
 }
 
 // DefaultStoreConfig returns 128 shards and at most 1,000,000 entries
@@ -48,6 +52,9 @@ type StoreStats struct {
 	Entries   int64 // keys held now
 	Evictions int64 // keys evicted by MaxEntries while their state was live
 	Expired   int64 // keys dropped because their state had returned to fresh
+	// ChangesDropped counts changes not remembered for Changed because a
+	// shard already held its most (see TrackChanges).
+	ChangesDropped int64
 }
 
 // Store is a concurrent in-memory store of per-key limiter state. It is safe
@@ -55,11 +62,13 @@ type StoreStats struct {
 type Store struct {
 	shards   []shard
 	mask     uint64
-	perShard int // max entries per shard, 0 = no bound
+	perShard int  // max entries per shard, 0 = no bound
+	track    bool // StoreConfig.TrackChanges
 
-	entries   atomic.Int64
-	evictions atomic.Int64
-	expired   atomic.Int64
+	entries        atomic.Int64
+	evictions      atomic.Int64
+	expired        atomic.Int64
+	changesDropped atomic.Int64
 }
 
 // entry is one key in a shard's map and LRU list.
@@ -76,7 +85,10 @@ type shard struct {
 	logs map[string]*windowLog
 	// head is the most recently used entry, tail the least.
 	head, tail *entry
-	_          [32]byte // keep shards on separate cache lines
+	// changed lists the entries marked changed since the last Changed;
+	// an entry may appear twice, and only its mark counts.
+	changed []*entry
+	_       [64]byte // keep shards on separate cache lines
 }
 
 // NewStore returns an empty store.
@@ -87,6 +99,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 	s := &Store{
 		shards: make([]shard, cfg.Shards),
 		mask:   uint64(cfg.Shards - 1),
+		track:  cfg.TrackChanges,
 	}
 	if cfg.MaxEntries > 0 {
 		// Rounded down, so that the shards together never hold more
@@ -142,6 +155,7 @@ func (s *Store) decide(req *Request, now int64) Decision {
 			sh.logs[e.key] = lg
 		}
 		sh.touchLocked(e)
+		s.markChangedLocked(sh, e)
 		sh.mu.Unlock()
 		return d
 	}
@@ -149,18 +163,19 @@ func (s *Store) decide(req *Request, now int64) Decision {
 	d := decide(&st, &lg, req, now)
 	if st.expireAt > now { // only state that is not fresh is worth keeping
 		key := string(k)
-		s.insertLocked(sh, key, st, now)
+		e := s.insertLocked(sh, key, st, now)
 		if lg != nil {
 			sh.logs[key] = lg
 		}
+		s.markChangedLocked(sh, e)
 	}
 	sh.mu.Unlock()
 	return d
 }
 
 // insertLocked adds a key to sh, evicting its least recently used key first
-// when the shard is full. sh.mu must be held.
-func (s *Store) insertLocked(sh *shard, key string, st state, now int64) {
+// when the shard is full, and returns its entry. sh.mu must be held.
+func (s *Store) insertLocked(sh *shard, key string, st state, now int64) *entry {
 	if s.perShard > 0 && len(sh.m) >= s.perShard {
 		victim := sh.tail
 		if victim.expireAt > now {
@@ -175,6 +190,7 @@ func (s *Store) insertLocked(sh *shard, key string, st state, now int64) {
 	sh.m[key] = e
 	sh.pushFrontLocked(e)
 	s.entries.Add(1)
+	return e
 }
 
 func (sh *shard) pushFrontLocked(e *entry) {
@@ -248,5 +264,10 @@ func (s *Store) Len() int { return int(s.entries.Load()) }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() StoreStats {
-	return StoreStats{Entries: s.entries.Load(), Evictions: s.evictions.Load(), Expired: s.expired.Load()}
+	return StoreStats{
+		Entries:        s.entries.Load(),
+		Evictions:      s.evictions.Load(),
+		Expired:        s.expired.Load(),
+		ChangesDropped: s.changesDropped.Load(),
+	}
 }

@@ -220,9 +220,9 @@ func TestSweepDecisionsUnchanged(t *testing.T) {
 				}
 				peek := k
 				peek.Hits = 0
-				sn := takeSnapshot(kept, &peek)
+				sn := copyState(kept, &peek)
 				got := sn.decideAt(peek, now.UnixNano())
-				fresh := snapshot{}.decideAt(peek, now.UnixNano())
+				fresh := stateCopy{}.decideAt(peek, now.UnixNano())
 				if got != fresh {
 					t.Fatalf("step %d: swept %v %s, but its state was not fresh: %+v, fresh %+v", i, k.Algorithm, k.Key, got, fresh)
 				}

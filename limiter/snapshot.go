@@ -1,0 +1,386 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unicode/utf8"
+)
+
+// Snapshot is one key's state, exported so that another node can take it
+// over: a node hands its keys to their new owner when membership changes, and
+// an owner copies changed keys to its replicas. Words are the algorithm's
+// state words as the store keeps them (see the state type); they are only
+// meaningful to a Store of the same version, which checks them on Merge.
+type Snapshot struct {
+	Name, Key string
+	Algorithm Algorithm
+	// ExpireAt is when the state returns to fresh (Unix ns).
+	ExpireAt int64
+	Words    [3]int64
+	// Log holds the sliding window log's entries, oldest first; empty for
+	// the other algorithms.
+	Log []LogEntry
+}
+
+// LogEntry is Hits admitted at one instant (Unix ns) of a sliding window log.
+type LogEntry struct {
+	At, Hits int64
+}
+
+// MaxSnapshotLog is the most log entries a Snapshot carries. A longer log is
+// compacted when exported: adjacent entries merge into the later one, so
+// that hits expire later than they would have, never earlier, and nothing
+// consumed is forgotten.
+const MaxSnapshotLog = 4096
+
+// ErrInvalidSnapshot wraps every error of Snapshot.Validate.
+var ErrInvalidSnapshot = errors.New("limiter: invalid snapshot")
+
+// Validate checks that s could have been exported by a Store: a valid name,
+// key and algorithm, and state words in range for the algorithm. A snapshot
+// comes from another node and is untrusted.
+func (s *Snapshot) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidSnapshot, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case s.Name == "" || len(s.Name) > MaxNameLen || !utf8.ValidString(s.Name):
+		return bad("Name must be non-empty UTF-8 of at most %d bytes", MaxNameLen)
+	case s.Key == "" || len(s.Key) > MaxKeyLen || !utf8.ValidString(s.Key):
+		return bad("Key must be non-empty UTF-8 of at most %d bytes", MaxKeyLen)
+	case !s.Algorithm.Valid():
+		return bad("Algorithm %d", uint8(s.Algorithm))
+	case s.Algorithm != SlidingWindowLog && len(s.Log) > 0:
+		return bad("%s carries a log", s.Algorithm)
+	case len(s.Log) > MaxSnapshotLog:
+		return bad("log of %d entries, more than %d", len(s.Log), MaxSnapshotLog)
+	}
+	w := s.Words
+	switch s.Algorithm {
+	case TokenBucket, LeakyBucket:
+		level := math.Float64frombits(uint64(w[0]))
+		if math.IsNaN(level) || level < 0 || level > MaxLimit {
+			return bad("bucket level %v is outside [0, %d]", level, int64(MaxLimit))
+		}
+		if w[2] != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		}
+	case FixedWindow:
+		if w[1] < 0 || w[1] > MaxLimit {
+			return bad("window count %d is outside [0, %d]", w[1], int64(MaxLimit))
+		}
+		if w[2] != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		}
+	case SlidingWindowCounter:
+		if w[1] < 0 || w[1] > MaxLimit || w[2] < 0 || w[2] > MaxLimit {
+			return bad("window counts %d and %d are outside [0, %d]", w[1], w[2], int64(MaxLimit))
+		}
+	case GCRA:
+		if w[1] < 1 || w[1] > int64(MaxPeriod) {
+			return bad("GCRA interval %d is outside [1, %d]", w[1], int64(MaxPeriod))
+		}
+		if w[2] != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		}
+	case SlidingWindowLog:
+		if w != [3]int64{} {
+			return bad("%s has state words", s.Algorithm)
+		}
+		var total int64
+		for i, e := range s.Log {
+			if e.Hits < 1 || e.Hits > MaxLimit {
+				return bad("log entry %d has %d hits", i, e.Hits)
+			}
+			if i > 0 && e.At <= s.Log[i-1].At {
+				return bad("log entry %d is not after entry %d", i, i-1)
+			}
+			if total += e.Hits; total > MaxLimit {
+				return bad("log holds more than %d hits", int64(MaxLimit))
+			}
+		}
+	}
+	return nil
+}
+
+// snapshotLocked exports e; its shard's lock must be held.
+func (sh *shard) snapshotLocked(e *entry) Snapshot {
+	name, key := splitStoreKey(e.key)
+	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.w}
+	s.Words[2] = e.third()
+	if s.Algorithm == SlidingWindowLog {
+		s.Words = [3]int64{}
+		if lg := sh.logs[e.key]; lg != nil {
+			s.Log = compactLog(lg.entries[lg.head:])
+		}
+	}
+	return s
+}
+
+// compactLog copies live entries into at most MaxSnapshotLog entries,
+// merging runs of adjacent entries into the latest of each run.
+func compactLog(live []logEntry) []LogEntry {
+	per := (len(live) + MaxSnapshotLog - 1) / MaxSnapshotLog // entries per run
+	out := make([]LogEntry, 0, min(len(live), MaxSnapshotLog))
+	for i := 0; i < len(live); i += max(per, 1) {
+		run := live[i:min(i+max(per, 1), len(live))]
+		e := LogEntry{At: run[len(run)-1].at}
+		for _, r := range run {
+			e.Hits += r.hits
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// splitStoreKey inverts appendStoreKey.
+func splitStoreKey(k string) (name, key string) {
+	n := int(k[0])
+	return k[1 : 1+n], k[1+n:]
+}
+
+// Snapshot returns the state of (name, key), and false when the store holds
+// none that is live at now.
+func (s *Store) Snapshot(name, key string, now time.Time) (Snapshot, bool) {
+	if name == "" || len(name) > MaxNameLen {
+		return Snapshot{}, false
+	}
+	var buf [96]byte
+	k := appendStoreKey(buf[:0], name, key)
+	sh := s.shardFor(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[string(k)]
+	if !ok || e.expireAt <= now.UnixNano() {
+		return Snapshot{}, false
+	}
+	return sh.snapshotLocked(e), true
+}
+
+// Range calls fn with the snapshot of every key whose state is live at now,
+// one shard at a time, until fn returns false. fn runs with the shard locked
+// and must not call the store.
+func (s *Store) Range(now time.Time, fn func(Snapshot) bool) {
+	n := now.UnixNano()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for e := sh.head; e != nil; e = e.next {
+			if e.expireAt > n && !fn(sh.snapshotLocked(e)) {
+				sh.mu.Unlock()
+				return
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Changed calls fn with the snapshot of every key decided or merged since
+// the last call, when StoreConfig.TrackChanges is set, and returns how many
+// it reported. Keys since dropped or fresh again are skipped. fn runs with
+// the key's shard locked and must not call the store.
+func (s *Store) Changed(now time.Time, fn func(Snapshot)) int {
+	n := now.UnixNano()
+	reported := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for j, e := range sh.changed {
+			sh.changed[j] = nil
+			if !e.isChanged() || sh.m[e.key] != e {
+				continue // reported already, or no longer held
+			}
+			e.clearChanged()
+			if e.expireAt > n {
+				fn(sh.snapshotLocked(e))
+				reported++
+			}
+		}
+		sh.changed = sh.changed[:0]
+		sh.mu.Unlock()
+	}
+	return reported
+}
+
+// markChangedLocked records that e changed, for Changed. Its shard's lock
+// must be held.
+func (s *Store) markChangedLocked(sh *shard, e *entry) {
+	if !s.track || e.isChanged() {
+		return
+	}
+	if len(sh.changed) >= maxChangedPerShard {
+		s.changesDropped.Add(1)
+		return
+	}
+	e.setChanged()
+	sh.changed = append(sh.changed, e)
+}
+
+// maxChangedPerShard bounds the changes a shard remembers between two calls
+// of Changed; past it, changes are counted in StoreStats.ChangesDropped.
+const maxChangedPerShard = 1 << 16
+
+// Merge takes over the state in snaps at now, each merged with what the
+// store holds for its key so that nothing consumed is forgotten: the state
+// that has consumed more wins (per algorithm: the later bucket level or GCRA
+// arrival time, the later window or the larger count in the same window, the
+// larger counts of a sliding window counter, the log holding more hits).
+// Snapshots already fresh at now are skipped. It returns how many keys it
+// changed and the first invalid snapshot's error; valid ones are merged
+// whatever the others hold.
+func (s *Store) Merge(snaps []Snapshot, now time.Time) (int, error) {
+	n := now.UnixNano()
+	var firstErr error
+	changed := 0
+	for i := range snaps {
+		sn := &snaps[i]
+		if err := sn.Validate(); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("snapshot %d: %w", i, err)
+			}
+			continue
+		}
+		if sn.ExpireAt <= n {
+			continue
+		}
+		if s.merge(sn, n) {
+			changed++
+		}
+	}
+	return changed, firstErr
+}
+
+func (s *Store) merge(sn *Snapshot, now int64) bool {
+	var buf [96]byte
+	k := appendStoreKey(buf[:0], sn.Name, sn.Key)
+	sh := s.shardFor(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[string(k)]
+	if !ok {
+		e = s.insertLocked(sh, string(k), snapshotState(sn), now)
+		s.setLogLocked(sh, e, sn)
+		s.markChangedLocked(sh, e)
+		return true
+	}
+	if e.expireAt > now && e.algo() == sn.Algorithm {
+		var lg *windowLog
+		if sn.Algorithm == SlidingWindowLog {
+			lg = sh.logs[e.key]
+		}
+		if !mergeInto(&e.state, lg, sn) {
+			sh.touchLocked(e)
+			return false
+		}
+	} else if e.expireAt > now && e.expireAt >= sn.ExpireAt {
+		// Another algorithm's live state that lasts longer: keep it.
+		return false
+	} else {
+		flags := e.w[2] & changedBit
+		if e.algo() == SlidingWindowLog {
+			delete(sh.logs, e.key)
+		}
+		e.state = snapshotState(sn)
+		e.w[2] |= flags
+		s.setLogLocked(sh, e, sn)
+	}
+	sh.touchLocked(e)
+	s.markChangedLocked(sh, e)
+	return true
+}
+
+// mergeInto merges sn into st, both live and of sn's algorithm, and reports
+// whether st changed. lg is st's log for the sliding window log.
+func mergeInto(st *state, lg *windowLog, sn *Snapshot) bool {
+	w := sn.Words
+	switch sn.Algorithm {
+	case TokenBucket, LeakyBucket, GCRA:
+		// Both drain at the same rate, so the level (or TAT) that lasts
+		// longer is the larger one.
+		if sn.ExpireAt <= st.expireAt {
+			return false
+		}
+		flags := st.w[2] &^ (1<<algoShift - 1)
+		st.expireAt, st.w = sn.ExpireAt, w
+		st.w[2] |= flags
+	case FixedWindow:
+		switch {
+		case w[0] < st.w[0], w[0] == st.w[0] && w[1] <= st.w[1]:
+			return false
+		}
+		st.w[0], st.w[1] = w[0], w[1]
+		st.expireAt = max(st.expireAt, sn.ExpireAt)
+	case SlidingWindowCounter:
+		// Align both to the later window: a count one window older
+		// becomes that window's previous count, older ones are over.
+		start := max(w[0], st.w[0])
+		cur, prev := alignCounter(w[0], w[1], w[2], sn.ExpireAt, start)
+		mine, minePrev := alignCounter(st.w[0], st.w[1], st.third(), st.expireAt, start)
+		nc, np := max(cur, mine), max(prev, minePrev)
+		if start == st.w[0] && nc == st.w[1] && np == st.third() {
+			return false
+		}
+		st.w[0], st.w[1] = start, nc
+		st.setThird(np)
+		st.expireAt = max(st.expireAt, sn.ExpireAt)
+	case SlidingWindowLog:
+		var total int64
+		for _, e := range sn.Log {
+			total += e.Hits
+		}
+		mineTotal := int64(0)
+		if lg != nil {
+			mineTotal = lg.total
+		}
+		if total < mineTotal || total == mineTotal && sn.ExpireAt <= st.expireAt {
+			return false
+		}
+		if lg != nil {
+			lg.clear()
+			for _, e := range sn.Log {
+				lg.add(e.At, e.Hits)
+			}
+		}
+		st.expireAt = sn.ExpireAt
+	}
+	return true
+}
+
+// alignCounter returns the current and previous counts of a sliding window
+// counter whose current window began at ws, as they stand in the window
+// beginning at start >= ws. The period is not stored: the state expires two
+// periods after ws when cur > 0, one period after otherwise.
+func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
+	if ws == start {
+		return cur, prev
+	}
+	p := expireAt - ws
+	if cur > 0 {
+		p /= 2
+	}
+	if start-ws == p {
+		return 0, cur
+	}
+	return 0, 0
+}
+
+// snapshotState is the state a snapshot describes.
+func snapshotState(sn *Snapshot) state {
+	st := state{expireAt: sn.ExpireAt, w: sn.Words}
+	st.w[2] = sn.Words[2] | int64(sn.Algorithm)<<algoShift
+	return st
+}
+
+// setLogLocked gives e the log of sn, for the sliding window log.
+func (s *Store) setLogLocked(sh *shard, e *entry, sn *Snapshot) {
+	if sn.Algorithm != SlidingWindowLog {
+		return
+	}
+	lg := &windowLog{entries: make([]logEntry, 0, len(sn.Log))}
+	for _, le := range sn.Log {
+		lg.add(le.At, le.Hits)
+	}
+	sh.logs[e.key] = lg
+}

@@ -89,6 +89,8 @@ type ServerOption func(*serverConfig)
 type serverConfig struct {
 	codec    *Codec
 	maxItems int
+	sink     StateSink // Peer.Transfer; nil: Unimplemented
+	leaser   Leaser    // Peer.Lease; nil: Unimplemented
 }
 
 // WithCodec makes the server convert requests with c, sharing its zone

@@ -318,6 +318,59 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
 }
 
+// TransferReason says why states are sent.
+type TransferReason int32
+
+const (
+	TransferReason_TRANSFER_REASON_UNSPECIFIED TransferReason = 0
+	// The sender no longer owns these keys (membership changed, or it is
+	// leaving); the receiver is their owner now.
+	TransferReason_TRANSFER_REASON_HANDOFF TransferReason = 1
+	// The sender owns these keys and the receiver is one of their replicas.
+	TransferReason_TRANSFER_REASON_REPLICA TransferReason = 2
+)
+
+// Enum value maps for TransferReason.
+var (
+	TransferReason_name = map[int32]string{
+		0: "TRANSFER_REASON_UNSPECIFIED",
+		1: "TRANSFER_REASON_HANDOFF",
+		2: "TRANSFER_REASON_REPLICA",
+	}
+	TransferReason_value = map[string]int32{
+		"TRANSFER_REASON_UNSPECIFIED": 0,
+		"TRANSFER_REASON_HANDOFF":     1,
+		"TRANSFER_REASON_REPLICA":     2,
+	}
+)
+
+func (x TransferReason) Enum() *TransferReason {
+	p := new(TransferReason)
+	*p = x
+	return p
+}
+
+func (x TransferReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TransferReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
+}
+
+func (TransferReason) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[4]
+}
+
+func (x TransferReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TransferReason.Descriptor instead.
+func (TransferReason) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
 // RateLimitRequest asks for a decision on one key.
 type RateLimitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -745,6 +798,407 @@ func (x *PeerCheckResponse) GetPadding() []byte {
 	return nil
 }
 
+// KeyState is one key's limiter state, as a node hands it to the key's new
+// owner or copies it to a replica (limiter.Snapshot). words are the
+// algorithm's state words, exactly 3; log is the sliding window log, oldest
+// first, at most 4096 entries. The receiver validates every field and
+// merges the state with its own so that the one that has consumed more wins.
+type KeyState struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key       string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Algorithm Algorithm              `protobuf:"varint,3,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"`
+	// When the state returns to fresh, in nanoseconds since the Unix epoch.
+	ExpireAtUnixNano int64       `protobuf:"varint,4,opt,name=expire_at_unix_nano,json=expireAtUnixNano,proto3" json:"expire_at_unix_nano,omitempty"`
+	Words            []int64     `protobuf:"varint,5,rep,packed,name=words,proto3" json:"words,omitempty"`
+	Log              []*LogEntry `protobuf:"bytes,6,rep,name=log,proto3" json:"log,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *KeyState) Reset() {
+	*x = KeyState{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyState) ProtoMessage() {}
+
+func (x *KeyState) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
+func (*KeyState) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *KeyState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KeyState) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyState) GetAlgorithm() Algorithm {
+	if x != nil {
+		return x.Algorithm
+	}
+	return Algorithm_ALGORITHM_UNSPECIFIED
+}
+
+func (x *KeyState) GetExpireAtUnixNano() int64 {
+	if x != nil {
+		return x.ExpireAtUnixNano
+	}
+	return 0
+}
+
+func (x *KeyState) GetWords() []int64 {
+	if x != nil {
+		return x.Words
+	}
+	return nil
+}
+
+func (x *KeyState) GetLog() []*LogEntry {
+	if x != nil {
+		return x.Log
+	}
+	return nil
+}
+
+// LogEntry is hits admitted at one instant of a sliding window log.
+type LogEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AtUnixNano    int64                  `protobuf:"varint,1,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	Hits          int64                  `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogEntry) Reset() {
+	*x = LogEntry{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogEntry) ProtoMessage() {}
+
+func (x *LogEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
+func (*LogEntry) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LogEntry) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+func (x *LogEntry) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+// TransferRequest carries at most 1000 key states.
+type TransferRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the sending node.
+	From          string         `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Reason        TransferReason `protobuf:"varint,2,opt,name=reason,proto3,enum=sluice.v1.TransferReason" json:"reason,omitempty"`
+	States        []*KeyState    `protobuf:"bytes,3,rep,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferRequest) Reset() {
+	*x = TransferRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferRequest) ProtoMessage() {}
+
+func (x *TransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
+func (*TransferRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TransferRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetReason() TransferReason {
+	if x != nil {
+		return x.Reason
+	}
+	return TransferReason_TRANSFER_REASON_UNSPECIFIED
+}
+
+func (x *TransferRequest) GetStates() []*KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+// TransferResponse says how the states were taken.
+type TransferResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// States that changed the receiver's store.
+	Merged int32 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	// States rejected as invalid; the rest were merged or were older.
+	Rejected      int32 `protobuf:"varint,2,opt,name=rejected,proto3" json:"rejected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferResponse) Reset() {
+	*x = TransferResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferResponse) ProtoMessage() {}
+
+func (x *TransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
+func (*TransferResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TransferResponse) GetMerged() int32 {
+	if x != nil {
+		return x.Merged
+	}
+	return 0
+}
+
+func (x *TransferResponse) GetRejected() int32 {
+	if x != nil {
+		return x.Rejected
+	}
+	return 0
+}
+
+// LeaseRequest asks a key's owner for a share of its remaining hits, which
+// the sender may then admit on its own until the lease expires.
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the sending node.
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// The limit and key; hits and the behavior flags are ignored.
+	Request *RateLimitRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// How many hits the sender asks for, at least 1.
+	Want int64 `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`
+	// How long the sender means to use the lease, in nanoseconds; the owner
+	// may shorten it.
+	TtlNanos      int64 `protobuf:"varint,4,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LeaseRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetRequest() *RateLimitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *LeaseRequest) GetWant() int64 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *LeaseRequest) GetTtlNanos() int64 {
+	if x != nil {
+		return x.TtlNanos
+	}
+	return 0
+}
+
+// LeaseResponse grants up to want hits, already consumed on the owner.
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hits granted, 0 when the limit admits none now.
+	Granted int64 `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// The lease is void from this instant (nanoseconds since the Unix epoch);
+	// hits not admitted by then are given back with a refund.
+	ExpiresAtUnixNano int64 `protobuf:"varint,2,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
+	// The owner's decision for the hits taken (or for one hit, when none
+	// were): remaining, reset and retry times.
+	Decision      *RateLimitResponse `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LeaseResponse) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetExpiresAtUnixNano() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixNano
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetDecision() *RateLimitResponse {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
 type CheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Request       *RateLimitRequest      `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -754,7 +1208,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +1220,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +1233,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -798,7 +1252,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +1264,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +1277,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -843,7 +1297,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +1309,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +1322,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -888,7 +1342,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1354,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1367,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -931,7 +1385,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1397,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1410,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 type HealthResponse struct {
@@ -973,7 +1427,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1439,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1452,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1066,7 +1520,34 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"E\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xd0\x01\n" +
+	"\bKeyState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
+	"\talgorithm\x18\x03 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12-\n" +
+	"\x13expire_at_unix_nano\x18\x04 \x01(\x03R\x10expireAtUnixNano\x12\x14\n" +
+	"\x05words\x18\x05 \x03(\x03R\x05words\x12%\n" +
+	"\x03log\x18\x06 \x03(\v2\x13.sluice.v1.LogEntryR\x03log\"@\n" +
+	"\bLogEntry\x12 \n" +
+	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
+	"atUnixNano\x12\x12\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x85\x01\n" +
+	"\x0fTransferRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
+	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\"F\n" +
+	"\x10TransferResponse\x12\x16\n" +
+	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
+	"\brejected\x18\x02 \x01(\x05R\brejected\"\x8a\x01\n" +
+	"\fLeaseRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x125\n" +
+	"\arequest\x18\x02 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x12\n" +
+	"\x04want\x18\x03 \x01(\x03R\x04want\x12\x1b\n" +
+	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\"\x94\x01\n" +
+	"\rLeaseResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\x03R\agranted\x12/\n" +
+	"\x14expires_at_unix_nano\x18\x02 \x01(\x03R\x11expiresAtUnixNano\x128\n" +
+	"\bdecision\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\bdecision\"E\n" +
 	"\fCheckRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"I\n" +
 	"\rCheckResponse\x128\n" +
@@ -1118,11 +1599,17 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x13ERROR_CODE_INTERNAL\x10\f\x12\x1a\n" +
 	"\x16ERROR_CODE_UNAVAILABLE\x10\r\x12 \n" +
 	"\x1cERROR_CODE_DEADLINE_EXCEEDED\x10\x0e\x12\x17\n" +
-	"\x13ERROR_CODE_CANCELED\x10\x0f2\x9d\x01\n" +
+	"\x13ERROR_CODE_CANCELED\x10\x0f*k\n" +
+	"\x0eTransferReason\x12\x1f\n" +
+	"\x1bTRANSFER_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17TRANSFER_REASON_HANDOFF\x10\x01\x12\x1b\n" +
+	"\x17TRANSFER_REASON_REPLICA\x10\x022\x9e\x02\n" +
 	"\x04Peer\x12G\n" +
 	"\n" +
 	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse\x12L\n" +
-	"\vCheckStream\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse(\x010\x012\xce\x01\n" +
+	"\vCheckStream\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse(\x010\x01\x12C\n" +
+	"\bTransfer\x12\x1a.sluice.v1.TransferRequest\x1a\x1b.sluice.v1.TransferResponse\x12:\n" +
+	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse2\xce\x01\n" +
 	"\x06Sluice\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12I\n" +
 	"\n" +
@@ -1141,50 +1628,67 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
 	(UnreachablePolicy)(0),     // 2: sluice.v1.UnreachablePolicy
 	(ErrorCode)(0),             // 3: sluice.v1.ErrorCode
-	(*RateLimitRequest)(nil),   // 4: sluice.v1.RateLimitRequest
-	(*RateLimitResponse)(nil),  // 5: sluice.v1.RateLimitResponse
-	(*PeerCheckRequest)(nil),   // 6: sluice.v1.PeerCheckRequest
-	(*PeerCheckResponse)(nil),  // 7: sluice.v1.PeerCheckResponse
-	(*CheckRequest)(nil),       // 8: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 9: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 10: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 11: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 12: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 13: sluice.v1.HealthResponse
+	(TransferReason)(0),        // 4: sluice.v1.TransferReason
+	(*RateLimitRequest)(nil),   // 5: sluice.v1.RateLimitRequest
+	(*RateLimitResponse)(nil),  // 6: sluice.v1.RateLimitResponse
+	(*PeerCheckRequest)(nil),   // 7: sluice.v1.PeerCheckRequest
+	(*PeerCheckResponse)(nil),  // 8: sluice.v1.PeerCheckResponse
+	(*KeyState)(nil),           // 9: sluice.v1.KeyState
+	(*LogEntry)(nil),           // 10: sluice.v1.LogEntry
+	(*TransferRequest)(nil),    // 11: sluice.v1.TransferRequest
+	(*TransferResponse)(nil),   // 12: sluice.v1.TransferResponse
+	(*LeaseRequest)(nil),       // 13: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),      // 14: sluice.v1.LeaseResponse
+	(*CheckRequest)(nil),       // 15: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 16: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 17: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 18: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 19: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 20: sluice.v1.HealthResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
 	1,  // 1: sluice.v1.RateLimitRequest.calendar:type_name -> sluice.v1.Calendar
 	2,  // 2: sluice.v1.RateLimitRequest.unreachable_policy:type_name -> sluice.v1.UnreachablePolicy
 	3,  // 3: sluice.v1.RateLimitResponse.error_code:type_name -> sluice.v1.ErrorCode
-	4,  // 4: sluice.v1.PeerCheckRequest.items:type_name -> sluice.v1.RateLimitRequest
-	5,  // 5: sluice.v1.PeerCheckResponse.items:type_name -> sluice.v1.RateLimitResponse
-	4,  // 6: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	5,  // 7: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	4,  // 8: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	5,  // 9: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	6,  // 10: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	6,  // 11: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	8,  // 12: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	10, // 13: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	12, // 14: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	7,  // 15: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	7,  // 16: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	9,  // 17: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	11, // 18: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	13, // 19: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	5,  // 4: sluice.v1.PeerCheckRequest.items:type_name -> sluice.v1.RateLimitRequest
+	6,  // 5: sluice.v1.PeerCheckResponse.items:type_name -> sluice.v1.RateLimitResponse
+	0,  // 6: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
+	10, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
+	4,  // 8: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
+	9,  // 9: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
+	5,  // 10: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 11: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
+	5,  // 12: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 13: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 14: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 15: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	7,  // 16: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 17: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	11, // 18: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	13, // 19: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	15, // 20: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	17, // 21: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	19, // 22: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	8,  // 23: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 24: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	12, // 25: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	14, // 26: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	16, // 27: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	18, // 28: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	20, // 29: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	23, // [23:30] is the sub-list for method output_type
+	16, // [16:23] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1198,8 +1702,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   10,
+			NumEnums:      5,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

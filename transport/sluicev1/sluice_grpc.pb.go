@@ -36,6 +36,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Peer_CheckBatch_FullMethodName  = "/sluice.v1.Peer/CheckBatch"
 	Peer_CheckStream_FullMethodName = "/sluice.v1.Peer/CheckStream"
+	Peer_Transfer_FullMethodName    = "/sluice.v1.Peer/Transfer"
+	Peer_Lease_FullMethodName       = "/sluice.v1.Peer/Lease"
 )
 
 // PeerClient is the client API for Peer service.
@@ -54,6 +56,11 @@ type PeerClient interface {
 	// The sender ends the stream by closing its side once its batches are
 	// answered.
 	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse], error)
+	// Key states handed off or replicated to the receiver, merged into its
+	// store. More than 1000 states fail with INVALID_ARGUMENT.
+	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
+	// A lease of hits of a hot key, taken from the receiver's counter.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 }
 
 type peerClient struct {
@@ -87,6 +94,26 @@ func (c *peerClient) CheckStream(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_CheckStreamClient = grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse]
 
+func (c *peerClient) Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferResponse)
+	err := c.cc.Invoke(ctx, Peer_Transfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, Peer_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -103,6 +130,11 @@ type PeerServer interface {
 	// The sender ends the stream by closing its side once its batches are
 	// answered.
 	CheckStream(grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]) error
+	// Key states handed off or replicated to the receiver, merged into its
+	// store. More than 1000 states fail with INVALID_ARGUMENT.
+	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
+	// A lease of hits of a hot key, taken from the receiver's counter.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -118,6 +150,12 @@ func (UnimplementedPeerServer) CheckBatch(context.Context, *PeerCheckRequest) (*
 }
 func (UnimplementedPeerServer) CheckStream(grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method CheckStream not implemented")
+}
+func (UnimplementedPeerServer) Transfer(context.Context, *TransferRequest) (*TransferResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Transfer not implemented")
+}
+func (UnimplementedPeerServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Lease not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -165,6 +203,42 @@ func _Peer_CheckStream_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_CheckStreamServer = grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]
 
+func _Peer_Transfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Transfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Transfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Transfer(ctx, req.(*TransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -175,6 +249,14 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckBatch",
 			Handler:    _Peer_CheckBatch_Handler,
+		},
+		{
+			MethodName: "Transfer",
+			Handler:    _Peer_Transfer_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _Peer_Lease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

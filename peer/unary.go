@@ -1,0 +1,85 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// Transfer sends key states to the peer, in calls of at most
+// transport.MaxTransferStates, each with Config.Timeout, and returns how many
+// the peer merged and rejected. It stops at the first call that fails; the
+// error wraps ErrUnavailable when the peer could not be reached, and is
+// ErrClosed after Close.
+func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
+	for len(states) > 0 {
+		n := min(len(states), transport.MaxTransferStates)
+		in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(reason), States: make([]*pb.KeyState, n)}
+		for i := range n {
+			in.States[i] = transport.SnapshotToProto(&states[i])
+		}
+		var out *pb.TransferResponse
+		err := c.unary(ctx, func(ctx context.Context) (err error) {
+			out, err = c.rpc.Transfer(ctx, in, transport.CallOptions()...)
+			return err
+		})
+		if err != nil {
+			return merged, rejected, err
+		}
+		merged += int(max(out.Merged, 0))
+		rejected += int(max(out.Rejected, 0))
+		states = states[n:]
+	}
+	return merged, rejected, nil
+}
+
+// Lease asks the peer, the owner of req's key, for up to want hits of it
+// for ttl. The error wraps ErrUnavailable when the peer could not be reached
+// and is ErrClosed after Close; a refusal by the owner is returned as is.
+func (c *Client) Lease(ctx context.Context, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
+	req.Hits, req.Behavior = 0, 0
+	if err := transport.ValidateRequest(&req); err != nil {
+		return transport.Lease{}, err
+	}
+	in := &pb.LeaseRequest{From: c.cfg.Self, Request: transport.RequestToProto(req), Want: want, TtlNanos: int64(ttl)}
+	var out *pb.LeaseResponse
+	err := c.unary(ctx, func(ctx context.Context) (err error) {
+		out, err = c.rpc.Lease(ctx, in, transport.CallOptions()...)
+		return err
+	})
+	if err != nil {
+		return transport.Lease{}, err
+	}
+	return transport.LeaseFromProto(out, want)
+}
+
+// unary makes one call with the client's Timeout and turns its failure into
+// the package's errors.
+func (c *Client) unary(ctx context.Context, call func(context.Context) error) error {
+	if c.ctx.Err() != nil {
+		return ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel) // Close cancels the call
+	defer stop()
+	err := call(ctx)
+	if err == nil {
+		return nil
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		if c.ctx.Err() != nil {
+			return ErrClosed
+		}
+		return fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, c.name, c.addr, err)
+	}
+	return fmt.Errorf("peer: %s: %w", c.name, err)
+}

@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/limiter"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// MaxTransferStates is the most key states one Transfer carries.
+const MaxTransferStates = 1000
+
+// TransferReason says why key states are sent to a node.
+type TransferReason uint8
+
+const (
+	// Handoff: the sender no longer owns the keys; the receiver does.
+	Handoff TransferReason = iota + 1
+	// Replica: the sender owns the keys; the receiver keeps a copy.
+	Replica
+)
+
+func (r TransferReason) String() string {
+	switch r {
+	case Handoff:
+		return "handoff"
+	case Replica:
+		return "replica"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// StateSink takes key states sent to this node. The states have been
+// converted but not validated: Store.Merge validates each. Safe for
+// concurrent use.
+type StateSink interface {
+	TakeStates(ctx context.Context, from string, reason TransferReason, states []limiter.Snapshot) (merged, rejected int)
+}
+
+// Lease is a share of a key's remaining hits, granted by its owner.
+type Lease struct {
+	// Granted hits, already consumed on the owner; 0 when none were left.
+	Granted int64
+	// ExpiresAt is when the lease is void.
+	ExpiresAt time.Time
+	// Decision is the owner's for the hits taken (for one hit when none
+	// were).
+	Decision limiter.Decision
+}
+
+// Leaser grants leases on the keys this node owns. req has been validated
+// with Hits 0 and no behavior; want is at least 1 and ttl positive. Safe for
+// concurrent use.
+type Leaser interface {
+	Lease(ctx context.Context, from string, req limiter.Request, want int64, ttl time.Duration) (Lease, error)
+}
+
+// WithStateSink serves Transfer with sink (Unimplemented without one).
+func WithStateSink(sink StateSink) ServerOption {
+	return func(s *serverConfig) { s.sink = sink }
+}
+
+// WithLeaser serves Lease with l (Unimplemented without one).
+func WithLeaser(l Leaser) ServerOption {
+	return func(s *serverConfig) { s.leaser = l }
+}
+
+// SnapshotToProto returns the wire form of s.
+func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
+	m := &pb.KeyState{
+		Name:             s.Name,
+		Key:              s.Key,
+		Algorithm:        algorithmToProto(s.Algorithm),
+		ExpireAtUnixNano: s.ExpireAt,
+		Words:            []int64{s.Words[0], s.Words[1], s.Words[2]},
+	}
+	if len(s.Log) > 0 {
+		m.Log = make([]*pb.LogEntry, len(s.Log))
+		for i, e := range s.Log {
+			m.Log[i] = &pb.LogEntry{AtUnixNano: e.At, Hits: e.Hits}
+		}
+	}
+	return m
+}
+
+// SnapshotFromProto converts m and validates it (limiter.Snapshot.Validate).
+// Errors wrap ErrInvalidArgument or limiter.ErrInvalidSnapshot.
+func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
+	if m == nil {
+		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
+	}
+	a, ok := algorithmFromProto(m.Algorithm)
+	if !ok {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState algorithm %d", ErrInvalidArgument, m.Algorithm)
+	}
+	if len(m.Words) != 3 {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState has %d words, want 3", ErrInvalidArgument, len(m.Words))
+	}
+	if len(m.Log) > limiter.MaxSnapshotLog {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState log of %d entries, more than %d", ErrInvalidArgument, len(m.Log), limiter.MaxSnapshotLog)
+	}
+	s := limiter.Snapshot{
+		Name:      m.Name,
+		Key:       m.Key,
+		Algorithm: a,
+		ExpireAt:  m.ExpireAtUnixNano,
+		Words:     [3]int64{m.Words[0], m.Words[1], m.Words[2]},
+	}
+	if len(m.Log) > 0 {
+		s.Log = make([]limiter.LogEntry, len(m.Log))
+		for i, e := range m.Log {
+			if e == nil {
+				return limiter.Snapshot{}, fmt.Errorf("%w: KeyState log entry %d is nil", ErrInvalidArgument, i)
+			}
+			s.Log[i] = limiter.LogEntry{At: e.AtUnixNano, Hits: e.Hits}
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	return s, nil
+}
+
+func reasonFromProto(r pb.TransferReason) (TransferReason, bool) {
+	switch r {
+	case pb.TransferReason_TRANSFER_REASON_HANDOFF:
+		return Handoff, true
+	case pb.TransferReason_TRANSFER_REASON_REPLICA:
+		return Replica, true
+	}
+	return 0, false
+}
+
+// ReasonToProto returns the wire form of r.
+func ReasonToProto(r TransferReason) pb.TransferReason {
+	switch r {
+	case Handoff:
+		return pb.TransferReason_TRANSFER_REASON_HANDOFF
+	case Replica:
+		return pb.TransferReason_TRANSFER_REASON_REPLICA
+	}
+	return pb.TransferReason_TRANSFER_REASON_UNSPECIFIED
+}
+
+// Transfer converts the states of in, rejecting the invalid ones, and gives
+// the rest to the sink.
+func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.TransferResponse, error) {
+	if p.cfg.sink == nil {
+		return nil, status.Error(codes.Unimplemented, "transport: Transfer is not served")
+	}
+	if in == nil {
+		return nil, status.Error(codes.InvalidArgument, "transport: nil TransferRequest")
+	}
+	if len(in.States) > MaxTransferStates {
+		return nil, status.Errorf(codes.InvalidArgument, "transport: transfer of %d states is more than the maximum %d", len(in.States), MaxTransferStates)
+	}
+	reason, ok := reasonFromProto(in.Reason)
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "transport: unknown transfer reason %d", in.Reason)
+	}
+	states := make([]limiter.Snapshot, 0, len(in.States))
+	rejected := 0
+	for _, m := range in.States {
+		s, err := SnapshotFromProto(m)
+		if err != nil {
+			rejected++
+			continue
+		}
+		states = append(states, s)
+	}
+	merged, bad := p.cfg.sink.TakeStates(ctx, cleanText(in.From, limiter.MaxNameLen), reason, states)
+	return &pb.TransferResponse{Merged: int32(merged), Rejected: int32(rejected + bad)}, nil
+}
+
+// MaxLeaseTTL bounds the TTL a Lease may ask for.
+const MaxLeaseTTL = time.Minute
+
+// Lease validates in and asks the leaser for a lease.
+func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseResponse, error) {
+	if p.cfg.leaser == nil {
+		return nil, status.Error(codes.Unimplemented, "transport: Lease is not served")
+	}
+	if in == nil || in.Request == nil {
+		return nil, status.Error(codes.InvalidArgument, "transport: LeaseRequest without a request")
+	}
+	req, err := p.cfg.codec.RequestFromProto(in.Request)
+	if err == nil {
+		req.Hits, req.Behavior = 0, 0
+		err = req.Validate()
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "transport: lease request: %v", err)
+	}
+	if in.Want < 1 || in.Want > limiter.MaxLimit {
+		return nil, status.Errorf(codes.InvalidArgument, "transport: lease want %d is outside [1, %d]", in.Want, int64(limiter.MaxLimit))
+	}
+	if in.TtlNanos < 1 || in.TtlNanos > int64(MaxLeaseTTL) {
+		return nil, status.Errorf(codes.InvalidArgument, "transport: lease ttl %v is outside (0, %v]", time.Duration(in.TtlNanos), MaxLeaseTTL)
+	}
+	l, err := p.cfg.leaser.Lease(ctx, cleanText(in.From, limiter.MaxNameLen), req, in.Want, time.Duration(in.TtlNanos))
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "transport: lease: %v", err)
+	}
+	return &pb.LeaseResponse{
+		Granted:           l.Granted,
+		ExpiresAtUnixNano: unixNano(l.ExpiresAt),
+		Decision:          DecisionToProto(l.Decision),
+	}, nil
+}
+
+// LeaseFromProto converts and checks a LeaseResponse to a request for want
+// hits: granted in [0, want], a decision that DecisionFromProto accepts.
+func LeaseFromProto(m *pb.LeaseResponse, want int64) (Lease, error) {
+	if m == nil {
+		return Lease{}, fmt.Errorf("%w: nil LeaseResponse", ErrMalformedResponse)
+	}
+	if m.Granted < 0 || m.Granted > want {
+		return Lease{}, fmt.Errorf("%w: lease granted %d of %d", ErrMalformedResponse, m.Granted, want)
+	}
+	if m.Granted > 0 && m.ExpiresAtUnixNano <= 0 {
+		return Lease{}, fmt.Errorf("%w: lease of %d hits without an expiry", ErrMalformedResponse, m.Granted)
+	}
+	d, err := DecisionFromProto(m.Decision)
+	if err != nil {
+		return Lease{}, err
+	}
+	l := Lease{Granted: m.Granted, Decision: d}
+	if m.ExpiresAtUnixNano > 0 {
+		l.ExpiresAt = time.Unix(0, m.ExpiresAtUnixNano)
+	}
+	return l, nil
+}

@@ -1,0 +1,140 @@
+package transport
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/limiter"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// liveSnapshots returns a snapshot of every algorithm, taken from a store.
+func liveSnapshots(tb testing.TB) []limiter.Snapshot {
+	tb.Helper()
+	s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	for _, a := range limiter.Algorithms {
+		req := limiter.Request{Name: "api", Key: a.String(), Hits: 3, Limit: 10, Period: time.Minute, Algorithm: a}
+		for i := range 3 {
+			if _, err := s.CheckAt(req, now.Add(time.Duration(i)*time.Second)); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	var out []limiter.Snapshot
+	s.Range(now, func(sn limiter.Snapshot) bool {
+		out = append(out, sn)
+		return true
+	})
+	if len(out) != len(limiter.Algorithms) {
+		tb.Fatalf("%d snapshots, want %d", len(out), len(limiter.Algorithms))
+	}
+	return out
+}
+
+func TestSnapshotProtoRoundTrip(t *testing.T) {
+	for _, sn := range liveSnapshots(t) {
+		b, err := proto.Marshal(SnapshotToProto(&sn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := new(pb.KeyState)
+		if err := proto.Unmarshal(b, m); err != nil {
+			t.Fatal(err)
+		}
+		got, err := SnapshotFromProto(m)
+		if err != nil {
+			t.Fatalf("%s: %v", sn.Algorithm, err)
+		}
+		if !reflect.DeepEqual(got, sn) {
+			t.Errorf("%s: round trip gave %+v, want %+v", sn.Algorithm, got, sn)
+		}
+	}
+}
+
+func TestSnapshotFromProtoRejects(t *testing.T) {
+	good := SnapshotToProto(&liveSnapshots(t)[0])
+	tests := []struct {
+		name string
+		mut  func(*pb.KeyState)
+		want error
+	}{
+		{"two words", func(m *pb.KeyState) { m.Words = m.Words[:2] }, ErrInvalidArgument},
+		{"unknown algorithm", func(m *pb.KeyState) { m.Algorithm = 42 }, ErrInvalidArgument},
+		{"unspecified algorithm", func(m *pb.KeyState) { m.Algorithm = 0 }, ErrInvalidArgument},
+		{"nil log entry", func(m *pb.KeyState) {
+			m.Algorithm, m.Words = pb.Algorithm_ALGORITHM_SLIDING_WINDOW_LOG, []int64{0, 0, 0}
+			m.Log = []*pb.LogEntry{nil}
+		}, ErrInvalidArgument},
+		{"empty key", func(m *pb.KeyState) { m.Key = "" }, limiter.ErrInvalidSnapshot},
+		{"negative count", func(m *pb.KeyState) {
+			m.Algorithm, m.Words = pb.Algorithm_ALGORITHM_FIXED_WINDOW, []int64{1, -5, 0}
+		}, limiter.ErrInvalidSnapshot},
+	}
+	for _, tt := range tests {
+		m := proto.Clone(good).(*pb.KeyState)
+		tt.mut(m)
+		if _, err := SnapshotFromProto(m); !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	if _, err := SnapshotFromProto(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("nil: %v", err)
+	}
+}
+
+func TestLeaseFromProto(t *testing.T) {
+	ok := &pb.LeaseResponse{Granted: 5, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{Allowed: true, Limit: 10}}
+	if l, err := LeaseFromProto(ok, 5); err != nil || l.Granted != 5 || !l.Decision.Allowed {
+		t.Errorf("valid lease: %+v, %v", l, err)
+	}
+	for name, m := range map[string]*pb.LeaseResponse{
+		"nil":            nil,
+		"more than want": {Granted: 6, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{}},
+		"negative":       {Granted: -1, Decision: &pb.RateLimitResponse{}},
+		"no expiry":      {Granted: 1, Decision: &pb.RateLimitResponse{}},
+		"bad decision":   {Granted: 1, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{RetryAfterNanos: -1}},
+	} {
+		if _, err := LeaseFromProto(m, 5); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// FuzzSnapshotFromProto decodes arbitrary bytes as a key state. It must
+// never panic, and what it accepts must merge into a store.
+func FuzzSnapshotFromProto(f *testing.F) {
+	for _, sn := range liveSnapshots(f) {
+		b, err := proto.Marshal(SnapshotToProto(&sn))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x2a, 0x03, 0x01, 0x02, 0x03})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m := new(pb.KeyState)
+		if err := proto.Unmarshal(data, m); err != nil {
+			return
+		}
+		sn, err := SnapshotFromProto(m)
+		if err != nil {
+			return
+		}
+		s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Merge([]limiter.Snapshot{sn}, time.Unix(0, sn.ExpireAt-1)); err != nil {
+			t.Fatalf("accepted snapshot %+v does not merge: %v", sn, err)
+		}
+	})
+}

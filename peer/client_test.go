@@ -110,7 +110,7 @@ type server struct {
 	streams *atomic.Int64 // CheckStream calls received
 }
 
-func startServer(t testing.TB, local transport.Checker) server {
+func startServer(t testing.TB, local transport.Checker, opts ...transport.ServerOption) server {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -122,7 +122,7 @@ func startServer(t testing.TB, local transport.Checker) server {
 		return handler(srv, ss)
 	}
 	s := grpc.NewServer(append(transport.ServerOptions(), grpc.StreamInterceptor(count))...)
-	transport.RegisterPeer(s, local)
+	transport.RegisterPeer(s, local, opts...)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

@@ -2,20 +2,13 @@ package cluster_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 )
@@ -117,85 +110,13 @@ func TestGossipKeyLengthRejected(t *testing.T) {
 	}
 }
 
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue returns a certificate for name, for server and client use, valid
-// for 127.0.0.1.
-func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// tlsConfig trusts trusted for both peers and callers.
-func tlsConfig(cert tls.Certificate, trusted *testCA) *tls.Config {
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      trusted.pool,
-		ClientCAs:    trusted.pool,
-		MinVersion:   tls.VersionTLS12,
-	}
-}
-
 func TestMutualTLSForwarding(t *testing.T) {
-	ca := newCA(t, "sluice test CA")
+	ca := testpki.NewCA(t, "sluice test CA")
 	c1 := cluster.TestConfig("a")
-	c1.TLS = tlsConfig(ca.issue(t, "a"), ca)
+	c1.TLS = ca.Config(ca.Issue(t, "a"))
 	a := startNode(t, c1)
 	c2 := cluster.TestConfig("b")
-	c2.TLS = tlsConfig(ca.issue(t, "b"), ca)
+	c2.TLS = ca.Config(ca.Issue(t, "b"))
 	c2.Seeds = []string{a.GossipAddr()}
 	b := startNode(t, c2)
 	waitRing(t, 2, a, b)
@@ -214,14 +135,14 @@ func TestMutualTLSForwarding(t *testing.T) {
 }
 
 func TestMutualTLSUntrustedClientRefused(t *testing.T) {
-	ca := newCA(t, "sluice test CA")
-	other := newCA(t, "other CA")
+	ca := testpki.NewCA(t, "sluice test CA")
+	other := testpki.NewCA(t, "other CA")
 	c1 := cluster.TestConfig("a")
-	c1.TLS = tlsConfig(ca.issue(t, "a"), ca)
+	c1.TLS = ca.Config(ca.Issue(t, "a"))
 	a := startNode(t, c1)
 	c2 := cluster.TestConfig("b")
 	// b trusts a's CA but presents a certificate a does not trust.
-	c2.TLS = tlsConfig(other.issue(t, "b"), ca)
+	c2.TLS = ca.Config(other.Issue(t, "b"))
 	c2.Seeds = []string{a.GossipAddr()}
 	b := startNode(t, c2)
 	waitRing(t, 2, a, b)

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -38,6 +41,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 	unreachable := fs.String("unreachable", "default", "when the key's owner is unreachable: default, local, allow or deny")
 	timeout := fs.Duration("timeout", client.DefaultTimeout, "deadline of the call")
 	asJSON := fs.Bool("json", false, "print the decision as JSON, as the HTTP API does")
+	tlsCert := fs.String("tls-cert", "", "PEM client certificate, for a node with mutual TLS (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
+	tlsCA := fs.String("tls-ca", "", "PEM CA bundle verifying the node; setting any --tls flag turns TLS on")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: sluice check --name N --key K --limit L --period P [flags]\n\nAsks a sluice node for a decision and prints it. Exit status: 0 allowed, 1 limited, 2 error.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -97,7 +103,15 @@ func (a *app) check(ctx context.Context, args []string) error {
 		req.Location = loc
 	}
 
-	c, err := client.New(*addr, client.WithTimeout(*timeout))
+	copts := []client.Option{client.WithTimeout(*timeout)}
+	if *tlsCert != "" || *tlsKey != "" || *tlsCA != "" {
+		tc, err := clientTLS(*tlsCert, *tlsKey, *tlsCA)
+		if err != nil {
+			return usageError(fmt.Errorf("check: %w", err))
+		}
+		copts = append(copts, client.WithTLS(tc))
+	}
+	c, err := client.New(*addr, copts...)
 	if err != nil {
 		return usageError(fmt.Errorf("check: %w", err))
 	}
@@ -144,4 +158,30 @@ func formatDecision(d daemon.Decision) string {
 		b.WriteString(" without_owner=true")
 	}
 	return b.String()
+}
+
+// clientTLS builds the TLS config of check from its flags.
+func clientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-ca: %s holds no PEM certificate", caFile)
+		}
+	}
+	return tc, nil
 }

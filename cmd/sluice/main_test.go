@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 )
@@ -368,6 +369,34 @@ func TestCommandLine(t *testing.T) {
 		code := a.exitCode(a.run(context.Background(), tt.args))
 		if code != tt.wantCode || !strings.Contains(stderr.String(), tt.wantStderr) || !strings.Contains(stdout.String(), tt.wantStdout) {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %d, %q, %q", tt.name, code, stdout.String(), stderr.String(), tt.wantCode, tt.wantStdout, tt.wantStderr)
+		}
+	}
+}
+
+func TestCheckCommandMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "sluice test CA")
+	caFile := ca.WriteCA(t, dir, "ca.pem")
+	nodeCert, nodeKey := testpki.WriteCert(t, dir, "node", ca.Issue(t, "node"))
+	cliCert, cliKey := testpki.WriteCert(t, dir, "cli", ca.Issue(t, "cli"))
+	s := serve(t, "tls", "--tls-cert-file", nodeCert, "--tls-key-file", nodeKey, "--tls-ca-file", caFile)
+	base := []string{"--addr", s.GRPCAddr(), "--name", "cli", "--key", "k", "--limit", "5", "--period", "1h", "--timeout", "3s"}
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantOutput string
+	}{
+		{"client certificate", append(base, "--tls-cert", cliCert, "--tls-key", cliKey, "--tls-ca", caFile), 0, "allowed"},
+		{"no client certificate", append(base, "--tls-ca", caFile), 2, "check:"},
+		{"plain text", base, 2, "check:"},
+		{"cert without key", append(base, "--tls-cert", cliCert), 2, "--tls-key"},
+		{"ca file missing", append(base, "--tls-ca", dir+"/none.pem"), 2, "--tls-ca"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCheck(t, nil, tt.args...)
+		if code != tt.wantCode || !strings.Contains(stdout+stderr, tt.wantOutput) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d with %q", tt.name, code, stdout, stderr, tt.wantCode, tt.wantOutput)
 		}
 	}
 }

@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -57,6 +60,17 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	LogFormat       string // "json" or "text"
 	LogLevel        slog.Level
+
+	// TLSCertFile and TLSKeyFile, PEM files, turn on TLS for gRPC (peers
+	// and clients) and HTTP. TLSCAFile, a PEM bundle, verifies peers'
+	// certificates and requires every caller, node or client, gRPC or
+	// HTTP, to present a certificate it signs (mutual TLS).
+	TLSCertFile string
+	TLSKeyFile  string
+	TLSCAFile   string
+	// GossipKeys are base64 AES keys (16, 24 or 32 bytes) that encrypt
+	// gossip; the first encrypts, all decrypt. Empty: gossip in clear.
+	GossipKeys []string
 }
 
 // Bounds on Config fields.
@@ -273,6 +287,62 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strings.ToLower(c.LogLevel.String()) }},
+	{key: "tls_cert_file", usage: "PEM certificate of this node; with tls_key_file turns on TLS for gRPC and HTTP",
+		parse: func(c *Config, v string) error { c.TLSCertFile = v; return nil },
+		show:  func(c *Config) string { return c.TLSCertFile }},
+	{key: "tls_key_file", usage: "PEM private key of tls_cert_file",
+		parse: func(c *Config, v string) error { c.TLSKeyFile = v; return nil },
+		show:  func(c *Config) string { return c.TLSKeyFile }},
+	{key: "tls_ca_file", usage: "PEM CA bundle that verifies peers and requires client certificates (mutual TLS)",
+		parse: func(c *Config, v string) error { c.TLSCAFile = v; return nil },
+		show:  func(c *Config) string { return c.TLSCAFile }},
+	{key: "gossip_keys", list: true, usage: "base64 keys (16, 24 or 32 bytes) encrypting gossip, comma-separated; the first encrypts",
+		parse: func(c *Config, v string) error { c.GossipKeys = splitList(v); return nil },
+		check: func(c *Config) error {
+			_, err := decodeGossipKeys(c.GossipKeys)
+			return err
+		},
+		show: func(c *Config) string { return strings.Repeat("<key>,", len(c.GossipKeys)) }},
+}
+
+// decodeGossipKeys decodes base64 gossip keys and checks their lengths.
+func decodeGossipKeys(keys []string) ([][]byte, error) {
+	out := make([][]byte, 0, len(keys))
+	for i, k := range keys {
+		b, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return nil, fmt.Errorf("key %d is not base64", i+1)
+		}
+		if n := len(b); n != 16 && n != 24 && n != 32 {
+			return nil, fmt.Errorf("key %d is %d bytes, want 16, 24 or 32", i+1, n)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// tlsConfig loads the TLS files, or returns nil when TLS is off.
+func (c *Config) tlsConfig() (*tls.Config, error) {
+	if c.TLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+	if err != nil {
+		return nil, &ConfigError{Field: "tls_cert_file", Err: err}
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.TLSCAFile != "" {
+		pem, err := os.ReadFile(c.TLSCAFile)
+		if err != nil {
+			return nil, &ConfigError{Field: "tls_ca_file", Err: err}
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, &ConfigError{Field: "tls_ca_file", Err: fmt.Errorf("%s holds no PEM certificate", c.TLSCAFile)}
+		}
+		tc.RootCAs, tc.ClientCAs = pool, pool
+	}
+	return tc, nil
 }
 
 func fieldByKey(key string) *field {
@@ -305,6 +375,13 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	// Settings that go together are checked once all are set.
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return &ConfigError{Field: "tls_cert_file", Err: errors.New("tls_cert_file and tls_key_file go together")}
+	}
+	if c.TLSCAFile != "" && c.TLSCertFile == "" {
+		return &ConfigError{Field: "tls_ca_file", Err: errors.New("needs tls_cert_file and tls_key_file")}
+	}
 	if c.GossipProfile > cluster.ProfileFast {
 		return &ConfigError{Field: "gossip_profile", Err: fmt.Errorf("profile %d is unknown", c.GossipProfile)}
 	}
@@ -314,6 +391,7 @@ func (c *Config) Validate() error {
 func (c *Config) clone() Config {
 	out := *c
 	out.Join = append([]string(nil), c.Join...)
+	out.GossipKeys = append([]string(nil), c.GossipKeys...)
 	return out
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -110,12 +111,30 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	)
 	d.metrics = newHTTPMetrics(d.reg)
 
+	tlsCfg, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	cc := d.clusterConfig()
+	cc.TLS = tlsCfg
+	if cc.GossipKeys, err = decodeGossipKeys(cfg.GossipKeys); err != nil {
+		return nil, &ConfigError{Field: "gossip_keys", Err: err}
+	}
 	// Listen for HTTP before the node starts, so that a taken port fails
 	// the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
 	}
-	if d.node, err = cluster.New(d.clusterConfig()); err != nil {
+	if tlsCfg != nil {
+		h := tlsCfg.Clone()
+		if h.ClientCAs != nil {
+			// Verified when presented; the API's handlers require one
+			// (requireClientCert), probes and scrapers do not.
+			h.ClientAuth = tls.VerifyClientCertIfGiven
+		}
+		d.lis = tls.NewListener(d.lis, h)
+	}
+	if d.node, err = cluster.New(cc); err != nil {
 		d.lis.Close()
 		return nil, fmt.Errorf("daemon: start node: %w", err)
 	}

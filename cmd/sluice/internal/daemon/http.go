@@ -165,12 +165,29 @@ type problem struct {
 //	GET  /metrics         Prometheus
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/check", d.handleCheck)
-	mux.HandleFunc("POST /v1/check/batch", d.handleBatch)
+	mux.HandleFunc("POST /v1/check", d.requireClientCert(d.handleCheck))
+	mux.HandleFunc("POST /v1/check/batch", d.requireClientCert(d.handleBatch))
 	mux.HandleFunc("GET /healthz", d.handleHealthz)
 	mux.HandleFunc("GET /readyz", d.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
 	return d.metrics.instrument(mux, d.logger)
+}
+
+// requireClientCert refuses, with mutual TLS configured (tls_ca_file), a
+// request whose connection presented no verified client certificate. The
+// TLS listener asks for one but lets health, readiness and metrics through
+// without, so that probes and scrapers need no certificate.
+func (d *Daemon) requireClientCert(h http.HandlerFunc) http.HandlerFunc {
+	if d.cfg.TLSCAFile == "" {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			writeProblem(w, http.StatusUnauthorized, "a client certificate signed by the daemon's tls_ca_file is required", nil)
+			return
+		}
+		h(w, r)
+	}
 }
 
 func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,122 @@
+// Package testpki issues throwaway certificates for tests: a CA, and
+// certificates it signs for 127.0.0.1, usable by servers and clients.
+package testpki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// CA is a certificate authority that lives for one test.
+type CA struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+	Pool *x509.CertPool // holds Cert alone
+}
+
+// NewCA returns a CA named name, valid for an hour either side of now.
+func NewCA(t testing.TB, name string) *CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &CA{Cert: cert, Key: key, Pool: pool}
+}
+
+// Issue returns a certificate for name, for server and client use, valid
+// for 127.0.0.1 and "localhost".
+func (ca *CA) Issue(t testing.TB, name string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:     []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// Config returns a TLS config presenting cert and trusting ca for both
+// peers and callers.
+func (ca *CA) Config(cert tls.Certificate) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		RootCAs:      ca.Pool,
+		ClientCAs:    ca.Pool,
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// WriteCA writes the CA certificate as PEM to dir/name and returns the path.
+func (ca *CA) WriteCA(t testing.TB, dir, name string) string {
+	t.Helper()
+	return writePEM(t, filepath.Join(dir, name), "CERTIFICATE", ca.Cert.Raw)
+}
+
+// WriteCert writes cert and its key as PEM files in dir, named after name,
+// and returns their paths.
+func WriteCert(t testing.TB, dir, name string, cert tls.Certificate) (certFile, keyFile string) {
+	t.Helper()
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile = writePEM(t, filepath.Join(dir, name+".crt"), "CERTIFICATE", cert.Certificate[0])
+	keyFile = writePEM(t, filepath.Join(dir, name+".key"), "PRIVATE KEY", key)
+	return certFile, keyFile
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) string {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

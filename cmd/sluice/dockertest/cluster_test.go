@@ -11,8 +11,6 @@ import (
 // longPeriod makes one fixed window outlast any test run.
 const longPeriod = "8760h"
 
-func hits(n int64) *int64 { return &n }
-
 // TestExactLimitAcrossContainers spreads checks of one key round-robin
 // over the HTTP APIs of three daemons, from several goroutines at once:
 // exactly the limit is admitted, every check decided by the one owner.
@@ -99,31 +97,7 @@ func TestKillOwner(t *testing.T) {
 	// Until they see the owner gone the living forward to it and fail,
 	// and the local policy decides on the node asked; every check is
 	// answered either way, and none names the dead node.
-	withoutOwner := 0
-	c.waitFor("the living to notice "+victim.name+" is gone", func() error {
-		for _, nd := range living {
-			d, err := c.check(nd, req)
-			if err != nil {
-				t.Fatalf("a living node failed to answer after the kill: %v", err)
-			}
-			if d.Owner == victim.name {
-				t.Fatalf("%s answered for the killed %s: %+v", nd.name, victim.name, d)
-			}
-			if d.WithoutOwner {
-				withoutOwner++
-			}
-		}
-		for _, nd := range living {
-			r, err := c.readyz(nd)
-			if err != nil {
-				t.Fatalf("a living node failed to answer after the kill: %v", err)
-			}
-			if r.Members != 2 {
-				return fmt.Errorf("%s routes to %d members", nd.name, r.Members)
-			}
-		}
-		return nil
-	})
+	withoutOwner := c.waitRoutesWithout(victim, living, req)
 	t.Logf("%d checks were decided without their owner before the kill was noticed", withoutOwner)
 	owner, err := c.agreedOwner(living, req)
 	if err != nil {
@@ -150,7 +124,7 @@ func TestKillOwner(t *testing.T) {
 func TestPartition(t *testing.T) {
 	c := startCluster(t, 3)
 	cut, living := c.nodes[0], c.nodes[1:]
-	req := checkRequest{Name: "dockertest", Key: "partition", Hits: hits(1), Limit: 1_000_000, Period: longPeriod, Algorithm: "fixed_window"}
+	req := checkRequest{Name: "dockertest", Key: "partition", Limit: 1_000_000, Period: longPeriod, Algorithm: "fixed_window"}
 	if _, err := c.agreedOwner(c.nodes, req); err != nil {
 		t.Fatal(err)
 	}
@@ -162,21 +136,9 @@ func TestPartition(t *testing.T) {
 	if _, err := docker(dockerTimeout, "network", "disconnect", c.env.network, cut.name); err != nil {
 		t.Fatal(err)
 	}
-	c.waitFor("the two connected nodes to see "+cut.name+" gone", func() error {
-		for _, nd := range living {
-			if _, err := c.check(nd, req); err != nil {
-				t.Fatalf("a connected node failed to answer during the partition: %v", err)
-			}
-			r, err := c.readyz(nd)
-			if err != nil {
-				t.Fatalf("a connected node failed to answer during the partition: %v", err)
-			}
-			if r.Members != 2 {
-				return fmt.Errorf("%s routes to %d members", nd.name, r.Members)
-			}
-		}
-		return nil
-	})
+	if n := c.waitRoutesWithout(cut, living, req); n > 0 {
+		t.Logf("%d checks were decided without their owner before the partition was noticed", n)
+	}
 	if _, err := c.agreedOwner(living, req); err != nil {
 		t.Fatal(err)
 	}

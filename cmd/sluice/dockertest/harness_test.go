@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/testcluster"
 )
 
 // label marks every container, network and image the tests create; its
@@ -321,23 +323,45 @@ func loopbackURL(out string) (string, error) {
 	return "", fmt.Errorf("docker port gave no loopback address: %q", out)
 }
 
-// waitFor polls cond until it returns nil and fails the test with cond's
-// last error if that does not happen within convergeWait.
+// waitFor waits until cond returns nil, through testcluster.WaitFor, and
+// fails the test with cond's last error if that does not happen within
+// convergeWait.
 func (c *cluster) waitFor(what string, cond func() error) {
 	c.t.Helper()
-	deadline := time.Now().Add(convergeWait)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("waiting %v for %s: %v", convergeWait, what, err)
-		}
-		<-tick.C
+	if err := testcluster.WaitFor(convergeWait, cond); err != nil {
+		c.t.Fatalf("waiting for %s: %v", what, err)
 	}
+}
+
+// waitRoutesWithout checks req on every node of living, which must keep
+// answering and never name gone as the decider, until each routes to
+// len(living) members. It returns how many checks were decided without
+// their owner meanwhile (by the unreachable policy).
+func (c *cluster) waitRoutesWithout(gone *node, living []*node, req checkRequest) (withoutOwner int) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%s to see %s gone", names(living), gone.name), func() error {
+		for _, nd := range living {
+			d, err := c.check(nd, req)
+			if err != nil {
+				c.t.Fatalf("%s is gone and a node failed to answer: %v", gone.name, err)
+			}
+			if d.Owner == gone.name {
+				c.t.Fatalf("%s answered for %s, which is gone: %+v", nd.name, gone.name, d)
+			}
+			if d.WithoutOwner {
+				withoutOwner++
+			}
+			r, err := c.readyz(nd)
+			if err != nil {
+				c.t.Fatalf("%s is gone and a node failed to answer: %v", gone.name, err)
+			}
+			if r.Members != len(living) {
+				return fmt.Errorf("%s routes to %d members", nd.name, r.Members)
+			}
+		}
+		return nil
+	})
+	return withoutOwner
 }
 
 // waitMembers waits until every node of nodes reports ready and routes to
@@ -391,7 +415,6 @@ func (c *cluster) readyz(nd *node) (readiness, error) {
 type checkRequest struct {
 	Name      string `json:"name"`
 	Key       string `json:"key"`
-	Hits      *int64 `json:"hits,omitempty"`
 	Limit     int64  `json:"limit"`
 	Period    string `json:"period"`
 	Algorithm string `json:"algorithm"`

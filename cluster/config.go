@@ -56,11 +56,13 @@ type Profile uint8
 
 const (
 	// ProfileLAN is memberlist's LAN defaults: a failed node is noticed in
-	// about five seconds.
+	// about five seconds and retried every 30 seconds for a day, so the
+	// sides of a healed partition merge within about a minute.
 	ProfileLAN Profile = iota
 	// ProfileFast is for nodes on one host, tests above all: joins converge
-	// in tens of milliseconds and a failed node is noticed in about a
-	// second.
+	// in tens of milliseconds, a failed node is noticed in about a second
+	// and retried twice a second for a minute, so the sides of a partition
+	// that heals within that minute merge within about a second.
 	ProfileFast
 )
 

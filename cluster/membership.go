@@ -87,7 +87,12 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 		ml.DeadNodeReclaimTime = time.Millisecond
 		sc.ReapInterval = 500 * time.Millisecond
 		sc.TombstoneTimeout = 2 * time.Second
-		sc.ReconnectTimeout = 2 * time.Second
+		// A failed member is retried every ReconnectInterval until
+		// ReconnectTimeout reaps it: this is what merges the two sides
+		// of a healed partition (nobody else rejoins them), so it must
+		// outlast a partition, not only a failure detection.
+		sc.ReconnectInterval = 500 * time.Millisecond
+		sc.ReconnectTimeout = time.Minute
 		sc.LeavePropagateDelay = 100 * time.Millisecond
 	}
 	ml := sc.MemberlistConfig

@@ -1,0 +1,476 @@
+package dockertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// label marks every container, network and image the tests create; its
+// value is the run's id.
+const label = "sluice-dockertest"
+
+// Timeouts. Docker commands are bounded so that a hung daemon fails a test
+// instead of the whole test binary; the waits are generous because the
+// machine is shared and gossip under load is slow to notice a failure.
+const (
+	dockerTimeout = time.Minute     // one docker command
+	buildTimeout  = 5 * time.Minute // go build of cmd/sluice, cold cache
+	convergeWait  = 60 * time.Second
+	httpTimeout   = 10 * time.Second // one HTTP request to a daemon
+)
+
+// dockerfile is the image: the static binary and nothing else.
+const dockerfile = `FROM scratch
+COPY sluice /sluice
+USER 65534:65534
+EXPOSE 7946/tcp 7946/udp 7947/tcp 8080/tcp
+ENTRYPOINT ["/sluice"]
+`
+
+// env is what every test shares: the image and the network, built once.
+type env struct {
+	run     string // random id, part of every name
+	dir     string // temporary directory of the binary and Dockerfile
+	image   string
+	network string
+}
+
+// shared holds the environment; TestMain tears it down.
+var shared struct {
+	once sync.Once
+	env  *env
+	skip string // why the tests skip; "" when Docker answers
+	err  error  // why setting up failed
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.env != nil {
+		if err := shared.env.teardown(); err != nil {
+			fmt.Fprintln(os.Stderr, "dockertest: cleaning up:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// setup returns the shared environment, building it on first use, and
+// skips t when Docker is not available.
+func setup(t *testing.T) *env {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.skip = dockerMissing(); shared.skip != "" {
+			return
+		}
+		shared.env, shared.err = newEnv()
+	})
+	switch {
+	case shared.skip != "":
+		t.Skip(shared.skip)
+	case shared.err != nil:
+		t.Fatal(shared.err)
+	}
+	return shared.env
+}
+
+// dockerMissing returns why Docker cannot be used, or "".
+func dockerMissing() string {
+	if _, err := exec.LookPath("docker"); err != nil {
+		return "docker tests skipped: no docker command on PATH"
+	}
+	if _, err := docker(20*time.Second, "info", "--format", "{{.ServerVersion}}"); err != nil {
+		return fmt.Sprintf("docker tests skipped: docker info failed: %v", err)
+	}
+	return ""
+}
+
+// newEnv builds the binary, the image and the network. On failure it
+// removes what it made.
+func newEnv() (e *env, err error) {
+	e = &env{run: randomID()}
+	e.image = "sluice-test:" + e.run
+	e.network = "sluice-test-" + e.run
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.teardown())
+			e = nil
+		}
+	}()
+	if e.dir, err = os.MkdirTemp("", "sluice-dockertest-"); err != nil {
+		return e, fmt.Errorf("dockertest: %w", err)
+	}
+	if err := buildBinary(filepath.Join(e.dir, "sluice")); err != nil {
+		return e, err
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+		return e, fmt.Errorf("dockertest: %w", err)
+	}
+	if _, err := docker(buildTimeout, "build", "--quiet", "--label", label+"="+e.run, "--tag", e.image, e.dir); err != nil {
+		return e, err
+	}
+	if _, err := docker(dockerTimeout, "network", "create", "--label", label+"="+e.run, e.network); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// buildBinary builds a static cmd/sluice for Linux at out.
+func buildBinary(out string) error {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("dockertest: building cmd/sluice needs the go command: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gobin, "build", "-trimpath", "-o", out, "github.com/sluicehq/sluice/cmd/sluice")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("dockertest: go build cmd/sluice: %w\n%s", err, b)
+	}
+	return nil
+}
+
+// teardown removes the run's containers, then its network, image and
+// directory, and returns every error met on the way.
+func (e *env) teardown() error {
+	var errs []error
+	ids, err := docker(dockerTimeout, "ps", "--all", "--quiet", "--filter", "label="+label+"="+e.run)
+	if err != nil {
+		errs = append(errs, err)
+	} else if ids != "" {
+		if _, err := docker(dockerTimeout, append([]string{"rm", "--force", "--volumes"}, strings.Fields(ids)...)...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if out, err := docker(dockerTimeout, "network", "ls", "--quiet", "--filter", "name=^"+e.network+"$"); err != nil {
+		errs = append(errs, err)
+	} else if out != "" {
+		if _, err := docker(dockerTimeout, "network", "rm", e.network); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if out, err := docker(dockerTimeout, "images", "--quiet", e.image); err != nil {
+		errs = append(errs, err)
+	} else if out != "" {
+		if _, err := docker(dockerTimeout, "rmi", "--force", e.image); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e.dir != "" {
+		if err := os.RemoveAll(e.dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// docker runs the docker command with args, killed after timeout, and
+// returns its standard output trimmed. The error holds the command and its
+// standard error.
+func docker(timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "docker", args...)
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (killed after %v)", err, timeout)
+		}
+		return "", fmt.Errorf("dockertest: docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// cluster is a set of sluice daemons, one per container. Node 0 is the
+// seed: it starts with no join address and the others join it.
+type cluster struct {
+	t      *testing.T
+	env    *env
+	nodes  []*node
+	client *http.Client
+}
+
+// node is one container. Its name is also the daemon's node name and its
+// host name on the network.
+type node struct {
+	name string
+	base string // http://127.0.0.1:port of its published HTTP port
+}
+
+// startCluster starts n containers and waits until each is ready and
+// routes to all n. The containers are removed when the test ends, after
+// their logs are written to the test log if it failed.
+func startCluster(t *testing.T, n int) *cluster {
+	t.Helper()
+	e := setup(t)
+	c := &cluster{t: t, env: e, client: &http.Client{
+		Timeout: httpTimeout,
+		// Only loopback addresses are ever dialled (see publishedPort);
+		// no proxy from the environment may take the requests elsewhere.
+		Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16},
+	}}
+	short := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
+	for i := range n {
+		c.nodes = append(c.nodes, &node{name: fmt.Sprintf("sluice-%s-%s-%d", e.run, short, i+1)})
+	}
+	t.Cleanup(c.remove)
+	for i, nd := range c.nodes {
+		args := []string{"run", "--detach", "--name", nd.name, "--hostname", nd.name,
+			"--network", e.network, "--label", label + "=" + e.run,
+			"--publish", "127.0.0.1::8080",
+			e.image, "serve",
+			"--node-name", nd.name,
+			"--gossip-addr", ":7946", "--grpc-addr", ":7947", "--http-addr", ":8080",
+			"--gossip-profile", "fast",
+			"--unreachable", "local",
+			"--retry-join-interval", "500ms",
+			"--log-format", "text", "--log-level", "info",
+		}
+		if i > 0 {
+			args = append(args, "--join", c.nodes[0].name+":7946")
+		}
+		if _, err := docker(dockerTimeout, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, nd := range c.nodes {
+		c.findPort(nd)
+	}
+	c.waitMembers(c.nodes, n)
+	return c
+}
+
+// remove dumps the logs of a failed test and removes the containers.
+func (c *cluster) remove() {
+	var names []string
+	for _, nd := range c.nodes {
+		if c.t.Failed() {
+			logs, err := dockerLogs(nd.name)
+			c.t.Logf("logs of %s (%v):\n%s", nd.name, err, logs)
+		}
+		names = append(names, nd.name)
+	}
+	if _, err := docker(dockerTimeout, append([]string{"rm", "--force", "--volumes"}, names...)...); err != nil {
+		c.t.Error(err)
+	}
+}
+
+func dockerLogs(name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dockerTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", "logs", "--tail", "40", name).CombinedOutput()
+	return string(out), err
+}
+
+// findPort sets nd.base from the host port Docker published for the
+// container's 8080, which changes when the container restarts or is
+// reconnected, waiting until Docker reports one.
+func (c *cluster) findPort(nd *node) {
+	c.t.Helper()
+	c.waitFor(nd.name+" to publish its HTTP port on 127.0.0.1", func() error {
+		out, err := docker(dockerTimeout, "port", nd.name, "8080/tcp")
+		if err != nil {
+			return err
+		}
+		base, err := loopbackURL(out)
+		if err != nil {
+			return err
+		}
+		nd.base = base
+		return nil
+	})
+}
+
+// loopbackURL returns the URL of the first loopback address:port in the
+// output of docker port, so that the tests never talk to anything else.
+func loopbackURL(out string) (string, error) {
+	for line := range strings.Lines(out) {
+		host, port, err := net.SplitHostPort(strings.TrimSpace(line))
+		if err != nil {
+			continue
+		}
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			return "http://" + net.JoinHostPort(host, port), nil
+		}
+	}
+	return "", fmt.Errorf("docker port gave no loopback address: %q", out)
+}
+
+// waitFor waits until cond returns nil, through testcluster.WaitFor, and
+// fails the test with cond's last error if that does not happen within
+// convergeWait.
+func (c *cluster) waitFor(what string, cond func() error) {
+	c.t.Helper()
+	if err := testcluster.WaitFor(convergeWait, cond); err != nil {
+		c.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// waitRoutesWithout checks req on every node of living, which must keep
+// answering and never name gone as the decider, until each routes to
+// len(living) members. It returns how many checks were decided without
+// their owner meanwhile (by the unreachable policy).
+func (c *cluster) waitRoutesWithout(gone *node, living []*node, req checkRequest) (withoutOwner int) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%s to see %s gone", names(living), gone.name), func() error {
+		for _, nd := range living {
+			d, err := c.check(nd, req)
+			if err != nil {
+				c.t.Fatalf("%s is gone and a node failed to answer: %v", gone.name, err)
+			}
+			if d.Owner == gone.name {
+				c.t.Fatalf("%s answered for %s, which is gone: %+v", nd.name, gone.name, d)
+			}
+			if d.WithoutOwner {
+				withoutOwner++
+			}
+			r, err := c.readyz(nd)
+			if err != nil {
+				c.t.Fatalf("%s is gone and a node failed to answer: %v", gone.name, err)
+			}
+			if r.Members != len(living) {
+				return fmt.Errorf("%s routes to %d members", nd.name, r.Members)
+			}
+		}
+		return nil
+	})
+	return withoutOwner
+}
+
+// waitMembers waits until every node of nodes reports ready and routes to
+// want members.
+func (c *cluster) waitMembers(nodes []*node, want int) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%s to route to %d members", names(nodes), want), func() error {
+		for _, nd := range nodes {
+			r, err := c.readyz(nd)
+			if err != nil {
+				return err
+			}
+			if r.Status != "ready" || r.Members != want {
+				return fmt.Errorf("%s: %s, %d members (%s)", nd.name, r.Status, r.Members, r.Reason)
+			}
+		}
+		return nil
+	})
+}
+
+func names(nodes []*node) string {
+	s := make([]string, len(nodes))
+	for i, nd := range nodes {
+		s[i] = nd.name
+	}
+	return strings.Join(s, ", ")
+}
+
+// readiness is the body of /readyz.
+type readiness struct {
+	Node    string `json:"node"`
+	Members int    `json:"members"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+}
+
+func (c *cluster) readyz(nd *node) (readiness, error) {
+	var r readiness
+	resp, err := c.client.Get(nd.base + "/readyz")
+	if err != nil {
+		return r, fmt.Errorf("%s: %w", nd.name, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return r, fmt.Errorf("%s: /readyz %s: %w", nd.name, resp.Status, err)
+	}
+	return r, nil
+}
+
+// checkRequest is the body of POST /v1/check.
+type checkRequest struct {
+	Name      string `json:"name"`
+	Key       string `json:"key"`
+	Limit     int64  `json:"limit"`
+	Period    string `json:"period"`
+	Algorithm string `json:"algorithm"`
+}
+
+// decision is the answer of POST /v1/check.
+type decision struct {
+	Allowed      bool   `json:"allowed"`
+	Remaining    int64  `json:"remaining"`
+	Owner        string `json:"owner"`
+	WithoutOwner bool   `json:"without_owner"`
+}
+
+// check sends req to nd and returns its decision; any status but 200 is an
+// error.
+func (c *cluster) check(nd *node, req checkRequest) (decision, error) {
+	var d decision
+	body, err := json.Marshal(req)
+	if err != nil {
+		return d, err
+	}
+	resp, err := c.client.Post(nd.base+"/v1/check", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return d, fmt.Errorf("%s: %w", nd.name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return d, fmt.Errorf("%s: reading the answer: %w", nd.name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return d, fmt.Errorf("%s: POST /v1/check: %s: %s", nd.name, resp.Status, bytes.TrimSpace(b))
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, fmt.Errorf("%s: decoding %q: %w", nd.name, b, err)
+	}
+	return d, nil
+}
+
+// agreedOwner checks req on every node of nodes and returns the owner they
+// all name; it is an error if one answers without its owner or they
+// disagree.
+func (c *cluster) agreedOwner(nodes []*node, req checkRequest) (string, error) {
+	owner := ""
+	for _, nd := range nodes {
+		d, err := c.check(nd, req)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case d.WithoutOwner:
+			return "", fmt.Errorf("%s decided %s/%s without its owner", nd.name, req.Name, req.Key)
+		case owner != "" && d.Owner != owner:
+			return "", fmt.Errorf("owner of %s/%s: %s says %s, another says %s", req.Name, req.Key, nd.name, d.Owner, owner)
+		}
+		owner = d.Owner
+	}
+	return owner, nil
+}

@@ -1,0 +1,176 @@
+package testcluster_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// checkTimeout bounds every check of these tests: far above what a check
+// takes, far below the slowness that would hold one without a deadline.
+const checkTimeout = 5 * time.Second
+
+func chaosRequest(key string, limit int64) limiter.Request {
+	return limiter.Request{Name: "chaos", Key: key, Hits: 1, Limit: limit, Period: time.Hour, Algorithm: limiter.FixedWindow}
+}
+
+func check(t *testing.T, n *cluster.Node, req limiter.Request) cluster.Decision {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	d, err := n.Check(ctx, req)
+	if err != nil {
+		t.Fatalf("check of %q on %s: %v", req.Key, n.Name(), err)
+	}
+	return d
+}
+
+// keyOwnedBy returns a key of the "chaos" limit that every ring given
+// routes to owner.
+func keyOwnedBy(t *testing.T, owner string, rings ...interface {
+	Owner(name, key string) (ring.Member, bool)
+}) string {
+	t.Helper()
+	for k := range 10_000 {
+		key := fmt.Sprint("k", k)
+		ok := true
+		for _, r := range rings {
+			if m, _ := r.Owner("chaos", key); m.Name != owner {
+				ok = false
+			}
+		}
+		if ok {
+			return key
+		}
+	}
+	t.Fatalf("no key owned by %s in every ring", owner)
+	return ""
+}
+
+// ringOf returns a ring over the named members of n's ring.
+func ringOf(t *testing.T, n *cluster.Node, names ...string) *ring.Ring {
+	t.Helper()
+	r, err := ring.New(ring.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []ring.Member
+	for _, m := range n.RingMembers() {
+		for _, name := range names {
+			if m.Name == name {
+				ms = append(ms, m)
+			}
+		}
+	}
+	if err := r.SetMembers(ms); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A 3-node cluster cut into {0} and {1,2}: both sides keep answering, the
+// owner deciding when it is on the caller's side and the local policy when
+// it is across; each side's ring comes to hold only its side, and limits
+// owned on one side stay exact throughout. Once healed, the three converge
+// and route every key alike, and checks are forwarded across again.
+func TestPartitionAndHeal(t *testing.T) {
+	c := testcluster.New(t, 3)
+	n0, n1, n2 := c.Node(0), c.Node(1), c.Node(2)
+	right := ringOf(t, n1, n1.Name(), n2.Name()) // the {1,2} side's ring to come
+	toZero := keyOwnedBy(t, n0.Name(), n1)
+	toOne := keyOwnedBy(t, n1.Name(), n0)
+	// Owned by node 2 before the partition and after: its count is exact.
+	exact := keyOwnedBy(t, n2.Name(), n1, right)
+
+	c.Partition([]int{0}, []int{1, 2})
+
+	// Right away, before gossip has noticed anything.
+	acrossAnswered := func(from *cluster.Node, key string, side ...*cluster.Node) {
+		t.Helper()
+		before, _ := from.Owner("chaos", key)
+		d := check(t, from, chaosRequest(key, 1000))
+		after, _ := from.Owner("chaos", key)
+		if !has(side, d.Owner) || !d.Allowed {
+			t.Fatalf("check of %q on %s during the partition: %+v, want allowed on its side", key, from.Name(), d)
+		}
+		// Routed across the cut: only the policy can have decided.
+		if across := before.Name == after.Name && !has(side, before.Name); across && !d.WithoutOwner {
+			t.Fatalf("check of %q on %s routed to %s across the cut: %+v, want WithoutOwner", key, from.Name(), before.Name, d)
+		}
+	}
+	acrossAnswered(n0, toOne, n0)
+	acrossAnswered(n1, toZero, n1, n2)
+	for i, n := range []*cluster.Node{n1, n2} {
+		if d := check(t, n, chaosRequest(exact, 4)); !d.Allowed || d.WithoutOwner || d.Owner != n2.Name() {
+			t.Fatalf("check %d of the key node 2 owns, on %s: %+v, want allowed by %s", i, n.Name(), d, n2.Name())
+		}
+	}
+
+	c.WaitConverged() // each side's ring holds only its side
+	for n, want := range map[*cluster.Node][]string{n0: {n0.Name()}, n1: {n1.Name(), n2.Name()}, n2: {n1.Name(), n2.Name()}} {
+		if got := names(n.RingMembers()); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s routes over %v during the partition, want %v", n.Name(), got, want)
+		}
+	}
+	if d := check(t, n0, chaosRequest(toOne, 1000)); d.WithoutOwner || d.Owner != n0.Name() {
+		t.Fatalf("node 0 alone: %+v, want decided by itself as owner", d)
+	}
+	if d := check(t, n1, chaosRequest(toZero, 1000)); d.WithoutOwner || (d.Owner != n1.Name() && d.Owner != n2.Name()) {
+		t.Fatalf("side {1,2}: %+v, want decided by an owner on its side", d)
+	}
+	for i, want := range []bool{true, true, false} {
+		if d := check(t, []*cluster.Node{n1, n2}[i%2], chaosRequest(exact, 4)); d.Allowed != want || d.WithoutOwner || d.Owner != n2.Name() {
+			t.Fatalf("check %d of the key node 2 owns after convergence: %+v, want allowed=%v by %s", i+2, d, want, n2.Name())
+		}
+	}
+
+	c.Heal()
+	for k := range 300 {
+		key := fmt.Sprint("k", k)
+		want, _ := n0.Owner("chaos", key)
+		for _, n := range []*cluster.Node{n1, n2} {
+			if got, _ := n.Owner("chaos", key); got.Name != want.Name {
+				t.Fatalf("after healing, %s routes %q to %s, node 0 to %s", n.Name(), key, got.Name, want.Name)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		from  *cluster.Node
+		key   string
+		owner *cluster.Node
+	}{{n1, toZero, n0}, {n0, toOne, n1}} {
+		err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
+			if d := check(t, tc.from, chaosRequest(tc.key, 1000)); d.WithoutOwner || d.Owner != tc.owner.Name() {
+				return fmt.Errorf("check on %s: %+v, want forwarded to %s", tc.from.Name(), d, tc.owner.Name())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func names(ms []ring.Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Name
+	}
+	return out
+}
+
+// has reports whether one of nodes is named name.
+func has(nodes []*cluster.Node, name string) bool {
+	for _, n := range nodes {
+		if n.Name() == name {
+			return true
+		}
+	}
+	return false
+}

@@ -156,10 +156,11 @@ func New(cfg Config) (n *Node, err error) {
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n})
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
-	lis := n.lis
+	// Not n: a failing return sets the result n to nil while this runs.
+	srv, lis, logger := n.grpc, n.lis, n.logger
 	n.goFunc(func() {
-		if err := n.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.logger.Error("cluster: gRPC server stopped", "err", err)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			logger.Error("cluster: gRPC server stopped", "err", err)
 		}
 	})
 

@@ -3,8 +3,13 @@ package testcluster_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -173,4 +178,137 @@ func has(nodes []*cluster.Node, name string) bool {
 		}
 	}
 	return false
+}
+
+// fakeClock is a node's Config.Clock that moves only when told: the
+// circuit breaker's cooldown passes when the test says so.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := new(fakeClock)
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// A check forwarded to a slow owner gives up after the peer timeout and is
+// decided by the unreachable policy; after BreakerThreshold such checks the
+// breaker opens and checks no longer try the owner. Once the owner is fast
+// again and the cooldown has passed, checks are forwarded again.
+func TestSlowOwnerOpensBreaker(t *testing.T) {
+	const (
+		timeout  = 100 * time.Millisecond // the peer timeout
+		slowness = time.Minute            // held far beyond checkTimeout
+	)
+	clock := newFakeClock()
+	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.Peer.Timeout = timeout
+		cfg.Clock = clock.Now
+	}))
+	n0, n1 := c.Node(0), c.Node(1)
+	cooldown := cluster.TestConfig("").BreakerCooldown
+	threshold := cluster.TestConfig("").BreakerThreshold
+	req := chaosRequest(keyOwnedBy(t, n1.Name(), n0), 1_000_000)
+	// forwarded waits until a check is decided by node 1, letting every
+	// cooldown pass so that an open breaker probes again.
+	forwarded := func() {
+		t.Helper()
+		err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
+			clock.Advance(cooldown)
+			if d := check(t, n0, req); d.WithoutOwner || d.Owner != n1.Name() {
+				return fmt.Errorf("check: %+v, want forwarded to %s", d, n1.Name())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	forwarded()
+
+	c.Slow(1, slowness)
+	before := n0.Stats()
+	for i := range threshold + 10 {
+		d := check(t, n0, req) // returns well within checkTimeout
+		if !d.WithoutOwner || d.Owner != n0.Name() || !d.Allowed {
+			t.Fatalf("check %d with the owner slow: %+v, want allowed by %s without the owner", i, d, n0.Name())
+		}
+	}
+	after := n0.Stats()
+	if got := after.Forwarded - before.Forwarded; got != int64(threshold) {
+		t.Fatalf("%d checks were forwarded to the slow owner, want %d: then the breaker opens", got, threshold)
+	}
+	if got := after.WithoutOwner - before.WithoutOwner; got != int64(threshold+10) {
+		t.Fatalf("%d checks were decided without the owner, want %d", got, threshold+10)
+	}
+
+	c.Slow(1, 0)
+	forwarded()
+}
+
+// Partitions, slow nodes and checks held by them leave no goroutine behind
+// once the cluster is closed.
+func TestChaosLeavesNoGoroutines(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	c := testcluster.New(t, 3)
+	n0 := c.Node(0)
+	toOne := keyOwnedBy(t, c.Node(1).Name(), n0)
+	toTwo := keyOwnedBy(t, c.Node(2).Name(), n0)
+	c.Slow(2, time.Minute)
+	c.Partition([]int{0, 2}, []int{1})
+	for _, key := range []string{toOne, toTwo} {
+		if d := check(t, n0, chaosRequest(key, 10)); !d.WithoutOwner {
+			t.Fatalf("check of %q: %+v, want decided without its owner", key, d)
+		}
+	}
+	c.Close()
+}
+
+// fatalRecorder records a Fatalf and ends the goroutine, as testing.T does.
+type fatalRecorder struct {
+	testing.TB
+	msg atomic.Pointer[string]
+}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	f.msg.Store(&msg)
+	runtime.Goexit()
+}
+
+// Bad node indices and delays fail the test with a message naming them;
+// nothing panics.
+func TestChaosRejectsBadArguments(t *testing.T) {
+	rec := &fatalRecorder{TB: t}
+	c := testcluster.New(rec, 2)
+	for _, tc := range []struct {
+		call func()
+		want string
+	}{
+		{func() { c.Partition([]int{0}, []int{2}) }, "Partition: no node 2 (nodes are 0 to 1)"},
+		{func() { c.Partition([]int{-1}) }, "Partition: no node -1"},
+		{func() { c.Partition([]int{0, 1}, []int{1}) }, "node 1 is in groups 0 and 1"},
+		{func() { c.Slow(2, time.Second) }, "Slow(2): no such node"},
+		{func() { c.Slow(0, -time.Second) }, "Slow(0, -1s): negative delay"},
+		{func() { c.Node(5) }, "Node(5): no such node"},
+		{func() { c.StopHard(-1) }, "StopHard(-1): no such node"},
+		{func() { c.Restart(3) }, "Restart(3): no such node"},
+	} {
+		rec.msg.Store(nil)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tc.call()
+		}()
+		<-done
+		got := rec.msg.Load()
+		if got == nil {
+			t.Errorf("no failure, want one containing %q", tc.want)
+		} else if !strings.Contains(*got, tc.want) {
+			t.Errorf("failure %q, want one containing %q", *got, tc.want)
+		}
+	}
+	c.WaitConverged() // the bad calls changed nothing
 }

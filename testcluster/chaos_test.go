@@ -312,3 +312,33 @@ func TestChaosRejectsBadArguments(t *testing.T) {
 	}
 	c.WaitConverged() // the bad calls changed nothing
 }
+
+// A partition and a slowness name nodes by index: a node restarted on new
+// addresses stays on its side, and stays slow, until healed or cleared.
+func TestRestartKeepsChaos(t *testing.T) {
+	c := testcluster.New(t, 3)
+	c.Partition([]int{0, 1}, []int{2})
+	c.Slow(2, time.Minute)
+	c.WaitConverged()
+	c.StopHard(2)
+	back := c.Restart(2) // its seed, node 0, is across: it starts alone
+	if got := names(back.RingMembers()); len(got) != 1 || got[0] != back.Name() {
+		t.Fatalf("restarted node 2 routes over %v during the partition, want itself only", got)
+	}
+	c.Heal()
+	n0 := c.Node(0)
+	req := chaosRequest(keyOwnedBy(t, back.Name(), n0), 10)
+	if d := check(t, n0, req); !d.WithoutOwner || d.Owner != n0.Name() {
+		t.Fatalf("check owned by the slow restarted node: %+v, want decided without it", d)
+	}
+	c.Slow(2, 0)
+	err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
+		if d := check(t, n0, req); d.WithoutOwner || d.Owner != back.Name() {
+			return fmt.Errorf("check: %+v, want forwarded to %s", d, back.Name())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

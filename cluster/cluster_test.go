@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -314,6 +315,7 @@ func TestConfigValidate(t *testing.T) {
 		"zero sweep":     func(c *cluster.Config) { c.SweepInterval = 0 },
 		"bad store":      func(c *cluster.Config) { c.Store.Shards = 3 },
 		"negative retry": func(c *cluster.Config) { c.DenyRetryAfter = -1 },
+		"nil server opt": func(c *cluster.Config) { c.ServerOptions = []grpc.ServerOption{nil} },
 	} {
 		cfg := cluster.TestConfig("v")
 		mutate(&cfg)

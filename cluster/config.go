@@ -8,7 +8,9 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
@@ -119,6 +121,21 @@ type Config struct {
 	// need IP SANs (or DNS SANs) for the advertised addresses.
 	TLS *tls.Config
 
+	// GossipTransport, when set, wraps the transport serf gossips over:
+	// the node binds memberlist's NetTransport on GossipAddr and hands it
+	// to GossipTransport, whose result carries every gossip packet and
+	// stream. The wrapper may drop packets and refuse or close streams
+	// (testcluster cuts partitions this way). Its Shutdown must forward to
+	// the transport it wraps, stop what the wrapper started, and be safe to
+	// call more than once: memberlist calls it, and so does Close. nil
+	// gossips on the NetTransport itself.
+	GossipTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
+	// ServerOptions are added after the node's own options of its gRPC
+	// server, for interceptors above all (testcluster delays a slow node's
+	// messages this way). Credentials come from TLS: do not set them here.
+	// Dial options of the clients to peers are in Peer.DialOptions.
+	ServerOptions []grpc.ServerOption
+
 	// Events, when set, receives a MemberEvent for every membership change
 	// the node applies. Sends never block: when the channel is full the
 	// event is dropped and counted in Stats.DroppedEvents.
@@ -203,6 +220,11 @@ func (c *Config) Validate() error {
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {
 			return bad("GossipKeys[%d] is %d bytes, want 16, 24 or 32", i, l)
+		}
+	}
+	for i, o := range c.ServerOptions {
+		if o == nil {
+			return bad("ServerOptions[%d] is nil", i)
 		}
 	}
 	if err := c.Store.Validate(); err != nil {

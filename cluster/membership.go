@@ -120,6 +120,38 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	return sc, nil
 }
 
+// wrapGossipTransport binds memberlist's NetTransport where ml says, as
+// memberlist would, sets ml to gossip over wrap's wrapper of it, and
+// returns the wrapper; a failure shuts the NetTransport down.
+func wrapGossipTransport(ml *memberlist.Config, wrap func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport) (memberlist.Transport, error) {
+	nc := &memberlist.NetTransportConfig{BindAddrs: []string{ml.BindAddr}, BindPort: ml.BindPort, Logger: ml.Logger}
+	// A free TCP port may be taken for UDP: memberlist retries too.
+	tries := 1
+	if ml.BindPort == 0 {
+		tries = 10
+	}
+	var nt *memberlist.NetTransport
+	var err error
+	for range tries {
+		if nt, err = memberlist.NewNetTransport(nc); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cluster: gossip transport: %w", err)
+	}
+	t := wrap(nt)
+	if t == nil {
+		nt.Shutdown()
+		return nil, fmt.Errorf("%w: GossipTransport returned nil", ErrInvalidConfig)
+	}
+	// memberlist learns the port it bound only when it binds itself.
+	ml.BindPort = nt.GetAutoBindPort()
+	ml.AdvertisePort = ml.BindPort
+	ml.Transport = t
+	return t, nil
+}
+
 // advertisedGRPC returns the gRPC address to put in the serf tag: the
 // listener's port on AdvertiseHost, or on the listener's host when that is a
 // specific address. ok is false when the host must come from serf.

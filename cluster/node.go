@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -75,9 +76,10 @@ type Node struct {
 	metrics  *metrics // nil without Config.Registerer
 	breakers breakers
 
-	lis  net.Listener
-	grpc *grpc.Server
-	serf *serf.Serf
+	lis    net.Listener
+	grpc   *grpc.Server
+	serf   *serf.Serf
+	gossip memberlist.Transport // nil unless Config.GossipTransport is set
 
 	serfEvents chan serf.Event
 	shutdown   chan struct{} // closed by Close: every loop selects on it
@@ -150,13 +152,15 @@ func New(cfg Config) (n *Node, err error) {
 		}
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(server)))
 	}
+	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n})
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
-	lis := n.lis
+	// Not n: a failing return sets the result n to nil while this runs.
+	srv, lis, logger := n.grpc, n.lis, n.logger
 	n.goFunc(func() {
-		if err := n.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.logger.Error("cluster: gRPC server stopped", "err", err)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			logger.Error("cluster: gRPC server stopped", "err", err)
 		}
 	})
 
@@ -164,6 +168,11 @@ func New(cfg Config) (n *Node, err error) {
 	sc, err := serfConfig(&cfg, n.serfEvents, grpcAddr, n.logger)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.GossipTransport != nil {
+		if n.gossip, err = wrapGossipTransport(sc.MemberlistConfig, cfg.GossipTransport); err != nil {
+			return nil, err
+		}
 	}
 	if n.serf, err = serf.Create(sc); err != nil {
 		return nil, fmt.Errorf("cluster: start serf: %w", err)
@@ -282,6 +291,9 @@ func (n *Node) Close() error {
 		}
 		if n.serf != nil {
 			err = n.serf.Shutdown()
+		}
+		if n.gossip != nil { // memberlist shut it down, unless never created
+			n.gossip.Shutdown()
 		}
 		close(n.shutdown)
 		n.wg.Wait()

@@ -9,4 +9,11 @@
 // Helpers find the owner of a key, stop a node hard, add one, and wait for
 // every live node to agree on membership. Nothing in it sleeps to let time
 // pass: waits poll a condition until a deadline.
+//
+// Faults are injected in process (chaos.go): the nodes share a network
+// object, keyed by their gossip and gRPC addresses, that every node's gossip
+// transport (cluster.Config.GossipTransport), gRPC dialer
+// (Peer.DialOptions) and gRPC server interceptors (ServerOptions) consult.
+// Partition cuts traffic between groups of nodes, Heal restores it, Slow
+// delays the gRPC messages a node receives.
 package testcluster

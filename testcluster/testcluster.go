@@ -35,6 +35,7 @@ func WithWait(d time.Duration) Option { return func(o *options) { o.wait = d } }
 type Cluster struct {
 	t    testing.TB
 	opts options
+	net  *network // partitions and slow nodes (chaos.go)
 
 	mu      sync.Mutex // guards nodes, stopped and next
 	nodes   []*cluster.Node
@@ -46,7 +47,7 @@ type Cluster struct {
 // sees all n alive, and closes them all when the test ends.
 func New(t testing.TB, n int, opts ...Option) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, opts: options{wait: DefaultWait}}
+	c := &Cluster{t: t, opts: options{wait: DefaultWait}, net: newNetwork()}
 	for _, o := range opts {
 		o(&c.opts)
 	}
@@ -92,10 +93,12 @@ func (c *Cluster) newNode(i int) *cluster.Node {
 	if c.opts.configure != nil {
 		c.opts.configure(i, &cfg)
 	}
+	c.net.wire(i, &cfg)
 	nd, err := cluster.New(cfg)
 	if err != nil {
 		c.t.Fatalf("testcluster: start node %d: %v", i, err)
 	}
+	c.net.register(i, nd.GossipAddr(), nd.GRPCAddr())
 	return nd
 }
 
@@ -104,6 +107,7 @@ func (c *Cluster) newNode(i int) *cluster.Node {
 // for convergence.
 func (c *Cluster) Restart(i int) *cluster.Node {
 	c.t.Helper()
+	c.checkIndex("Restart", i)
 	c.mu.Lock()
 	was := c.stopped[i]
 	c.mu.Unlock()
@@ -120,6 +124,8 @@ func (c *Cluster) Restart(i int) *cluster.Node {
 
 // Node returns the i-th node started (stopped ones keep their index).
 func (c *Cluster) Node(i int) *cluster.Node {
+	c.t.Helper()
+	c.checkIndex("Node", i)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[i]
@@ -161,18 +167,22 @@ func (c *Cluster) Owner(name, key string) *cluster.Node {
 
 // StopHard closes node i without leaving: the others see it fail.
 func (c *Cluster) StopHard(i int) {
+	c.t.Helper()
+	c.checkIndex("StopHard", i)
 	c.mu.Lock()
 	nd, was := c.nodes[i], c.stopped[i]
 	c.stopped[i] = true
 	c.mu.Unlock()
 	if !was {
 		nd.Close()
+		c.net.forget(i)
 	}
 }
 
 // Leave makes node i leave gracefully.
 func (c *Cluster) Leave(i int) {
 	c.t.Helper()
+	c.checkIndex("Leave", i)
 	c.mu.Lock()
 	nd, was := c.nodes[i], c.stopped[i]
 	c.stopped[i] = true
@@ -181,6 +191,23 @@ func (c *Cluster) Leave(i int) {
 		if err := nd.Leave(); err != nil {
 			c.t.Errorf("testcluster: node %d leave: %v", i, err)
 		}
+		c.net.forget(i)
+	}
+}
+
+// size returns the number of nodes started, stopped ones included.
+func (c *Cluster) size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.nodes)
+}
+
+// checkIndex fails the test unless node i was started; op names the
+// method called.
+func (c *Cluster) checkIndex(op string, i int) {
+	c.t.Helper()
+	if n := c.size(); i < 0 || i >= n {
+		c.t.Fatalf("testcluster: %s(%d): no such node (nodes are 0 to %d)", op, i, n-1)
 	}
 }
 
@@ -193,7 +220,8 @@ func (c *Cluster) Add() *cluster.Node {
 }
 
 // WaitConverged waits until every live node's ring holds exactly the live
-// nodes, and fails the test if that takes longer than the wait.
+// nodes it is not partitioned from, and fails the test if that takes
+// longer than the wait.
 func (c *Cluster) WaitConverged() {
 	c.t.Helper()
 	if err := WaitFor(c.opts.wait, c.converged); err != nil {
@@ -201,15 +229,27 @@ func (c *Cluster) WaitConverged() {
 	}
 }
 
-// converged reports whether all live nodes route over the live set.
+// converged reports whether every live node routes over the live nodes
+// on its side of any partition.
 func (c *Cluster) converged() error {
-	live := c.Nodes()
-	want := make([]string, len(live))
-	for i, nd := range live {
-		want[i] = nd.Name()
+	c.mu.Lock()
+	var live []int
+	for i := range c.nodes {
+		if !c.stopped[i] {
+			live = append(live, i)
+		}
 	}
-	slices.Sort(want)
-	for _, nd := range live {
+	nodes := slices.Clone(c.nodes)
+	c.mu.Unlock()
+	for _, i := range live {
+		nd := nodes[i]
+		var want []string
+		for _, j := range live {
+			if !c.net.cut(i, j) {
+				want = append(want, nodes[j].Name())
+			}
+		}
+		slices.Sort(want)
 		var got []string
 		for _, m := range nd.RingMembers() {
 			got = append(got, m.Name)

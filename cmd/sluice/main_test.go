@@ -165,9 +165,13 @@ func scrape(t *testing.T, base string) map[string]float64 {
 // HTTP/JSON and half over gRPC, and expects exactly 30 admitted; then one
 // daemon leaves gracefully and the others see it go.
 func TestThreeDaemonsShareOneLimit(t *testing.T) {
-	nodes := []*served{serve(t, "e2e-0")}
-	nodes = append(nodes, serve(t, "e2e-1", "--join", nodes[0].GossipAddr()))
-	nodes = append(nodes, serve(t, "e2e-2", "--join", nodes[0].GossipAddr()))
+	// A generous peer timeout: under -race on a loaded machine the first
+	// forwarded batch, which dials, can take more than the default second,
+	// and this test is about exactness, not timing.
+	slow := []string{"--peer-timeout", "20s"}
+	nodes := []*served{serve(t, "e2e-0", slow...)}
+	nodes = append(nodes, serve(t, "e2e-1", append(slow, "--join", nodes[0].GossipAddr())...))
+	nodes = append(nodes, serve(t, "e2e-2", append(slow, "--join", nodes[0].GossipAddr())...))
 	for _, n := range nodes {
 		waitFor(t, n.Config().NodeName+" to route to 3 members", func() bool { return len(n.Node().RingMembers()) == 3 })
 		waitFor(t, n.Config().NodeName+" to be ready", func() bool { s, _ := httpGet(t, n.base+"/readyz"); return s == http.StatusOK })

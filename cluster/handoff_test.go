@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/testcluster"
 )
 
@@ -76,6 +75,7 @@ func transferTotals(nodes ...*cluster.Node) (total cluster.TransferStats) {
 		total.Failures += s.Failures
 		total.Merged += s.Merged
 		total.Rejected += s.Rejected
+		total.HandoffPasses += s.HandoffPasses
 	}
 	return total
 }
@@ -266,41 +266,27 @@ func TestHardKillIdleOwner(t *testing.T) {
 func TestHardKillReadmission(t *testing.T) {
 	c := testcluster.New(t, 3)
 	victim := c.Node(2)
-	key := failoverKey(t, victim, "failover")
+	key, err := testcluster.FailoverKey(victim, "failover", cluster.TestConfig("x").Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
 	const (
 		callers = 4
-		every   = 4 * time.Millisecond // per caller: 1000 checks/s in all
+		rate    = 1000.0 // checks/s from all callers
 		limit   = 1_000_000
 	)
-	rate := float64(callers) * float64(time.Second) / float64(every)
 	req := limiter.Request{Name: "failover", Key: key, Hits: 1, Limit: limit, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
-	var allowed atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			nd := c.Node(g % 2)
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
-				if err == nil && d.Allowed {
-					allowed.Add(1)
-				}
-			}
-		}()
-	}
+	traffic := testcluster.StartTraffic([]*cluster.Node{c.Node(0), c.Node(1)}, req, callers, rate)
+	stopped := false
+	defer func() {
+		if !stopped {
+			traffic.Stop()
+		}
+	}()
 	waitAdmitted := func(n int64) {
 		t.Helper()
 		if err := testcluster.WaitFor(10*time.Second, func() error {
-			if a := allowed.Load(); a < n {
+			if a := traffic.Admitted(); a < n {
 				return fmt.Errorf("%d admitted, want %d", a, n)
 			}
 			return nil
@@ -309,11 +295,11 @@ func TestHardKillReadmission(t *testing.T) {
 		}
 	}
 	waitAdmitted(200)
-	c.StopHard(victimIndex(t, c, victim.Name()))
+	c.StopHard(2)
 	c.WaitConverged()
-	waitAdmitted(allowed.Load() + 100)
-	close(stop)
-	wg.Wait()
+	waitAdmitted(traffic.Admitted() + 100)
+	admitted := traffic.Stop()
+	stopped = true
 	peek := req
 	peek.Hits = 0
 	d, err := c.Node(0).Check(context.Background(), peek)
@@ -321,40 +307,12 @@ func TestHardKillReadmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumed := limit - d.Remaining
-	lost := allowed.Load() - consumed
+	lost := admitted - consumed
 	bound := int64(rate * (cluster.TestConfig("x").ReplicateInterval + 500*time.Millisecond).Seconds())
-	t.Logf("admitted %d, the surviving state counts %d: %d re-admissible (traffic %.0f/s, bound %d)", allowed.Load(), consumed, lost, rate, bound)
+	t.Logf("admitted %d, the surviving state counts %d: %d re-admissible (traffic %.0f/s, bound %d)", admitted, consumed, lost, rate, bound)
 	if lost < 0 || lost > bound {
 		t.Fatalf("%d hits forgotten, want within [0, %d]", lost, bound)
 	}
-}
-
-// failoverKey returns a key of name owned by victim whose next owner, once
-// victim is gone, is its first replica.
-func failoverKey(t *testing.T, victim *cluster.Node, name string) string {
-	t.Helper()
-	var rest []ring.Member
-	for _, m := range victim.RingMembers() {
-		if m.Name != victim.Name() {
-			rest = append(rest, m)
-		}
-	}
-	after, err := ring.New(ring.DefaultConfig())
-	if err == nil {
-		err = after.SetMembers(rest)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10_000 {
-		k := fmt.Sprintf("f%d", i)
-		ms := victim.Replicas(name, k)
-		if o, _ := after.Owner(name, k); ms[0].Name == victim.Name() && len(ms) > 1 && o.Name == ms[1].Name {
-			return k
-		}
-	}
-	t.Fatal("no key moves to its first replica")
-	return ""
 }
 
 // Hand-off, replication and a graceful leave leave no goroutine behind.

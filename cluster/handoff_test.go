@@ -325,6 +325,9 @@ func TestHandoffLeavesNoGoroutines(t *testing.T) {
 	c.Leave(1)
 	c.WaitConverged()
 	if err := testcluster.WaitFor(10*time.Second, func() error { return atMost(c, reqs, 400) }); err != nil {
+		for i := range 4 { // what each node sent and took, to tell where a state was lost
+			t.Logf("%s: %+v", c.Node(i).Name(), c.Node(i).Stats().Transfers)
+		}
 		t.Fatal(err)
 	}
 	c.StopHard(0) // with transfers possibly in flight

@@ -99,6 +99,15 @@ type Config struct {
 	// dropped from the store.
 	SweepInterval time.Duration
 
+	// Replicas is how many nodes hold each key's state: its owner and
+	// Replicas-1 others next in line on the ring, which the owner sends
+	// the keys it changed every ReplicateInterval. 1 keeps no copies; at
+	// most MaxReplicas. With more than 1, Store.TrackChanges is turned on.
+	Replicas          int
+	ReplicateInterval time.Duration
+	// LeaveTimeout bounds the hand-off of a graceful Leave, both passes.
+	LeaveTimeout time.Duration
+
 	Store limiter.StoreConfig
 	Ring  ring.Config
 	// Peer configures the clients to other nodes; Peer.Timeout is the
@@ -164,6 +173,9 @@ func DefaultConfig() Config {
 		BreakerThreshold:  3,
 		BreakerCooldown:   time.Second,
 		SweepInterval:     10 * time.Second,
+		Replicas:          2,
+		ReplicateInterval: 50 * time.Millisecond,
+		LeaveTimeout:      5 * time.Second,
 		Store:             limiter.DefaultStoreConfig(),
 		Ring:              ring.DefaultConfig(),
 		Peer:              peer.DefaultConfig(),
@@ -182,8 +194,13 @@ func TestConfig(name string) Config {
 	c.RetryJoinInterval = 100 * time.Millisecond
 	c.Store.MaxEntries = 100_000
 	c.Peer.Timeout = 500 * time.Millisecond
+	c.ReplicateInterval = 20 * time.Millisecond
+	c.LeaveTimeout = 2 * time.Second
 	return c
 }
+
+// MaxReplicas bounds Config.Replicas.
+const MaxReplicas = 5
 
 // ErrInvalidConfig wraps every error of Config.Validate.
 var ErrInvalidConfig = errors.New("cluster: invalid config")
@@ -216,6 +233,12 @@ func (c *Config) Validate() error {
 		return bad("BreakerCooldown %v must be positive", c.BreakerCooldown)
 	case c.SweepInterval <= 0:
 		return bad("SweepInterval %v must be positive", c.SweepInterval)
+	case c.Replicas < 1 || c.Replicas > MaxReplicas:
+		return bad("Replicas %d is outside [1, %d]", c.Replicas, MaxReplicas)
+	case c.ReplicateInterval <= 0:
+		return bad("ReplicateInterval %v must be positive", c.ReplicateInterval)
+	case c.LeaveTimeout <= 0:
+		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
 	}
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {

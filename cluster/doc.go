@@ -12,6 +12,13 @@
 // config: decide on its own store (the default), allow, or deny; the
 // [Decision] says it was made without the owner.
 //
+// When the ring changes, a node hands the state of the keys that moved to
+// their new owner, which merges it (the more consumed state wins); with
+// Config.Replicas > 1 each owner copies the keys it changed to the next
+// nodes of the ring every Config.ReplicateInterval, so that a key's next
+// owner continues from a copy when the owner dies hard (handoff.go,
+// replicate.go).
+//
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every
 // goroutine the node started.

@@ -27,6 +27,8 @@ var (
 	ErrClosed = errors.New("cluster: node closed")
 	// ErrJoin wraps a failure to join any of the given seeds.
 	ErrJoin = errors.New("cluster: join failed")
+	// ErrHandoff wraps key states a graceful Leave could not hand off.
+	ErrHandoff = errors.New("cluster: hand-off incomplete")
 )
 
 // Decision is a limiter decision and where it was made.
@@ -60,6 +62,7 @@ type Stats struct {
 	Forwarded     int64 // checks sent to their owner
 	WithoutOwner  int64 // checks decided under the unreachable policy
 	DroppedEvents int64 // member events not delivered on Config.Events
+	Transfers     TransferStats
 	Store         limiter.StoreStats
 }
 
@@ -87,6 +90,7 @@ type Node struct {
 	closeOnce  sync.Once
 	closed     atomic.Bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
+	xfer       transfers  // hand-off and replication (handoff.go)
 
 	local, forwarded, withoutOwner, dropped atomic.Int64
 }
@@ -105,6 +109,7 @@ func New(cfg Config) (n *Node, err error) {
 		now:        cfg.Clock,
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
+		xfer:       newTransfers(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -119,7 +124,9 @@ func New(cfg Config) (n *Node, err error) {
 			n = nil
 		}
 	}()
-	if n.store, err = limiter.NewStore(cfg.Store); err != nil {
+	scfg := cfg.Store
+	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 // for the replicator
+	if n.store, err = limiter.NewStore(scfg); err != nil {
 		return nil, err
 	}
 	if n.ring, err = ring.New(cfg.Ring); err != nil {
@@ -154,7 +161,7 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
-	transport.RegisterPeer(n.grpc, ownerChecker{n})
+	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}))
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
 	// Not n: a failing return sets the result n to nil while this runs.
 	srv, lis, logger := n.grpc, n.lis, n.logger
@@ -187,6 +194,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.rebuild(0)
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
+	n.startTransfers()
 	if len(cfg.Seeds) > 0 {
 		if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
 			n.logger.Warn("cluster: join failed, retrying", "seeds", cfg.Seeds, "err", jerr)
@@ -257,17 +265,20 @@ func (n *Node) Stats() Stats {
 		Forwarded:     n.forwarded.Load(),
 		WithoutOwner:  n.withoutOwner.Load(),
 		DroppedEvents: n.dropped.Load(),
+		Transfers:     n.xfer.stats(),
 		Store:         n.store.Stats(),
 	}
 }
 
 // Leave leaves the cluster gracefully, telling the other members, then
-// closes the node.
+// closes the node. Before it goes, it hands every key it holds to the key's
+// owner on the ring without this node, in two passes within
+// Config.LeaveTimeout (see leaveHandoff for what may still be lost).
 func (n *Node) Leave() error {
 	if n.closed.Load() {
 		return ErrClosed
 	}
-	err := n.serf.Leave()
+	err := n.leaveHandoff()
 	if cerr := n.Close(); err == nil {
 		err = cerr
 	}
@@ -296,6 +307,7 @@ func (n *Node) Close() error {
 			n.gossip.Shutdown()
 		}
 		close(n.shutdown)
+		n.xfer.cancel() // ends transfers in flight
 		n.wg.Wait()
 		if n.peers != nil {
 			n.peers.Close()
@@ -358,6 +370,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	if err := n.ring.SetMembers(members); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
+	n.xfer.wakeHandoff()
 	if kind == 0 || n.cfg.Events == nil {
 		return
 	}

@@ -5,6 +5,11 @@
 // p99.9 latencies, then the same for a hot-key run (every caller on one key).
 //
 //	go run ./cmd/sluice-bench -nodes 3 -callers 64 -keys 10000 -duration 5s
+//
+// With -scenario failover it measures instead the hits forgotten when a
+// key's owner is killed hard under steady traffic (see failover.go):
+//
+//	go run ./cmd/sluice-bench -scenario failover -trials 5 -rate 2000 -callers 8
 package main
 
 import (
@@ -37,7 +42,25 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
 	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
+	scenario := flag.String("scenario", "throughput", "throughput, or failover: hits forgotten when an owner is killed hard")
+	trials := flag.Int("trials", 5, "failover: trials")
+	rate := flag.Float64("rate", 2000, "failover: checks per second on the key, from all callers")
+	interval := flag.Duration("replicate", cluster.DefaultConfig().ReplicateInterval, "failover: Config.ReplicateInterval")
 	flag.Parse()
+	if *scenario == "failover" {
+		if *trials < 1 || *rate <= 0 || *interval <= 0 || *callers < 1 {
+			fmt.Fprintln(os.Stderr, "sluice-bench: -trials, -rate, -replicate and -callers must be positive")
+			os.Exit(2)
+		}
+		if err := failover(*trials, *callers, *rate, *interval); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	if *scenario != "throughput" {
+		fmt.Fprintf(os.Stderr, "sluice-bench: unknown -scenario %q\n", *scenario)
+		os.Exit(2)
+	}
 	if *nodes < 1 || *callers < 1 || *keys < 1 || *duration <= 0 || *maxChecks < 1 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -nodes, -callers, -keys, -duration and -max-checks must be positive")
 		os.Exit(2)
@@ -172,14 +195,23 @@ func report(name string, r result) {
 }
 
 func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
-	var nodes []*cluster.Node
-	for i := range n {
+	return startWith(n, func(i int) cluster.Config {
 		cfg := cluster.DefaultConfig()
 		cfg.NodeName = fmt.Sprintf("bench-%d", i)
 		cfg.GossipAddr = "127.0.0.1:0"
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight
 		cfg.Peer.Observer = batches.observe
+		return cfg
+	})
+}
+
+// startWith starts n nodes with the configs of config, joined to the first,
+// and waits until every node's ring holds all of them.
+func startWith(n int, config func(i int) cluster.Config) ([]*cluster.Node, error) {
+	var nodes []*cluster.Node
+	for i := range n {
+		cfg := config(i)
 		if i > 0 {
 			cfg.Seeds = []string{nodes[0].GossipAddr()}
 		}
@@ -189,6 +221,11 @@ func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
 		}
 		nodes = append(nodes, nd)
 	}
+	return nodes, waitMembers(nodes, n)
+}
+
+// waitMembers polls until every node's ring holds n members.
+func waitMembers(nodes []*cluster.Node, n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		done := true
@@ -196,9 +233,9 @@ func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
 			done = done && len(nd.RingMembers()) == n
 		}
 		if done {
-			return nodes, nil
+			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return nodes, fmt.Errorf("cluster did not converge in 30s")
+	return fmt.Errorf("cluster did not converge to %d members in 30s", n)
 }

@@ -1,0 +1,386 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/peer"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Hand-off: when the ring changes, a node sends the state of every key whose
+// owner changed, that it owned or held as a replica and no longer owns, to
+// the key's new owner, which merges it (the more consumed state wins, so a
+// state sent twice or late changes nothing). A node that becomes a key's
+// owner, or whose key gets a new replica, copies the key to its new
+// replicas. A graceful Leave hands everything off first (leaveHandoff).
+
+const (
+	// handoffAttempts bounds the calls made for one chunk of a hand-off.
+	handoffAttempts = 3
+	// replicateAttempts bounds the ticks a replica batch is tried on.
+	replicateAttempts = 3
+	// transferBackoff is the wait before a hand-off call's second attempt;
+	// the third waits twice as long.
+	transferBackoff = 50 * time.Millisecond
+)
+
+// TransferStats counts key states sent to and taken from other nodes.
+type TransferStats struct {
+	HandedOff  int64 // key states delivered to their new owner
+	Replicated int64 // key states delivered to replicas
+	Failures   int64 // Transfer calls that failed
+	Merged     int64 // states received that changed this node's store
+	Rejected   int64 // states received that were invalid
+	// HandoffPasses counts hand-off passes run after ring changes.
+	HandoffPasses int64
+}
+
+// transfers is the state hand-off and replication share.
+type transfers struct {
+	// ctx is cancelled by Close: it ends the transfers in flight.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wake holds one pending ring change for the hand-off loop, which
+	// coalesces any number of changes into one pass.
+	wake chan struct{}
+	// prev is the ring membership the last hand-off pass planned against;
+	// only the hand-off loop touches it.
+	prev []ring.Member
+
+	// changedMu serialises calls to Store.Changed and guards leaving:
+	// once Leave has begun, only Leave takes the store's changes.
+	changedMu sync.Mutex
+	leaving   bool
+
+	handedOff, replicated, failures, merged, rejected, passes atomic.Int64
+}
+
+func newTransfers() transfers {
+	ctx, cancel := context.WithCancel(context.Background())
+	return transfers{ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
+}
+
+// wakeHandoff tells the hand-off loop that the ring changed. It never
+// blocks.
+func (x *transfers) wakeHandoff() {
+	select {
+	case x.wake <- struct{}{}:
+	default: // a pass is already pending and will see this change
+	}
+}
+
+func (x *transfers) stats() TransferStats {
+	return TransferStats{
+		HandedOff:     x.handedOff.Load(),
+		Replicated:    x.replicated.Load(),
+		Failures:      x.failures.Load(),
+		Merged:        x.merged.Load(),
+		Rejected:      x.rejected.Load(),
+		HandoffPasses: x.passes.Load(),
+	}
+}
+
+// startTransfers starts the hand-off loop and, with replicas, the
+// replicator.
+func (n *Node) startTransfers() {
+	n.goFunc(n.handoffLoop)
+	if n.cfg.Replicas > 1 {
+		n.goFunc(n.replicateLoop)
+	}
+}
+
+func (n *Node) handoffLoop() {
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-n.xfer.wake:
+			n.handoffPass()
+		}
+	}
+}
+
+// handoffPass plans against the membership of the previous pass and the
+// current one, and sends what moved.
+func (n *Node) handoffPass() {
+	cur := n.ring.Members()
+	prev := n.xfer.prev
+	if slices.Equal(prev, cur) {
+		return
+	}
+	n.xfer.prev = cur
+	defer n.xfer.passes.Add(1)
+	if len(prev) == 0 || len(cur) == 0 {
+		return // nothing was owned before, or no one to send to
+	}
+	oldR, err := n.ringOf(prev)
+	if err == nil {
+		var newR *ring.Ring
+		if newR, err = n.ringOf(cur); err == nil {
+			handoff, replica := n.planHandoff(oldR, newR)
+			n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
+			n.sendAll(n.xfer.ctx, transport.Replica, replica, handoffAttempts)
+			return
+		}
+	}
+	n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
+}
+
+// ringOf builds a ring over members with the node's ring config.
+func (n *Node) ringOf(members []ring.Member) (*ring.Ring, error) {
+	r, err := ring.New(n.cfg.Ring)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.SetMembers(members)
+}
+
+// planHandoff returns, by member name, the states to hand off to new owners
+// and those to copy to new replicas, going from oldR to newR:
+//   - a key whose owner changed and that this node owned or held as a
+//     replica in oldR, and does not own in newR, goes to its new owner;
+//   - a key this node owns in newR goes to its replicas in newR that were
+//     not among its owner and replicas in oldR.
+func (n *Node) planHandoff(oldR, newR *ring.Ring) (handoff, replica map[string][]limiter.Snapshot) {
+	handoff, replica = map[string][]limiter.Snapshot{}, map[string][]limiter.Snapshot{}
+	self, r := n.cfg.NodeName, n.cfg.Replicas
+	olds, news := newOwnersCache(oldR, r), newOwnersCache(newR, r)
+	n.store.Range(n.now(), func(s limiter.Snapshot) bool {
+		h := ring.RouteHash(s.Name, s.Key)
+		was, now := olds.get(h), news.get(h)
+		switch {
+		case now[0].Name == self:
+			for _, m := range now[1:] {
+				if !hasMember(was, m.Name) {
+					replica[m.Name] = append(replica[m.Name], s)
+				}
+			}
+		case was[0].Name == now[0].Name: // owner unchanged
+		case hasMember(was, self):
+			handoff[now[0].Name] = append(handoff[now[0].Name], s)
+		}
+		return true
+	})
+	return handoff, replica
+}
+
+// ownersCache answers ring.OwnersOfHash(h, n) of one ring version once per
+// partition: owners depend on the partition only.
+type ownersCache struct {
+	r       *ring.Ring
+	n       int
+	version uint64
+	parts   [][]ring.Member
+}
+
+func newOwnersCache(r *ring.Ring, n int) *ownersCache {
+	return &ownersCache{r: r, n: n, version: r.Version(), parts: make([][]ring.Member, r.Config().PartitionCount)}
+}
+
+// get returns the owner and replicas of the partition of h: at least one
+// member when the ring has any, nil otherwise.
+func (c *ownersCache) get(h uint64) []ring.Member {
+	if v := c.r.Version(); v != c.version { // the ring changed: start over
+		c.version = v
+		clear(c.parts)
+	}
+	p := h % uint64(len(c.parts))
+	if c.parts[p] == nil {
+		c.parts[p] = c.r.OwnersOfHash(h, c.n)
+	}
+	return c.parts[p]
+}
+
+func hasMember(ms []ring.Member, name string) bool {
+	return slices.ContainsFunc(ms, func(m ring.Member) bool { return m.Name == name })
+}
+
+// sendAll sends each member its states, members in parallel, and returns
+// the states not delivered, by member.
+func (n *Node) sendAll(ctx context.Context, reason transport.TransferReason, batches map[string][]limiter.Snapshot, attempts int) map[string][]limiter.Snapshot {
+	var (
+		mu     sync.Mutex // guards failed
+		failed map[string][]limiter.Snapshot
+		wg     sync.WaitGroup
+	)
+	for to, states := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if left := n.send(ctx, to, reason, states, attempts); len(left) > 0 {
+				mu.Lock()
+				defer mu.Unlock()
+				if failed == nil {
+					failed = map[string][]limiter.Snapshot{}
+				}
+				failed[to] = left
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
+}
+
+// send transfers states to the member named to, in calls of at most
+// transport.MaxTransferStates, each tried up to attempts times, and returns
+// the states not delivered.
+func (n *Node) send(ctx context.Context, to string, reason transport.TransferReason, states []limiter.Snapshot, attempts int) []limiter.Snapshot {
+	for len(states) > 0 {
+		k := min(len(states), transport.MaxTransferStates)
+		if err := n.sendChunk(ctx, to, reason, states[:k], attempts); err != nil {
+			n.logger.Warn("cluster: transfer failed", "to", to, "reason", reason, "states", len(states), "err", err)
+			return states
+		}
+		states = states[k:]
+	}
+	return nil
+}
+
+// sendChunk makes up to attempts Transfer calls of chunk to the member
+// named to, until one succeeds.
+func (n *Node) sendChunk(ctx context.Context, to string, reason transport.TransferReason, chunk []limiter.Snapshot, attempts int) error {
+	var err error
+	for a := range attempts {
+		if a > 0 {
+			t := time.NewTimer(time.Duration(a) * transferBackoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("%w (after: %w)", ctx.Err(), err)
+			case <-t.C:
+			}
+		}
+		c, ok := n.peers.Get(to)
+		if !ok {
+			err = fmt.Errorf("cluster: no client for member %s", to)
+			n.xfer.failures.Add(1)
+			continue
+		}
+		var rejected int
+		if _, rejected, err = c.Transfer(ctx, reason, chunk); err == nil {
+			if rejected > 0 {
+				n.logger.Warn("cluster: peer rejected key states", "to", to, "reason", reason, "rejected", rejected)
+			}
+			if reason == transport.Handoff {
+				n.xfer.handedOff.Add(int64(len(chunk)))
+			} else {
+				n.xfer.replicated.Add(int64(len(chunk)))
+			}
+			return nil
+		}
+		n.xfer.failures.Add(1)
+		if errors.Is(err, peer.ErrClosed) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// leaveHandoff hands every key this node holds to its owner on the ring
+// without this node, then leaves serf. Pass 1 sends every live key while
+// the node still serves. Then the node stops deciding: local checks get
+// ErrClosed, and it stops serving peers once the calls in flight are
+// answered. Pass 2 sends what changed since pass 1 (every live key again
+// when the store does not track changes), and only then does the node
+// leave serf, so no other node decides one of its keys before the key's
+// whole state has reached the new owner. Both passes run within
+// Config.LeaveTimeout.
+//
+// What may still be lost: states whose transfer failed or did not finish
+// within LeaveTimeout (the error wraps ErrHandoff); hits that other nodes
+// decide under their unreachable policy (PolicyLocal) between this node
+// stopping and their rings dropping it, which count in their own stores,
+// not the owner's; and a local Check already past its closed test when
+// pass 2 reads the store.
+func (n *Node) leaveHandoff() error {
+	ctx, cancel := context.WithTimeout(n.xfer.ctx, n.cfg.LeaveTimeout)
+	defer cancel()
+	track := n.cfg.Replicas > 1
+	n.xfer.changedMu.Lock()
+	n.xfer.leaving = true
+	if track {
+		n.store.Changed(n.now(), func(limiter.Snapshot) {}) // pass 1 covers these
+	}
+	n.xfer.changedMu.Unlock()
+
+	others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+	var target *ring.Ring
+	if len(others) > 0 {
+		var err error
+		if target, err = n.ringOf(others); err != nil {
+			n.logger.Error("cluster: leave without hand-off: cannot build ring", "err", err)
+			target = nil
+		}
+	}
+	var lost int
+	pass := func(collect func(func(limiter.Snapshot))) {
+		if target == nil {
+			return
+		}
+		batches := map[string][]limiter.Snapshot{}
+		collect(func(s limiter.Snapshot) {
+			if o, ok := target.Owner(s.Name, s.Key); ok {
+				batches[o.Name] = append(batches[o.Name], s)
+			}
+		})
+		for _, left := range n.sendAll(ctx, transport.Handoff, batches, handoffAttempts) {
+			lost += len(left)
+		}
+	}
+	all := func(f func(limiter.Snapshot)) {
+		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
+	}
+	pass(all)
+	n.closed.Store(true)
+	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
+	if track {
+		pass(func(f func(limiter.Snapshot)) {
+			n.xfer.changedMu.Lock()
+			defer n.xfer.changedMu.Unlock()
+			n.store.Changed(n.now(), f)
+		})
+	} else {
+		pass(all)
+	}
+	err := n.serf.Leave()
+	if lost > 0 {
+		err = errors.Join(err, fmt.Errorf("%w: %d key states not delivered", ErrHandoff, lost))
+	}
+	return err
+}
+
+// stateSink takes key states other nodes send to this one.
+type stateSink struct{ n *Node }
+
+var _ transport.StateSink = stateSink{}
+
+// TakeStates merges states into the store at the node's time, one at a
+// time so that every invalid one is counted.
+func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int) {
+	now := s.n.now()
+	var firstErr error
+	for i := range states {
+		k, err := s.n.store.Merge(states[i:i+1], now)
+		if err != nil {
+			if rejected++; firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		merged += k
+	}
+	s.n.xfer.merged.Add(int64(merged))
+	s.n.xfer.rejected.Add(int64(rejected))
+	if rejected > 0 {
+		s.n.logger.Warn("cluster: rejected key states", "from", from, "reason", reason, "rejected", rejected, "err", firstErr)
+	}
+	return merged, rejected
+}

@@ -27,6 +27,10 @@ const (
 	handoffAttempts = 3
 	// replicateAttempts bounds the ticks a replica batch is tried on.
 	replicateAttempts = 3
+	// handoffRetries bounds the retries of hand-off states that a pass
+	// could not deliver, handoffRetryEvery apart.
+	handoffRetries    = 20
+	handoffRetryEvery = 250 * time.Millisecond
 	// transferBackoff is the wait before a hand-off call's second attempt;
 	// the third waits twice as long.
 	transferBackoff = 50 * time.Millisecond
@@ -98,40 +102,82 @@ func (n *Node) startTransfers() {
 }
 
 func (n *Node) handoffLoop() {
+	// Hand-off states whose transfer failed are retried, to the keys'
+	// owners at that time, up to handoffRetries times, handoffRetryEvery
+	// apart: a pass never forgets what it could not deliver at once.
+	var (
+		pending []limiter.Snapshot
+		tries   int
+		retry   = time.NewTimer(time.Hour)
+	)
+	retry.Stop()
+	defer retry.Stop()
+	keep := func(failed map[string][]limiter.Snapshot) {
+		for _, states := range failed {
+			pending = append(pending, states...)
+		}
+		if len(pending) > 0 && tries < handoffRetries {
+			tries++
+			retry.Reset(handoffRetryEvery)
+			return
+		}
+		if len(pending) > 0 {
+			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "tries", tries)
+		}
+		pending, tries = nil, 0
+	}
 	for {
 		select {
 		case <-n.shutdown:
 			return
 		case <-n.xfer.wake:
-			n.handoffPass()
+			keep(n.handoffPass())
+		case <-retry.C:
+			again := n.byOwner(pending)
+			pending = nil
+			keep(n.sendAll(n.xfer.ctx, transport.Handoff, again, handoffAttempts))
 		}
 	}
 }
 
+// byOwner groups states by their owner on the current ring, leaving out
+// those this node owns now.
+func (n *Node) byOwner(states []limiter.Snapshot) map[string][]limiter.Snapshot {
+	out := map[string][]limiter.Snapshot{}
+	for _, s := range states {
+		if o, ok := n.ring.Owner(s.Name, s.Key); ok && o.Name != n.cfg.NodeName {
+			out[o.Name] = append(out[o.Name], s)
+		}
+	}
+	return out
+}
+
 // handoffPass plans against the membership of the previous pass and the
-// current one, and sends what moved.
-func (n *Node) handoffPass() {
+// current one, sends what moved and returns the hand-off states it could
+// not deliver.
+func (n *Node) handoffPass() map[string][]limiter.Snapshot {
 	cur := n.ring.Members()
 	prev := n.xfer.prev
 	if slices.Equal(prev, cur) {
-		return
+		return nil
 	}
 	n.xfer.prev = cur
 	defer n.xfer.passes.Add(1)
 	if len(prev) == 0 || len(cur) == 0 {
-		return // nothing was owned before, or no one to send to
+		return nil // nothing was owned before, or no one to send to
 	}
 	oldR, err := n.ringOf(prev)
 	if err == nil {
 		var newR *ring.Ring
 		if newR, err = n.ringOf(cur); err == nil {
 			handoff, replica := n.planHandoff(oldR, newR)
-			n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
+			failed := n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
 			n.sendAll(n.xfer.ctx, transport.Replica, replica, handoffAttempts)
-			return
+			return failed
 		}
 	}
 	n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
+	return nil
 }
 
 // ringOf builds a ring over members with the node's ring config.

@@ -60,6 +60,7 @@ func TestMetricsCountWhatWasSent(t *testing.T) {
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.Registerer = regs[i]
+		cfg.Replicas = 1 // each store holds only the keys its node owns
 	}))
 	n := c.Node(0)
 	var local, remote int

@@ -265,10 +265,15 @@ func TestChanged(t *testing.T) {
 	if _, err := s.CheckAt(req, t0); err != nil {
 		t.Fatal(err)
 	}
+	peek := req
+	peek.Hits, peek.Key = 0, "b"
+	if _, err := s.CheckAt(peek, t0); err != nil {
+		t.Fatal(err)
+	}
 	var got []string
 	s.Changed(t0, func(sn Snapshot) { got = append(got, sn.Key) })
 	if len(got) != 1 || got[0] != "a" {
-		t.Errorf("after one more check Changed reported %q, want [a]", got)
+		t.Errorf("after one more check and a peek Changed reported %q, want [a]", got)
 	}
 	untracked := newTestStore(t)
 	untracked.CheckAt(req, t0)

@@ -155,7 +155,9 @@ func (s *Store) decide(req *Request, now int64) Decision {
 			sh.logs[e.key] = lg
 		}
 		sh.touchLocked(e)
-		s.markChangedLocked(sh, e)
+		if req.Hits > 0 || req.Behavior != 0 { // a peek changes nothing
+			s.markChangedLocked(sh, e)
+		}
 		sh.mu.Unlock()
 		return d
 	}

@@ -76,6 +76,13 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
+	if ws := st.w[0]; ws > start && st.w[1] > 0 && st.expireAt > now {
+		// now is older than the stored window's start: concurrent callers
+		// read their clocks before taking the lock, and a later reading got
+		// it first. Count in the stored window, as if now were its start;
+		// going back to now's window would reopen a window that is over.
+		start, end = windowBounds(req, ws)
+	}
 	// The stored count is that of the window containing now: decide has
 	// reset the state if its window ended. (With the same Period or
 	// Calendar a stored window that is not over is this one; after a

@@ -12,6 +12,12 @@
 // config: decide on its own store (the default), allow, or deny; the
 // [Decision] says it was made without the owner.
 //
+// With [LeaseConfig.Threshold] set, a node that checks a key it does not own
+// more often than the threshold leases a share of the key's hits from the
+// owner and decides on them locally until the lease runs out or expires,
+// returning what it did not use (lease.go says which algorithms lease and
+// why).
+//
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every
 // goroutine the node started.

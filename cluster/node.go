@@ -60,6 +60,7 @@ type Stats struct {
 	WithoutOwner  int64 // checks decided under the unreachable policy
 	DroppedEvents int64 // member events not delivered on Config.Events
 	Store         limiter.StoreStats
+	Leases        LeaseStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -74,6 +75,7 @@ type Node struct {
 
 	metrics  *metrics // nil without Config.Registerer
 	breakers breakers
+	leases   *leaseTable // see lease.go
 
 	lis  net.Listener
 	grpc *grpc.Server
@@ -139,6 +141,9 @@ func New(cfg Config) (n *Node, err error) {
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}
+	if err = n.startLeases(); err != nil {
+		return nil, err
+	}
 	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
@@ -151,7 +156,7 @@ func New(cfg Config) (n *Node, err error) {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(server)))
 	}
 	n.grpc = grpc.NewServer(sopts...)
-	transport.RegisterPeer(n.grpc, ownerChecker{n})
+	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithLeaser(n))
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
 	lis := n.lis
 	n.goFunc(func() {
@@ -249,6 +254,7 @@ func (n *Node) Stats() Stats {
 		WithoutOwner:  n.withoutOwner.Load(),
 		DroppedEvents: n.dropped.Load(),
 		Store:         n.store.Stats(),
+		Leases:        n.leaseStats(),
 	}
 }
 

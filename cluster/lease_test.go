@@ -376,3 +376,27 @@ func TestLeaseCloseLeavesNoGoroutines(t *testing.T) {
 	checkUntilLeased(t, nonOwners(c, req.Name, req.Key)[0], req)
 	c.Close()
 }
+
+// A lease is dropped when its key's owner changes: once the ring no longer
+// routes to the old owner, no check is decided from its hits.
+func TestLeaseDroppedOnOwnerChange(t *testing.T) {
+	c := leaseCluster(t, 3, time.Minute, 0.5)
+	req := limiter.Request{Name: "hot", Key: "moved", Hits: 1, Limit: 1000, Period: 1000 * time.Hour, Algorithm: limiter.TokenBucket}
+	old := c.Owner(req.Name, req.Key)
+	nd := nonOwners(c, req.Name, req.Key)[0]
+	checkUntilLeased(t, nd, req)
+	for i := range 3 {
+		if c.Node(i) == old {
+			c.StopHard(i)
+		}
+	}
+	c.WaitConverged()
+	owner := c.Owner(req.Name, req.Key)
+	d, err := nd.Check(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Owner != owner.Name() || d.Owner == old.Name() {
+		t.Fatalf("decided by %s after the key moved from %s to %s", d.Owner, old.Name(), owner.Name())
+	}
+}

@@ -37,6 +37,11 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
+	if n.leases.on {
+		if d, ok := n.leases.decide(&req, owner.Name, n.now().UnixNano()); ok {
+			return d, nil
+		}
+	}
 	policy := n.policy(opts)
 	c, ok := n.peers.Get(owner.Name)
 	br := n.breakers.get(owner.Name)

@@ -113,6 +113,9 @@ type Config struct {
 	// Peer configures the clients to other nodes; Peer.Timeout is the
 	// deadline of a forwarded check.
 	Peer peer.Config
+	// Lease configures token leases for hot keys (off by default); see
+	// LeaseConfig.
+	Lease LeaseConfig
 
 	// GossipKeys, when not empty, encrypt and authenticate gossip with
 	// AES-GCM: every key is 16, 24 or 32 bytes; the first encrypts, all
@@ -179,6 +182,7 @@ func DefaultConfig() Config {
 		Store:             limiter.DefaultStoreConfig(),
 		Ring:              ring.DefaultConfig(),
 		Peer:              peer.DefaultConfig(),
+		Lease:             DefaultLeaseConfig(),
 	}
 }
 
@@ -258,6 +262,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Peer.Validate(); err != nil {
 		return fmt.Errorf("%w: Peer: %w", ErrInvalidConfig, err)
+	}
+	if err := c.Lease.Validate(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -19,6 +19,12 @@
 // owner continues from a copy when the owner dies hard (handoff.go,
 // replicate.go).
 //
+// With [LeaseConfig.Threshold] set, a node that checks a key it does not own
+// more often than the threshold leases a share of the key's hits from the
+// owner and decides on them locally until the lease runs out or expires,
+// returning what it did not use (lease.go says which algorithms lease and
+// why).
+//
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every
 // goroutine the node started.

@@ -64,6 +64,7 @@ type Stats struct {
 	DroppedEvents int64 // member events not delivered on Config.Events
 	Transfers     TransferStats
 	Store         limiter.StoreStats
+	Leases        LeaseStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -78,6 +79,7 @@ type Node struct {
 
 	metrics  *metrics // nil without Config.Registerer
 	breakers breakers
+	leases   *leaseTable // see lease.go
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -148,6 +150,9 @@ func New(cfg Config) (n *Node, err error) {
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}
+	if err = n.startLeases(); err != nil {
+		return nil, err
+	}
 	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
@@ -161,7 +166,7 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
-	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}))
+	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n))
 	transport.RegisterPublic(n.grpc, router{n}, router{n})
 	// Not n: a failing return sets the result n to nil while this runs.
 	srv, lis, logger := n.grpc, n.lis, n.logger
@@ -267,6 +272,7 @@ func (n *Node) Stats() Stats {
 		DroppedEvents: n.dropped.Load(),
 		Transfers:     n.xfer.stats(),
 		Store:         n.store.Stats(),
+		Leases:        n.leaseStats(),
 	}
 }
 

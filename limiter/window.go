@@ -76,6 +76,13 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
+	if ws := st.w[0]; ws > start && st.w[1] > 0 && st.expireAt > now {
+		// now is older than the stored window's start: concurrent callers
+		// read their clocks before taking the lock, and a later reading got
+		// it first. Count in the stored window, as if now were its start;
+		// going back to now's window would reopen a window that is over.
+		start, end = windowBounds(req, ws)
+	}
 	// The stored count is that of the window containing now: decide has
 	// reset the state if its window ended. (With the same Period or
 	// Calendar a stored window that is not over is this one; after a
@@ -107,6 +114,13 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 	p := int64(req.Period)
 	start := floorDiv(now, p) * p
+	if ws := st.w[0]; ws > start && (st.w[1] > 0 || st.third() > 0) && st.expireAt > now {
+		// now is older than the stored window (see decideFixedWindow):
+		// decide as at that window's start, where the estimate counts
+		// the previous window whole, rather than move the window back
+		// and shift its count out of the current one.
+		now, start = ws, ws
+	}
 	cur, prev := st.w[1], st.third()
 	switch ws := st.w[0]; {
 	case ws == start:

@@ -4,7 +4,14 @@
 // never reached, for a fixed time. It prints checks/s and the p50, p99 and
 // p99.9 latencies, then the same for a hot-key run (every caller on one key).
 //
+// With -leases it then compares the hot key without and with token leases
+// (cluster.LeaseConfig), each on a fresh cluster: once with a limit never
+// reached, once with a token bucket limit reached all the time, reporting
+// the calls to the owner (forwarded checks and lease requests) and, for the
+// limited run, the hits admitted against the most the limit allows.
+//
 //	go run ./cmd/sluice-bench -nodes 3 -callers 64 -keys 10000 -duration 5s
+//	go run ./cmd/sluice-bench -keys 1 -hot=false -leases
 //
 // With -scenario failover it measures instead the hits forgotten when a
 // key's owner is killed hard under steady traffic (see failover.go):
@@ -46,6 +53,11 @@ func main() {
 	trials := flag.Int("trials", 5, "failover: trials")
 	rate := flag.Float64("rate", 2000, "failover: checks per second on the key, from all callers")
 	interval := flag.Duration("replicate", cluster.DefaultConfig().ReplicateInterval, "failover: Config.ReplicateInterval")
+	leases := flag.Bool("leases", false, "also compare the hot key without and with leases")
+	leaseThreshold := flag.Int64("lease-threshold", 0, "lease hot keys from this many checks per second per key on a node (0: off) in every run")
+	leaseTTL := flag.Duration("lease-ttl", 100*time.Millisecond, "lease TTL")
+	leaseShare := flag.Float64("lease-share", 0.1, "most of a key's capacity one lease takes")
+	limitedRate := flag.Int64("limited-rate", 20_000, "hits per second of the limited hot-key run with -leases")
 	flag.Parse()
 	if *scenario == "failover" {
 		if *trials < 1 || *rate <= 0 || *interval <= 0 || *callers < 1 {
@@ -65,8 +77,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -nodes, -callers, -keys, -duration and -max-checks must be positive")
 		os.Exit(2)
 	}
+	lease := cluster.LeaseConfig{Threshold: *leaseThreshold, TTL: *leaseTTL, Share: *leaseShare}
 	var batches peerBatches
-	cl, err := start(*nodes, *inflight, &batches)
+	cl, err := start(*nodes, *inflight, &batches, lease)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -92,21 +105,64 @@ func main() {
 		}
 		defer trace.Stop()
 	}
-	defer func() {
-		for _, n := range cl {
-			n.Close()
-		}
-	}()
-	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run\n", *nodes, *callers, *duration)
-	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks))
+	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run, leases %+v\n", *nodes, *callers, *duration, lease)
+	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks, unlimited))
 	if *peerStats {
 		batches.report()
 	}
 	if *hot {
-		report("hot key", run(cl, *callers, 1, *duration, *maxChecks))
+		report("hot key", run(cl, *callers, 1, *duration, *maxChecks, unlimited))
 		if *peerStats {
 			batches.report()
 		}
+	}
+	closeAll(cl)
+	if !*leases {
+		return
+	}
+	on := cluster.LeaseConfig{Threshold: 1000, TTL: *leaseTTL, Share: *leaseShare}
+	if *leaseThreshold > 0 {
+		on.Threshold = *leaseThreshold
+	}
+	limited := limiter.Request{Name: "bench", Hits: 1, Limit: *limitedRate, Period: time.Second, Algorithm: limiter.TokenBucket}
+	for _, lc := range []cluster.LeaseConfig{{}, on} {
+		cl, err := start(*nodes, *inflight, &batches, lc)
+		if err != nil {
+			log.Fatal(err)
+		}
+		name := "no leases"
+		if lc.Threshold > 0 {
+			name = "leases"
+		}
+		fmt.Printf("hot key, %s %+v\n", name, lc)
+		calls := ownerCalls(cl)
+		report("unlimited", run(cl, *callers, 1, *duration, *maxChecks, unlimited))
+		fmt.Printf("%-10s %10d calls to the owner\n", "", ownerCalls(cl)-calls)
+		calls = ownerCalls(cl)
+		limited.Key = "limited-" + name
+		r := run(cl, *callers, 1, *duration, *maxChecks, limited)
+		report("limited", r)
+		allowed := limited.Limit + int64(float64(limited.Limit)*r.elapsed.Seconds())
+		fmt.Printf("%-10s %10d calls to the owner; admitted %d, the limit allows at most %d\n", "", ownerCalls(cl)-calls, r.checks-r.errors, allowed)
+		closeAll(cl)
+	}
+}
+
+var unlimited = limiter.Request{Name: "bench", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}
+
+// ownerCalls sums the checks the nodes forwarded and the leases they asked for.
+func ownerCalls(nodes []*cluster.Node) int64 {
+	var n int64
+	for _, nd := range nodes {
+		s := nd.Stats()
+		n += s.Forwarded + s.Leases.Requested
+	}
+	return n
+}
+
+func closeAll(nodes []*cluster.Node) {
+	for _, n := range nodes {
+		n.Close()
 	}
 }
 
@@ -137,10 +193,15 @@ type result struct {
 	lat            []time.Duration
 }
 
-func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks int) result {
+// run makes checks of tmpl (its Key replaced when keys > 1) and counts as
+// errors the checks that failed, were denied or were decided without owner.
+func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks int, tmpl limiter.Request) result {
 	names := make([]string, keys)
 	for i := range names {
 		names[i] = "client:" + strconv.Itoa(i)
+	}
+	if keys == 1 && tmpl.Key != "" {
+		names[0] = tmpl.Key
 	}
 	perCaller := maxChecks / callers
 	lats := make([][]time.Duration, callers)
@@ -153,7 +214,7 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(c), 7))
-			req := limiter.Request{Name: "bench", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}
+			req := tmpl
 			ctx := context.Background()
 			buf := make([]time.Duration, 0, 1<<16)
 			for i := 0; i < perCaller; i++ {
@@ -191,10 +252,10 @@ func report(name string, r result) {
 		return r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))]
 	}
 	fmt.Printf("%-10s %10.0f checks/s  p50 %-9v p99 %-9v p99.9 %-9v (%d checks, %d errors or denials)\n",
-		name, float64(r.checks)/r.elapsed.Seconds(), q(0.50).Round(time.Microsecond), q(0.99).Round(time.Microsecond), q(0.999).Round(time.Microsecond), r.checks, r.errors)
+		name, float64(r.checks)/r.elapsed.Seconds(), round(q(0.50)), round(q(0.99)), round(q(0.999)), r.checks, r.errors)
 }
 
-func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
+func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]*cluster.Node, error) {
 	return startWith(n, func(i int) cluster.Config {
 		cfg := cluster.DefaultConfig()
 		cfg.NodeName = fmt.Sprintf("bench-%d", i)
@@ -202,6 +263,9 @@ func start(n, inflight int, batches *peerBatches) ([]*cluster.Node, error) {
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight
 		cfg.Peer.Observer = batches.observe
+		if lease.Threshold > 0 {
+			cfg.Lease = lease
+		}
 		return cfg
 	})
 }
@@ -238,4 +302,12 @@ func waitMembers(nodes []*cluster.Node, n int) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return fmt.Errorf("cluster did not converge to %d members in 30s", n)
+}
+
+// round keeps three significant digits of sub-millisecond latencies.
+func round(d time.Duration) time.Duration {
+	if d < time.Microsecond {
+		return d.Round(10 * time.Nanosecond)
+	}
+	return d.Round(time.Microsecond)
 }

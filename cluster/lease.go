@@ -1,0 +1,596 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Token leases for hot keys.
+//
+// A key that this node does not own, checked here more often than
+// LeaseConfig.Threshold per second, is hot. For a hot key the node asks the
+// owner for a lease: the owner takes up to the wanted hits off the key's
+// counter at once (limiter.Store.TakeAt) and grants them for a TTL. Until
+// the lease runs out or expires this node admits checks of the key from it,
+// without a call; then it forwards again and asks for another. Hits it did
+// not use go back to the owner as a refund. Every leased hit was counted on
+// the owner before it was admitted, so leases never admit more than the
+// limit; what they cost is that hits held by one node are not available to
+// another until returned.
+//
+// Leases are granted for three algorithms only:
+//   - token_bucket and gcra: hits taken now are hits the limit admits now;
+//     admitting them a little later (within the TTL) admits nothing the
+//     bucket or the TAT did not already account for;
+//   - fixed_window: hits are counted in the window they were taken in, and
+//     the lease ends with that window, so they are admitted in it.
+//
+// The others are refused: an admitted leaky_bucket hit carries a Delay that
+// depends on the moment it was admitted; a sliding_window_log counts hits
+// at the instant they were admitted, and a sliding_window_counter weighs a
+// window's hits by where in the window they fell, so hits taken at one time
+// and admitted at another would be counted at the wrong place.
+
+// ErrLeaseRefused is returned by Node.Lease for a key whose algorithm does
+// not allow leases or that this node does not own.
+var ErrLeaseRefused = errors.New("cluster: lease refused")
+
+// LeaseConfig configures token leases for hot keys. The zero value (and
+// DefaultConfig's) has leases off.
+type LeaseConfig struct {
+	// Threshold is the rate, in checks per second on this node, of one key
+	// another node owns from which this node leases hits of it. 0 turns
+	// leases off.
+	Threshold int64
+	// TTL is how long a lease lasts, at most transport.MaxLeaseTTL; a fixed
+	// window lease also ends with its window.
+	TTL time.Duration
+	// Share bounds one lease to this fraction of the key's capacity (Burst,
+	// or Limit for fixed windows), in (0, 1]. Within that bound a lease asks
+	// for the hits this node checks in about one TTL at its observed rate.
+	Share float64
+}
+
+// DefaultLeaseConfig returns leases off, with a 100 ms TTL and leases of at
+// most a tenth of a key's capacity once Threshold is set.
+func DefaultLeaseConfig() LeaseConfig {
+	return LeaseConfig{TTL: 100 * time.Millisecond, Share: 0.1}
+}
+
+// Validate reports the first invalid field; errors wrap ErrInvalidConfig.
+func (c *LeaseConfig) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: Lease."+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	switch {
+	case c.Threshold < 0:
+		return bad("Threshold %d is negative (0 turns leases off)", c.Threshold)
+	case c.Threshold == 0:
+		return nil
+	case c.TTL < time.Millisecond || c.TTL > transport.MaxLeaseTTL:
+		return bad("TTL %v is outside [1ms, %v]", c.TTL, transport.MaxLeaseTTL)
+	case !(c.Share > 0 && c.Share <= 1): // NaN too
+		return bad("Share %v is outside (0, 1]", c.Share)
+	}
+	return nil
+}
+
+// LeaseStats counts a node's leases.
+type LeaseStats struct {
+	Requested    int64 // lease requests sent to owners
+	Granted      int64 // requests granted at least one hit
+	HitsLeased   int64 // hits granted to this node
+	Local        int64 // checks admitted here from a lease
+	Denied       int64 // checks denied here after the owner granted no hits
+	HitsReturned int64 // unused hits given back to their owners
+	Served       int64 // leases of at least one hit this node granted as owner
+}
+
+// leasable reports whether the owner grants leases for a.
+func leasable(a limiter.Algorithm) bool {
+	return a == limiter.TokenBucket || a == limiter.FixedWindow || a == limiter.GCRA
+}
+
+var _ transport.Leaser = (*Node)(nil)
+
+// Lease grants up to want hits of req's key, which this node must own, for
+// ttl: it takes them off the key's counter at once. A fixed window lease
+// ends with the window its hits were counted in. It is how the Peer service
+// answers Lease; errors wrap ErrLeaseRefused, a limiter sentinel, or are
+// ErrClosed.
+func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
+	if n.closed.Load() {
+		return transport.Lease{}, ErrClosed
+	}
+	if !leasable(req.Algorithm) {
+		return transport.Lease{}, fmt.Errorf("%w: %s hits cannot be leased (only token_bucket, fixed_window and gcra)", ErrLeaseRefused, req.Algorithm)
+	}
+	if ttl <= 0 || ttl > transport.MaxLeaseTTL {
+		return transport.Lease{}, fmt.Errorf("%w: ttl %v is outside (0, %v]", ErrLeaseRefused, ttl, transport.MaxLeaseTTL)
+	}
+	if o, ok := n.ring.Owner(req.Name, req.Key); ok && o.Name != n.cfg.NodeName {
+		return transport.Lease{}, fmt.Errorf("%w: %s does not own the key, %s does", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	}
+	now := n.now()
+	took, d, err := n.store.TakeAt(req, want, now)
+	if err != nil {
+		return transport.Lease{}, err
+	}
+	exp := now.Add(ttl)
+	if req.Algorithm == limiter.FixedWindow && took > 0 && d.ResetAt.Before(exp) {
+		exp = d.ResetAt // the window's end
+	}
+	if took > 0 {
+		n.leases.served.Add(1)
+	}
+	return transport.Lease{Granted: took, ExpiresAt: exp, Decision: d}, nil
+}
+
+const (
+	leaseShards = 64
+	// leaseInterval is how often a key's rate is measured.
+	leaseInterval = 100 * time.Millisecond
+	// Bounds per shard: keys counted in one interval, hot keys tracked.
+	maxCountedKeys = 4096
+	maxHotKeys     = 256
+	// maxReturns bounds the returns waiting to be sent.
+	maxReturns = 4096
+)
+
+// leaseTable is a node's side of leasing: the rate of every key it
+// forwards, the hot keys and their leases. Safe for concurrent use.
+type leaseTable struct {
+	on          bool // Config.Lease.Threshold > 0
+	cfg         LeaseConfig
+	perInterval int64 // checks in one interval that make a key hot
+	seed        maphash.Seed
+	shards      [leaseShards]leaseShard
+
+	fetches chan leaseFetch // to the lease loop; never blocks the hot path
+	kick    chan struct{}   // wakes the lease loop to send returns
+	sending atomic.Bool     // a goroutine is sending returns
+
+	retMu   sync.Mutex // guards returns
+	returns []leaseReturn
+
+	requested, granted, hitsLeased, local, denied, returned, served atomic.Int64
+}
+
+type leaseShard struct {
+	mu     sync.Mutex // guards since, until, counts and hot
+	since  int64      // start of the current interval, Unix ns
+	until  int64      // its end
+	counts map[uint64]int32
+	hot    map[uint64]*hotKey
+	_      [64]byte // keeps shards' locks on separate cache lines
+}
+
+// hotKey is a key over the threshold and its lease, if any. Its fields are
+// guarded by its shard's mu.
+type hotKey struct {
+	name, key   string
+	count, prev int64 // eligible checks in this interval and the last one
+	asking      bool  // a lease request is in flight (one per key)
+	notBefore   int64 // no lease request before this, after a refusal
+	// After a lease of no hits: checks are denied here until deniedUntil,
+	// when the owner said the limit admits the next hit.
+	deniedUntil int64
+	deniedReset time.Time
+
+	// The lease, when expires != 0.
+	owner   string
+	req     limiter.Request // its limit parameters (Hits 0)
+	left    int64           // hits not used yet
+	last    int64           // hits of the last grant
+	expires int64           // Unix ns, this node's clock
+	resetAt time.Time       // the owner's ResetAt
+}
+
+// leaseFetch is one lease request for the lease loop to make.
+type leaseFetch struct {
+	h     *hotKey
+	hash  uint64
+	owner string
+	req   limiter.Request
+	want  int64
+}
+
+// leaseReturn is unused leased hits to give back: req has Behavior Refund.
+type leaseReturn struct {
+	owner string
+	req   limiter.Request
+}
+
+func newLeaseTable(cfg LeaseConfig) *leaseTable {
+	t := &leaseTable{on: cfg.Threshold > 0, cfg: cfg, seed: maphash.MakeSeed()}
+	if !t.on {
+		return t
+	}
+	t.perInterval = max(1, int64(math.Ceil(float64(cfg.Threshold)*leaseInterval.Seconds())))
+	t.fetches = make(chan leaseFetch, 256)
+	t.kick = make(chan struct{}, 1)
+	for i := range t.shards {
+		t.shards[i].counts = make(map[uint64]int32)
+		t.shards[i].hot = make(map[uint64]*hotKey)
+	}
+	return t
+}
+
+// startLeases sets up leasing: the counters, their metrics and, when
+// leases are on, the lease loop.
+func (n *Node) startLeases() error {
+	n.leases = newLeaseTable(n.cfg.Lease)
+	if reg := n.cfg.Registerer; reg != nil {
+		t := n.leases
+		for _, c := range []struct {
+			name, help string
+			v          *atomic.Int64
+		}{
+			{"sluice_lease_requests_total", "Lease requests sent to the owners of hot keys.", &t.requested},
+			{"sluice_leases_granted_total", "Lease requests granted at least one hit.", &t.granted},
+			{"sluice_lease_hits_total", "Hits leased from owners.", &t.hitsLeased},
+			{"sluice_lease_checks_total", "Checks admitted on this node from a lease.", &t.local},
+			{"sluice_lease_denied_checks_total", "Checks denied on this node because their owner had just granted no hits.", &t.denied},
+			{"sluice_lease_returned_hits_total", "Unused leased hits given back to their owners.", &t.returned},
+			{"sluice_leases_served_total", "Leases of at least one hit granted by this node as owner.", &t.served},
+		} {
+			v := c.v
+			f := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help}, func() float64 { return float64(v.Load()) })
+			if err := reg.Register(f); err != nil {
+				return fmt.Errorf("cluster: register metrics: %w", err)
+			}
+		}
+	}
+	if n.leases.on {
+		n.goFunc(n.leaseLoop)
+	}
+	return nil
+}
+
+func (n *Node) leaseStats() LeaseStats {
+	t := n.leases
+	if t == nil {
+		return LeaseStats{}
+	}
+	return LeaseStats{
+		Requested:    t.requested.Load(),
+		Granted:      t.granted.Load(),
+		HitsLeased:   t.hitsLeased.Load(),
+		Local:        t.local.Load(),
+		Denied:       t.denied.Load(),
+		HitsReturned: t.returned.Load(),
+		Served:       t.served.Load(),
+	}
+}
+
+func (t *leaseTable) hash(name, key string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(name)
+	h.WriteByte(0)
+	h.WriteString(key)
+	return h.Sum64()
+}
+
+// sameLimit reports whether a and b have the same limit parameters.
+func sameLimit(a, b *limiter.Request) bool {
+	return a.Limit == b.Limit && a.Period == b.Period && a.Burst == b.Burst &&
+		a.Algorithm == b.Algorithm && a.Calendar == b.Calendar &&
+		(a.Location == b.Location || a.Location.String() == b.Location.String())
+}
+
+// decide answers req, a valid request for a key that owner owns, from this
+// node's lease of the key when it holds one with enough hits; ok is false
+// when req must be forwarded. On the way it counts the key's checks and,
+// when the key is hot and its lease missing or running low, has the lease
+// loop ask the owner for one.
+func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d Decision, ok bool) {
+	if req.Hits < 1 || req.Behavior != 0 || !leasable(req.Algorithm) {
+		return d, false
+	}
+	hash := t.hash(req.Name, req.Key)
+	sh := &t.shards[hash%leaseShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t.rollLocked(sh, now)
+	h := sh.hot[hash]
+	if h == nil {
+		c, counted := sh.counts[hash]
+		if !counted && len(sh.counts) >= maxCountedKeys {
+			return d, false
+		}
+		c++
+		if int64(c) < t.perInterval || len(sh.hot) >= maxHotKeys {
+			sh.counts[hash] = c
+			return d, false
+		}
+		delete(sh.counts, hash)
+		h = &hotKey{name: req.Name, key: req.Key, count: int64(c) - 1}
+		sh.hot[hash] = h
+	} else if h.name != req.Name || h.key != req.Key {
+		return d, false // a hash collision: this key is not leased
+	}
+	h.count++
+	if h.expires != 0 {
+		switch {
+		case h.owner != owner: // the ring changed: the old owner's hits are void
+			t.retireLocked(h, now, false)
+		case !sameLimit(&h.req, req): // hits of another limit
+			t.retireLocked(h, now, false)
+		case now >= h.expires:
+			t.retireLocked(h, now, true)
+		}
+	}
+	if h.expires != 0 && h.left >= req.Hits {
+		h.left -= req.Hits
+		t.local.Add(1)
+		d = Decision{Decision: limiter.Decision{Allowed: true, Limit: req.Limit, Remaining: h.left, ResetAt: h.resetAt}, Owner: h.owner}
+		ok = true
+	} else if now < h.deniedUntil && sameLimit(&h.req, req) && h.owner == owner {
+		t.denied.Add(1)
+		return Decision{Decision: limiter.Decision{Limit: req.Limit, ResetAt: h.deniedReset, RetryAfter: time.Duration(h.deniedUntil - now)}, Owner: h.owner}, true
+	}
+	ttl := int64(t.cfg.TTL)
+	low := h.expires == 0 || h.left*4 <= h.last || now >= h.expires-ttl/4
+	if low && !h.asking && now >= h.notBefore {
+		f := leaseFetch{h: h, hash: hash, owner: owner, req: *req, want: t.wantLocked(sh, h, req, now)}
+		f.req.Hits = 0
+		select {
+		case t.fetches <- f:
+			h.asking = true
+		default: // the loop is busy or gone: ask on a later check
+		}
+	}
+	return d, ok
+}
+
+// wantLocked sizes a lease of h: the hits checked here in one TTL at the
+// rate of this interval or the last, within Share of the capacity.
+func (t *leaseTable) wantLocked(sh *leaseShard, h *hotKey, req *limiter.Request, now int64) int64 {
+	elapsed := max(now-sh.since, int64(leaseInterval)/10)
+	rate := max(float64(h.count)/float64(elapsed), float64(h.prev)/float64(leaseInterval)) // per ns
+	want := int64(math.Ceil(rate * float64(t.cfg.TTL)))
+	limit := max(int64(t.cfg.Share*float64(req.Capacity())), 1)
+	return min(max(want, 1), limit)
+}
+
+// rollLocked starts a new interval when the current one is over: counts
+// restart, expired leases are retired, and keys gone cold that hold no
+// lease are forgotten. It visits at most maxHotKeys keys.
+func (t *leaseTable) rollLocked(sh *leaseShard, now int64) {
+	if now < sh.until {
+		return
+	}
+	clear(sh.counts)
+	for k, h := range sh.hot {
+		h.prev, h.count = h.count, 0
+		if h.expires != 0 && now >= h.expires {
+			t.retireLocked(h, now, true)
+		}
+		if h.prev < t.perInterval && h.expires == 0 && !h.asking {
+			delete(sh.hot, k)
+		}
+	}
+	sh.since, sh.until = now, now+int64(leaseInterval)
+}
+
+// retireLocked ends h's lease, queueing its unused hits for return when
+// giveBack is set and they still count: for a fixed window, only within
+// the window they were taken in.
+func (t *leaseTable) retireLocked(h *hotKey, now int64, giveBack bool) {
+	if h.left > 0 && giveBack && (h.req.Algorithm != limiter.FixedWindow || now < h.resetAt.UnixNano()) {
+		r := h.req
+		r.Hits = min(h.left, r.Capacity()) // a refund never fills beyond fresh
+		r.Behavior = limiter.Refund
+		t.queueReturn(leaseReturn{owner: h.owner, req: r})
+	}
+	h.left, h.last, h.expires = 0, 0, 0
+}
+
+// queueReturn queues r and wakes the lease loop. Returns beyond maxReturns
+// are dropped: those hits stay consumed, which never over-admits.
+func (t *leaseTable) queueReturn(r leaseReturn) {
+	t.retMu.Lock()
+	if len(t.returns) < maxReturns {
+		t.returns = append(t.returns, r)
+	}
+	t.retMu.Unlock()
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// install records the answer to f, made with the request sent at sent.
+func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, now int64) {
+	sh := &t.shards[f.hash%leaseShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	h := sh.hot[f.hash]
+	if h != f.h { // forgotten meanwhile: give the hits back
+		if err == nil && l.Granted > 0 {
+			h = &hotKey{owner: f.owner, req: f.req, left: l.Granted, expires: 1, resetAt: l.Decision.ResetAt}
+			t.retireLocked(h, now, true)
+		}
+		return
+	}
+	h.asking = false
+	ttl := int64(t.cfg.TTL)
+	switch {
+	case err != nil:
+		h.notBefore = now + ttl
+		return
+	case l.Granted == 0:
+		// The limit is reached: deny here, and ask again, once the owner
+		// said it admits a hit (counted from when it was asked, which is
+		// earlier than when it answered), within a TTL.
+		wait := min(max(int64(l.Decision.RetryAfter), int64(100*time.Microsecond)), ttl)
+		h.notBefore = sent + wait
+		h.deniedUntil, h.deniedReset = sent+wait, l.Decision.ResetAt
+		if h.expires == 0 { // what the denial applies to
+			h.owner, h.req = f.owner, f.req
+		}
+		return
+	}
+	// Void at the owner's expiry, and at most TTL after it was asked for on
+	// this node's clock.
+	exp := min(l.ExpiresAt.UnixNano(), sent+ttl)
+	if h.expires != 0 {
+		same := h.owner == f.owner && sameLimit(&h.req, &f.req) && now < h.expires &&
+			(f.req.Algorithm != limiter.FixedWindow || h.resetAt.Equal(l.Decision.ResetAt))
+		if same { // the same hits: add to them
+			h.left += l.Granted
+			h.last = l.Granted
+			h.expires = max(h.expires, exp)
+			h.resetAt = l.Decision.ResetAt
+			return
+		}
+		t.retireLocked(h, now, h.owner == f.owner && sameLimit(&h.req, &f.req))
+	}
+	h.owner, h.req, h.left, h.last, h.expires, h.resetAt = f.owner, f.req, l.Granted, l.Granted, exp, l.Decision.ResetAt
+	if exp <= now { // arrived too late to be used
+		t.retireLocked(h, now, true)
+	}
+}
+
+// leaseLoop makes the lease requests the hot path asks for, sends unused
+// hits back, and retires expired leases and leases whose owner changed.
+// When the node closes it returns every outstanding lease, within
+// Config.Peer.Timeout.
+func (n *Node) leaseLoop() {
+	t := n.leases
+	ctx, cancel := context.WithCancel(context.Background())
+	var work sync.WaitGroup // lease requests and returns in flight
+	defer func() {
+		cancel()
+		work.Wait()
+		n.returnLeases()
+	}()
+	tick := time.NewTicker(max(t.cfg.TTL/2, time.Millisecond))
+	defer tick.Stop()
+	sendReturns := func() {
+		if t.sending.CompareAndSwap(false, true) {
+			work.Add(1)
+			go func() {
+				defer work.Done()
+				defer t.sending.Store(false)
+				n.sendReturns(ctx)
+			}()
+		}
+	}
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case f := <-t.fetches:
+			work.Add(1)
+			go func() {
+				defer work.Done()
+				n.fetchLease(ctx, &f)
+			}()
+		case <-t.kick:
+			sendReturns()
+		case <-tick.C:
+			n.sweepLeases(n.now().UnixNano())
+			sendReturns()
+		}
+	}
+}
+
+// fetchLease asks f's owner for a lease and installs the answer.
+func (n *Node) fetchLease(ctx context.Context, f *leaseFetch) {
+	t := n.leases
+	sent := n.now().UnixNano()
+	var l transport.Lease
+	c, ok := n.peers.Get(f.owner)
+	err := error(transport.ErrUnavailable)
+	if ok && n.breakers.get(f.owner).openUntil.Load() <= sent {
+		t.requested.Add(1)
+		l, err = c.Lease(ctx, f.req, f.want, t.cfg.TTL)
+	}
+	if err != nil {
+		n.logger.Debug("cluster: lease request failed", "owner", f.owner, "key", f.req.Key, "err", err)
+	} else if l.Granted > 0 {
+		t.granted.Add(1)
+		t.hitsLeased.Add(l.Granted)
+	}
+	t.install(f, l, err, sent, n.now().UnixNano())
+}
+
+// sweepLeases rolls every shard's interval, retires expired leases, and
+// drops leases whose key the ring now gives to another owner.
+func (n *Node) sweepLeases(now int64) {
+	t := n.leases
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		t.rollLocked(sh, now)
+		for _, h := range sh.hot {
+			if h.expires == 0 {
+				continue
+			}
+			if o, ok := n.ring.Owner(h.name, h.key); !ok || o.Name != h.owner {
+				t.retireLocked(h, now, false)
+			} else if now >= h.expires {
+				t.retireLocked(h, now, true)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// sendReturns sends the queued returns, one CheckMany per owner, as
+// refunds through the peer clients.
+func (n *Node) sendReturns(ctx context.Context) {
+	t := n.leases
+	t.retMu.Lock()
+	rs := t.returns
+	t.returns = nil
+	t.retMu.Unlock()
+	byOwner := make(map[string][]limiter.Request)
+	for _, r := range rs {
+		byOwner[r.owner] = append(byOwner[r.owner], r.req)
+	}
+	for owner, reqs := range byOwner {
+		c, ok := n.peers.Get(owner)
+		if !ok {
+			continue
+		}
+		for i, res := range c.CheckMany(ctx, reqs) {
+			if res.Err == nil {
+				t.returned.Add(reqs[i].Hits)
+			}
+		}
+	}
+}
+
+// returnLeases retires every lease and sends the unused hits back, within
+// Config.Peer.Timeout. The node is closing: nothing leases any more.
+func (n *Node) returnLeases() {
+	t := n.leases
+	now := n.now().UnixNano()
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, h := range sh.hot {
+			if h.expires != 0 {
+				t.retireLocked(h, now, true)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Peer.Timeout)
+	defer cancel()
+	n.sendReturns(ctx)
+}

@@ -52,6 +52,9 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 	d, err := c.Check(ctx, req)
 	n.callDone(br, err)
 	if err == nil {
+		if n.leases.on && !d.Allowed {
+			n.leases.noteDenied(&req, owner.Name, &d, n.now().UnixNano())
+		}
 		return Decision{Decision: d, Owner: owner.Name}, nil
 	}
 	return n.forwardFailed(ctx, &req, policy, err)

@@ -355,6 +355,44 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d De
 	return d, ok
 }
 
+// noteDenied records that the owner denied req, a hot key's check whose
+// answer came at recv: like a lease of no hits, it makes this node deny the
+// key itself until the owner said a hit is admitted again (at least 100µs,
+// at most a TTL), rather than forward every check meanwhile. The wait runs
+// from recv, a little after the owner decided, so the node may deny a hit
+// the owner would have admitted in between (the limit is reached: other
+// nodes take it), never admit one it would not. Keys that are not hot are
+// left alone.
+func (t *leaseTable) noteDenied(req *limiter.Request, owner string, d *limiter.Decision, recv int64) {
+	if d.Allowed || req.Hits < 1 || req.Behavior != 0 || !leasable(req.Algorithm) {
+		return
+	}
+	hash := t.hash(req.Name, req.Key)
+	sh := &t.shards[hash%leaseShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	h := sh.hot[hash]
+	if h == nil || h.name != req.Name || h.key != req.Key {
+		return
+	}
+	if h.expires != 0 && (h.owner != owner || !sameLimit(&h.req, req)) {
+		return // the lease's limit is not this one
+	}
+	t.denyLocked(h, owner, req, d, recv)
+}
+
+// denyLocked makes h denied here until sent plus the owner's RetryAfter
+// in d, within [100µs, TTL]; its shard's lock must be held.
+func (t *leaseTable) denyLocked(h *hotKey, owner string, req *limiter.Request, d *limiter.Decision, sent int64) {
+	wait := min(max(int64(d.RetryAfter), int64(100*time.Microsecond)), int64(t.cfg.TTL))
+	h.notBefore = max(h.notBefore, sent+wait)
+	h.deniedUntil, h.deniedReset = sent+wait, d.ResetAt
+	if h.expires == 0 { // what the denial applies to
+		h.owner, h.req = owner, *req
+		h.req.Hits = 0
+	}
+}
+
 // wantLocked sizes a lease of h: the hits checked here in one TTL at the
 // rate of this interval or the last, within Share of the capacity.
 func (t *leaseTable) wantLocked(sh *leaseShard, h *hotKey, req *limiter.Request, now int64) int64 {
@@ -435,12 +473,7 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 		// The limit is reached: deny here, and ask again, once the owner
 		// said it admits a hit (counted from when it was asked, which is
 		// earlier than when it answered), within a TTL.
-		wait := min(max(int64(l.Decision.RetryAfter), int64(100*time.Microsecond)), ttl)
-		h.notBefore = sent + wait
-		h.deniedUntil, h.deniedReset = sent+wait, l.Decision.ResetAt
-		if h.expires == 0 { // what the denial applies to
-			h.owner, h.req = f.owner, f.req
-		}
+		t.denyLocked(h, f.owner, &f.req, &l.Decision, sent)
 		return
 	}
 	// Void at the owner's expiry, and at most TTL after it was asked for on

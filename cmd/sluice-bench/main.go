@@ -136,14 +136,18 @@ func main() {
 		}
 		fmt.Printf("hot key, %s %+v\n", name, lc)
 		calls := ownerCalls(cl)
-		report("unlimited", run(cl, *callers, 1, *duration, *maxChecks, unlimited))
-		fmt.Printf("%-10s %10d calls to the owner\n", "", ownerCalls(cl)-calls)
+		u := run(cl, *callers, 1, *duration, *maxChecks, unlimited)
+		report("unlimited", u)
+		c := ownerCalls(cl) - calls
+		fmt.Printf("%-10s %10d calls to the owner, %.4f per check\n", "", c, float64(c)/float64(max(u.checks, 1)))
 		calls = ownerCalls(cl)
 		limited.Key = "limited-" + name
 		r := run(cl, *callers, 1, *duration, *maxChecks, limited)
 		report("limited", r)
 		allowed := limited.Limit + int64(float64(limited.Limit)*r.elapsed.Seconds())
-		fmt.Printf("%-10s %10d calls to the owner; admitted %d, the limit allows at most %d\n", "", ownerCalls(cl)-calls, r.checks-r.errors, allowed)
+		c = ownerCalls(cl) - calls
+		fmt.Printf("%-10s %10d calls to the owner, %.4f per check; admitted %d, the limit allows at most %d\n",
+			"", c, float64(c)/float64(max(r.checks, 1)), r.checks-r.errors, allowed)
 		closeAll(cl)
 	}
 }

@@ -132,6 +132,12 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			out[i].Err = err
 			continue
 		}
+		if n.leases.on {
+			if d, ok := n.leases.decide(req, owner.Name, n.now().UnixNano()); ok {
+				out[i].Decision = d
+				continue
+			}
+		}
 		c, ok := n.peers.Get(owner.Name)
 		if !ok || n.breakers.get(owner.Name).openUntil.Load() > n.now().UnixNano() {
 			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
@@ -168,6 +174,9 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 					continue
 				}
 				out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.owner}
+				if n.leases.on && !rs[j].Decision.Allowed {
+					n.leases.noteDenied(&reqs[i], g.owner, &rs[j].Decision, n.now().UnixNano())
+				}
 			}
 		}()
 	}

@@ -400,3 +400,28 @@ func TestLeaseDroppedOnOwnerChange(t *testing.T) {
 		t.Fatalf("decided by %s after the key moved from %s to %s", d.Owner, old.Name(), owner.Name())
 	}
 }
+
+// CheckMany, the daemon's path, decides from leases too.
+func TestLeaseCheckMany(t *testing.T) {
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, c *cluster.Config) {
+		c.Lease.Threshold = 100
+	}))
+	req := limiter.Request{Name: "hot", Key: "many", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}
+	nd := nonOwners(c, req.Name, req.Key)[0]
+	err := testcluster.WaitFor(10*time.Second, func() error {
+		for range 50 {
+			for _, r := range nd.CheckMany(context.Background(), []limiter.Request{req, req}) {
+				if r.Err != nil || !r.Allowed {
+					return fmt.Errorf("CheckMany: allowed %v, err %v", r.Allowed, r.Err)
+				}
+			}
+		}
+		if nd.Stats().Leases.Local == 0 {
+			return errors.New("no check decided from a lease yet")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

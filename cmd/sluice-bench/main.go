@@ -58,6 +58,7 @@ func main() {
 	leaseTTL := flag.Duration("lease-ttl", 100*time.Millisecond, "lease TTL")
 	leaseShare := flag.Float64("lease-share", 0.1, "most of a key's capacity one lease takes")
 	limitedRate := flag.Int64("limited-rate", 20_000, "hits per second of the limited hot-key run with -leases")
+	limitedAlgo := flag.String("limited-algorithm", "token_bucket", "algorithm of the limited hot-key run: token_bucket, gcra, or fixed_window (windows of 100ms)")
 	flag.Parse()
 	if *scenario == "failover" {
 		if *trials < 1 || *rate <= 0 || *interval <= 0 || *callers < 1 {
@@ -124,7 +125,16 @@ func main() {
 	if *leaseThreshold > 0 {
 		on.Threshold = *leaseThreshold
 	}
-	limited := limiter.Request{Name: "bench", Hits: 1, Limit: *limitedRate, Period: time.Second, Algorithm: limiter.TokenBucket}
+	limited := limiter.Request{Name: "bench", Key: "limited", Hits: 1, Limit: *limitedRate, Period: time.Second}
+	if limited.Algorithm, err = limiter.ParseAlgorithm(*limitedAlgo); err != nil {
+		log.Fatal(err)
+	}
+	if limited.Algorithm == limiter.FixedWindow {
+		limited.Limit, limited.Period = max(*limitedRate/10, 1), 100*time.Millisecond
+	}
+	if err := limited.Validate(); err != nil {
+		log.Fatalf("limited run: %v", err)
+	}
 	for _, lc := range []cluster.LeaseConfig{{}, on} {
 		cl, err := start(*nodes, *inflight, &batches, lc)
 		if err != nil {
@@ -142,9 +152,15 @@ func main() {
 		fmt.Printf("%-10s %10d calls to the owner, %.4f per check\n", "", c, float64(c)/float64(max(u.checks, 1)))
 		calls = ownerCalls(cl)
 		limited.Key = "limited-" + name
+		began := time.Now()
 		r := run(cl, *callers, 1, *duration, *maxChecks, limited)
+		ended := began.Add(r.elapsed)
 		report("limited", r)
-		allowed := limited.Limit + int64(float64(limited.Limit)*r.elapsed.Seconds())
+		allowed := limited.Limit + int64(float64(limited.Limit)*r.elapsed.Seconds()/limited.Period.Seconds())
+		if limited.Algorithm == limiter.FixedWindow { // the windows the run touched
+			p := limited.Period
+			allowed = limited.Limit * int64(ended.Truncate(p).Sub(began.Truncate(p))/p+1)
+		}
 		c = ownerCalls(cl) - calls
 		fmt.Printf("%-10s %10d calls to the owner, %.4f per check; admitted %d, the limit allows at most %d\n",
 			"", c, float64(c)/float64(max(r.checks, 1)), r.checks-r.errors, allowed)

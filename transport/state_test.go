@@ -138,3 +138,36 @@ func FuzzSnapshotFromProto(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLeaseFromProto decodes arbitrary bytes as a lease response. It must
+// never panic, and what it accepts must hold: granted within the want, a
+// lease of hits expiring, no negative duration.
+func FuzzLeaseFromProto(f *testing.F) {
+	for _, m := range []*pb.LeaseResponse{
+		{Granted: 5, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{Allowed: true, Limit: 10, Remaining: 5}},
+		{Decision: &pb.RateLimitResponse{Limit: 10, RetryAfterNanos: 1000}},
+		{Granted: -1},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, int64(5))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, want int64) {
+		m := new(pb.LeaseResponse)
+		if err := proto.Unmarshal(data, m); err != nil {
+			return
+		}
+		l, err := LeaseFromProto(m, want)
+		if err != nil {
+			return
+		}
+		if l.Granted < 0 || l.Granted > want || (l.Granted > 0 && l.ExpiresAt.IsZero()) {
+			t.Fatalf("accepted lease %+v for want %d", l, want)
+		}
+		if l.Decision.RetryAfter < 0 || l.Decision.Delay < 0 || l.Decision.Remaining < 0 {
+			t.Fatalf("accepted a negative decision field: %+v", l.Decision)
+		}
+	})
+}

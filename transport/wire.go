@@ -22,8 +22,12 @@ import (
 // frame header and the 5-byte gRPC message prefix, with a leading padding
 // field (number 15) that the codec below skips on receipt without copying
 // it, and that any other protobuf decoder reads as an ordinary bytes field.
+//
+// padTo is also above grpc-go's buffer pooling threshold (mem, 1 KiB of
+// DATA frame payload): the receiver reads a frame of that size into a
+// pooled buffer, where a smaller one costs a fresh allocation per message.
 const (
-	padTo       = 1000 + 16 // minBatchSize, and a margin
+	padTo       = 9 + 1024 + 16 // frame header, pooling threshold, a margin
 	frameHeader = 9 + 5
 	paddingTag  = 15<<3 | byte(protowire.BytesType)
 )

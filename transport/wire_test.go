@@ -30,7 +30,7 @@ func TestWireCodec(t *testing.T) {
 	r := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.GCRA}
 	small := &pb.PeerCheckRequest{From: "a", Seq: 7, Items: []*pb.RateLimitRequest{RequestToProto(r)}}
 	bigKey := r
-	bigKey.Key = strings.Repeat("k", 1000)
+	bigKey.Key = strings.Repeat("k", limiter.MaxKeyLen)
 	big := &pb.PeerCheckRequest{Seq: 8, Items: []*pb.RateLimitRequest{RequestToProto(bigKey)}}
 	resp := &pb.PeerCheckResponse{Seq: 7, Owner: "b", Items: []*pb.RateLimitResponse{DecisionToProto(limiter.Decision{Allowed: true, Limit: 3})}}
 	public := &pb.CheckRequest{Request: RequestToProto(r)}

@@ -286,9 +286,12 @@ func (c *Client) transmit(s *stream, seq uint64) {
 // the connection then runs as soon as this one waits again, before the
 // callers just woken.
 func (c *Client) receive(s *stream, cs pb.Peer_CheckStreamClient) {
+	// Each answer is decoded in the memory of the previous one: finish
+	// is done with it before the next.
+	var buf transport.PeerResponseBuffer
+	resp := &buf.PeerCheckResponse
 	for {
-		resp, err := cs.Recv()
-		if err != nil {
+		if err := cs.RecvMsg(&buf); err != nil {
 			if err == io.EOF {
 				err = errors.New("the peer ended the stream")
 			}

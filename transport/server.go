@@ -194,12 +194,12 @@ func (p *peerServer) CheckStream(stream pb.Peer_CheckStreamServer) error {
 	from := ""
 	fromCtx := context.WithValue(ctx, peerKey{}, from)
 	var buf streamBuffers
+	in := &buf.in.PeerCheckRequest
 	for {
-		in, err := stream.Recv()
-		if err == io.EOF {
+		// Each batch is decoded in the memory of the previous one.
+		if err := stream.RecvMsg(&buf.in); err == io.EOF {
 			return nil
-		}
-		if err != nil {
+		} else if err != nil {
 			return err
 		}
 		if err := checkCount(len(in.Items), p.cfg.maxItems); err != nil {
@@ -252,6 +252,7 @@ type decideBuffers struct {
 // streamBuffers are the buffers of one CheckStream handler.
 type streamBuffers struct {
 	decideBuffers
+	in   peerRequestBuffer
 	slab []pb.RateLimitResponse
 	ptrs []*pb.RateLimitResponse
 	resp pb.PeerCheckResponse

@@ -219,13 +219,19 @@ func (n *Node) unreachable(req *limiter.Request, policy Policy) (Decision, error
 // forwarded again (rings that disagree while gossip converges cannot loop).
 type ownerChecker struct{ n *Node }
 
+var _ transport.CheckerInto = ownerChecker{}
+
 func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
+	o.CheckInto(ctx, reqs, out)
+	return out
+}
+
+func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []transport.Result) {
 	for i := range reqs {
 		d, err := o.n.decideLocal(&reqs[i])
 		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner, Err: err}
 	}
-	return out
 }
 
 // router serves the public service: requests are routed like Check, each

@@ -40,7 +40,7 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 	policy := n.policy(opts)
 	c, ok := n.peers.Get(owner.Name)
 	br := n.breakers.get(owner.Name)
-	if !ok || !br.allow(n.now().UnixNano()) {
+	if !ok || (!br.closed() && !br.allow(n.now().UnixNano())) {
 		return n.unreachable(&req, policy)
 	}
 	n.forwarded.Add(1)
@@ -56,7 +56,11 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 // unreachable owner counts as a failure.
 func (n *Node) callDone(br *breaker, err error) {
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
-	br.done(!down, n.now().UnixNano(), int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
+	var now int64 // read by done only when the call failed
+	if down {
+		now = n.now().UnixNano()
+	}
+	br.done(!down, now, int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
 }
 
 // forwardFailed turns the error of a forwarded check into the caller's

@@ -17,6 +17,10 @@ type breaker struct {
 	probing   atomic.Bool  // a probe call is in flight
 }
 
+// closed reports whether the breaker is closed: calls are allowed, at any
+// time.
+func (b *breaker) closed() bool { return b.openUntil.Load() == 0 }
+
 // allow reports whether a call may be made at now.
 func (b *breaker) allow(now int64) bool {
 	until := b.openUntil.Load()
@@ -29,12 +33,18 @@ func (b *breaker) allow(now int64) bool {
 	return b.probing.CompareAndSwap(false, true) // half-open: one probe
 }
 
-// done records a call's outcome.
+// done records a call's outcome; now is read only when it failed. A
+// field is written only when it changes: while every call succeeds, the
+// callers on every CPU only read the breaker.
 func (b *breaker) done(ok bool, now int64, threshold int32, cooldown time.Duration) {
-	wasProbe := b.probing.Swap(false)
+	wasProbe := b.probing.Load() && b.probing.Swap(false)
 	if ok {
-		b.failures.Store(0)
-		b.openUntil.Store(0)
+		if b.failures.Load() != 0 {
+			b.failures.Store(0)
+		}
+		if b.openUntil.Load() != 0 {
+			b.openUntil.Store(0)
+		}
 		return
 	}
 	if b.failures.Add(1) >= threshold || wasProbe {

@@ -45,7 +45,7 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 	policy := n.policy(opts)
 	c, ok := n.peers.Get(owner.Name)
 	br := n.breakers.get(owner.Name)
-	if !ok || !br.allow(n.now().UnixNano()) {
+	if !ok || (!br.closed() && !br.allow(n.now().UnixNano())) {
 		return n.unreachable(&req, policy)
 	}
 	n.forwarded.Add(1)
@@ -64,7 +64,11 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 // unreachable owner counts as a failure.
 func (n *Node) callDone(br *breaker, err error) {
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
-	br.done(!down, n.now().UnixNano(), int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
+	var now int64 // read by done only when the call failed
+	if down {
+		now = n.now().UnixNano()
+	}
+	br.done(!down, now, int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
 }
 
 // forwardFailed turns the error of a forwarded check into the caller's
@@ -236,13 +240,19 @@ func (n *Node) unreachable(req *limiter.Request, policy Policy) (Decision, error
 // forwarded again (rings that disagree while gossip converges cannot loop).
 type ownerChecker struct{ n *Node }
 
+var _ transport.CheckerInto = ownerChecker{}
+
 func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
+	o.CheckInto(ctx, reqs, out)
+	return out
+}
+
+func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []transport.Result) {
 	for i := range reqs {
 		d, err := o.n.decideLocal(&reqs[i])
 		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner, Err: err}
 	}
-	return out
 }
 
 // router serves the public service: requests are routed like Check, each

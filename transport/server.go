@@ -51,6 +51,18 @@ type Checker interface {
 	CheckMany(ctx context.Context, reqs []limiter.Request) []Result
 }
 
+// CheckerInto is a Checker that can also write its results into a slice
+// that its caller provides. The CheckStream handler of the Peer service
+// uses it when the local Checker has it: the results of each batch then
+// reuse the memory of the previous batch's.
+type CheckerInto interface {
+	Checker
+	// CheckInto decides reqs as CheckMany does and writes their results
+	// to out, which has len(reqs) elements, overwriting each. It must not
+	// keep reqs or out after it returns.
+	CheckInto(ctx context.Context, reqs []limiter.Request, out []Result)
+}
+
 // RoutedRequest is a request from an API client with the policy for when
 // its key's owner cannot be reached.
 type RoutedRequest struct {
@@ -145,7 +157,8 @@ func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
 	if local == nil {
 		panic("transport: RegisterPeer with a nil Checker")
 	}
-	pb.RegisterPeerServer(s, &peerServer{cfg: newServerConfig(opts), local: local})
+	into, _ := local.(CheckerInto)
+	pb.RegisterPeerServer(s, &peerServer{cfg: newServerConfig(opts), local: local, into: into})
 }
 
 // RegisterPublic registers the Sluice service on s: checks are decided by
@@ -173,6 +186,7 @@ type peerServer struct {
 	pb.UnimplementedPeerServer
 	cfg   serverConfig
 	local Checker
+	into  CheckerInto // local, when it is one; nil otherwise
 }
 
 func (p *peerServer) CheckBatch(ctx context.Context, in *pb.PeerCheckRequest) (*pb.PeerCheckResponse, error) {
@@ -196,12 +210,12 @@ func (p *peerServer) CheckStream(stream pb.Peer_CheckStreamServer) error {
 	from := ""
 	fromCtx := context.WithValue(ctx, peerKey{}, from)
 	var buf streamBuffers
+	in := &buf.in.PeerCheckRequest
 	for {
-		in, err := stream.Recv()
-		if err == io.EOF {
+		// Each batch is decoded in the memory of the previous one.
+		if err := stream.RecvMsg(&buf.in); err == io.EOF {
 			return nil
-		}
-		if err != nil {
+		} else if err != nil {
 			return err
 		}
 		if err := checkCount(len(in.Items), p.cfg.maxItems); err != nil {
@@ -237,7 +251,14 @@ func (p *peerServer) decide(ctx context.Context, items []*pb.RateLimitRequest, o
 		reqs = append(reqs, r)
 		idx = append(idx, i)
 	}
-	if len(reqs) > 0 {
+	if len(reqs) > 0 && p.into != nil {
+		res := buf.res[:0]
+		res = append(res, make([]Result, len(reqs))...)
+		p.into.CheckInto(ctx, reqs, res)
+		encodeResults(out, idx, res)
+		clear(res) // keep no references to this batch's owners and errors
+		buf.res = res[:0]
+	} else if len(reqs) > 0 {
 		encodeResults(out, idx, p.local.CheckMany(ctx, reqs))
 	}
 	clear(reqs) // keep no references to this batch's strings
@@ -249,11 +270,13 @@ func (p *peerServer) decide(ctx context.Context, items []*pb.RateLimitRequest, o
 type decideBuffers struct {
 	reqs []limiter.Request
 	idx  []int
+	res  []Result // for a CheckerInto
 }
 
 // streamBuffers are the buffers of one CheckStream handler.
 type streamBuffers struct {
 	decideBuffers
+	in   peerRequestBuffer
 	slab []pb.RateLimitResponse
 	ptrs []*pb.RateLimitResponse
 	resp pb.PeerCheckResponse

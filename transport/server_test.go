@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -428,9 +429,43 @@ func TestPublicService(t *testing.T) {
 	}
 }
 
+// echoInto is an echoChecker that is also a CheckerInto, and counts the
+// calls of CheckInto.
+type echoInto struct {
+	*echoChecker
+	calls atomic.Int32
+}
+
+var _ CheckerInto = (*echoInto)(nil)
+
+func (e *echoInto) CheckInto(ctx context.Context, reqs []limiter.Request, out []Result) {
+	e.calls.Add(1)
+	copy(out, e.CheckMany(ctx, reqs))
+}
+
 func TestPeerStream(t *testing.T) {
-	chk := &echoChecker{owner: "node-b"}
-	conn := startServer(t, func(s *grpc.Server) { RegisterPeer(s, chk, WithMaxBatchItems(3)) })
+	t.Run("Checker", func(t *testing.T) {
+		testPeerStream(t, &echoChecker{owner: "node-b"}, nil)
+	})
+	t.Run("CheckerInto", func(t *testing.T) {
+		chk := &echoChecker{owner: "node-b"}
+		into := &echoInto{echoChecker: chk}
+		testPeerStream(t, chk, into)
+		// Every batch with a valid request, and those only.
+		if n := into.calls.Load(); n != 3 {
+			t.Fatalf("CheckInto called %d times, want 3", n)
+		}
+	})
+}
+
+// testPeerStream runs batches through a stream whose handler decides with
+// chk, or with into (which wraps chk) when it is not nil.
+func testPeerStream(t *testing.T, chk *echoChecker, into *echoInto) {
+	var local Checker = chk
+	if into != nil {
+		local = into
+	}
+	conn := startServer(t, func(s *grpc.Server) { RegisterPeer(s, local, WithMaxBatchItems(3)) })
 	stream, err := pb.NewPeerClient(conn).CheckStream(ctxT(t))
 	if err != nil {
 		t.Fatal(err)

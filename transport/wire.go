@@ -22,8 +22,12 @@ import (
 // frame header and the 5-byte gRPC message prefix, with a leading padding
 // field (number 15) that the codec below skips on receipt without copying
 // it, and that any other protobuf decoder reads as an ordinary bytes field.
+//
+// padTo is also above grpc-go's buffer pooling threshold (mem, 1 KiB of
+// DATA frame payload): the receiver reads a frame of that size into a
+// pooled buffer, where a smaller one costs a fresh allocation per message.
 const (
-	padTo       = 1000 + 16 // minBatchSize, and a margin
+	padTo       = 9 + 1024 + 16 // frame header, pooling threshold, a margin
 	frameHeader = 9 + 5
 	paddingTag  = 15<<3 | byte(protowire.BytesType)
 )
@@ -37,8 +41,10 @@ func CallOptions() []grpc.CallOption {
 }
 
 // wireCodec is the protobuf codec of gRPC, except that it pads messages of
-// the Peer service that are smaller than padTo, and skips a leading padding
-// field of any message it decodes.
+// the Peer service that are smaller than padTo, skips a leading padding
+// field of any message it decodes, and encodes and decodes the messages of
+// a Peer stream by hand (peerwire.go), into buffers reused from one
+// message to the next where the receiver has one.
 type wireCodec struct{}
 
 var _ encoding.CodecV2 = wireCodec{}
@@ -51,18 +57,15 @@ func (wireCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return nil, fmt.Errorf("transport: cannot marshal %T, want a proto.Message", v)
 	}
-	size := proto.Size(m)
+	size, peer, byHand := measure(m)
 	filler := -1 // no padding field
-	switch m.(type) {
-	case *pb.PeerCheckRequest, *pb.PeerCheckResponse:
+	if peer {
 		filler = fillerLen(size)
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(paddingSize(filler) + size)
 	b := appendPadding((*buf)[:0], filler)
-	// Size has just been computed: UseCachedSize reuses it, as gRPC's own
-	// codec does.
-	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
+	b, err := appendMessage(b, m, byHand)
 	if err != nil {
 		pool.Put(buf)
 		return nil, err
@@ -71,14 +74,70 @@ func (wireCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
+// measure returns the size of m, whether it is a message of the Peer
+// service (which is padded), and whether it is encoded by hand
+// (peerwire.go) rather than by the protobuf runtime.
+func measure(m proto.Message) (size int, peer, byHand bool) {
+	switch m := m.(type) {
+	case *pb.PeerCheckRequest:
+		if size, ok := sizePeerRequest(m); ok {
+			return size, true, true
+		}
+		return proto.Size(m), true, false
+	case *pb.PeerCheckResponse:
+		if size, ok := sizePeerResponse(m); ok {
+			return size, true, true
+		}
+		return proto.Size(m), true, false
+	}
+	return proto.Size(m), false, false
+}
+
+// appendMessage appends m, which measure has just measured. The protobuf
+// runtime reuses the size it computed (UseCachedSize), as gRPC's own codec
+// does.
+func appendMessage(b []byte, m proto.Message, byHand bool) ([]byte, error) {
+	if byHand {
+		switch m := m.(type) {
+		case *pb.PeerCheckRequest:
+			return appendPeerRequest(b, m), nil
+		case *pb.PeerCheckResponse:
+			return appendPeerResponse(b, m), nil
+		}
+	}
+	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
+}
+
 func (wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
+	if _, ok := v.(proto.Message); !ok {
 		return fmt.Errorf("transport: cannot unmarshal into %T, want a proto.Message", v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return proto.Unmarshal(skipPadding(buf.ReadOnlyData()), m)
+	b := skipPadding(buf.ReadOnlyData())
+	// The Peer messages are decoded by hand (peerwire.go) unless they hold
+	// what only the protobuf runtime decodes.
+	switch m := v.(type) {
+	case *peerRequestBuffer:
+		if decodePeerRequest(b, &m.PeerCheckRequest, &m.space) {
+			return nil
+		}
+	case *PeerResponseBuffer:
+		if decodePeerResponse(b, &m.PeerCheckResponse, &m.space) {
+			return nil
+		}
+	case *pb.PeerCheckRequest:
+		var sp requestSpace
+		if decodePeerRequest(b, m, &sp) {
+			return nil
+		}
+	case *pb.PeerCheckResponse:
+		var sp responseSpace
+		if decodePeerResponse(b, m, &sp) {
+			return nil
+		}
+	}
+	return proto.Unmarshal(b, v.(proto.Message))
 }
 
 // fillerLen returns how many filler bytes bring a message of size bytes to

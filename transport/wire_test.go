@@ -30,7 +30,7 @@ func TestWireCodec(t *testing.T) {
 	r := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.GCRA}
 	small := &pb.PeerCheckRequest{From: "a", Seq: 7, Items: []*pb.RateLimitRequest{RequestToProto(r)}}
 	bigKey := r
-	bigKey.Key = strings.Repeat("k", 1000)
+	bigKey.Key = strings.Repeat("k", limiter.MaxKeyLen)
 	big := &pb.PeerCheckRequest{Seq: 8, Items: []*pb.RateLimitRequest{RequestToProto(bigKey)}}
 	resp := &pb.PeerCheckResponse{Seq: 7, Owner: "b", Items: []*pb.RateLimitResponse{DecisionToProto(limiter.Decision{Allowed: true, Limit: 3})}}
 	public := &pb.CheckRequest{Request: RequestToProto(r)}
@@ -109,6 +109,16 @@ func FuzzWireUnmarshal(f *testing.F) {
 	r := limiter.Request{Name: "n", Key: "k", Hits: 2, Limit: 10, Period: time.Second, Algorithm: limiter.TokenBucket}
 	f.Add(wireMarshal(f, &pb.PeerCheckRequest{From: "a", Seq: 1, Items: []*pb.RateLimitRequest{RequestToProto(r)}}))
 	f.Add(wireMarshal(f, &pb.PeerCheckResponse{Seq: 1, Owner: "b", Items: []*pb.RateLimitResponse{{Allowed: true}}}))
+	// Every field of both messages, for the hand-written decoder.
+	hits := int64(-3)
+	f.Add(wireMarshal(f, &pb.PeerCheckRequest{From: "é", Seq: 1 << 40, Items: []*pb.RateLimitRequest{{
+		Name: "n", Key: "k", Hits: &hits, Limit: 1, PeriodNanos: 2, Burst: 3, Algorithm: 4, Calendar: 5,
+		TimeZone: "UTC", Reset_: true, DrainOverLimit: true, UnreachablePolicy: 2, Refund: true,
+	}, {}}}))
+	f.Add(wireMarshal(f, &pb.PeerCheckResponse{Seq: 9, Owner: "b", Items: []*pb.RateLimitResponse{{
+		Allowed: true, Limit: 1, Remaining: -2, ResetAtUnixNano: 3, RetryAfterNanos: 4, DelayNanos: 5,
+		Owner: "c", WithoutOwner: true, ErrorCode: 6, ErrorMessage: "m",
+	}, {}}}))
 	f.Add([]byte{paddingTag, 0x01, 0x00, 0x18, 0x05})
 	f.Add([]byte{paddingTag, 0xff})
 	f.Add([]byte{paddingTag})

@@ -3,6 +3,8 @@
 // random node for a random key of K, with a token bucket whose limit is
 // never reached, for a fixed time. It prints checks/s and the p50, p99 and
 // p99.9 latencies, then the same for a hot-key run (every caller on one key).
+// Each caller counts its latencies in a histogram of its own, in buckets at
+// most 1/64 of their values wide; a quantile is its bucket's upper bound.
 //
 // With -leases it then compares the hot key without and with token leases
 // (cluster.LeaseConfig), each on a fresh cluster: once with a limit never
@@ -24,14 +26,16 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math/bits"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -47,6 +51,7 @@ func main() {
 	hot := flag.Bool("hot", true, "also run the hot-key workload")
 	inflight := flag.Int("inflight", cluster.DefaultConfig().Peer.MaxInFlight, "calls in flight per peer")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	memprofile := flag.String("memprofile", "", "write a heap profile (with what the runs allocated) to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
 	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
 	scenario := flag.String("scenario", "throughput", "throughput, or failover: hits forgotten when an owner is killed hard")
@@ -59,6 +64,7 @@ func main() {
 	leaseShare := flag.Float64("lease-share", 0.1, "most of a key's capacity one lease takes")
 	limitedRate := flag.Int64("limited-rate", 20_000, "hits per second of the limited hot-key run with -leases")
 	limitedAlgo := flag.String("limited-algorithm", "token_bucket", "algorithm of the limited hot-key run: token_bucket, gcra, or fixed_window (windows of 100ms)")
+	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
 	flag.Parse()
 	if *scenario == "failover" {
 		if *trials < 1 || *rate <= 0 || *interval <= 0 || *callers < 1 {
@@ -106,13 +112,21 @@ func main() {
 		}
 		defer trace.Stop()
 	}
+	defer func() {
+		for _, n := range cl {
+			n.Close()
+		}
+	}()
+	if *memprofile != "" {
+		defer writeHeapProfile(*memprofile)
+	}
 	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run, leases %+v\n", *nodes, *callers, *duration, lease)
-	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks, unlimited))
+	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks, unlimited), *cost)
 	if *peerStats {
 		batches.report()
 	}
 	if *hot {
-		report("hot key", run(cl, *callers, 1, *duration, *maxChecks, unlimited))
+		report("hot key", run(cl, *callers, 1, *duration, *maxChecks, unlimited), *cost)
 		if *peerStats {
 			batches.report()
 		}
@@ -147,7 +161,7 @@ func main() {
 		fmt.Printf("hot key, %s %+v\n", name, lc)
 		calls := ownerCalls(cl)
 		u := run(cl, *callers, 1, *duration, *maxChecks, unlimited)
-		report("unlimited", u)
+		report("unlimited", u, *cost)
 		c := ownerCalls(cl) - calls
 		fmt.Printf("%-10s %10d calls to the owner, %.4f per check\n", "", c, float64(c)/float64(max(u.checks, 1)))
 		calls = ownerCalls(cl)
@@ -155,7 +169,7 @@ func main() {
 		began := time.Now()
 		r := run(cl, *callers, 1, *duration, *maxChecks, limited)
 		ended := began.Add(r.elapsed)
-		report("limited", r)
+		report("limited", r, *cost)
 		allowed := limited.Limit + int64(float64(limited.Limit)*r.elapsed.Seconds()/limited.Period.Seconds())
 		if limited.Algorithm == limiter.FixedWindow { // the windows the run touched
 			p := limited.Period
@@ -186,6 +200,17 @@ func closeAll(nodes []*cluster.Node) {
 	}
 }
 
+func writeHeapProfile(name string) {
+	f, err := os.Create(name)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		log.Fatal(err)
+	}
+}
+
 // peerBatches counts the batches the nodes send to their peers.
 type peerBatches struct {
 	batches, items, failed, nanos atomic.Int64
@@ -210,7 +235,68 @@ func (p *peerBatches) report() {
 type result struct {
 	checks, errors int
 	elapsed        time.Duration
-	lat            []time.Duration
+	lat            histogram
+	// CPU time (user and system), heap bytes allocated and garbage
+	// collections during the run, in the whole process.
+	cpu        time.Duration
+	allocBytes uint64
+	gcs        uint32
+}
+
+// histogram counts latencies in log-linear buckets: exact below 64 ns,
+// then 64 buckets per power of two, so that a bucket is at most 1/64 of
+// its values wide. Each caller has its own; they are merged at the end.
+type histogram struct {
+	counts [64 << subBits]uint64
+	n      int
+}
+
+const subBits = 6
+
+func bucketOf(d time.Duration) int {
+	v := uint64(max(d, 0))
+	if v < 1<<subBits {
+		return int(v)
+	}
+	e := bits.Len64(v) - subBits // >= 1
+	return e<<subBits | int(v>>(e-1))&(1<<subBits-1)
+}
+
+// upper returns the largest duration in bucket i.
+func upper(i int) time.Duration {
+	e, m := i>>subBits, uint64(i&(1<<subBits-1))
+	if e == 0 {
+		return time.Duration(m)
+	}
+	return time.Duration((1<<subBits+m+1)<<(e-1) - 1)
+}
+
+func (h *histogram) record(d time.Duration) {
+	h.counts[bucketOf(d)]++
+	h.n++
+}
+
+func (h *histogram) merge(o *histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+}
+
+// quantile returns the upper bound of the bucket that holds the q-quantile.
+func (h *histogram) quantile(q float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(min(h.n-1, int(q*float64(h.n))))
+	var seen uint64
+	for i, c := range h.counts {
+		seen += c
+		if seen > rank {
+			return upper(i)
+		}
+	}
+	return upper(len(h.counts) - 1)
 }
 
 // run makes checks of tmpl (its Key replaced when keys > 1) and counts as
@@ -224,9 +310,12 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 		names[0] = tmpl.Key
 	}
 	perCaller := maxChecks / callers
-	lats := make([][]time.Duration, callers)
+	lats := make([]histogram, callers)
 	errs := make([]int, callers)
 	var wg sync.WaitGroup
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	cpu0 := cpuTime()
 	start := time.Now()
 	stop := start.Add(d)
 	for c := range callers {
@@ -236,7 +325,7 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 			rng := rand.New(rand.NewPCG(uint64(c), 7))
 			req := tmpl
 			ctx := context.Background()
-			buf := make([]time.Duration, 0, 1<<16)
+			h := &lats[c]
 			for i := 0; i < perCaller; i++ {
 				if i%64 == 0 && time.Now().After(stop) {
 					break
@@ -245,34 +334,44 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 				n := nodes[rng.IntN(len(nodes))]
 				t0 := time.Now()
 				dec, err := n.Check(ctx, req)
-				buf = append(buf, time.Since(t0))
+				h.record(time.Since(t0))
 				if err != nil || !dec.Allowed || dec.WithoutOwner {
 					errs[c]++
 				}
 			}
-			lats[c] = buf
 		}()
 	}
 	wg.Wait()
-	r := result{elapsed: time.Since(start)}
+	r := result{elapsed: time.Since(start), cpu: cpuTime() - cpu0}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	r.allocBytes, r.gcs = after.TotalAlloc-before.TotalAlloc, after.NumGC-before.NumGC
 	for c := range callers {
-		r.lat = append(r.lat, lats[c]...)
+		r.lat.merge(&lats[c])
 		r.errors += errs[c]
 	}
-	r.checks = len(r.lat)
-	slices.Sort(r.lat)
+	r.checks = r.lat.n
 	return r
 }
 
-func report(name string, r result) {
-	q := func(p float64) time.Duration {
-		if len(r.lat) == 0 {
-			return 0
-		}
-		return r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))]
+// cpuTime returns the CPU time the process has used, or 0 if unknown.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func report(name string, r result, cost bool) {
+	q := func(p float64) time.Duration { return round(r.lat.quantile(p)) }
 	fmt.Printf("%-10s %10.0f checks/s  p50 %-9v p99 %-9v p99.9 %-9v (%d checks, %d errors or denials)\n",
-		name, float64(r.checks)/r.elapsed.Seconds(), round(q(0.50)), round(q(0.99)), round(q(0.999)), r.checks, r.errors)
+		name, float64(r.checks)/r.elapsed.Seconds(), q(0.50), q(0.99), q(0.999), r.checks, r.errors)
+	if cost {
+		n := float64(max(r.checks, 1))
+		fmt.Printf("%-10s %10.2f µs of CPU per check (%.0f%% of a core), %.0f heap bytes per check, %d GCs\n", "",
+			float64(r.cpu.Microseconds())/n, 100*r.cpu.Seconds()/r.elapsed.Seconds(), float64(r.allocBytes)/n, r.gcs)
+	}
 }
 
 func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]*cluster.Node, error) {

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// Every duration falls in a bucket that holds it and is at most 1/64 of
+// it wide, and buckets follow each other without gaps.
+func TestHistogramBuckets(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	check := func(d time.Duration) {
+		t.Helper()
+		i := bucketOf(d)
+		lo := time.Duration(-1)
+		if i > 0 {
+			lo = upper(i - 1)
+		}
+		if hi := upper(i); d > hi || d <= lo || hi-lo > max(d/64, 1) {
+			t.Fatalf("%d ns in bucket %d of (%d, %d]", d, i, lo, hi)
+		}
+	}
+	for d := range time.Duration(5000) {
+		check(d)
+	}
+	for range 100_000 {
+		check(time.Duration(rng.Int64N(int64(time.Hour))))
+	}
+	check(time.Duration(1<<63 - 1))
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	var h, o histogram
+	for i := 1; i <= 100; i++ {
+		h.record(time.Duration(i))
+		o.record(time.Duration(i) * time.Millisecond)
+	}
+	h.merge(&o)
+	for _, tt := range []struct {
+		q    float64
+		want time.Duration
+	}{{0, 1}, {0.25, 51}, {0.5, time.Millisecond}, {0.99, 99 * time.Millisecond}, {1, 100 * time.Millisecond}} {
+		got := h.quantile(tt.q)
+		if got < tt.want || got > tt.want+tt.want/64 {
+			t.Errorf("quantile(%v) = %v, want %v within 1/64", tt.q, got, tt.want)
+		}
+	}
+	if (&histogram{}).quantile(0.5) != 0 {
+		t.Error("quantile of an empty histogram")
+	}
+}

@@ -71,6 +71,20 @@ type Config struct {
 	// GossipKeys are base64 AES keys (16, 24 or 32 bytes) that encrypt
 	// gossip; the first encrypts, all decrypt. Empty: gossip in clear.
 	GossipKeys []string
+
+	// BreakerThreshold consecutive failed calls to a peer open its circuit
+	// breaker for BreakerCooldown (cluster.Config).
+	BreakerThreshold int
+	BreakerCooldown  time.Duration
+	// Replicas, ReplicateInterval and LeaveTimeout are cluster.Config's:
+	// how many nodes hold each key's state, how often owners copy changed
+	// keys to the others, and how long a graceful leave may hand off.
+	Replicas          int
+	ReplicateInterval time.Duration
+	LeaveTimeout      time.Duration
+	// Lease configures token leases for hot keys (cluster.LeaseConfig);
+	// a Threshold of 0 turns them off.
+	Lease cluster.LeaseConfig
 }
 
 // Bounds on Config fields.
@@ -93,6 +107,12 @@ func DefaultConfig() Config {
 		Unreachable:       cluster.PolicyLocal,
 		DenyRetryAfter:    cc.DenyRetryAfter,
 		PeerTimeout:       cc.Peer.Timeout,
+		BreakerThreshold:  cc.BreakerThreshold,
+		BreakerCooldown:   cc.BreakerCooldown,
+		Replicas:          cc.Replicas,
+		ReplicateInterval: cc.ReplicateInterval,
+		LeaveTimeout:      cc.LeaveTimeout,
+		Lease:             cc.Lease,
 		MaxKeys:           cc.Store.MaxEntries,
 		MaxBodyBytes:      1 << 20,
 		MaxBatchItems:     transport.MaxBatchItems,
@@ -287,6 +307,55 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strings.ToLower(c.LogLevel.String()) }},
+	{key: "breaker_threshold", usage: "consecutive failed calls to a peer that open its circuit breaker",
+		parse: func(c *Config, v string) error { return parseInt(&c.BreakerThreshold, v) },
+		check: func(c *Config) error {
+			if c.BreakerThreshold < 1 || c.BreakerThreshold > 1000 {
+				return fmt.Errorf("%d is outside [1, 1000]", c.BreakerThreshold)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.BreakerThreshold) }},
+	{key: "breaker_cooldown", usage: "how long an open circuit breaker sends a peer's keys to the unreachable policy",
+		parse: func(c *Config, v string) error { return parseDuration(&c.BreakerCooldown, v) },
+		check: func(c *Config) error { return positive(c.BreakerCooldown) },
+		show:  func(c *Config) string { return c.BreakerCooldown.String() }},
+	{key: "replicas", usage: "nodes holding each key's state, the owner included; 1 keeps no copies",
+		parse: func(c *Config, v string) error { return parseInt(&c.Replicas, v) },
+		check: func(c *Config) error {
+			if c.Replicas < 1 || c.Replicas > cluster.MaxReplicas {
+				return fmt.Errorf("%d is outside [1, %d]", c.Replicas, cluster.MaxReplicas)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.Replicas) }},
+	{key: "replicate_interval", usage: "how often an owner copies the keys it changed to their replicas",
+		parse: func(c *Config, v string) error { return parseDuration(&c.ReplicateInterval, v) },
+		check: func(c *Config) error { return positive(c.ReplicateInterval) },
+		show:  func(c *Config) string { return c.ReplicateInterval.String() }},
+	{key: "leave_timeout", usage: "how long a graceful shutdown may hand this node's keys to their new owners",
+		parse: func(c *Config, v string) error { return parseDuration(&c.LeaveTimeout, v) },
+		check: func(c *Config) error { return positive(c.LeaveTimeout) },
+		show:  func(c *Config) string { return c.LeaveTimeout.String() }},
+	{key: "lease_threshold", usage: "checks per second of one key on this node, not its owner, that start leasing its hits; 0: no leases",
+		parse: func(c *Config, v string) error { return parseInt(&c.Lease.Threshold, v) },
+		check: func(c *Config) error { return c.Lease.Validate() },
+		show:  func(c *Config) string { return strconv.FormatInt(c.Lease.Threshold, 10) }},
+	{key: "lease_ttl", usage: "how long a lease of a hot key's hits lasts",
+		parse: func(c *Config, v string) error { return parseDuration(&c.Lease.TTL, v) },
+		check: func(c *Config) error { return c.Lease.Validate() },
+		show:  func(c *Config) string { return c.Lease.TTL.String() }},
+	{key: "lease_share", usage: "most of a key's capacity one lease takes, in (0, 1]",
+		parse: func(c *Config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", v)
+			}
+			c.Lease.Share = f
+			return nil
+		},
+		check: func(c *Config) error { return c.Lease.Validate() },
+		show:  func(c *Config) string { return strconv.FormatFloat(c.Lease.Share, 'g', -1, 64) }},
 	{key: "tls_cert_file", usage: "PEM certificate of this node; with tls_key_file turns on TLS for gRPC and HTTP",
 		parse: func(c *Config, v string) error { c.TLSCertFile = v; return nil },
 		show:  func(c *Config) string { return c.TLSCertFile }},

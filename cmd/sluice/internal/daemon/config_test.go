@@ -152,6 +152,14 @@ func TestConfigErrors(t *testing.T) {
 		{name: "small max keys", args: []string{"--max-keys", "10"}, wantField: "max_keys"},
 		{name: "node name with a space", args: []string{"--node-name", "a b"}, wantField: "node_name"},
 		{name: "stray argument", args: []string{"extra"}, wantText: []string{`"extra"`}},
+		{name: "too many replicas", file: "replicas: 9\n", wantField: "replicas", wantLine: 1, wantText: []string{"[1, 5]"}},
+		{name: "zero replicas", args: []string{"--replicas", "0"}, wantField: "replicas"},
+		{name: "zero replicate interval", env: map[string]string{"SLUICE_REPLICATE_INTERVAL": "0s"}, wantField: "replicate_interval"},
+		{name: "zero breaker threshold", args: []string{"--breaker-threshold", "0"}, wantField: "breaker_threshold"},
+		{name: "lease ttl too long", args: []string{"--lease-threshold", "100", "--lease-ttl", "1h"}, wantField: "lease_ttl", wantText: []string{"Lease.TTL"}},
+		{name: "lease share above 1", file: "lease_threshold: 10\nlease_share: 2\n", wantField: "lease_share", wantLine: 2, wantText: []string{"Lease.Share"}},
+		{name: "lease share not a number", args: []string{"--lease-share", "half"}, wantField: "lease_share"},
+		{name: "negative lease threshold", args: []string{"--lease-threshold", "-1"}, wantField: "lease_threshold"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -176,6 +184,27 @@ func TestConfigErrors(t *testing.T) {
 				t.Errorf("%q does not name the field %s", err, tt.wantField)
 			}
 		})
+	}
+}
+
+// The cluster settings reach the node's config.
+func TestClusterSettings(t *testing.T) {
+	cfg, err := Load([]string{"--replicas", "3", "--replicate-interval", "10ms", "--leave-timeout", "2s",
+		"--breaker-threshold", "7", "--breaker-cooldown", "3s", "--lease-threshold", "500", "--lease-ttl", "50ms", "--lease-share", "0.25"},
+		envMap(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeName = "settings"
+	d := &Daemon{cfg: cfg, logger: slog.New(slog.DiscardHandler), opts: options{now: time.Now}}
+	c := d.clusterConfig()
+	want := cluster.LeaseConfig{Threshold: 500, TTL: 50 * time.Millisecond, Share: 0.25}
+	if c.Replicas != 3 || c.ReplicateInterval != 10*time.Millisecond || c.LeaveTimeout != 2*time.Second ||
+		c.BreakerThreshold != 7 || c.BreakerCooldown != 3*time.Second || c.Lease != want {
+		t.Errorf("cluster config %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("the node's config is invalid: %v", err)
 	}
 }
 

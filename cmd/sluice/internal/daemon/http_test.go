@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -496,5 +498,66 @@ func TestNewFailures(t *testing.T) {
 	cfg.HTTPAddr = taken.HTTPAddr()
 	if _, err := New(cfg, WithLogOutput(io.Discard)); err == nil || !strings.Contains(err.Error(), "http_addr") {
 		t.Errorf("New on a taken port = %v", err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the daemon's logger and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A shutdown whose hand-off cannot reach a new owner (it died just before)
+// still succeeds: the daemon warns and leaves.
+func TestShutdownWithIncompleteHandoff(t *testing.T) {
+	var logs lockedBuffer
+	var ds []*Daemon
+	for i := range 3 {
+		cfg := testConfig(fmt.Sprintf("handoff-%d", i))
+		cfg.LeaveTimeout = 2 * time.Second
+		if i > 0 {
+			cfg.Join = []string{ds[0].GossipAddr()}
+		}
+		var opts []Option
+		if i == 0 {
+			opts = append(opts, WithLogOutput(&logs))
+		}
+		ds = append(ds, start(t, cfg, opts...))
+	}
+	waitFor(t, "three members", func() bool {
+		for _, d := range ds {
+			if len(d.Node().RingMembers()) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	// Keys on node 0 whose owner without node 0 is node 1.
+	body := func(k int) string {
+		return fmt.Sprintf(`{"name":"handoff","key":"k%d","limit":10,"period":"1h","algorithm":"token_bucket"}`, k)
+	}
+	for k := range 200 {
+		if r := do(t, "POST", "http://"+ds[0].HTTPAddr()+"/v1/check", body(k)); r.status != 200 {
+			t.Fatalf("check: %d %s", r.status, r.body)
+		}
+	}
+	ds[1].Close() // hard: node 0 still routes to it
+	if err := ds[0].Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown = %v, want nil despite the hand-off", err)
+	}
+	if !strings.Contains(logs.String(), "not handed off") {
+		t.Errorf("no warning of the incomplete hand-off in the log:\n%s", logs.String())
 	}
 }

@@ -71,23 +71,8 @@ func TestExactLimitAcrossContainers(t *testing.T) {
 // agree on the owner again.
 func TestKillOwner(t *testing.T) {
 	c := startCluster(t, 3)
-	// A key owned by a node other than the seed: a restarted seed has no
-	// address to join and would start a cluster of its own.
-	var victim *node
 	req := checkRequest{Name: "dockertest", Limit: 1_000_000, Period: longPeriod, Algorithm: "fixed_window"}
-	for i := 0; victim == nil; i++ {
-		if i == 200 {
-			t.Fatal("no key of 200 is owned by a node other than the seed")
-		}
-		req.Key = fmt.Sprintf("user:%d", i)
-		owner, err := c.agreedOwner(c.nodes, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if owner != c.nodes[0].name {
-			victim = c.nodes[slices.IndexFunc(c.nodes, func(nd *node) bool { return nd.name == owner })]
-		}
-	}
+	victim := c.keyOwnedBeyondSeed(&req)
 	living := slices.DeleteFunc(slices.Clone(c.nodes), func(nd *node) bool { return nd == victim })
 	t.Logf("key %s is owned by %s; killing it", req.Key, victim.name)
 
@@ -116,6 +101,58 @@ func TestKillOwner(t *testing.T) {
 		_, err := c.agreedOwner(c.nodes, req)
 		return err
 	})
+}
+
+// keyOwnedBeyondSeed sets req.Key to a key owned by a node other than the
+// seed, and returns that node: a restarted seed has no address to join and
+// would start a cluster of its own.
+func (c *cluster) keyOwnedBeyondSeed(req *checkRequest) *node {
+	c.t.Helper()
+	for i := range 200 {
+		req.Key = fmt.Sprintf("user:%d", i)
+		owner, err := c.agreedOwner(c.nodes, *req)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if owner != c.nodes[0].name {
+			return c.nodes[slices.IndexFunc(c.nodes, func(nd *node) bool { return nd.name == owner })]
+		}
+	}
+	c.t.Fatal("no key of 200 is owned by a node other than the seed")
+	return nil
+}
+
+// TestGracefulStopHandsOff stops a key's owner with SIGTERM (docker stop)
+// after 60 of its 100 hits were consumed. With no replicas, only the
+// hand-off of the daemon's graceful shutdown can carry the count: the new
+// owner must have at most 40 left.
+func TestGracefulStopHandsOff(t *testing.T) {
+	c := startCluster(t, 3, "--replicas", "1")
+	req := checkRequest{Name: "dockertest-handoff", Limit: 100, Period: longPeriod, Algorithm: "fixed_window"}
+	owner := c.keyOwnedBeyondSeed(&req)
+	living := slices.DeleteFunc(slices.Clone(c.nodes), func(nd *node) bool { return nd == owner })
+	for i := range 60 {
+		d, err := c.check(living[i%2], req)
+		if err != nil || !d.Allowed || d.Owner != owner.name {
+			t.Fatalf("check %d: %+v, %v; want allowed by %s", i, d, err, owner.name)
+		}
+	}
+	if _, err := docker(dockerTimeout, "stop", "--time", "30", owner.name); err != nil {
+		t.Fatal(err)
+	}
+	c.waitMembers(living, 2)
+	zero := int64(0)
+	peek := req
+	peek.Hits = &zero
+	for _, nd := range living {
+		d, err := c.check(nd, peek)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.WithoutOwner || d.Owner == owner.name || d.Remaining > 40 {
+			t.Errorf("%s after the stop: %+v; want a living owner with at most 40 remaining", nd.name, d)
+		}
+	}
 }
 
 // TestPartition disconnects the seed container from the network: the

@@ -227,7 +227,7 @@ type node struct {
 // startCluster starts n containers and waits until each is ready and
 // routes to all n. The containers are removed when the test ends, after
 // their logs are written to the test log if it failed.
-func startCluster(t *testing.T, n int) *cluster {
+func startCluster(t *testing.T, n int, serveArgs ...string) *cluster {
 	t.Helper()
 	e := setup(t)
 	c := &cluster{t: t, env: e, client: &http.Client{
@@ -253,6 +253,7 @@ func startCluster(t *testing.T, n int) *cluster {
 			"--retry-join-interval", "500ms",
 			"--log-format", "text", "--log-level", "info",
 		}
+		args = append(args, serveArgs...)
 		if i > 0 {
 			args = append(args, "--join", c.nodes[0].name+":7946")
 		}
@@ -415,6 +416,7 @@ func (c *cluster) readyz(nd *node) (readiness, error) {
 type checkRequest struct {
 	Name      string `json:"name"`
 	Key       string `json:"key"`
+	Hits      *int64 `json:"hits,omitempty"` // nil: 1`
 	Limit     int64  `json:"limit"`
 	Period    string `json:"period"`
 	Algorithm string `json:"algorithm"`

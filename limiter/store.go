@@ -139,6 +139,15 @@ func (s *Store) CheckAt(req Request, now time.Time) (Decision, error) {
 }
 
 func (s *Store) decide(req *Request, now int64) Decision {
+	_, d := s.decideKey(req, now, 0)
+	return d
+}
+
+// decideKey decides req (want 0) or takes up to want hits (see TakeAt) on
+// the state of req's key, under its shard's lock, and keeps the result:
+// the entry is updated, or inserted when its state is not fresh, and
+// marked changed unless nothing was consumed or given back.
+func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 	var buf [96]byte // most keys fit on the stack; longer ones allocate
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
 	sh := s.shardFor(k)
@@ -148,21 +157,33 @@ func (s *Store) decide(req *Request, now int64) Decision {
 		if req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog {
 			lg = sh.logs[e.key]
 		}
-		d := decide(&e.state, &lg, req, now)
+		var took int64
+		var d Decision
+		if want == 0 {
+			d = decide(&e.state, &lg, req, now)
+		} else {
+			took, d = take(&e.state, &lg, req, now, want)
+		}
 		if lg != nil && req.Algorithm != SlidingWindowLog {
 			delete(sh.logs, e.key) // the key moved to another algorithm
 		} else if lg != nil && sh.logs[e.key] == nil {
 			sh.logs[e.key] = lg
 		}
 		sh.touchLocked(e)
-		if req.Hits > 0 || req.Behavior != 0 { // a peek changes nothing
+		if req.Hits > 0 || req.Behavior != 0 || took > 0 { // a peek changes nothing
 			s.markChangedLocked(sh, e)
 		}
 		sh.mu.Unlock()
-		return d
+		return took, d
 	}
 	var st state
-	d := decide(&st, &lg, req, now)
+	var took int64
+	var d Decision
+	if want == 0 {
+		d = decide(&st, &lg, req, now)
+	} else {
+		took, d = take(&st, &lg, req, now, want)
+	}
 	if st.expireAt > now { // only state that is not fresh is worth keeping
 		key := string(k)
 		e := s.insertLocked(sh, key, st, now)
@@ -172,7 +193,23 @@ func (s *Store) decide(req *Request, now int64) Decision {
 		s.markChangedLocked(sh, e)
 	}
 	sh.mu.Unlock()
-	return d
+	return took, d
+}
+
+// take peeks with req (Hits 0) and takes as many hits as the peek says
+// remain, at most want and the capacity, returning how many with the
+// decision for them (the peek's when none). A peek changes nothing that
+// matters (it only brings the state up to now), so both run on the real
+// state.
+func take(st *state, lg **windowLog, req *Request, now, want int64) (int64, Decision) {
+	d := decide(st, lg, req, now)
+	n := min(want, d.Remaining, req.Capacity())
+	if n == 0 {
+		return 0, d
+	}
+	r := *req
+	r.Hits = n
+	return n, decide(st, lg, &r, now)
 }
 
 // insertLocked adds a key to sh, evicting its least recently used key first

@@ -112,11 +112,6 @@ func main() {
 		}
 		defer trace.Stop()
 	}
-	defer func() {
-		for _, n := range cl {
-			n.Close()
-		}
-	}()
 	if *memprofile != "" {
 		defer writeHeapProfile(*memprofile)
 	}

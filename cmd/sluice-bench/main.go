@@ -19,6 +19,12 @@
 // key's owner is killed hard under steady traffic (see failover.go):
 //
 //	go run ./cmd/sluice-bench -scenario failover -trials 5 -rate 2000 -callers 8
+//
+// With -scenario loopback it measures the floor under the cluster's
+// latencies: plain Go round trips on as many loopback TCP connections as the
+// cluster has links between nodes, without gRPC or sluice (see loopback.go).
+//
+// -procs sets GOMAXPROCS for every scenario; by default it is Go's own.
 package main
 
 import (
@@ -54,7 +60,9 @@ func main() {
 	memprofile := flag.String("memprofile", "", "write a heap profile (with what the runs allocated) to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
 	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
-	scenario := flag.String("scenario", "throughput", "throughput, or failover: hits forgotten when an owner is killed hard")
+	scenario := flag.String("scenario", "throughput", "throughput; failover: hits forgotten when an owner is killed hard; loopback: plain Go TCP round trips on the cluster's links")
+	procs := flag.Int("procs", 0, "GOMAXPROCS (0: Go's default)")
+	size := flag.Int("size", 256, "loopback: bytes per message")
 	trials := flag.Int("trials", 5, "failover: trials")
 	rate := flag.Float64("rate", 2000, "failover: checks per second on the key, from all callers")
 	interval := flag.Duration("replicate", cluster.DefaultConfig().ReplicateInterval, "failover: Config.ReplicateInterval")
@@ -66,6 +74,27 @@ func main() {
 	limitedAlgo := flag.String("limited-algorithm", "token_bucket", "algorithm of the limited hot-key run: token_bucket, gcra, or fixed_window (windows of 100ms)")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
 	flag.Parse()
+	if *procs < 0 {
+		fmt.Fprintln(os.Stderr, "sluice-bench: -procs must not be negative")
+		os.Exit(2)
+	}
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
+	}
+	if *scenario == "loopback" {
+		if *nodes < 2 || *size < 1 || *duration <= 0 || *maxChecks < 1 {
+			fmt.Fprintln(os.Stderr, "sluice-bench: loopback needs -nodes of 2 or more, and positive -size, -duration and -max-checks")
+			os.Exit(2)
+		}
+		links := *nodes * (*nodes - 1)
+		fmt.Printf("GOMAXPROCS %d, %d loopback TCP connections, %d-byte messages, %v\n", runtime.GOMAXPROCS(0), links, *size, *duration)
+		r, err := loopback(links, *size, *duration, max(*maxChecks/links, 1))
+		if err != nil {
+			log.Fatal(err)
+		}
+		reportAs("loopback", "round trip", r, *cost)
+		return
+	}
 	if *scenario == "failover" {
 		if *trials < 1 || *rate <= 0 || *interval <= 0 || *callers < 1 {
 			fmt.Fprintln(os.Stderr, "sluice-bench: -trials, -rate, -replicate and -callers must be positive")
@@ -115,7 +144,7 @@ func main() {
 	if *memprofile != "" {
 		defer writeHeapProfile(*memprofile)
 	}
-	fmt.Printf("%d nodes, %d callers, token bucket never limited, %v per run, leases %+v\n", *nodes, *callers, *duration, lease)
+	fmt.Printf("GOMAXPROCS %d, %d nodes, %d callers, token bucket never limited, %v per run, leases %+v\n", runtime.GOMAXPROCS(0), *nodes, *callers, *duration, lease)
 	report(fmt.Sprintf("%d keys", *keys), run(cl, *callers, *keys, *duration, *maxChecks, unlimited), *cost)
 	if *peerStats {
 		batches.report()
@@ -308,44 +337,52 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 	lats := make([]histogram, callers)
 	errs := make([]int, callers)
 	var wg sync.WaitGroup
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	cpu0 := cpuTime()
-	start := time.Now()
-	stop := start.Add(d)
-	for c := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(c), 7))
-			req := tmpl
-			ctx := context.Background()
-			h := &lats[c]
-			for i := 0; i < perCaller; i++ {
-				if i%64 == 0 && time.Now().After(stop) {
-					break
+	stop := time.Now().Add(d)
+	r := measure(func() {
+		for c := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(c), 7))
+				req := tmpl
+				ctx := context.Background()
+				h := &lats[c]
+				for i := 0; i < perCaller; i++ {
+					if i%64 == 0 && time.Now().After(stop) {
+						break
+					}
+					req.Key = names[rng.IntN(keys)]
+					n := nodes[rng.IntN(len(nodes))]
+					t0 := time.Now()
+					dec, err := n.Check(ctx, req)
+					h.record(time.Since(t0))
+					if err != nil || !dec.Allowed || dec.WithoutOwner {
+						errs[c]++
+					}
 				}
-				req.Key = names[rng.IntN(keys)]
-				n := nodes[rng.IntN(len(nodes))]
-				t0 := time.Now()
-				dec, err := n.Check(ctx, req)
-				h.record(time.Since(t0))
-				if err != nil || !dec.Allowed || dec.WithoutOwner {
-					errs[c]++
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	r := result{elapsed: time.Since(start), cpu: cpuTime() - cpu0}
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	r.allocBytes, r.gcs = after.TotalAlloc-before.TotalAlloc, after.NumGC-before.NumGC
+			}()
+		}
+		wg.Wait()
+	})
 	for c := range callers {
 		r.lat.merge(&lats[c])
 		r.errors += errs[c]
 	}
 	r.checks = r.lat.n
+	return r
+}
+
+// measure runs f and returns the time, CPU time, heap bytes allocated and
+// garbage collections it took, in the whole process.
+func measure(f func()) result {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	cpu0 := cpuTime()
+	start := time.Now()
+	f()
+	r := result{elapsed: time.Since(start), cpu: cpuTime() - cpu0}
+	runtime.ReadMemStats(&after)
+	r.allocBytes, r.gcs = after.TotalAlloc-before.TotalAlloc, after.NumGC-before.NumGC
 	return r
 }
 
@@ -358,14 +395,17 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func report(name string, r result, cost bool) {
+func report(name string, r result, cost bool) { reportAs(name, "check", r, cost) }
+
+// reportAs prints r, whose operations are each a unit.
+func reportAs(name, unit string, r result, cost bool) {
 	q := func(p float64) time.Duration { return round(r.lat.quantile(p)) }
-	fmt.Printf("%-10s %10.0f checks/s  p50 %-9v p99 %-9v p99.9 %-9v (%d checks, %d errors or denials)\n",
-		name, float64(r.checks)/r.elapsed.Seconds(), q(0.50), q(0.99), q(0.999), r.checks, r.errors)
+	fmt.Printf("%-10s %10.0f %s/s  p50 %-9v p99 %-9v p99.9 %-9v (%d %s, %d errors or denials)\n",
+		name, float64(r.checks)/r.elapsed.Seconds(), unit+"s", q(0.50), q(0.99), q(0.999), r.checks, unit+"s", r.errors)
 	if cost {
 		n := float64(max(r.checks, 1))
-		fmt.Printf("%-10s %10.2f µs of CPU per check (%.0f%% of a core), %.0f heap bytes per check, %d GCs\n", "",
-			float64(r.cpu.Microseconds())/n, 100*r.cpu.Seconds()/r.elapsed.Seconds(), float64(r.allocBytes)/n, r.gcs)
+		fmt.Printf("%-10s %10.2f µs of CPU per %s (%.0f%% of a core), %.0f heap bytes per %s, %d GCs\n", "",
+			float64(r.cpu.Microseconds())/n, unit, 100*r.cpu.Seconds()/r.elapsed.Seconds(), float64(r.allocBytes)/n, unit, r.gcs)
 	}
 }
 

@@ -50,3 +50,18 @@ func TestHistogramQuantile(t *testing.T) {
 		t.Error("quantile of an empty histogram")
 	}
 }
+
+// The loopback baseline makes real round trips on every link, each
+// carrying the whole message, and stops at its count bound.
+func TestLoopbackRoundTrips(t *testing.T) {
+	r, err := loopback(3, 100, time.Minute, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.checks != 3*200 {
+		t.Fatalf("%d round trips, want 600", r.checks)
+	}
+	if r.lat.quantile(0.5) <= 0 {
+		t.Fatalf("median round trip %v", r.lat.quantile(0.5))
+	}
+}

@@ -13,15 +13,14 @@ import (
 // machine: plain Go round trips on loopback TCP, with no gRPC and no
 // sluice. links connections each carry one message of size bytes to an echo
 // goroutine and back, over and over, for d or at most maxTrips times each;
-// the sluice cluster of the
-// standard workload has as many links (nodes × (nodes-1)) carrying its
-// batches. It returns the round trips' latencies.
+// the sluice cluster of the standard workload has as many links
+// (nodes × (nodes-1)) carrying its batches. It returns the round trips'
+// latencies.
 func loopback(links, size int, d time.Duration, maxTrips int) (result, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return result{}, err
 	}
-	defer ln.Close()
 	var echoes sync.WaitGroup
 	echoes.Go(func() {
 		for {
@@ -44,7 +43,7 @@ func loopback(links, size int, d time.Duration, maxTrips int) (result, error) {
 		}
 	})
 	conns := make([]net.Conn, 0, links)
-	defer func() {
+	defer func() { // the echoes end once their connections and the listener are closed
 		for _, c := range conns {
 			c.Close()
 		}

@@ -3,11 +3,15 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/hashicorp/serf/serf"
+
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -26,38 +30,164 @@ func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...CheckOpti
 }
 
 func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOption) (Decision, error) {
-	req := *reqp
 	if n.closed.Load() {
 		return Decision{}, ErrClosed
 	}
-	owner, ok := n.ring.Owner(req.Name, req.Key)
-	if !ok || owner.Name == n.cfg.NodeName {
-		return n.decideLocal(&req) // the store validates
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return n.route(ctx, reqp, n.policy(opts))
+}
+
+// route is the one path every check takes, alone or in a batch: decide it
+// here as the key's settled owner, admit it from a lease, forward it to
+// the owner (or, while a key that moved here is being handed over, to the
+// key's previous owner), or apply policy when the owner cannot be reached.
+// When the node asked is not the owner now (transport.ErrNotOwner), or
+// the hand-over of a key that moved here is not in, route waits for the
+// ring or the hand-over to move on and tries again, within
+// Config.HandoverTimeout; then policy decides.
+func (n *Node) route(ctx context.Context, req *limiter.Request, policy Policy) (Decision, error) {
+	hash := ring.RouteHash(req.Name, req.Key)
+	var deadline time.Time
+	backoff := time.Millisecond
+	for {
+		d, err, again := n.routeOnce(ctx, req, hash, policy)
+		if !again {
+			return d, err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(n.cfg.HandoverTimeout)
+		}
+		if !n.waitRoute(ctx, deadline, &backoff) {
+			if err := ctx.Err(); err != nil {
+				return Decision{}, err
+			}
+			n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
+			return n.unreachable(req, policy)
+		}
+	}
+}
+
+// waitRoute waits until the ring or the hand-over changes, or backoff
+// passes (doubling it, up to 50ms), and reports false when deadline or
+// ctx ended the wait instead.
+func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.Duration) bool {
+	wait := min(*backoff, time.Until(deadline))
+	if wait <= 0 {
+		return false
+	}
+	*backoff = min(2**backoff, 50*time.Millisecond)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-n.shutdown:
+		return false
+	case <-n.hand.wake():
+	case <-t.C:
+	}
+	return true
+}
+
+// routeOnce makes one attempt at req; again is set when route should wait
+// and try again.
+func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy Policy) (d Decision, err error, again bool) {
+	st, owner := n.hand.stateOf(hash)
+	if st == owned {
+		if d, err, ok := n.decideOwned(req, hash); ok {
+			return d, err, false
+		}
+		st, owner = n.hand.stateOf(hash)
+	}
+	if n.closed.Load() {
+		return Decision{}, ErrClosed, false
 	}
 	if err := req.Validate(); err != nil {
-		return Decision{}, err
+		return Decision{}, err, false
 	}
-	if n.leases.on {
-		if d, ok := n.leases.decide(&req, owner.Name, n.now().UnixNano()); ok {
-			return d, nil
+	if st == pending {
+		if !n.hand.ready.Load() { // not part of the cluster (yet)
+			d, err := n.unreachable(req, policy)
+			return d, err, false
+		}
+		// Until the hand-over is in, the previous owner decides.
+		prev, ok := n.hand.previous(hash)
+		if !ok {
+			return Decision{}, nil, true
+		}
+		owner = ring.Member{Name: prev}
+	} else if st == owned {
+		return Decision{}, nil, true // the ring changed under decideOwned
+	}
+	if n.leases.on && st == moved {
+		if d, ok := n.leases.decide(req, owner.Name, n.now().UnixNano()); ok {
+			return d, nil, false
 		}
 	}
-	policy := n.policy(opts)
 	c, ok := n.peers.Get(owner.Name)
 	br := n.breakers.get(owner.Name)
-	if !ok || (!br.closed() && !br.allow(n.now().UnixNano())) {
-		return n.unreachable(&req, policy)
+	if !ok || !n.mayCall(br) {
+		// No client: the member is leaving the ring (rebuilds drop the
+		// client first); an open breaker: it is down.
+		if st == pending || (!ok && n.departing(owner.Name)) {
+			return Decision{}, nil, true
+		}
+		d, err := n.unreachable(req, policy)
+		return d, err, false
 	}
 	n.forwarded.Add(1)
-	d, err := c.Check(ctx, req)
+	fd, err := c.Check(ctx, *req)
 	n.callDone(br, err)
-	if err == nil {
-		if n.leases.on && !d.Allowed {
-			n.leases.noteDenied(&req, owner.Name, &d, n.now().UnixNano())
+	switch {
+	case err == nil:
+		if n.leases.on && !fd.Allowed && st == moved {
+			n.leases.noteDenied(req, owner.Name, &fd, n.now().UnixNano())
 		}
-		return Decision{Decision: d, Owner: owner.Name}, nil
+		return Decision{Decision: fd, Owner: owner.Name}, nil, false
+	case errors.Is(err, transport.ErrNotOwner):
+		return Decision{}, nil, true
+	case errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil && (st == pending || n.departing(owner.Name)):
+		// A previous owner, or an owner that is leaving: the key's
+		// decider is about to change; wait for it.
+		return Decision{}, nil, true
 	}
-	return n.forwardFailed(ctx, &req, policy, err)
+	d, err = n.forwardFailed(ctx, req, policy, err)
+	return d, err, false
+}
+
+// departing reports whether serf knows the member named name as leaving or
+// gone, though the ring may still route to it: a check it could not take
+// waits for the ring to change rather than going to the unreachable
+// policy. It is called only when a forwarded check failed.
+func (n *Node) departing(name string) bool {
+	for _, m := range n.serf.Members() {
+		if m.Name == name {
+			return m.Status != serf.StatusAlive
+		}
+	}
+	return true
+}
+
+// mayCall reports whether br lets a call through now; a closed breaker
+// costs no clock reading.
+func (n *Node) mayCall(br *breaker) bool {
+	return br.closed() || br.allow(n.now().UnixNano())
+}
+
+// decideOwned decides req on this node's store when, under the key's
+// decide lock, this node is the key's settled owner; ok is false when it
+// is not (the ring or the hand-over changed since the caller looked).
+func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err error, ok bool) {
+	mu := n.hand.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	if st, _ := n.hand.stateOf(hash); st != owned {
+		return Decision{}, nil, false
+	}
+	d, err = n.decideLocal(req)
+	return d, err, true
 }
 
 // callDone feeds a forwarded call's outcome to the owner's breaker: only an
@@ -108,7 +238,9 @@ func (n *Node) recordMany(reqs []limiter.Request, out []Result, start time.Time)
 	}
 }
 
-// checkMany is CheckMany with a policy per request.
+// checkMany is CheckMany with a policy per request. It takes route's
+// steps, batching the forwarded checks of each owner into one call; the
+// requests that route would wait for go through route itself.
 func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []Policy) []Result {
 	out := make([]Result, len(reqs))
 	defer n.recordMany(reqs, out, time.Now())
@@ -118,18 +250,33 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		}
 		return out
 	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	type group struct {
 		client *peer.Client
+		br     *breaker
 		owner  string
 		idx    []int
 		reqs   []limiter.Request
 	}
-	var groups map[string]*group
+	var (
+		groups map[string]*group
+		slow   []int // to route one by one
+	)
 	for i := range reqs {
 		req := &reqs[i]
-		owner, ok := n.ring.Owner(req.Name, req.Key)
-		if !ok || owner.Name == n.cfg.NodeName {
-			out[i].Decision, out[i].Err = n.decideLocal(req) // the store validates
+		hash := ring.RouteHash(req.Name, req.Key)
+		st, owner := n.hand.stateOf(hash)
+		if st == owned {
+			var ok bool
+			if out[i].Decision, out[i].Err, ok = n.decideOwned(req, hash); ok {
+				continue
+			}
+			st, owner = n.hand.stateOf(hash)
+		}
+		if st != moved {
+			slow = append(slow, i)
 			continue
 		}
 		if err := req.Validate(); err != nil {
@@ -142,23 +289,31 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 				continue
 			}
 		}
-		c, ok := n.peers.Get(owner.Name)
-		if !ok || n.breakers.get(owner.Name).openUntil.Load() > n.now().UnixNano() {
-			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
-			continue
-		}
-		if groups == nil {
-			groups = make(map[string]*group)
-		}
 		g := groups[owner.Name]
 		if g == nil {
-			g = &group{client: c, owner: owner.Name}
+			c, ok := n.peers.Get(owner.Name)
+			br := n.breakers.get(owner.Name)
+			if !ok && n.departing(owner.Name) {
+				slow = append(slow, i)
+				continue
+			}
+			if !ok || !n.mayCall(br) {
+				out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
+				continue
+			}
+			if groups == nil {
+				groups = make(map[string]*group)
+			}
+			g = &group{client: c, br: br, owner: owner.Name}
 			groups[owner.Name] = g
 		}
 		g.idx = append(g.idx, i)
 		g.reqs = append(g.reqs, *req)
 	}
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		slowMu sync.Mutex // guards slow once the groups are sent
+	)
 	for _, g := range groups {
 		n.forwarded.Add(int64(len(g.reqs)))
 		wg.Add(1)
@@ -171,17 +326,30 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 					callErr = r.Err
 				}
 			}
-			n.callDone(n.breakers.get(g.owner), callErr)
+			n.callDone(g.br, callErr)
 			for j, i := range g.idx {
-				if err := rs[j].Err; err != nil {
+				switch err := rs[j].Err; {
+				case err == nil:
+					out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.owner}
+					if n.leases.on && !rs[j].Decision.Allowed {
+						n.leases.noteDenied(&reqs[i], g.owner, &rs[j].Decision, n.now().UnixNano())
+					}
+				case errors.Is(err, transport.ErrNotOwner):
+					slowMu.Lock()
+					slow = append(slow, i)
+					slowMu.Unlock()
+				default:
 					out[i].Decision, out[i].Err = n.forwardFailed(ctx, &reqs[i], policies[i], err)
-					continue
-				}
-				out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.owner}
-				if n.leases.on && !rs[j].Decision.Allowed {
-					n.leases.noteDenied(&reqs[i], g.owner, &rs[j].Decision, n.now().UnixNano())
 				}
 			}
+		}()
+	}
+	wg.Wait()
+	for _, i := range slow {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].Decision, out[i].Err = n.route(ctx, &reqs[i], policies[i])
 		}()
 	}
 	wg.Wait()
@@ -236,8 +404,10 @@ func (n *Node) unreachable(req *limiter.Request, policy Policy) (Decision, error
 }
 
 // ownerChecker serves the peer service: the caller routed these requests
-// here as their owner, so they are decided on this node's store and never
-// forwarded again (rings that disagree while gossip converges cannot loop).
+// here as their owner. They are decided on this node's store when it is the
+// key's settled owner, and answered with transport.ErrNotOwner otherwise;
+// they are never forwarded again, so rings that disagree while gossip
+// converges cannot make a loop.
 type ownerChecker struct{ n *Node }
 
 var _ transport.CheckerInto = ownerChecker{}
@@ -249,8 +419,13 @@ func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []t
 }
 
 func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []transport.Result) {
+	n := o.n
 	for i := range reqs {
-		d, err := o.n.decideLocal(&reqs[i])
+		hash := ring.RouteHash(reqs[i].Name, reqs[i].Key)
+		d, err, ok := n.decideOwned(&reqs[i], hash)
+		if !ok {
+			err = fmt.Errorf("%w: %s does not decide %s/%s now", transport.ErrNotOwner, n.cfg.NodeName, reqs[i].Name, reqs[i].Key)
+		}
 		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner, Err: err}
 	}
 }

@@ -107,6 +107,12 @@ type Config struct {
 	ReplicateInterval time.Duration
 	// LeaveTimeout bounds the hand-off of a graceful Leave, both passes.
 	LeaveTimeout time.Duration
+	// HandoverTimeout bounds how long a node that gained keys when the
+	// membership changed waits for every other member's hand-over
+	// confirmation before it decides them (handover.go), and how long a
+	// check waits for a key's owner to be settled before the unreachable
+	// policy decides it.
+	HandoverTimeout time.Duration
 
 	Store limiter.StoreConfig
 	Ring  ring.Config
@@ -179,6 +185,7 @@ func DefaultConfig() Config {
 		Replicas:          2,
 		ReplicateInterval: 50 * time.Millisecond,
 		LeaveTimeout:      5 * time.Second,
+		HandoverTimeout:   5 * time.Second,
 		Store:             limiter.DefaultStoreConfig(),
 		Ring:              ring.DefaultConfig(),
 		Peer:              peer.DefaultConfig(),
@@ -243,6 +250,8 @@ func (c *Config) Validate() error {
 		return bad("ReplicateInterval %v must be positive", c.ReplicateInterval)
 	case c.LeaveTimeout <= 0:
 		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
+	case c.HandoverTimeout <= 0:
+		return bad("HandoverTimeout %v must be positive", c.HandoverTimeout)
 	}
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {

@@ -104,40 +104,106 @@ func (n *Node) startTransfers() {
 func (n *Node) handoffLoop() {
 	// Hand-off states whose transfer failed are retried, to the keys'
 	// owners at that time, up to handoffRetries times, handoffRetryEvery
-	// apart: a pass never forgets what it could not deliver at once.
+	// apart: a pass never forgets what it could not deliver at once. The
+	// hand-over confirmations of the members that did not get everything
+	// wait for their states, and are retried with them.
 	var (
 		pending []limiter.Snapshot
+		owed    map[string]bool // members owed a confirmation
 		tries   int
 		retry   = time.NewTimer(time.Hour)
+		expire  = time.NewTimer(time.Hour) // the hand-over's timeout
 	)
 	retry.Stop()
 	defer retry.Stop()
-	keep := func(failed map[string][]limiter.Snapshot) {
+	defer expire.Stop()
+	keep := func(failed map[string][]limiter.Snapshot, unconfirmed map[string]bool) {
 		for _, states := range failed {
 			pending = append(pending, states...)
 		}
-		if len(pending) > 0 && tries < handoffRetries {
+		owed = unconfirmed
+		if (len(pending) > 0 || len(owed) > 0) && tries < handoffRetries {
 			tries++
 			retry.Reset(handoffRetryEvery)
 			return
 		}
-		if len(pending) > 0 {
-			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "tries", tries)
+		if len(pending) > 0 || len(owed) > 0 {
+			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "unconfirmed", len(owed), "tries", tries)
 		}
-		pending, tries = nil, 0
+		pending, owed, tries = nil, nil, 0
+	}
+	armExpire := func() {
+		expire.Stop()
+		if at := n.hand.expire(time.Now()); !at.IsZero() {
+			expire.Reset(time.Until(at))
+		}
 	}
 	for {
 		select {
 		case <-n.shutdown:
 			return
 		case <-n.xfer.wake:
-			keep(n.handoffPass())
+			undelivered := pending
+			pending, tries = nil, 0
+			keep(n.handoffPass(undelivered))
+			armExpire()
 		case <-retry.C:
 			again := n.byOwner(pending)
 			pending = nil
-			keep(n.sendAll(n.xfer.ctx, transport.Handoff, again, handoffAttempts))
+			failed := n.sendAll(n.xfer.ctx, transport.Handoff, again, handoffAttempts)
+			keep(failed, n.confirmTo(owed, failed))
+		case <-expire.C:
+			armExpire()
 		}
 	}
+}
+
+// confirmTo sends the hand-over confirmation of the current membership to
+// every member of to that has no undelivered states in failed, and returns
+// the members still owed one.
+func (n *Node) confirmTo(to map[string]bool, failed map[string][]limiter.Snapshot) map[string]bool {
+	if len(to) == 0 {
+		return nil
+	}
+	fp := n.hand.fingerprint()
+	var (
+		mu   sync.Mutex // guards owed
+		owed map[string]bool
+		wg   sync.WaitGroup
+	)
+	for name := range to {
+		if _, member := n.peers.Get(name); !member {
+			continue // gone: nothing is owed to it
+		}
+		if len(failed[name]) > 0 {
+			mu.Lock()
+			if owed == nil {
+				owed = map[string]bool{}
+			}
+			owed[name] = true
+			mu.Unlock()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := errors.New("no client")
+			if c, ok := n.peers.Get(name); ok {
+				err = c.HandoffDone(n.xfer.ctx, fp)
+			}
+			if err != nil {
+				n.logger.Warn("cluster: hand-over confirmation failed", "to", name, "err", err)
+				mu.Lock()
+				defer mu.Unlock()
+				if owed == nil {
+					owed = map[string]bool{}
+				}
+				owed[name] = true
+			}
+		}()
+	}
+	wg.Wait()
+	return owed
 }
 
 // byOwner groups states by their owner on the current ring, leaving out
@@ -153,31 +219,48 @@ func (n *Node) byOwner(states []limiter.Snapshot) map[string][]limiter.Snapshot 
 }
 
 // handoffPass plans against the membership of the previous pass and the
-// current one, sends what moved and returns the hand-off states it could
-// not deliver.
-func (n *Node) handoffPass() map[string][]limiter.Snapshot {
+// current one, sends what moved (and the states earlier passes could not
+// deliver, to their owners now), then confirms the current membership to
+// every other member. It returns the hand-off states it could not deliver
+// and the members it owes a confirmation.
+//
+// The pass begins with a barrier: every decision made as owner under the
+// previous ring has ended, and later ones see the current ring, so the
+// states it reads hold everything this node admitted as their owner.
+func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter.Snapshot, map[string]bool) {
 	cur := n.ring.Members()
 	prev := n.xfer.prev
 	if slices.Equal(prev, cur) {
-		return nil
+		return n.sendAll(n.xfer.ctx, transport.Handoff, n.byOwner(undelivered), handoffAttempts), nil
 	}
 	n.xfer.prev = cur
 	defer n.xfer.passes.Add(1)
-	if len(prev) == 0 || len(cur) == 0 {
-		return nil // nothing was owned before, or no one to send to
-	}
-	oldR, err := n.ringOf(prev)
-	if err == nil {
+	n.hand.barrier()
+	handoff := n.byOwner(undelivered)
+	if len(prev) > 0 && len(cur) > 0 {
+		oldR, err := n.ringOf(prev)
 		var newR *ring.Ring
-		if newR, err = n.ringOf(cur); err == nil {
-			handoff, replica := n.planHandoff(oldR, newR)
-			failed := n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
+		if err == nil {
+			newR, err = n.ringOf(cur)
+		}
+		if err != nil {
+			n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
+		} else {
+			moved, replica := n.planHandoff(oldR, newR)
+			for to, states := range moved {
+				handoff[to] = append(handoff[to], states...)
+			}
 			n.sendAll(n.xfer.ctx, transport.Replica, replica, handoffAttempts)
-			return failed
 		}
 	}
-	n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
-	return nil
+	failed := n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
+	others := map[string]bool{}
+	for _, m := range cur {
+		if m.Name != n.cfg.NodeName {
+			others[m.Name] = true
+		}
+	}
+	return failed, n.confirmTo(others, failed)
 }
 
 // ringOf builds a ring over members with the node's ring config.
@@ -333,19 +416,18 @@ func (n *Node) sendChunk(ctx context.Context, to string, reason transport.Transf
 // leaveHandoff hands every key this node holds to its owner on the ring
 // without this node, then leaves serf. Pass 1 sends every live key while
 // the node still serves. Then the node stops deciding: local checks get
-// ErrClosed, and it stops serving peers once the calls in flight are
-// answered. Pass 2 sends what changed since pass 1 (every live key again
-// when the store does not track changes), and only then does the node
-// leave serf, so no other node decides one of its keys before the key's
-// whole state has reached the new owner. Both passes run within
-// Config.LeaveTimeout.
+// ErrClosed and forwarded ones transport.ErrNotOwner, which their senders
+// route again once their rings have dropped this node; a barrier lets the
+// decisions in progress end. Pass 2 sends what changed since pass 1 (every
+// live key again when the store does not track changes), and only then
+// does the node leave serf and stop serving peers, so no other node
+// decides one of its keys before the key's whole state has reached the new
+// owner. Both passes run within Config.LeaveTimeout.
 //
 // What may still be lost: states whose transfer failed or did not finish
-// within LeaveTimeout (the error wraps ErrHandoff); hits that other nodes
-// decide under their unreachable policy (PolicyLocal) between this node
-// stopping and their rings dropping it, which count in their own stores,
-// not the owner's; and a local Check already past its closed test when
-// pass 2 reads the store.
+// within LeaveTimeout (the error wraps ErrHandoff), and checks that reach
+// this node after its gRPC server stopped, which their senders decide
+// under their unreachable policy.
 func (n *Node) leaveHandoff() error {
 	ctx, cancel := context.WithTimeout(n.xfer.ctx, n.cfg.LeaveTimeout)
 	defer cancel()
@@ -385,8 +467,12 @@ func (n *Node) leaveHandoff() error {
 		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
 	}
 	pass(all)
+	// Stop deciding: local checks get ErrClosed, and forwarded ones
+	// ErrNotOwner, so that their senders route them again once their
+	// rings have dropped this node, to owners that hold its states.
 	n.closed.Store(true)
-	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
+	n.hand.setReady(false, n.now())
+	n.hand.barrier()
 	if track {
 		pass(func(f func(limiter.Snapshot)) {
 			n.xfer.changedMu.Lock()
@@ -397,16 +483,26 @@ func (n *Node) leaveHandoff() error {
 		pass(all)
 	}
 	err := n.serf.Leave()
+	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {
 		err = errors.Join(err, fmt.Errorf("%w: %d key states not delivered", ErrHandoff, lost))
 	}
 	return err
 }
 
-// stateSink takes key states other nodes send to this one.
+// stateSink takes key states other nodes send to this one, and their
+// hand-over confirmations.
 type stateSink struct{ n *Node }
 
-var _ transport.StateSink = stateSink{}
+var (
+	_ transport.StateSink    = stateSink{}
+	_ transport.HandoverSink = stateSink{}
+)
+
+// HandoffDone records a member's hand-over confirmation (handover.go).
+func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64) {
+	s.n.hand.confirm(from, fp)
+}
 
 // TakeStates merges states into the store at the node's time, one at a
 // time so that every invalid one is counted.

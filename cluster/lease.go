@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -119,8 +120,12 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 	if ttl <= 0 || ttl > transport.MaxLeaseTTL {
 		return transport.Lease{}, fmt.Errorf("%w: ttl %v is outside (0, %v]", ErrLeaseRefused, ttl, transport.MaxLeaseTTL)
 	}
-	if o, ok := n.ring.Owner(req.Name, req.Key); ok && o.Name != n.cfg.NodeName {
-		return transport.Lease{}, fmt.Errorf("%w: %s does not own the key, %s does", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	hash := ring.RouteHash(req.Name, req.Key)
+	mu := n.hand.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	if st, o := n.hand.stateOf(hash); st != owned {
+		return transport.Lease{}, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
 	}
 	now := n.now()
 	took, d, err := n.store.TakeAt(req, want, now)

@@ -1,10 +1,13 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -59,6 +62,28 @@ type MemberEvent struct {
 	Members []Member
 }
 
+// serfLogWriter passes serf's and memberlist's log lines to a slog logger
+// at the level their "[ERR]", "[WARN]", "[INFO]" or "[DEBUG]" tag names:
+// a name conflict or a failed join is an error or a warning, not a debug
+// line.
+type serfLogWriter struct{ logger *slog.Logger }
+
+func (w serfLogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelDebug
+	for _, t := range []struct {
+		tag   string
+		level slog.Level
+	}{{"[ERR]", slog.LevelError}, {"[WARN]", slog.LevelWarn}, {"[INFO]", slog.LevelInfo}, {"[DEBUG]", slog.LevelDebug}} {
+		if i := strings.Index(line, t.tag); i >= 0 {
+			level, line = t.level, strings.TrimSpace(line[i+len(t.tag):])
+			break
+		}
+	}
+	w.logger.Log(context.Background(), level, line)
+	return len(p), nil
+}
+
 // serfConfig builds a fresh serf config (serf rewrites the one it is given).
 func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog.Logger) (*serf.Config, error) {
 	host, port, err := splitHostPort(c.GossipAddr)
@@ -69,9 +94,10 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	sc.NodeName = c.NodeName
 	sc.EventCh = events
 	sc.Tags = map[string]string{grpcTag: grpcAddr}
-	// serf and memberlist log through the node's logger at debug level;
-	// only one of LogOutput and Logger may be set on memberlist.
-	std := slog.NewLogLogger(logger.Handler(), slog.LevelDebug)
+	// serf and memberlist log through the node's logger at the level each
+	// line names; only one of LogOutput and Logger may be set on
+	// memberlist.
+	std := log.New(serfLogWriter{logger}, "", 0)
 	sc.Logger = std
 	sc.LogOutput = nil
 	if c.Profile == ProfileFast {

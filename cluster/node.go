@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -79,6 +80,7 @@ type Node struct {
 
 	metrics  *metrics // nil without Config.Registerer
 	breakers breakers
+	hand     *handover   // which keys this node decides as owner
 	leases   *leaseTable // see lease.go
 
 	lis    net.Listener
@@ -134,6 +136,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.ring, err = ring.New(cfg.Ring); err != nil {
 		return nil, err
 	}
+	n.hand = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}
@@ -199,15 +202,79 @@ func New(cfg Config) (n *Node, err error) {
 	n.rebuild(0)
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
+	n.goFunc(n.watchSerf)
 	n.startTransfers()
-	if len(cfg.Seeds) > 0 {
-		if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
-			n.logger.Warn("cluster: join failed, retrying", "seeds", cfg.Seeds, "err", jerr)
-			n.goFunc(n.retryJoinLoop)
-		}
+	if len(cfg.Seeds) == 0 {
+		n.hand.setReady(true, n.now())
+	} else if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
+		n.logger.Warn("cluster: join failed; not ready, retrying: until it joins, the node decides no key as owner and checks get the unreachable policy",
+			"seeds", cfg.Seeds, "retry", cfg.RetryJoinInterval, "err", jerr)
+		n.goFunc(n.retryJoinLoop)
+	} else {
+		n.joined()
 	}
 	n.logger.Info("cluster: node started", "name", cfg.NodeName, "gossip", n.GossipAddr(), "grpc", grpcAddr)
 	return n, nil
+}
+
+// joined makes the node ready once it has joined: its ring is rebuilt from
+// the members the join brought in before it decides any key as owner.
+func (n *Node) joined() {
+	if n.closed.Load() || n.serf.State() != serf.SerfAlive {
+		return
+	}
+	n.rebuild(0)
+	n.hand.setReady(true, n.now())
+	n.logger.Info("cluster: joined", "members", n.ring.Len())
+}
+
+// watchSerf makes the node not ready, and says why, when serf stops while
+// the node runs: serf shuts itself down when another node holds this
+// node's name and wins the conflict.
+func (n *Node) watchSerf() {
+	select {
+	case <-n.shutdown:
+	case <-n.serf.ShutdownCh():
+		if n.closed.Load() {
+			return
+		}
+		n.hand.setReady(false, n.now())
+		n.logger.Error("cluster: serf stopped while the node runs (another node has its name?): the node decides no key as owner any more and reports not ready; restart it with a unique name",
+			"name", n.cfg.NodeName)
+	}
+}
+
+// Ready reports whether the node decides the keys it owns: it has joined
+// the cluster of its seeds (at once when it has none), serf runs, and it
+// is neither closed nor leaving. Until then every check it is asked about
+// a key it would own gets the unreachable policy, with WithoutOwner set.
+func (n *Node) Ready() bool { return !n.closed.Load() && n.hand.ready.Load() }
+
+// Unconfirmed returns the members whose hand-over confirmation of this
+// node's current membership it still waits for: while any are listed, keys
+// that moved to this node are decided by their previous owner or wait
+// (see Config.HandoverTimeout). It is empty once the membership settled.
+func (n *Node) Unconfirmed() []string { return n.hand.unconfirmed() }
+
+// WaitReady waits until the node is ready or ctx ends, and returns ctx's
+// error in the second case, or ErrClosed when the node closes first.
+func (n *Node) WaitReady(ctx context.Context) error {
+	for {
+		wake := n.hand.wake()
+		if n.Ready() {
+			return nil
+		}
+		if n.closed.Load() {
+			return ErrClosed
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.shutdown:
+			return ErrClosed
+		case <-wake:
+		}
+	}
 }
 
 // goFunc runs f in a goroutine that Close waits for.
@@ -241,6 +308,10 @@ func (n *Node) Join(seeds ...string) (int, error) {
 	if err != nil {
 		return k, fmt.Errorf("%w: %w", ErrJoin, err)
 	}
+	if n.serf.State() != serf.SerfAlive {
+		return k, fmt.Errorf("%w: serf stopped (another node has the name %q?)", ErrJoin, n.cfg.NodeName)
+	}
+	n.joined()
 	return k, nil
 }
 
@@ -376,6 +447,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	if err := n.ring.SetMembers(members); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
+	n.hand.adopt(n.ring.Members(), n.now())
 	n.xfer.wakeHandoff()
 	if kind == 0 || n.cfg.Events == nil {
 		return
@@ -412,10 +484,14 @@ func (n *Node) retryJoinLoop() {
 		case <-n.shutdown:
 			return
 		case <-t.C:
-			if k, err := n.serf.Join(n.cfg.Seeds, true); err == nil && k > 0 {
-				n.logger.Info("cluster: joined", "seeds", n.cfg.Seeds, "reached", k)
+			// memberlist resolves host names on every Join: a headless
+			// service's new addresses are found.
+			k, err := n.serf.Join(n.cfg.Seeds, true)
+			if err == nil && k > 0 {
+				n.joined()
 				return
 			}
+			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", n.cfg.Seeds, "err", err)
 		}
 	}
 }

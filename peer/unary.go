@@ -40,6 +40,17 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 	return merged, rejected, nil
 }
 
+// HandoffDone tells the peer that this node has adopted the membership
+// whose fingerprint is fp and delivered every key state it owed the peer
+// under it (transport.HandoverSink). Errors are Transfer's.
+func (c *Client) HandoffDone(ctx context.Context, fp uint64) error {
+	in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(transport.HandoffDone), RingFingerprint: fp}
+	return c.unary(ctx, func(ctx context.Context) error {
+		_, err := c.rpc.Transfer(ctx, in, transport.CallOptions()...)
+		return err
+	})
+}
+
 // Lease asks the peer, the owner of req's key, for up to want hits of it
 // for ttl. The error wraps ErrUnavailable when the peer could not be reached
 // and is ErrClosed after Close; a refusal by the owner is returned as is.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/buraksezer/consistent"
+	"github.com/cespare/xxhash/v2"
 )
 
 // Member is one node of the cluster as the ring sees it.
@@ -158,6 +159,36 @@ func (r *Ring) OwnerOfHash(h uint64) (Member, bool) {
 		return Member{}, false
 	}
 	return t.members[t.owners[h%uint64(len(t.owners))]], true
+}
+
+// OwnerAndVersion is [Ring.OwnerOfHash] together with the [Ring.Version]
+// of the assignment that answered, read from one snapshot.
+func (r *Ring) OwnerAndVersion(h uint64) (Member, uint64, bool) {
+	t := r.tab.Load()
+	if len(t.members) == 0 {
+		return Member{}, t.version, false
+	}
+	return t.members[t.owners[h%uint64(len(t.owners))]], t.version, true
+}
+
+// Partition returns the partition h falls in: h modulo PartitionCount.
+func (r *Ring) Partition(h uint64) int { return int(h % uint64(r.cfg.PartitionCount)) }
+
+// Fingerprint identifies a membership by its names: the xxhash of the
+// names sorted, each followed by a zero byte. Nodes compare fingerprints to
+// know that they route over the same members.
+func Fingerprint(ms []Member) uint64 {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	slices.Sort(names)
+	d := xxhash.New()
+	for _, n := range names {
+		d.WriteString(n)
+		d.Write([]byte{0})
+	}
+	return d.Sum64()
 }
 
 // Owners returns the key's owner followed by the members next in line for

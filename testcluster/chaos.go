@@ -129,7 +129,9 @@ func (nw *network) partition(groups map[int]int) {
 	nw.groups = groups
 	var crossing []*trackedConn
 	for c := range nw.conns {
-		if nw.cutLocked(c.from, c.to) {
+		// The address is looked up now: a conn dialled while its node
+		// was starting, before it was registered, is cut as well.
+		if nw.cutLocked(c.from, nw.nodeAtLocked(c.addr)) {
 			crossing = append(crossing, c)
 		}
 	}
@@ -225,7 +227,7 @@ func (nw *network) track(from int, addr string, conn net.Conn) (net.Conn, error)
 		conn.Close()
 		return nil, errCut
 	}
-	tc := &trackedConn{Conn: conn, nw: nw, from: from, to: to}
+	tc := &trackedConn{Conn: conn, nw: nw, from: from, addr: addr}
 	nw.conns[tc] = struct{}{}
 	nw.mu.Unlock()
 	return tc, nil
@@ -234,9 +236,10 @@ func (nw *network) track(from int, addr string, conn net.Conn) (net.Conn, error)
 // trackedConn is a conn between two nodes that a partition closes.
 type trackedConn struct {
 	net.Conn
-	nw       *network
-	from, to int
-	once     sync.Once
+	nw   *network
+	from int
+	addr string // the address dialled
+	once sync.Once
 }
 
 func (c *trackedConn) Close() error {

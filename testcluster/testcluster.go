@@ -220,8 +220,9 @@ func (c *Cluster) Add() *cluster.Node {
 }
 
 // WaitConverged waits until every live node's ring holds exactly the live
-// nodes it is not partitioned from, and fails the test if that takes
-// longer than the wait.
+// nodes it is not partitioned from, every node that is not cut off from
+// all others is ready and has the hand-over confirmation of every member
+// of its ring, and fails the test if that takes longer than the wait.
 func (c *Cluster) WaitConverged() {
 	c.t.Helper()
 	if err := WaitFor(c.opts.wait, c.converged); err != nil {
@@ -256,6 +257,16 @@ func (c *Cluster) converged() error {
 		}
 		if !slices.Equal(got, want) {
 			return fmt.Errorf("%s routes over %v, want %v", nd.Name(), got, want)
+		}
+		if len(want) == 1 && len(live) > 1 {
+			// Cut off from every other node: it may not have joined.
+			continue
+		}
+		if !nd.Ready() {
+			return fmt.Errorf("%s is not ready", nd.Name())
+		}
+		if u := nd.Unconfirmed(); len(u) > 0 {
+			return fmt.Errorf("%s waits for the hand-over of %v", nd.Name(), u)
 		}
 	}
 	return nil

@@ -302,6 +302,7 @@ var allSentinels = []struct {
 	{ErrUnavailable, pb.ErrorCode_ERROR_CODE_UNAVAILABLE},
 	{context.DeadlineExceeded, pb.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED},
 	{context.Canceled, pb.ErrorCode_ERROR_CODE_CANCELED},
+	{ErrNotOwner, pb.ErrorCode_ERROR_CODE_NOT_OWNER},
 }
 
 func TestErrorRoundTrip(t *testing.T) {

@@ -26,6 +26,11 @@ var (
 	// ErrInternal is a failure of the deciding node that no other error
 	// describes.
 	ErrInternal = errors.New("transport: internal error")
+	// ErrNotOwner means the node asked does not decide the key now: its
+	// ring gives the key to another node, or the key has just moved to it
+	// and the previous owner's hand-over is not in yet. The sender routes
+	// the request again once one of the two rings has moved on.
+	ErrNotOwner = errors.New("transport: not the key's owner now")
 )
 
 // MaxErrorMessageLen bounds the error text carried per item, in bytes.
@@ -69,6 +74,7 @@ var codeErrors = [...]error{
 	pb.ErrorCode_ERROR_CODE_UNAVAILABLE:       ErrUnavailable,
 	pb.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED: context.DeadlineExceeded,
 	pb.ErrorCode_ERROR_CODE_CANCELED:          context.Canceled,
+	pb.ErrorCode_ERROR_CODE_NOT_OWNER:         ErrNotOwner,
 }
 
 // codeSentinel returns the sentinel of c, or nil for NONE and unknown codes.

@@ -23,6 +23,10 @@ const (
 	Handoff TransferReason = iota + 1
 	// Replica: the sender owns the keys; the receiver keeps a copy.
 	Replica
+	// HandoffDone carries no states: the sender has adopted a membership
+	// and handed the receiver every key it decided that the membership
+	// gives the receiver (see HandoverSink).
+	HandoffDone
 )
 
 func (r TransferReason) String() string {
@@ -31,6 +35,8 @@ func (r TransferReason) String() string {
 		return "handoff"
 	case Replica:
 		return "replica"
+	case HandoffDone:
+		return "handoff-done"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -40,6 +46,15 @@ func (r TransferReason) String() string {
 // concurrent use.
 type StateSink interface {
 	TakeStates(ctx context.Context, from string, reason TransferReason, states []limiter.Snapshot) (merged, rejected int)
+}
+
+// HandoverSink is implemented by a StateSink that takes hand-over
+// confirmations: the node named from has adopted the membership whose
+// fingerprint is given, decides only the keys that membership gives it, and
+// has delivered every key state it owed this node under it. A StateSink
+// without it answers HandoffDone transfers as Unimplemented.
+type HandoverSink interface {
+	HandoffDone(ctx context.Context, from string, fingerprint uint64)
 }
 
 // Lease is a share of a key's remaining hits, granted by its owner.
@@ -132,6 +147,8 @@ func reasonFromProto(r pb.TransferReason) (TransferReason, bool) {
 		return Handoff, true
 	case pb.TransferReason_TRANSFER_REASON_REPLICA:
 		return Replica, true
+	case pb.TransferReason_TRANSFER_REASON_HANDOFF_DONE:
+		return HandoffDone, true
 	}
 	return 0, false
 }
@@ -143,6 +160,8 @@ func ReasonToProto(r TransferReason) pb.TransferReason {
 		return pb.TransferReason_TRANSFER_REASON_HANDOFF
 	case Replica:
 		return pb.TransferReason_TRANSFER_REASON_REPLICA
+	case HandoffDone:
+		return pb.TransferReason_TRANSFER_REASON_HANDOFF_DONE
 	}
 	return pb.TransferReason_TRANSFER_REASON_UNSPECIFIED
 }
@@ -162,6 +181,17 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	reason, ok := reasonFromProto(in.Reason)
 	if !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "transport: unknown transfer reason %d", in.Reason)
+	}
+	if reason == HandoffDone {
+		hs, ok := p.cfg.sink.(HandoverSink)
+		switch {
+		case !ok:
+			return nil, status.Error(codes.Unimplemented, "transport: hand-over confirmations are not served")
+		case len(in.States) > 0:
+			return nil, status.Errorf(codes.InvalidArgument, "transport: a hand-over confirmation carries %d states, want none", len(in.States))
+		}
+		hs.HandoffDone(ctx, cleanText(in.From, limiter.MaxNameLen), in.RingFingerprint)
+		return &pb.TransferResponse{}, nil
 	}
 	states := make([]limiter.Snapshot, 0, len(in.States))
 	rejected := 0

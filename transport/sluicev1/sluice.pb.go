@@ -249,6 +249,11 @@ const (
 	ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED ErrorCode = 14
 	// The item was canceled before it was decided.
 	ErrorCode_ERROR_CODE_CANCELED ErrorCode = 15
+	// The receiving node does not decide this key now: its ring gives the
+	// key to another node, or the key has just moved to it and the hand-over
+	// from the previous owner is not complete. The sender routes the item
+	// again once its own ring or the receiver's hand-over has moved on.
+	ErrorCode_ERROR_CODE_NOT_OWNER ErrorCode = 16
 )
 
 // Enum value maps for ErrorCode.
@@ -270,6 +275,7 @@ var (
 		13: "ERROR_CODE_UNAVAILABLE",
 		14: "ERROR_CODE_DEADLINE_EXCEEDED",
 		15: "ERROR_CODE_CANCELED",
+		16: "ERROR_CODE_NOT_OWNER",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_NONE":              0,
@@ -288,6 +294,7 @@ var (
 		"ERROR_CODE_UNAVAILABLE":       13,
 		"ERROR_CODE_DEADLINE_EXCEEDED": 14,
 		"ERROR_CODE_CANCELED":          15,
+		"ERROR_CODE_NOT_OWNER":         16,
 	}
 )
 
@@ -328,6 +335,11 @@ const (
 	TransferReason_TRANSFER_REASON_HANDOFF TransferReason = 1
 	// The sender owns these keys and the receiver is one of their replicas.
 	TransferReason_TRANSFER_REASON_REPLICA TransferReason = 2
+	// No states: the sender has adopted the membership whose fingerprint is
+	// ring_fingerprint, decides only the keys that membership gives it, and
+	// has handed the receiver every key it decided that the membership gives
+	// the receiver.
+	TransferReason_TRANSFER_REASON_HANDOFF_DONE TransferReason = 3
 )
 
 // Enum value maps for TransferReason.
@@ -336,11 +348,13 @@ var (
 		0: "TRANSFER_REASON_UNSPECIFIED",
 		1: "TRANSFER_REASON_HANDOFF",
 		2: "TRANSFER_REASON_REPLICA",
+		3: "TRANSFER_REASON_HANDOFF_DONE",
 	}
 	TransferReason_value = map[string]int32{
-		"TRANSFER_REASON_UNSPECIFIED": 0,
-		"TRANSFER_REASON_HANDOFF":     1,
-		"TRANSFER_REASON_REPLICA":     2,
+		"TRANSFER_REASON_UNSPECIFIED":  0,
+		"TRANSFER_REASON_HANDOFF":      1,
+		"TRANSFER_REASON_REPLICA":      2,
+		"TRANSFER_REASON_HANDOFF_DONE": 3,
 	}
 )
 
@@ -945,11 +959,15 @@ func (x *LogEntry) GetHits() int64 {
 type TransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the sending node.
-	From          string         `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Reason        TransferReason `protobuf:"varint,2,opt,name=reason,proto3,enum=sluice.v1.TransferReason" json:"reason,omitempty"`
-	States        []*KeyState    `protobuf:"bytes,3,rep,name=states,proto3" json:"states,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	From   string         `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Reason TransferReason `protobuf:"varint,2,opt,name=reason,proto3,enum=sluice.v1.TransferReason" json:"reason,omitempty"`
+	States []*KeyState    `protobuf:"bytes,3,rep,name=states,proto3" json:"states,omitempty"`
+	// With TRANSFER_REASON_HANDOFF_DONE: the fingerprint of the membership
+	// the sender adopted (xxhash of its member names, sorted, each followed
+	// by a zero byte).
+	RingFingerprint uint64 `protobuf:"fixed64,4,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *TransferRequest) Reset() {
@@ -1001,6 +1019,13 @@ func (x *TransferRequest) GetStates() []*KeyState {
 		return x.States
 	}
 	return nil
+}
+
+func (x *TransferRequest) GetRingFingerprint() uint64 {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return 0
 }
 
 // TransferResponse says how the states were taken.
@@ -1531,11 +1556,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x85\x01\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xb0\x01\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
-	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\"F\n" +
+	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12)\n" +
+	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\x8a\x01\n" +
@@ -1581,7 +1607,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x1eUNREACHABLE_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18UNREACHABLE_POLICY_LOCAL\x10\x01\x12\x1c\n" +
 	"\x18UNREACHABLE_POLICY_ALLOW\x10\x02\x12\x1b\n" +
-	"\x17UNREACHABLE_POLICY_DENY\x10\x03*\xe8\x03\n" +
+	"\x17UNREACHABLE_POLICY_DENY\x10\x03*\x82\x04\n" +
 	"\tErrorCode\x12\x13\n" +
 	"\x0fERROR_CODE_NONE\x10\x00\x12\x1b\n" +
 	"\x17ERROR_CODE_INVALID_NAME\x10\x01\x12\x1a\n" +
@@ -1599,11 +1625,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x13ERROR_CODE_INTERNAL\x10\f\x12\x1a\n" +
 	"\x16ERROR_CODE_UNAVAILABLE\x10\r\x12 \n" +
 	"\x1cERROR_CODE_DEADLINE_EXCEEDED\x10\x0e\x12\x17\n" +
-	"\x13ERROR_CODE_CANCELED\x10\x0f*k\n" +
+	"\x13ERROR_CODE_CANCELED\x10\x0f\x12\x18\n" +
+	"\x14ERROR_CODE_NOT_OWNER\x10\x10*\x8d\x01\n" +
 	"\x0eTransferReason\x12\x1f\n" +
 	"\x1bTRANSFER_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TRANSFER_REASON_HANDOFF\x10\x01\x12\x1b\n" +
-	"\x17TRANSFER_REASON_REPLICA\x10\x022\x9e\x02\n" +
+	"\x17TRANSFER_REASON_REPLICA\x10\x02\x12 \n" +
+	"\x1cTRANSFER_REASON_HANDOFF_DONE\x10\x032\x9e\x02\n" +
 	"\x04Peer\x12G\n" +
 	"\n" +
 	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse\x12L\n" +

@@ -1,0 +1,296 @@
+package cluster
+
+import (
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Ownership hand-over: a node decides a key as its owner only when its ring
+// gives it the key and the key's partition is settled on this node.
+//
+// A partition is settled when the node is ready (it has joined the cluster
+// it was given seeds of, and serf runs) and either
+//   - the node owned it, settled, under its previous ring as well: nobody
+//     else decided it meanwhile; or
+//   - every other member of the node's current membership has confirmed
+//     that membership (a HandoffDone transfer carrying its fingerprint):
+//     each has adopted it, so decides none of this node's keys any more,
+//     and has delivered every key state it owed this node; or
+//   - Config.HandoverTimeout has passed since the membership changed, and
+//     some member never confirmed (the node says so at warn level).
+//
+// Every member sends HandoffDone to every other member after the hand-off
+// pass of each new membership (handoff.go), after the states of that pass
+// were delivered. A key that moves while its previous owner is alive is
+// therefore never decided from a state that lacks what the previous owner
+// admitted: until its new owner has the previous owner's state and the
+// previous owner's word that it stopped, the new owner forwards the key's
+// checks to the previous owner (the owner in the ring without this node)
+// and, when that one has stopped deciding too, waits. Both are bounded by
+// Config.HandoverTimeout, after which the unreachable policy decides.
+//
+// A node never decides a key its ring does not give it: a forwarded check
+// for such a key, or for a key not settled yet, is answered with
+// transport.ErrNotOwner, and the sender routes it again once its ring or
+// the receiver's hand-over has moved on. The decision itself runs under a
+// lock per key hash that also covers the ownership test, and the hand-off
+// pass takes every such lock once after the ring changed (barrier), so no
+// decision made under the old ring is missed by the pass that sends it.
+
+// maxConfirmations bounds the members whose latest confirmation a node
+// keeps.
+const maxConfirmations = 4096
+
+// decideShards is the number of locks decisions as owner are made under.
+const decideShards = 64
+
+// paddedMutex keeps each lock on its own cache line.
+type paddedMutex struct {
+	sync.Mutex
+	_ [56]byte
+}
+
+// settledSet is the partitions a node may decide as owner under one
+// version of its ring. It is never changed once published.
+type settledSet struct {
+	version uint64   // the ring version it was computed for
+	bits    []uint64 // partition p is settled when bit p is set
+}
+
+func (s *settledSet) has(p int) bool { return s.bits[p/64]&(1<<(p%64)) != 0 }
+
+// handover tracks which partitions this node may decide as owner. Safe for
+// concurrent use.
+type handover struct {
+	self    string
+	timeout time.Duration
+	logger  *slog.Logger
+
+	locks   [decideShards]paddedMutex // decisions as owner, by key hash
+	settled atomic.Pointer[settledSet]
+
+	// ready: joined (or given no seeds), serf running, not leaving. Written
+	// under mu, read without it.
+	ready atomic.Bool
+
+	mu       sync.Mutex // guards the fields below
+	r        *ring.Ring // the node's ring
+	fp       uint64     // fingerprint of the membership r routes over
+	waiting  map[string]bool
+	lastDone map[string]uint64 // the latest fingerprint each member confirmed
+	changeAt time.Time         // when fp was adopted
+	// without is r's membership without this node: who owned a key before
+	// this node did, as far as this node can tell.
+	without *ring.Ring
+	// changed is closed and replaced whenever the settled partitions or the
+	// ring change: waiting checks look again.
+	changed chan struct{}
+}
+
+func newHandover(self string, r *ring.Ring, timeout time.Duration, logger *slog.Logger) *handover {
+	h := &handover{self: self, r: r, timeout: timeout, logger: logger,
+		lastDone: map[string]uint64{}, changed: make(chan struct{})}
+	h.settled.Store(&settledSet{version: ^uint64(0), bits: make([]uint64, (r.Config().PartitionCount+63)/64)})
+	return h
+}
+
+// lock returns the lock decisions as owner of keys hashing to hash take.
+func (h *handover) lock(hash uint64) *sync.Mutex { return &h.locks[hash%decideShards].Mutex }
+
+// barrier returns once every decision that began before it has ended.
+func (h *handover) barrier() {
+	for i := range h.locks {
+		h.locks[i].Lock()
+		h.locks[i].Unlock() //nolint:staticcheck // an empty critical section is the point
+	}
+}
+
+// ownerState says whether this node decides the key of hash now.
+type ownerState uint8
+
+const (
+	owned   ownerState = iota // owner and settled: decide
+	moved                     // the ring gives the key to another node
+	pending                   // owner, not settled yet
+)
+
+// stateOf tells whether this node decides the key of hash now. Callers
+// deciding on the answer hold lock(hash).
+func (h *handover) stateOf(hash uint64) (ownerState, ring.Member) {
+	m, version, ok := h.r.OwnerAndVersion(hash)
+	if !ok {
+		return pending, m
+	}
+	if m.Name != h.self {
+		return moved, m
+	}
+	s := h.settled.Load()
+	if s.version != version || !s.has(h.r.Partition(hash)) {
+		return pending, m
+	}
+	return owned, m
+}
+
+// previous returns who decided the key of hash before this node owned it,
+// and false when no other member is known.
+func (h *handover) previous(hash uint64) (string, bool) {
+	h.mu.Lock()
+	w := h.without
+	h.mu.Unlock()
+	if w == nil {
+		return "", false
+	}
+	m, ok := w.OwnerOfHash(hash)
+	return m.Name, ok
+}
+
+// wake returns a channel closed at the next change of the settled
+// partitions or of the ring.
+func (h *handover) wake() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
+}
+
+// setReady records whether the node may decide as owner at all, and
+// settles again.
+func (h *handover) setReady(ready bool, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ready.Load() == ready {
+		return
+	}
+	h.ready.Store(ready)
+	h.adoptLocked(h.r.Members(), now, false)
+}
+
+// adopt is called after every change of the node's ring, with the members
+// it routes over now.
+func (h *handover) adopt(members []ring.Member, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.adoptLocked(members, now, true)
+}
+
+func (h *handover) adoptLocked(members []ring.Member, now time.Time, keep bool) {
+	fp := ring.Fingerprint(members)
+	if fp != h.fp || h.waiting == nil {
+		h.fp, h.changeAt = fp, now
+		h.waiting = map[string]bool{}
+		others := slices.DeleteFunc(slices.Clone(members), func(m ring.Member) bool { return m.Name == h.self })
+		for _, m := range others {
+			if h.lastDone[m.Name] != fp {
+				h.waiting[m.Name] = true
+			}
+		}
+		h.without = nil
+		if len(others) > 0 {
+			if w, err := ring.New(h.r.Config()); err == nil && w.SetMembers(others) == nil {
+				h.without = w
+			}
+		}
+	}
+	h.publishLocked(keep)
+}
+
+// confirm records that the member from has adopted the membership of
+// fingerprint fp and delivered what it owed this node.
+func (h *handover) confirm(from string, fp uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, known := h.lastDone[from]; !known && len(h.lastDone) >= maxConfirmations {
+		// Keep the members of the current membership only: a
+		// confirmation may come before the member is in the ring, but
+		// names are bounded.
+		members := h.r.Members()
+		for name := range h.lastDone {
+			if !slices.ContainsFunc(members, func(m ring.Member) bool { return m.Name == name }) {
+				delete(h.lastDone, name)
+			}
+		}
+		if len(h.lastDone) >= maxConfirmations {
+			return
+		}
+	}
+	h.lastDone[from] = fp
+	if fp == h.fp && h.waiting[from] {
+		delete(h.waiting, from)
+		if len(h.waiting) == 0 {
+			h.publishLocked(true)
+		}
+	}
+}
+
+// expire settles every owned partition once HandoverTimeout has passed
+// since the membership changed, naming the members that never confirmed.
+// It returns when it should be called again (zero: not needed).
+func (h *handover) expire(now time.Time) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.waiting) == 0 || !h.ready.Load() {
+		return time.Time{}
+	}
+	at := h.changeAt.Add(h.timeout)
+	if now.Before(at) {
+		return at
+	}
+	names := slices.Sorted(maps.Keys(h.waiting))
+	h.logger.Warn("cluster: deciding moved keys without the hand-over confirmation of some members", "members", names, "after", h.timeout)
+	clear(h.waiting)
+	h.publishLocked(true)
+	return time.Time{}
+}
+
+// publishLocked computes and publishes the settled partitions of the
+// current ring: every partition this node owns when it is ready and no
+// member is waited for, otherwise those it owned, settled, before (when
+// keep is set: the ring changed, or a confirmation came, but nothing
+// unsettled it).
+func (h *handover) publishLocked(keep bool) {
+	old := h.settled.Load()
+	version := h.r.Version()
+	bits := make([]uint64, len(old.bits))
+	if h.ready.Load() {
+		all := len(h.waiting) == 0
+		parts := h.r.Config().PartitionCount
+		for p := range parts {
+			m, ok := h.r.OwnerOfHash(uint64(p))
+			if !ok || m.Name != h.self {
+				continue
+			}
+			if all || (keep && old.has(p)) {
+				bits[p/64] |= 1 << (p % 64)
+			}
+		}
+	}
+	h.settled.Store(&settledSet{version: version, bits: bits})
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// unconfirmed returns the members whose hand-over confirmation of the
+// current membership this node still waits for, sorted.
+func (h *handover) unconfirmed() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	names := make([]string, 0, len(h.waiting))
+	for name := range h.waiting {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// fingerprint returns the fingerprint of the membership the node routes
+// over.
+func (h *handover) fingerprint() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fp
+}

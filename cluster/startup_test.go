@@ -1,0 +1,190 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// Three nodes created one after the other, each joining the first, and
+// checked at once from all three: no key admits more than its limit, for
+// any algorithm, though the first node's ring lags the others'.
+func TestStartTogetherExact(t *testing.T) {
+	for _, a := range allAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			nodes := make([]*cluster.Node, 3)
+			for i := range nodes {
+				cfg := cluster.TestConfig(fmt.Sprintf("start-%d", i))
+				if i > 0 {
+					cfg.Seeds = []string{nodes[0].GossipAddr()}
+				}
+				nodes[i] = startNode(t, cfg)
+				if !nodes[i].Ready() {
+					t.Fatalf("node %d is not ready once New returned", i)
+				}
+			}
+			reqs := transitionRequests("start", a, 50, 20)
+			allowed := make([]atomic.Int64, len(reqs))
+			var wg sync.WaitGroup
+			for g := range 30 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					nd := nodes[g%len(nodes)]
+					for j := range 60 {
+						i := (g*7 + j) % len(reqs)
+						d, err := nd.Check(context.Background(), reqs[i], cluster.OnUnreachable(cluster.PolicyDeny))
+						if err == nil && d.Allowed {
+							allowed[i].Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			var total int64
+			for i := range allowed {
+				got := allowed[i].Load()
+				total += got
+				if got > reqs[i].Limit {
+					t.Errorf("%s: admitted %d, limit %d", reqs[i].Key, got, reqs[i].Limit)
+				}
+			}
+			if total < int64(len(reqs))*reqs[0].Limit/2 {
+				t.Errorf("admitted %d in all, want most of the %d the limits allow", total, int64(len(reqs))*reqs[0].Limit)
+			}
+		})
+	}
+}
+
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// A node whose seed is not up yet is not ready: it decides nothing as
+// owner (checks get the policy, WithoutOwner set) until it has joined;
+// WaitReady returns once the seed is up and the node joined it.
+func TestNotReadyUntilJoined(t *testing.T) {
+	seedAddr := freeAddr(t)
+	cfg := cluster.TestConfig("late-joiner")
+	cfg.Seeds = []string{seedAddr}
+	nd := startNode(t, cfg)
+	if nd.Ready() {
+		t.Fatal("ready before joining its seed")
+	}
+	req := limiter.Request{Name: "ready", Key: "k", Hits: 1, Limit: 5, Period: time.Hour, Algorithm: limiter.TokenBucket}
+	d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+	if err != nil || d.Allowed || !d.WithoutOwner {
+		t.Fatalf("check before joining: %+v, %v; want denied without owner", d, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	if err := nd.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitReady with no seed up: %v, want DeadlineExceeded", err)
+	}
+	cancel()
+
+	scfg := cluster.TestConfig("seed")
+	scfg.GossipAddr = seedAddr
+	seed := startNode(t, scfg)
+	ctx, cancel = context.WithTimeout(context.Background(), testcluster.DefaultWait)
+	defer cancel()
+	if err := nd.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady once the seed is up: %v", err)
+	}
+	waitRing(t, 2, nd, seed)
+	if err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
+		d, err := nd.Check(context.Background(), req)
+		if err != nil || d.WithoutOwner {
+			return fmt.Errorf("check: %+v, %v", d, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logLines is a slog handler's sink that keeps every line.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, string(p))
+	return len(p), nil
+}
+
+func (l *logLines) find(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// A second node started with the name of a live one never decides as that
+// name: New or Join fails, or it reports not ready and says why at error
+// level; a limit checked through both holds.
+func TestDuplicateNameRefused(t *testing.T) {
+	first := startNode(t, cluster.TestConfig("twin"))
+	logs := &logLines{}
+	cfg := cluster.TestConfig("twin")
+	cfg.Seeds = []string{first.GossipAddr()}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	second, err := cluster.New(cfg)
+	if err == nil {
+		t.Cleanup(func() { second.Close() })
+		if err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
+			if second.Ready() {
+				return errors.New("the second node is ready")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !logs.find("level=ERROR") {
+			t.Errorf("the second node logged no error: %q", logs.lines)
+		}
+	} else {
+		t.Logf("New: %v", err)
+	}
+	req := limiter.Request{Name: "twin", Key: "k", Hits: 1, Limit: 3, Period: time.Hour, Algorithm: limiter.FixedWindow}
+	admitted := 0
+	for _, nd := range []*cluster.Node{first, second} {
+		if nd == nil {
+			continue
+		}
+		for range 3 {
+			d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+			if err == nil && d.Allowed {
+				admitted++
+			}
+		}
+	}
+	if admitted > 3 {
+		t.Fatalf("admitted %d through two nodes named alike, limit 3", admitted)
+	}
+}

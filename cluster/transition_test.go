@@ -1,0 +1,162 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// allAlgorithms lists every algorithm, for tests that attack each.
+var allAlgorithms = []limiter.Algorithm{
+	limiter.TokenBucket, limiter.LeakyBucket, limiter.FixedWindow,
+	limiter.SlidingWindowLog, limiter.SlidingWindowCounter, limiter.GCRA,
+}
+
+// traffic is callers checking keys of one limit on whichever nodes are live,
+// counting what each key admitted. Every caller's loop is bounded in count
+// and in time.
+type traffic struct {
+	reqs    []limiter.Request
+	allowed []atomic.Int64
+	errs    atomic.Int64
+	checks  atomic.Int64
+	without atomic.Int64 // admitted without the owner
+	stop    chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+}
+
+// startTraffic starts callers goroutines checking reqs (one hit each) on a
+// random live node of c, until stop, maxChecks checks each, or d. Checks
+// deny when their owner cannot be reached: what a node decides without the
+// owner is the unreachable policy's business, not the hand-over's.
+func startTraffic(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, callers, maxChecks int, d time.Duration) *traffic {
+	t.Helper()
+	tr := &traffic{reqs: reqs, allowed: make([]atomic.Int64, len(reqs)), stop: make(chan struct{})}
+	deadline := time.Now().Add(d)
+	for g := range callers {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range maxChecks {
+				select {
+				case <-tr.stop:
+					return
+				default:
+				}
+				if time.Now().After(deadline) {
+					return
+				}
+				nodes := c.Nodes()
+				nd := nodes[rng.IntN(len(nodes))]
+				i := rng.IntN(len(reqs))
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				d, err := nd.Check(ctx, reqs[i], cluster.OnUnreachable(cluster.PolicyDeny))
+				cancel()
+				tr.checks.Add(1)
+				switch {
+				case err != nil:
+					tr.errs.Add(1)
+				case d.Allowed:
+					tr.allowed[i].Add(1)
+					if d.WithoutOwner {
+						tr.without.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	return tr
+}
+
+// finish stops the callers and waits for them.
+func (tr *traffic) finish() {
+	tr.once.Do(func() { close(tr.stop) })
+	tr.wg.Wait()
+}
+
+// admittedAtLeast waits until the callers have admitted n hits in all.
+func (tr *traffic) admittedAtLeast(t *testing.T, n int64) {
+	t.Helper()
+	if err := testcluster.WaitFor(30*time.Second, func() error {
+		var sum int64
+		for i := range tr.allowed {
+			sum += tr.allowed[i].Load()
+		}
+		if sum < n {
+			return fmt.Errorf("%d admitted, waiting for %d", sum, n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// overLimit reports every key that admitted more than its capacity.
+func (tr *traffic) overLimit(t *testing.T) {
+	t.Helper()
+	var total, over int64
+	bad := 0
+	for i := range tr.allowed {
+		got, capacity := tr.allowed[i].Load(), tr.reqs[i].Capacity()
+		total += got
+		if got > capacity {
+			over += got - capacity
+			if bad++; bad <= 5 {
+				t.Errorf("%s %s: admitted %d, limit %d", tr.reqs[i].Algorithm, tr.reqs[i].Key, got, capacity)
+			}
+		}
+	}
+	t.Logf("%d checks, %d admitted (%d without the owner), %d errors; %d keys over their limit by %d in all",
+		tr.checks.Load(), total, tr.without.Load(), tr.errs.Load(), bad, over)
+}
+
+// transitionRequests returns n keys of algorithm a with a limit of limit over
+// a period long enough that nothing refills during a test.
+func transitionRequests(name string, a limiter.Algorithm, n int, limit int64) []limiter.Request {
+	reqs := make([]limiter.Request, n)
+	for i := range reqs {
+		reqs[i] = limiter.Request{Name: name, Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: limit, Period: 1000 * time.Hour, Algorithm: a}
+	}
+	return reqs
+}
+
+// Scale-out and scale-in under traffic: a 4th node joins three while 64
+// callers check 1000 keys of limit 10 on every live node, then leaves
+// gracefully. No key admits more than its limit, for any algorithm, with
+// leases on or off.
+func TestScaleOutAndInUnderTraffic(t *testing.T) {
+	for _, leases := range []bool{false, true} {
+		for _, a := range allAlgorithms {
+			t.Run(fmt.Sprintf("%s/leases=%v", a, leases), func(t *testing.T) {
+				c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+					if leases {
+						cfg.Lease.Threshold = 20
+					}
+				}))
+				reqs := transitionRequests("scale", a, 1000, 10)
+				tr := startTraffic(t, c, reqs, 64, 2000, 60*time.Second)
+				defer tr.finish()
+				tr.admittedAtLeast(t, 2000)
+				c.Add() // node 3
+				tr.admittedAtLeast(t, 5000)
+				if os.Getenv("NOLEAVE") == "" {
+					c.Leave(3)
+				}
+				c.WaitConverged()
+				tr.finish()
+				tr.overLimit(t)
+			})
+		}
+	}
+}

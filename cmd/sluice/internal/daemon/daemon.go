@@ -74,7 +74,6 @@ type Daemon struct {
 	// serveErr is srv.Serve's error other than http.ErrServerClosed.
 	serveErr error
 
-	joined       atomic.Bool // latched once another member was seen alive
 	shuttingDown atomic.Bool
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -221,8 +220,10 @@ func (d *Daemon) GRPCAddr() string { return d.node.GRPCAddr() }
 // GossipAddr returns the address other nodes join this one at.
 func (d *Daemon) GossipAddr() string { return d.node.GossipAddr() }
 
-// Ready reports what /readyz does: the node is up, has joined the cluster
-// when it was given addresses to join, and is not shutting down.
+// Ready reports what /readyz does: the node is ready (cluster.Node.Ready:
+// it has joined the cluster when it was given addresses to join, and serf
+// runs, which a node name taken by another node stops) and the daemon is
+// not shutting down.
 func (d *Daemon) Ready() bool {
 	ok, _ := d.readiness()
 	return ok
@@ -233,26 +234,13 @@ func (d *Daemon) readiness() (bool, string) {
 	switch {
 	case d.shuttingDown.Load():
 		return false, "shutting down"
-	case len(d.cfg.Join) > 0 && !d.hasJoined():
-		return false, "joining"
+	case !d.node.Ready():
+		if len(d.cfg.Join) > 0 {
+			return false, "joining, or not part of the cluster (see the log)"
+		}
+		return false, "not part of the cluster (see the log)"
 	}
 	return true, ""
-}
-
-// hasJoined reports whether another member has been seen alive; once true
-// it stays true, so that the departure of the others does not make this
-// node unready.
-func (d *Daemon) hasJoined() bool {
-	if d.joined.Load() {
-		return true
-	}
-	for _, m := range d.node.Members() {
-		if m.Name != d.cfg.NodeName && m.Status == "alive" {
-			d.joined.Store(true)
-			return true
-		}
-	}
-	return false
 }
 
 // Run calls the WithReady function, serves until ctx ends or the HTTP

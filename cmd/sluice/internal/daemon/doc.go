@@ -19,8 +19,10 @@
 //	                      per request, each a Decision or {"error": {code,
 //	                      field, message}}
 //	GET  /healthz         200 while the process serves
-//	GET  /readyz          200 once the node is up and, when given addresses to
-//	                      join, has joined; 503 while joining or shutting down
+//	GET  /readyz          200 once the node is ready (cluster.Node.Ready):
+//	                      up and, when given addresses to join, joined; 503
+//	                      while joining, once serf stopped (another node
+//	                      took its name), or while shutting down
 //	GET  /metrics         Prometheus, from the daemon's own registry
 //
 // Checks are validated like the gRPC API validates them (through transport's

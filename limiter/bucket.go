@@ -15,8 +15,8 @@ const bucketEpsilon = 1e-9
 // tokens consumed for the token bucket, the hits queued for the leaky bucket.
 func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	limit, period := float64(req.Limit), float64(req.Period)
-	last := st.w[1]
-	level := bucketLevelAt(math.Float64frombits(uint64(st.w[0])), last, now, limit, period)
+	last := st.levelTime()
+	level := bucketLevelAt(st.level(), last, now, limit, period)
 	if now > last || level == 0 {
 		last = now
 	}
@@ -44,8 +44,7 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	if rem := capacity - level + bucketEpsilon; rem > 0 {
 		d.Remaining = int64(rem)
 	}
-	st.w[0] = int64(math.Float64bits(level))
-	st.w[1] = last
+	st.setLevel(level, last)
 	st.expireAt = last + int64(drainTime(level, limit, period))
 	d.ResetAt = nsTime(st.expireAt)
 	return d

@@ -5,8 +5,8 @@ import "time"
 // decideGCRA is the generic cell rate algorithm (virtual scheduling form).
 func decideGCRA(st *state, req *Request, now int64) Decision {
 	t := (int64(req.Period) + req.Limit - 1) / req.Limit // ceil(Period/Limit)
-	tat := st.w[0]
-	switch old := st.w[1]; {
+	tat := st.tat()
+	switch old := st.interval(); {
 	case old == 0:
 		// Fresh (no interval yet): TAT 0 would be a backlog before 1970.
 		tat = now
@@ -31,7 +31,7 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = time.Duration(tat + probe*t - now - tolerance)
 	}
 	d.Remaining = max((tolerance-(tat-now))/t, 0)
-	st.w[0], st.w[1] = tat, t
+	st.setTAT(tat, t)
 	st.expireAt = tat
 	d.ResetAt = nsTime(tat)
 	return d

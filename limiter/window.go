@@ -76,7 +76,7 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
-	if ws := st.w[0]; ws > start && st.w[1] > 0 && st.expireAt > now {
+	if ws := st.windowStart(); ws > start && st.windowHits() > 0 && st.expireAt > now {
 		// now is older than the stored window's start: concurrent callers
 		// read their clocks before taking the lock, and a later reading got
 		// it first. Count in the stored window, as if now were its start;
@@ -87,7 +87,7 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	// reset the state if its window ended. (With the same Period or
 	// Calendar a stored window that is not over is this one; after a
 	// change its hits count in the current window, as doc.go says.)
-	count := st.w[1]
+	count := st.windowHits()
 	probe := max(req.Hits, 1)
 	d := Decision{Limit: req.Limit}
 	if count+probe <= req.Limit {
@@ -100,7 +100,7 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(req.Limit-count, 0)
-	st.w[0], st.w[1] = start, count
+	st.setWindow(start, count)
 	st.expireAt = now
 	if count > 0 {
 		st.expireAt = end
@@ -114,15 +114,15 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 	p := int64(req.Period)
 	start := floorDiv(now, p) * p
-	if ws := st.w[0]; ws > start && (st.w[1] > 0 || st.third() > 0) && st.expireAt > now {
+	if ws := st.windowStart(); ws > start && (st.windowHits() > 0 || st.prevWindowHits() > 0) && st.expireAt > now {
 		// now is older than the stored window (see decideFixedWindow):
 		// decide as at that window's start, where the estimate counts
 		// the previous window whole, rather than move the window back
 		// and shift its count out of the current one.
 		now, start = ws, ws
 	}
-	cur, prev := st.w[1], st.third()
-	switch ws := st.w[0]; {
+	cur, prev := st.windowHits(), st.prevWindowHits()
+	switch ws := st.windowStart(); {
 	case ws == start:
 	case ws == start-p:
 		prev, cur = cur, 0
@@ -154,8 +154,8 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = slidingCounterRetry(req.Limit, p, cur, prev, probe, elapsed)
 	}
 	d.Remaining = remaining
-	st.w[0], st.w[1] = start, cur
-	st.setThird(prev)
+	st.setWindow(start, cur)
+	st.setPrevWindowHits(prev)
 	switch {
 	case cur > 0:
 		st.expireAt = start + 2*p

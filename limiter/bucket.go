@@ -31,21 +31,24 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 		d.Allowed = true
 		if leaky {
 			// The level drains from last, which is after now only when
-			// the clock stepped back.
-			d.Delay = time.Duration(last-now) + drainTime(level, limit, period)
+			// the clock stepped back. An admitted level is at most the
+			// capacity, which Validate bounds to drain in MaxDrain.
+			d.Delay = time.Duration(last - now + drainTime(level, limit, period))
 		}
 		level += hits
-	} else {
-		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
-			level = capacity
-		}
-		d.RetryAfter = bucketRetry(level, last, now, probe, capacity, limit, period)
+	} else if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
+		level = capacity
 	}
 	if rem := capacity - level + bucketEpsilon; rem > 0 {
 		d.Remaining = int64(rem)
 	}
 	st.setLevel(level, last)
-	st.expireAt = last + int64(drainTime(level, limit, period))
+	// A level carried over from a faster rate may drain past the horizon:
+	// the state is then fresh at the horizon, and not before.
+	st.expireAt = min(addSat(last, drainTime(level, limit, period)), horizon(now))
+	if !d.Allowed {
+		d.RetryAfter = bucketRetry(level, last, now, st.expireAt, probe, capacity, limit, period)
+	}
 	d.ResetAt = nsTime(st.expireAt)
 	return d
 }
@@ -67,16 +70,17 @@ func bucketLevelAt(level float64, last, now int64, limit, period float64) float6
 }
 
 // bucketRetry is the least d such that a request probing probe hits at now+d
-// is admitted by a bucket whose level was level at last, given that it is not
-// admitted at now. The level drains monotonically, so a bisection around the
-// closed-form estimate finds it; at the state's expiry it is fresh and admits.
-func bucketRetry(level float64, last, now int64, probe, capacity, limit, period float64) time.Duration {
+// is admitted by a bucket whose level was level at last and which is fresh
+// at expireAt, given that it is not admitted at now. The level drains
+// monotonically, so a bisection around the closed-form estimate finds it; at
+// expireAt the state is fresh and admits.
+func bucketRetry(level float64, last, now, expireAt int64, probe, capacity, limit, period float64) time.Duration {
 	admits := func(d int64) bool {
 		return bucketLevelAt(level, last, now+d, limit, period)+probe <= capacity+bucketEpsilon
 	}
-	lo := int64(0)                                            // not admitted
-	hi := last - now + int64(drainTime(level, limit, period)) // admitted (fresh)
-	guess := last - now + int64(drainTime(level+probe-capacity-bucketEpsilon, limit, period))
+	lo := int64(0)       // not admitted
+	hi := expireAt - now // admitted (fresh); at most the horizon's distance
+	guess := min(addSat(last, drainTime(level+probe-capacity-bucketEpsilon, limit, period)), expireAt) - now
 	if guess > lo && guess < hi {
 		if admits(guess) {
 			hi = guess
@@ -98,11 +102,15 @@ func bucketRetry(level float64, last, now int64, probe, capacity, limit, period 
 	return time.Duration(hi)
 }
 
-// drainTime is how long a level of amount drains at limit per period,
-// rounded up to a whole nanosecond.
-func drainTime(amount, limit, period float64) time.Duration {
+// drainTime is how long (ns) a level of amount drains at limit per period,
+// rounded up to a whole nanosecond and saturated to MaxInt64.
+func drainTime(amount, limit, period float64) int64 {
 	if amount <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(amount * period / limit))
+	ns := math.Ceil(amount * period / limit)
+	if ns >= math.MaxInt64 { // 2^63 as a float64
+		return math.MaxInt64
+	}
+	return int64(ns)
 }

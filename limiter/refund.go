@@ -17,8 +17,13 @@ func refund(st *state, lg *windowLog, req *Request, now int64) {
 		}
 	case SlidingWindowCounter:
 		// The stored current window is the one the hits went into, even
-		// if it has since become the previous one.
-		st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
+		// if it has since become the previous one. The expiry tells the
+		// Period of the counts (see counterPeriod), so it follows them.
+		if st.windowHits() > 0 {
+			q := counterPeriod(st, int64(req.Period))
+			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
+			st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
+		}
 	case GCRA:
 		if t := st.interval(); t != 0 && st.tat() > now {
 			st.setTAT(max(st.tat()-h*t, now), t)

@@ -39,9 +39,7 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	} else if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
 		level = capacity
 	}
-	if rem := capacity - level + bucketEpsilon; rem > 0 {
-		d.Remaining = int64(rem)
-	}
+	d.Remaining = bucketRemaining(level, capacity)
 	st.setLevel(level, last)
 	// A level carried over from a faster rate may drain past the horizon:
 	// the state is then fresh at the horizon, and not before.
@@ -51,6 +49,25 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	}
 	d.ResetAt = nsTime(st.expireAt)
 	return d
+}
+
+// bucketRemaining is the most hits the admission rule admits at level: the
+// largest n with level+n <= capacity+bucketEpsilon, as computed in float64.
+// Near a capacity of 2^40 an ulp is 2^-12, and capacity-level rounds
+// otherwise than level+n does, so the estimate is checked against the rule.
+func bucketRemaining(level, capacity float64) int64 {
+	bound := capacity + bucketEpsilon
+	if level+1 > bound { // the common case of a full bucket
+		return 0
+	}
+	n := int64(bound - level)
+	for level+float64(n+1) <= bound {
+		n++
+	}
+	for n > 0 && level+float64(n) > bound {
+		n--
+	}
+	return n
 }
 
 // bucketLevelAt is a level stored at last as it stands at now: drained at

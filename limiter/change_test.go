@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -45,6 +46,24 @@ func TestCutToHorizon(t *testing.T) {
 					wantRemaining: int64((time.Second - behind) / time.Microsecond), wantResetAt: back + behind})
 			}
 			runSteps(t, Request{Name: "api", Key: "k", Limit: 1_000_000, Period: time.Second, Algorithm: a}, steps)
+		})
+	}
+}
+
+// TestCutToHorizonBefore1970 is TestCutToHorizon in 1900, where the horizon
+// is the longest Duration away: RetryAfter saturates there, and is exact.
+func TestCutToHorizonBefore1970(t *testing.T) {
+	const ms, day = time.Millisecond, 24 * time.Hour
+	at := time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC).Sub(t0)
+	for _, a := range []Algorithm{TokenBucket, LeakyBucket, GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			runSteps(t, Request{Name: "api", Key: "k", Limit: 1_000_000, Period: time.Second, Algorithm: a}, []step{
+				{at: at, hits: 1_000_000, wantAllowed: true, wantRemaining: 0, wantRetryAfter: unchecked, wantResetAt: at + time.Second},
+				{at: at, hits: 1, limit: 1, period: day, wantAllowed: false, wantRemaining: 0,
+					wantRetryAfter: math.MaxInt64, wantResetAt: at + math.MaxInt64},
+				{at: at + ms, hits: 0, limit: 1, period: day, wantAllowed: false, wantRemaining: 0,
+					wantRetryAfter: unchecked, wantResetAt: unchecked},
+			})
 		})
 	}
 }
@@ -139,4 +158,70 @@ func TestSlidingCounterPeriodChange(t *testing.T) {
 			{at: 4 * MinPeriod, hits: MaxLimit, wantAllowed: true, wantRemaining: 0, wantResetAt: 6 * MinPeriod},
 		})
 	})
+}
+
+// TestRetryAfterExactAfterChange is a property: whatever a key consumed
+// under one Limit, Period and Burst, a request under any other that is
+// denied is admitted at now+RetryAfter and denied at now+RetryAfter-1ns, and
+// now+RetryAfter is at most the horizon. Parameters come from
+// randomExtremeRequest, times from before 1970 to 2198.
+func TestRetryAfterExactAfterChange(t *testing.T) {
+	n := traceCount()
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(31337, uint64(a)))
+			denied := 0
+			for i := range n {
+				s := newTestStore(t)
+				before := randomExtremeRequest(t, rng, a)
+				now := randomStart(rng)
+				for range 1 + rng.IntN(3) {
+					r := before
+					r.Hits = randomHits(rng, r.Capacity())
+					if rng.IntN(2) == 0 {
+						r.Hits = r.Capacity()
+					}
+					if _, err := s.CheckAt(r, time.Unix(0, now)); err != nil {
+						t.Fatal(err)
+					}
+					now += randomGap(rng, before)
+				}
+				after := randomExtremeRequest(t, rng, a)
+				after.Hits = randomHits(rng, after.Capacity())
+				if rng.IntN(4) == 0 {
+					after.Behavior = DrainOverLimit
+				}
+				d, err := s.CheckAt(after, time.Unix(0, now))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					continue
+				}
+				denied++
+				fail := func(what string) {
+					t.Helper()
+					t.Fatalf("case %d: %+v, then at %d %+v: %+v: %s", i, before, now, after, d, what)
+				}
+				if d.RetryAfter <= 0 || int64(d.RetryAfter) > horizon(now)-now {
+					fail("RetryAfter outside (0, horizon-now]")
+				}
+				if d.ResetAt.UnixNano() < now+int64(d.RetryAfter) {
+					fail("ResetAt before now+RetryAfter")
+				}
+				sn := copyState(s, &after)
+				after.Behavior = 0
+				if !sn.decideAt(after, now+int64(d.RetryAfter)).Allowed {
+					fail("not admitted at now+RetryAfter")
+				}
+				if sn.decideAt(after, now+int64(d.RetryAfter)-1).Allowed {
+					fail("admitted at now+RetryAfter-1ns")
+				}
+			}
+			if denied < n/10 {
+				t.Errorf("only %d of %d cases denied: the property is hardly tested", denied, n)
+			}
+		})
+	}
 }

@@ -15,8 +15,8 @@ const bucketEpsilon = 1e-9
 // tokens consumed for the token bucket, the hits queued for the leaky bucket.
 func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	limit, period := float64(req.Limit), float64(req.Period)
-	last := st.w[1]
-	level := bucketLevelAt(math.Float64frombits(uint64(st.w[0])), last, now, limit, period)
+	last := st.levelTime()
+	level := bucketLevelAt(st.level(), last, now, limit, period)
 	if now > last || level == 0 {
 		last = now
 	}
@@ -31,24 +31,43 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 		d.Allowed = true
 		if leaky {
 			// The level drains from last, which is after now only when
-			// the clock stepped back.
-			d.Delay = time.Duration(last-now) + drainTime(level, limit, period)
+			// the clock stepped back. An admitted level is at most the
+			// capacity, which Validate bounds to drain in MaxDrain.
+			d.Delay = time.Duration(last - now + drainTime(level, limit, period))
 		}
 		level += hits
-	} else {
-		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
-			level = capacity
-		}
-		d.RetryAfter = bucketRetry(level, last, now, probe, capacity, limit, period)
+	} else if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
+		level = capacity
 	}
-	if rem := capacity - level + bucketEpsilon; rem > 0 {
-		d.Remaining = int64(rem)
+	d.Remaining = bucketRemaining(level, capacity)
+	st.setLevel(level, last)
+	// A level carried over from a faster rate may drain past the horizon:
+	// the state is then fresh at the horizon, and not before.
+	st.expireAt = min(addSat(last, drainTime(level, limit, period)), horizon(now))
+	if !d.Allowed {
+		d.RetryAfter = bucketRetry(level, last, now, st.expireAt, probe, capacity, limit, period)
 	}
-	st.w[0] = int64(math.Float64bits(level))
-	st.w[1] = last
-	st.expireAt = last + int64(drainTime(level, limit, period))
 	d.ResetAt = nsTime(st.expireAt)
 	return d
+}
+
+// bucketRemaining is the most hits the admission rule admits at level: the
+// largest n with level+n <= capacity+bucketEpsilon, as computed in float64.
+// Near a capacity of 2^40 an ulp is 2^-12, and capacity-level rounds
+// otherwise than level+n does, so the estimate is checked against the rule.
+func bucketRemaining(level, capacity float64) int64 {
+	bound := capacity + bucketEpsilon
+	if level+1 > bound { // the common case of a full bucket
+		return 0
+	}
+	n := int64(bound - level)
+	for level+float64(n+1) <= bound {
+		n++
+	}
+	for n > 0 && level+float64(n) > bound {
+		n--
+	}
+	return n
 }
 
 // bucketLevelAt is a level stored at last as it stands at now: drained at
@@ -68,16 +87,17 @@ func bucketLevelAt(level float64, last, now int64, limit, period float64) float6
 }
 
 // bucketRetry is the least d such that a request probing probe hits at now+d
-// is admitted by a bucket whose level was level at last, given that it is not
-// admitted at now. The level drains monotonically, so a bisection around the
-// closed-form estimate finds it; at the state's expiry it is fresh and admits.
-func bucketRetry(level float64, last, now int64, probe, capacity, limit, period float64) time.Duration {
+// is admitted by a bucket whose level was level at last and which is fresh
+// at expireAt, given that it is not admitted at now. The level drains
+// monotonically, so a bisection around the closed-form estimate finds it; at
+// expireAt the state is fresh and admits.
+func bucketRetry(level float64, last, now, expireAt int64, probe, capacity, limit, period float64) time.Duration {
 	admits := func(d int64) bool {
 		return bucketLevelAt(level, last, now+d, limit, period)+probe <= capacity+bucketEpsilon
 	}
-	lo := int64(0)                                            // not admitted
-	hi := last - now + int64(drainTime(level, limit, period)) // admitted (fresh)
-	guess := last - now + int64(drainTime(level+probe-capacity-bucketEpsilon, limit, period))
+	lo := int64(0)       // not admitted
+	hi := expireAt - now // admitted (fresh); at most the horizon's distance
+	guess := min(addSat(last, drainTime(level+probe-capacity-bucketEpsilon, limit, period)), expireAt) - now
 	if guess > lo && guess < hi {
 		if admits(guess) {
 			hi = guess
@@ -99,11 +119,15 @@ func bucketRetry(level float64, last, now int64, probe, capacity, limit, period 
 	return time.Duration(hi)
 }
 
-// drainTime is how long a level of amount drains at limit per period,
-// rounded up to a whole nanosecond.
-func drainTime(amount, limit, period float64) time.Duration {
+// drainTime is how long (ns) a level of amount drains at limit per period,
+// rounded up to a whole nanosecond and saturated to MaxInt64.
+func drainTime(amount, limit, period float64) int64 {
 	if amount <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(amount * period / limit))
+	ns := math.Ceil(amount * period / limit)
+	if ns >= math.MaxInt64 { // 2^63 as a float64
+		return math.MaxInt64
+	}
+	return int64(ns)
 }

@@ -54,9 +54,30 @@
 // the same key takes effect at once and keeps what was consumed: the bucket
 // level as it stood at the previous request, draining at the new rate from
 // then on; the TAT, its outstanding time converted to the new emission
-// interval (rounded up); the window counts and the log. After a Period or
-// Calendar change the counts of a window that is not over count in the
-// current window. State that had returned to fresh under the parameters of
-// the request that wrote it is fresh. A request with another Algorithm for an
-// existing key starts from fresh.
+// interval (rounded up); the window counts and the log. A cut never resets a
+// key: after it the key stays limited until what it carries has drained at
+// the new rate (or until the horizon below). State that had returned to fresh
+// under the parameters of the request that wrote it is fresh. A request with
+// another Algorithm for an existing key starts from fresh.
+//
+// After a Period or Calendar change, the count of a fixed window that is not
+// over counts in the current window. The sliding window counter places each
+// of its two counts, those of its current and previous windows under the old
+// Period, in the window of the new alignment that holds the last nanosecond
+// of the count's own window, or in the current window if that nanosecond is
+// later (no hit was admitted after now): the count of a window that is not
+// over, or that ended during the current window, counts in the current
+// window; one that ended during the previous window counts in the previous
+// window; an earlier one is over. A count so placed saturates at MaxLimit.
+// From then on they are the counts of those windows, and the decision,
+// Remaining, ResetAt and RetryAfter follow from them by the formula above.
+//
+// Time saturates at the horizon: the latest instant Unix nanoseconds
+// represent, 2262-04-11 23:47:16.854775807 UTC (or, for a now before 1970,
+// now plus the longest Duration if that is earlier). A key whose consumption
+// would take longer to drain, as after a drastic cut, stays limited until the
+// horizon and is fresh from then on: ResetAt is the horizon and RetryAfter
+// the time until it, so that now+RetryAfter never overflows and RetryAfter
+// stays exact. GCRA keeps time rather than hits, so what it carries past a
+// change is at most the time until the horizon.
 package limiter

@@ -3,35 +3,40 @@ package limiter
 import "time"
 
 // decideGCRA is the generic cell rate algorithm (virtual scheduling form).
+// It works on behind, how far the TAT is ahead of now, which is at most the
+// horizon's distance, so that no sum overflows.
 func decideGCRA(st *state, req *Request, now int64) Decision {
 	t := (int64(req.Period) + req.Limit - 1) / req.Limit // ceil(Period/Limit)
-	tat := st.w[0]
-	switch old := st.w[1]; {
-	case old == 0:
-		// Fresh (no interval yet): TAT 0 would be a backlog before 1970.
-		tat = now
-	case old != t && tat > now:
-		// Keep what was consumed: the outstanding hits (tat-now)/old
-		// are rescheduled at the new interval.
-		tat = now + mul(tat-now, t).divCeil(old)
-	}
-	if tat < now {
-		tat = now
+	ahead := horizon(now) - now
+	behind := int64(0)
+	if old := st.interval(); old != 0 && st.tat() > now {
+		// The stored TAT is at most the horizon of the decision that
+		// wrote it, which is not after now's.
+		behind = st.tat() - now
+		if old != t {
+			// Keep what was consumed: the outstanding hits behind/old
+			// are rescheduled at the new interval, up to the horizon.
+			behind = min(mul(behind, t).divCeil(old), ahead)
+		}
 	}
 	tolerance := req.burst() * t
 	probe := max(req.Hits, 1)
+	// Hits never exceed the burst, so room >= 0: a request is admitted
+	// when behind + probe*t <= tolerance.
+	room := tolerance - probe*t
 	d := Decision{Limit: req.Limit}
-	if next := tat + probe*t; next-now <= tolerance {
+	if behind <= room {
 		d.Allowed = true
-		tat += req.Hits * t
+		behind = min(behind+req.Hits*t, ahead)
 	} else {
-		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && tat-now < tolerance {
-			tat = now + tolerance
+		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && behind < tolerance {
+			behind = min(tolerance, ahead)
 		}
-		d.RetryAfter = time.Duration(tat + probe*t - now - tolerance)
+		d.RetryAfter = time.Duration(behind - room)
 	}
-	d.Remaining = max((tolerance-(tat-now))/t, 0)
-	st.w[0], st.w[1] = tat, t
+	d.Remaining = max((tolerance-behind)/t, 0)
+	tat := now + behind
+	st.setTAT(tat, t)
 	st.expireAt = tat
 	d.ResetAt = nsTime(tat)
 	return d

@@ -81,7 +81,7 @@ func decideSlidingLog(st *state, l *windowLog, req *Request, now int64) Decision
 	d.Remaining = max(req.Limit-l.total, 0)
 	st.expireAt = now
 	if n := len(l.entries); n > l.head {
-		st.expireAt = l.entries[n-1].at + p
+		st.expireAt = addSat(l.entries[n-1].at, p)
 	}
 	d.ResetAt = nsTime(st.expireAt)
 	return d

@@ -55,6 +55,27 @@ func (x u128) divCeil(d int64) int64 {
 	return int64(q)
 }
 
+// horizon is the latest instant (Unix ns) a decision at now reaches: the
+// latest instant Unix nanoseconds represent (2262-04-11T23:47:16.854775807Z),
+// or, for a now before 1970, now plus the longest Duration. Every time a
+// decision computes saturates there (expireAt, ResetAt, now+RetryAfter), so
+// that time-now and now+RetryAfter never overflow. A state that would last
+// longer is fresh from the horizon on, and RetryAfter says so exactly.
+func horizon(now int64) int64 {
+	if now < 0 {
+		return now + math.MaxInt64
+	}
+	return math.MaxInt64
+}
+
+// addSat is t+d for d >= 0, saturated to the latest representable instant.
+func addSat(t, d int64) int64 {
+	if t > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return t + d
+}
+
 // floorDiv is a/b rounded toward minus infinity, for b > 0.
 func floorDiv(a, b int64) int64 {
 	q := a / b

@@ -13,8 +13,9 @@ import (
 // The reference models below are written for obviousness, not speed, and
 // share no code with the implementation: per-hit logs, maps from window
 // index to count, big.Int and big.Rat arithmetic, linear and binary searches
-// over time. Each takes requests in time order with fixed Limit, Period and
-// Burst (parameter changes are covered by the step tables).
+// over time. Each takes requests in time order. A request may change Limit,
+// Period and Burst; each model then applies the rules of doc.go for
+// changes in its own terms, and saturates time at the horizon (refHorizon).
 
 // refDecision is a model's answer. Durations are nanoseconds.
 type refDecision struct {
@@ -40,15 +41,40 @@ func refFloorDiv(a, b int64) int64 {
 	return q
 }
 
-// fixedWindowRef counts the hits of each window, by window index.
-type fixedWindowRef struct{ counts map[int64]int64 }
+// refHorizon is the latest instant a decision at now may name, per doc.go:
+// the largest int64 Unix ns, or now plus the largest Duration if less.
+func refHorizon(now int64) int64 {
+	h := new(big.Int).Add(big.NewInt(now), big.NewInt(math.MaxInt64))
+	if h.Cmp(big.NewInt(math.MaxInt64)) > 0 {
+		return math.MaxInt64
+	}
+	return h.Int64()
+}
+
+// fixedWindowRef counts the hits of each window, by window index under
+// period, the Period of the last request.
+type fixedWindowRef struct {
+	counts map[int64]int64
+	period int64
+	last   int64 // the last request's window index
+}
 
 func (m *fixedWindowRef) decide(r Request, now int64) refDecision {
+	p := int64(r.Period)
+	w := refFloorDiv(now, p)
 	if r.Behavior&Reset != 0 {
 		clear(m.counts)
 	}
-	p := int64(r.Period)
-	w := refFloorDiv(now, p)
+	if m.period != 0 && m.period != p {
+		// The count of the last window, if that is not over, counts in
+		// the current window.
+		c, end := m.counts[m.last], (m.last+1)*m.period
+		clear(m.counts)
+		if now < end {
+			m.counts[w] = c
+		}
+	}
+	m.period, m.last = p, w
 	c := m.counts[w]
 	var d refDecision
 	if c+max(r.Hits, 1) <= r.Limit {
@@ -69,8 +95,13 @@ func (m *fixedWindowRef) decide(r Request, now int64) refDecision {
 	return d
 }
 
-// slidingLogRef keeps every admission, unmerged, forever.
-type slidingLogRef struct{ log []struct{ at, hits int64 } }
+// slidingLogRef keeps every admission, unmerged. An entry is dropped once a
+// request finds it outside its window, and the whole log once it was empty
+// under the Period of the last request.
+type slidingLogRef struct {
+	log    []struct{ at, hits int64 }
+	period int64 // of the last request
+}
 
 // count is the hits admitted in (at-p, at].
 func (m *slidingLogRef) count(at, p int64) int64 {
@@ -88,20 +119,28 @@ func (m *slidingLogRef) add(at, hits int64) {
 }
 
 func (m *slidingLogRef) decide(r Request, now int64) refDecision {
-	if r.Behavior&Reset != 0 {
-		m.log = nil
-	}
 	p, probe := int64(r.Period), max(r.Hits, 1)
-	live := m.count(now, p)
+	if r.Behavior&Reset != 0 || m.count(now, m.period) == 0 {
+		m.log = nil // reset, or fresh under the last request's Period
+	}
+	m.period = p
+	live := m.log[:0]
+	for _, e := range m.log {
+		if e.at > now-p {
+			live = append(live, e)
+		}
+	}
+	m.log = live
+	live0 := m.count(now, p)
 	var d refDecision
-	if live+probe <= r.Limit {
+	if live0+probe <= r.Limit {
 		d.allowed = true
 		if r.Hits > 0 {
 			m.add(now, r.Hits)
 		}
 	} else {
-		if r.Behavior&DrainOverLimit != 0 && r.Hits > 0 && live < r.Limit {
-			m.add(now, r.Limit-live)
+		if r.Behavior&DrainOverLimit != 0 && r.Hits > 0 && live0 < r.Limit {
+			m.add(now, r.Limit-live0)
 		}
 		// The count only falls when an entry leaves, at its time + p:
 		// try every such instant.
@@ -123,9 +162,14 @@ func (m *slidingLogRef) decide(r Request, now int64) refDecision {
 	return d
 }
 
-// slidingCounterRef counts the hits of each window and evaluates the
-// documented formula cur + hits + prev*(P-elapsed)/P <= Limit with big.Int.
-type slidingCounterRef struct{ counts map[int64]int64 }
+// slidingCounterRef counts the hits of each window, by window index under
+// period, the Period of the last request, and evaluates the documented
+// formula cur + hits + prev*(P-elapsed)/P <= Limit with big.Int.
+type slidingCounterRef struct {
+	counts map[int64]int64
+	period int64
+	last   int64 // the last request's window index
+}
 
 // room is Limit*P - cur*P - prev*(P-elapsed) at time at: P times what a
 // request may still add.
@@ -150,12 +194,41 @@ func (m *slidingCounterRef) remaining(r Request, at int64) int64 {
 	return room.Quo(room, big.NewInt(int64(r.Period))).Int64()
 }
 
-func (m *slidingCounterRef) decide(r Request, now int64) refDecision {
-	if r.Behavior&Reset != 0 {
-		clear(m.counts)
+// expireAt is when the counts are fresh under the last request's Period.
+func (m *slidingCounterRef) expireAt() int64 {
+	switch {
+	case m.period == 0:
+	case m.counts[m.last] > 0:
+		return (m.last + 2) * m.period
+	case m.counts[m.last-1] > 0:
+		return (m.last + 1) * m.period
 	}
+	return math.MinInt64
+}
+
+func (m *slidingCounterRef) decide(r Request, now int64) refDecision {
 	p, probe := int64(r.Period), max(r.Hits, 1)
 	w := refFloorDiv(now, p)
+	if r.Behavior&Reset != 0 || now >= m.expireAt() {
+		clear(m.counts)
+	}
+	if m.period != 0 && m.period != p {
+		// Each count of the last request's two windows goes to the
+		// window of Period p holding its window's last nanosecond, or
+		// to the current one if that is later; saturated at MaxLimit.
+		old := map[int64]int64{}
+		for _, i := range []int64{m.last, m.last - 1} {
+			if c := m.counts[i]; c > 0 {
+				lastNs := min((i+1)*m.period-1, now)
+				old[refFloorDiv(lastNs, p)] += c
+			}
+		}
+		clear(m.counts)
+		for i, c := range old {
+			m.counts[i] = min(c, MaxLimit)
+		}
+	}
+	m.period, m.last = p, w
 	var d refDecision
 	if m.admits(r, now, probe) {
 		d.allowed = true
@@ -178,22 +251,17 @@ func (m *slidingCounterRef) decide(r Request, now int64) refDecision {
 		d.retry = hi
 	}
 	d.remaining = m.remaining(r, now)
-	switch {
-	case m.counts[w] > 0:
-		d.resetAt = (w + 2) * p
-	case m.counts[w-1] > 0:
-		d.resetAt = (w + 1) * p
-	default:
-		d.resetAt = now
-	}
+	d.resetAt = max(m.expireAt(), now)
 	return d
 }
 
 // gcraRef is GCRA in its continuous-state leaky bucket form: a counter x
-// (ns) that drains one per nanosecond, T per hit, limit tau = Burst*T.
+// (ns) that drains one per nanosecond, T per hit, limit tau = Burst*T. A
+// change of T converts x to the new interval, rounded up; x never reaches
+// past the horizon.
 type gcraRef struct {
-	x, lct int64
-	used   bool
+	x, lct, t int64
+	used      bool
 }
 
 func (m *gcraRef) decide(r Request, now int64) refDecision {
@@ -203,37 +271,57 @@ func (m *gcraRef) decide(r Request, now int64) refDecision {
 		T++
 	}
 	tau := refBurst(r) * T
+	ahead := refHorizon(now) - now
 	x := int64(0)
 	if m.used && r.Behavior&Reset == 0 {
 		x = max(m.x-(now-m.lct), 0)
+		if T != m.t {
+			conv := new(big.Int).Mul(big.NewInt(x), big.NewInt(T))
+			conv.Add(conv, big.NewInt(m.t-1))
+			conv.Quo(conv, big.NewInt(m.t))
+			if conv.Cmp(big.NewInt(ahead)) > 0 {
+				conv.SetInt64(ahead)
+			}
+			x = conv.Int64()
+		}
 	}
 	probe := max(r.Hits, 1)
 	var d refDecision
-	if x+probe*T <= tau {
+	// x + probe*T <= tau, with x up to the horizon's distance.
+	need := new(big.Int).Add(big.NewInt(x), new(big.Int).Mul(big.NewInt(probe), big.NewInt(T)))
+	if need.Cmp(big.NewInt(tau)) <= 0 {
 		d.allowed = true
-		x += r.Hits * T
+		x = min(x+r.Hits*T, ahead)
 	} else {
 		if r.Behavior&DrainOverLimit != 0 && r.Hits > 0 && x < tau {
-			x = tau
+			x = min(tau, ahead)
 		}
-		d.retry = x + probe*T - tau
+		d.retry = new(big.Int).Sub(need.Add(big.NewInt(x), big.NewInt(probe*T)), big.NewInt(tau)).Int64()
 	}
-	m.x, m.lct, m.used = x, now, true
+	m.x, m.lct, m.t, m.used = x, now, T, true
 	d.remaining = max((tau-x)/T, 0)
 	d.resetAt = now + x
 	return d
 }
 
-// bucketRef is an exact bucket in big.Rat: the token bucket counts the
-// tokens present (full when fresh), the leaky bucket the hits queued (empty
-// when fresh). margin reports how far a request is from the boundary
-// (admitted iff margin >= 0); decide is then told whether to admit, so that
-// the model can follow the implementation where the two may differ.
+// bucketRef is an exact bucket in big.Rat: the level is the tokens consumed
+// (token bucket) or the hits queued (leaky bucket), 0 when fresh; a request
+// is admitted when level + hits <= Burst. The level drains at the rate of
+// each request from the request before it on; it is fresh from end, when it
+// would have drained at the rate of the request that wrote it (capped at
+// that request's horizon). margin reports how far a request is from the
+// boundary (admitted iff margin >= 0); decide is then told whether to admit,
+// and at is told whether the implementation found the state fresh, so that
+// the model can follow the implementation where the two may differ by float
+// rounding.
 type bucketRef struct {
-	leaky  bool
-	amount *big.Rat // tokens present, or hits queued
-	last   int64
-	used   bool
+	leaky bool
+	level *big.Rat
+	last  int64
+	end   *big.Rat // Unix ns
+	used  bool
+	// endTol is how far (ns) the implementation's end may be from end.
+	endTol float64
 }
 
 // bucketOut is a bucket model's exact answer, for comparison within the
@@ -247,77 +335,67 @@ type bucketOut struct {
 
 func rat(a int64) *big.Rat { return new(big.Rat).SetInt64(a) }
 
-// at returns the amount at now, without changing the model.
-func (m *bucketRef) at(r Request, now int64) *big.Rat {
-	b := rat(refBurst(r))
+// at returns the level at now, without changing the model. implFresh is
+// whether the implementation found the state fresh; the model follows it
+// within endTol of end.
+func (m *bucketRef) at(r Request, now int64, implFresh bool) *big.Rat {
 	if !m.used || r.Behavior&Reset != 0 {
-		if m.leaky {
-			return rat(0)
-		}
-		return b
+		return rat(0)
+	}
+	gap := new(big.Rat).Sub(rat(now), m.end)
+	fresh := gap.Sign() >= 0
+	if math.Abs(ratFloat(gap)) <= m.endTol {
+		fresh = implFresh
+	}
+	if fresh {
+		return rat(0)
 	}
 	flow := new(big.Rat).Mul(rat(now-m.last), big.NewRat(r.Limit, int64(r.Period)))
-	if m.leaky {
-		a := new(big.Rat).Sub(m.amount, flow)
-		if a.Sign() < 0 {
-			a.SetInt64(0)
-		}
-		return a
-	}
-	a := new(big.Rat).Add(m.amount, flow)
-	if a.Cmp(b) > 0 {
-		a.Set(b)
+	a := new(big.Rat).Sub(m.level, flow)
+	if a.Sign() < 0 {
+		a.SetInt64(0)
 	}
 	return a
 }
 
-func (m *bucketRef) margin(r Request, now int64) *big.Rat {
-	a := m.at(r, now)
+func (m *bucketRef) margin(r Request, now int64, implFresh bool) *big.Rat {
+	a := m.at(r, now, implFresh)
 	probe := rat(max(r.Hits, 1))
-	if m.leaky { // room left in the queue after the request
-		return a.Sub(new(big.Rat).Sub(rat(refBurst(r)), a), probe)
-	}
-	return a.Sub(a, probe) // tokens left after the request
+	return a.Sub(new(big.Rat).Sub(rat(refBurst(r)), a), probe) // room after the request
 }
 
-func (m *bucketRef) decide(r Request, now int64, admit bool) bucketOut {
-	a := m.at(r, now)
+// capNs is min(x, limit) for durations in ns.
+func capNs(x *big.Rat, limit int64) *big.Rat {
+	if x.Cmp(rat(limit)) > 0 {
+		return rat(limit)
+	}
+	return x
+}
+
+func (m *bucketRef) decide(r Request, now int64, admit, implFresh bool, tolNs float64) bucketOut {
+	a := m.at(r, now, implFresh)
 	b := rat(refBurst(r))
 	hits, probe := rat(r.Hits), rat(max(r.Hits, 1))
 	perHit := big.NewRat(int64(r.Period), r.Limit) // ns
+	ahead := refHorizon(now) - now
 	out := bucketOut{allowed: admit}
-	drain := r.Behavior&DrainOverLimit != 0 && r.Hits > 0
-	if m.leaky {
-		if admit {
+	if admit {
+		if m.leaky {
 			out.delay, out.delayValid = new(big.Rat).Mul(a, perHit), true
-			a.Add(a, hits)
-		} else {
-			if drain && a.Cmp(b) < 0 {
-				a.Set(b)
-			}
-			need := new(big.Rat).Sub(new(big.Rat).Add(a, probe), b)
-			out.retry, out.retryValid = need.Mul(need, perHit), true
 		}
-		out.remaining = new(big.Rat).Sub(b, a)
-		out.resetAt = new(big.Rat).Mul(a, perHit)
+		a.Add(a, hits)
 	} else {
-		if admit {
-			a.Sub(a, hits)
-		} else {
-			if drain && a.Sign() > 0 {
-				a.SetInt64(0)
-			}
-			need := new(big.Rat).Sub(probe, a)
-			out.retry, out.retryValid = need.Mul(need, perHit), true
+		if r.Behavior&DrainOverLimit != 0 && r.Hits > 0 && a.Cmp(b) < 0 {
+			a.Set(b)
 		}
-		out.remaining = new(big.Rat).Set(a)
-		missing := new(big.Rat).Sub(b, a)
-		out.resetAt = missing.Mul(missing, perHit)
+		need := new(big.Rat).Sub(new(big.Rat).Add(a, probe), b)
+		out.retry, out.retryValid = capNs(need.Mul(need, perHit), ahead), true
 	}
-	if out.resetAt.Sign() < 0 {
-		out.resetAt.SetInt64(0)
-	}
-	m.amount, m.last, m.used = a, now, true
+	out.remaining = new(big.Rat).Sub(b, a)
+	out.resetAt = capNs(new(big.Rat).Mul(a, perHit), ahead)
+	m.level, m.last, m.used = a, now, true
+	m.end = new(big.Rat).Add(rat(now), out.resetAt)
+	m.endTol = tolNs
 	return out
 }
 
@@ -358,6 +436,46 @@ func randomRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
 		}
 		if a.HasBurst() && rng.IntN(5) > 1 {
 			r.Burst = 1 + rng.Int64N(2*r.Limit+1)
+		}
+		if a == GCRA && r.Limit > int64(r.Period) {
+			r.Limit = int64(r.Period)
+		}
+		if r.Validate() == nil {
+			return r
+		}
+	}
+	tb.Fatalf("%v: no valid random request in 1000 tries", a)
+	return Request{}
+}
+
+// randomExtremeRequest is a valid request whose Limit, Period and Burst are
+// often at the ends of their ranges, for traces that change them: a change
+// from one to the next may cut or raise the rate by up to 10^29.
+func randomExtremeRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
+	tb.Helper()
+	limits := []int64{1, 2, 7, 1000, 1_000_000, 1_000_000_000, MaxLimit}
+	periods := []time.Duration{MinPeriod, 7 * time.Microsecond, time.Millisecond, time.Second, time.Hour, 24 * time.Hour, 365 * 24 * time.Hour, MaxPeriod}
+	for range 1000 {
+		r := Request{Name: "diff", Key: "k", Algorithm: a}
+		if rng.IntN(3) > 0 {
+			r.Limit = limits[rng.IntN(len(limits))]
+		} else { // log-uniform in [1, MaxLimit]
+			r.Limit = max(int64(math.Exp(rng.Float64()*math.Log(MaxLimit))), 1)
+		}
+		if rng.IntN(3) > 0 {
+			r.Period = periods[rng.IntN(len(periods))]
+		} else { // log-uniform in [MinPeriod, MaxPeriod]
+			r.Period = time.Duration(float64(MinPeriod) * math.Exp(rng.Float64()*math.Log(float64(MaxPeriod/MinPeriod))))
+		}
+		if a.HasBurst() {
+			switch rng.IntN(4) {
+			case 1:
+				r.Burst = 1
+			case 2:
+				r.Burst = min(1+rng.Int64N(2*r.Limit), MaxLimit)
+			case 3:
+				r.Burst = MaxLimit
+			}
 		}
 		if a == GCRA && r.Limit > int64(r.Period) {
 			r.Limit = int64(r.Period)
@@ -416,22 +534,50 @@ func randomStart(rng *rand.Rand) int64 {
 // implementation admits within bucketEpsilon; float64 rounding of a level of
 // up to the capacity stays far below 1e-12*capacity over a trace), on
 // Remaining within tol, and on RetryAfter, ResetAt and Delay within
-// tol*Period/Limit + 1ns. Every decision also passes checkInvariants, which
-// makes RetryAfter and Remaining exact for the buckets too.
+// tol*Period/Limit + 1ns; within as much of the instant the level would have
+// drained, the model follows the implementation on whether the state is
+// fresh. Every decision also passes checkInvariants, which makes RetryAfter
+// and Remaining exact for the buckets too.
 func TestDifferential(t *testing.T) {
 	for _, a := range Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(20240515, uint64(a)))
 			for trace := range traceCount() {
-				runTrace(t, rng, a, trace)
+				runTrace(t, rng, a, trace, false)
 			}
 		})
 	}
 }
 
-func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int) {
+// TestDifferentialChanges is TestDifferential with a change of Limit, Period
+// and Burst (randomExtremeRequest) before one request in four: limits 1 to
+// MaxLimit, periods MinPeriod to MaxPeriod, bursts 1 to MaxLimit, so that
+// cuts carry consumption past the horizon and raises shorten it to
+// nanoseconds. tol uses the largest capacity of the trace, which bounds the
+// level.
+func TestDifferentialChanges(t *testing.T) {
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(20260101, uint64(a)))
+			for trace := range traceCount() {
+				runTrace(t, rng, a, trace, true)
+			}
+		})
+	}
+}
+
+// traceEnd bounds the time of traces (2198), so that the window models need
+// not saturate near the horizon. Consumption carried past the horizon is in
+// the traces; TestCutToHorizon has step tables for it.
+const traceEnd = 7_200_000_000e9
+
+func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int, changes bool) {
 	base := randomRequest(t, rng, a)
+	if changes {
+		base = randomExtremeRequest(t, rng, a)
+	}
 	s := newTestStore(t)
 	var exact interface {
 		decide(Request, int64) refDecision
@@ -449,9 +595,15 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int) {
 	case GCRA:
 		exact = &gcraRef{}
 	}
-	capacity := base.Capacity()
-	tol := new(big.Rat).SetFloat64(2*bucketEpsilon + 1e-12*float64(capacity))
-	tolNs := ratFloat(new(big.Rat).Mul(tol, big.NewRat(int64(base.Period), base.Limit))) + 1
+	maxCapacity := base.Capacity()
+	var tol *big.Rat
+	var tolNs float64
+	setTol := func() {
+		maxCapacity = max(maxCapacity, base.Capacity())
+		tol = new(big.Rat).SetFloat64(2*bucketEpsilon + 1e-12*float64(maxCapacity))
+		tolNs = ratFloat(new(big.Rat).Mul(tol, big.NewRat(int64(base.Period), base.Limit))) + 1
+	}
+	setTol()
 
 	// hist is the trace so far, for failure messages: its parameters and
 	// the last steps.
@@ -462,9 +614,18 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int) {
 	}
 	now := randomStart(rng)
 	for i := range 10 + rng.IntN(70) {
-		now += randomGap(rng, base)
+		if changes && rng.IntN(4) == 0 {
+			base = randomExtremeRequest(t, rng, a)
+			setTol()
+			steps = append(steps, fmt.Sprintf("change: limit %d period %v burst %d\n", base.Limit, base.Period, base.Burst))
+		}
+		gap := randomGap(rng, base)
+		if now > traceEnd-gap {
+			gap = rng.Int64N(3)
+		}
+		now += gap
 		req := base
-		req.Hits = randomHits(rng, capacity)
+		req.Hits = randomHits(rng, base.Capacity())
 		switch x := rng.IntN(100); {
 		case x < 8:
 			req.Behavior = DrainOverLimit
@@ -475,8 +636,11 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int) {
 		}
 		at := time.Unix(0, now)
 		var margin *big.Rat
+		implFresh := false
 		if bucket != nil {
-			margin = bucket.margin(req, now)
+			pre := copyState(s, &req)
+			implFresh = pre.st.algo() != a || pre.st.expireAt <= now
+			margin = bucket.margin(req, now, implFresh)
 		}
 		d, err := s.CheckAt(req, at)
 		if err != nil {
@@ -499,7 +663,7 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int) {
 			if d.Allowed != admit && !near {
 				fail("allowed %v, the model's margin is %s hits", d.Allowed, margin.FloatString(12))
 			}
-			want := bucket.decide(req, now, d.Allowed) // follow it near the boundary
+			want := bucket.decide(req, now, d.Allowed, implFresh, tolNs) // follow it near the boundary
 			rem := ratFloat(want.remaining)
 			lo, hi := math.Floor(rem-ratFloat(tol)), math.Floor(rem+ratFloat(tol))
 			if float64(d.Remaining) < max(lo, 0) || float64(d.Remaining) > max(hi, 0) {

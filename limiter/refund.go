@@ -1,7 +1,5 @@
 package limiter
 
-import "math"
-
 // refund returns req.Hits to st, which decide has already reset if its
 // state was stale. Only what is still counted can be given back: a bucket
 // level, the count of the window the hits went into, the TAT, the newest
@@ -10,22 +8,25 @@ func refund(st *state, lg *windowLog, req *Request, now int64) {
 	h := req.Hits
 	switch req.Algorithm {
 	case TokenBucket, LeakyBucket:
-		last := st.w[1]
-		level := bucketLevelAt(math.Float64frombits(uint64(st.w[0])), last, now, float64(req.Limit), float64(req.Period))
-		level = max(level-float64(h), 0)
-		st.w[0] = int64(math.Float64bits(level))
-		st.w[1] = max(last, now)
+		last := st.levelTime()
+		level := bucketLevelAt(st.level(), last, now, float64(req.Limit), float64(req.Period))
+		st.setLevel(max(level-float64(h), 0), max(last, now))
 	case FixedWindow:
-		if start, _ := windowBounds(req, now); st.w[0] >= start {
-			st.w[1] = max(st.w[1]-h, 0)
+		if start, _ := windowBounds(req, now); st.windowStart() >= start {
+			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
 		}
 	case SlidingWindowCounter:
 		// The stored current window is the one the hits went into, even
-		// if it has since become the previous one.
-		st.w[1] = max(st.w[1]-h, 0)
+		// if it has since become the previous one. The expiry tells the
+		// Period of the counts (see counterPeriod), so it follows them.
+		if st.windowHits() > 0 {
+			q := counterPeriod(st, int64(req.Period))
+			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
+			st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
+		}
 	case GCRA:
-		if t := st.w[1]; t != 0 && st.w[0] > now {
-			st.w[0] = max(st.w[0]-h*t, now)
+		if t := st.interval(); t != 0 && st.tat() > now {
+			st.setTAT(max(st.tat()-h*t, now), t)
 		}
 	case SlidingWindowLog:
 		if lg != nil {

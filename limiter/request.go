@@ -250,11 +250,12 @@ type Decision struct {
 	// right now, after this decision. Never negative.
 	Remaining int64
 	// ResetAt is when the key's state returns to fresh if nothing more is
-	// consumed: the bucket full again, the window over, the log empty.
+	// consumed: the bucket full again, the window over, the log empty. It
+	// is never after the horizon (see the package comment).
 	ResetAt time.Time
 	// RetryAfter is how long until this same request would be admitted if
 	// nothing else is consumed meanwhile (after DrainOverLimit has drained);
-	// zero when it was admitted.
+	// zero when it was admitted. now+RetryAfter is never after the horizon.
 	RetryAfter time.Duration
 	// Delay is, for an admitted leaky-bucket request, how long the caller
 	// should wait before proceeding so that outflow is smooth. Zero

@@ -109,7 +109,7 @@ func (s *Snapshot) Validate() error {
 func (sh *shard) snapshotLocked(e *entry) Snapshot {
 	name, key := splitStoreKey(e.key)
 	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.w}
-	s.Words[2] = e.third()
+	s.Words[2] = e.prevWindowHits()
 	if s.Algorithm == SlidingWindowLog {
 		s.Words = [3]int64{}
 		if lg := sh.logs[e.key]; lg != nil {
@@ -302,28 +302,28 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot) bool {
 		if sn.ExpireAt <= st.expireAt {
 			return false
 		}
-		flags := st.w[2] &^ (1<<algoShift - 1)
+		flags := st.w[2] &^ lowBits
 		st.expireAt, st.w = sn.ExpireAt, w
 		st.w[2] |= flags
 	case FixedWindow:
 		switch {
-		case w[0] < st.w[0], w[0] == st.w[0] && w[1] <= st.w[1]:
+		case w[0] < st.windowStart(), w[0] == st.windowStart() && w[1] <= st.windowHits():
 			return false
 		}
-		st.w[0], st.w[1] = w[0], w[1]
+		st.setWindow(w[0], w[1])
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowCounter:
 		// Align both to the later window: a count one window older
 		// becomes that window's previous count, older ones are over.
-		start := max(w[0], st.w[0])
+		start := max(w[0], st.windowStart())
 		cur, prev := alignCounter(w[0], w[1], w[2], sn.ExpireAt, start)
-		mine, minePrev := alignCounter(st.w[0], st.w[1], st.third(), st.expireAt, start)
+		mine, minePrev := alignCounter(st.windowStart(), st.windowHits(), st.prevWindowHits(), st.expireAt, start)
 		nc, np := max(cur, mine), max(prev, minePrev)
-		if start == st.w[0] && nc == st.w[1] && np == st.third() {
+		if start == st.windowStart() && nc == st.windowHits() && np == st.prevWindowHits() {
 			return false
 		}
-		st.w[0], st.w[1] = start, nc
-		st.setThird(np)
+		st.setWindow(start, nc)
+		st.setPrevWindowHits(np)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowLog:
 		var total int64

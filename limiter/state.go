@@ -1,18 +1,22 @@
 package limiter
 
-// state is one key's state for any algorithm, in four words; the sliding
-// window log keeps its entries beside it (see windowLog). What the words hold:
+import "math"
+
+// state is one key's state for any algorithm, in four words: expireAt and
+// the three words of w, which the accessors below name. The sliding window
+// log keeps its entries beside it (see windowLog). The words per algorithm:
 //
-//	TokenBucket, LeakyBucket: w[0] float64 bits of the level (tokens consumed,
-//	                          or hits queued), w[1] time of the level (ns)
-//	FixedWindow:              w[0] window start (ns), w[1] hits in the window
-//	SlidingWindowCounter:     w[0] current window start, w[1] its hits,
-//	                          w[2] the previous window's hits (low 56 bits)
-//	GCRA:                     w[0] theoretical arrival time (ns), w[1] the
-//	                          emission interval it was computed with (ns)
+//	TokenBucket, LeakyBucket: level (float64 bits: tokens consumed, or hits
+//	                          queued) and levelTime, when it was that level
+//	FixedWindow:              windowStart and windowHits
+//	SlidingWindowCounter:     windowStart, windowHits and prevWindowHits
+//	GCRA:                     tat, the theoretical arrival time, and the
+//	                          interval (ns per hit) it was computed with
 //
-// The top 8 bits of w[2] hold the Algorithm the state belongs to and the
-// changed mark of Store.Changed, which keeps an entry at 64 bytes. The zero value is the fresh state of every algorithm.
+// The top 8 bits of the third word hold the Algorithm the state belongs to
+// and the changed mark of Store.Changed, which keeps an entry at 64 bytes;
+// prevWindowHits uses the low 56. The zero value is the fresh state of
+// every algorithm. Snapshots carry the words as they are (see Snapshot).
 type state struct {
 	// expireAt is the time (Unix ns) from which the state is equivalent to
 	// fresh under the parameters of the last request; dropping it then
@@ -23,6 +27,7 @@ type state struct {
 
 const (
 	algoShift = 56
+	lowBits   = 1<<algoShift - 1
 	// changedBit, above the algorithm, marks an entry listed for
 	// Store.Changed.
 	changedBit = 1 << 62
@@ -34,11 +39,27 @@ func (st *state) isChanged() bool { return st.w[2]&changedBit != 0 }
 func (st *state) setChanged()     { st.w[2] |= changedBit }
 func (st *state) clearChanged()   { st.w[2] &^= changedBit }
 
-// third returns w[2] without the algorithm bits.
-func (st *state) third() int64 { return st.w[2] & (1<<algoShift - 1) }
+// The buckets' words.
+func (st *state) level() float64   { return math.Float64frombits(uint64(st.w[0])) }
+func (st *state) levelTime() int64 { return st.w[1] }
+func (st *state) setLevel(level float64, at int64) {
+	st.w[0], st.w[1] = int64(math.Float64bits(level)), at
+}
 
-// setThird stores v (< 2^56; counts are at most MaxLimit) in w[2].
-func (st *state) setThird(v int64) { st.w[2] = v | st.w[2]&^(1<<algoShift-1) }
+// GCRA's words. An interval of 0 marks the fresh state.
+func (st *state) tat() int64                 { return st.w[0] }
+func (st *state) interval() int64            { return st.w[1] }
+func (st *state) setTAT(tat, interval int64) { st.w[0], st.w[1] = tat, interval }
+
+// The windows' words. prevWindowHits is below 2^56: counts are at most
+// MaxLimit.
+func (st *state) windowStart() int64          { return st.w[0] }
+func (st *state) windowHits() int64           { return st.w[1] }
+func (st *state) prevWindowHits() int64       { return st.w[2] & lowBits }
+func (st *state) setWindow(start, hits int64) { st.w[0], st.w[1] = start, hits }
+func (st *state) setPrevWindowHits(hits int64) {
+	st.w[2] = hits | st.w[2]&^lowBits
+}
 
 // decide applies req (already validated) to st at now (Unix ns) and returns
 // the decision. st is updated in place, including expireAt. lg is the key's

@@ -1,6 +1,9 @@
 package limiter
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // windowBounds returns the start and end (Unix ns) of the window containing
 // now: a calendar unit in the request's location, or a multiple of Period
@@ -11,7 +14,7 @@ func windowBounds(req *Request, now int64) (start, end int64) {
 	}
 	p := int64(req.Period)
 	start = floorDiv(now, p) * p
-	return start, start + p
+	return start, addSat(start, p)
 }
 
 // calendarBounds returns the calendar unit containing now in loc (nil: UTC).
@@ -76,7 +79,7 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
-	if ws := st.w[0]; ws > start && st.w[1] > 0 && st.expireAt > now {
+	if ws := st.windowStart(); ws > start && st.windowHits() > 0 && st.expireAt > now {
 		// now is older than the stored window's start: concurrent callers
 		// read their clocks before taking the lock, and a later reading got
 		// it first. Count in the stored window, as if now were its start;
@@ -87,7 +90,7 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	// reset the state if its window ended. (With the same Period or
 	// Calendar a stored window that is not over is this one; after a
 	// change its hits count in the current window, as doc.go says.)
-	count := st.w[1]
+	count := st.windowHits()
 	probe := max(req.Hits, 1)
 	d := Decision{Limit: req.Limit}
 	if count+probe <= req.Limit {
@@ -100,7 +103,7 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(req.Limit-count, 0)
-	st.w[0], st.w[1] = start, count
+	st.setWindow(start, count)
 	st.expireAt = now
 	if count > 0 {
 		st.expireAt = end
@@ -114,23 +117,26 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 	p := int64(req.Period)
 	start := floorDiv(now, p) * p
-	if ws := st.w[0]; ws > start && (st.w[1] > 0 || st.third() > 0) && st.expireAt > now {
-		// now is older than the stored window (see decideFixedWindow):
-		// decide as at that window's start, where the estimate counts
-		// the previous window whole, rather than move the window back
-		// and shift its count out of the current one.
-		now, start = ws, ws
-	}
-	cur, prev := st.w[1], st.third()
-	switch ws := st.w[0]; {
-	case ws == start:
-	case ws == start-p:
-		prev, cur = cur, 0
-	default:
-		// With an unchanged Period the state is this window's or the
-		// previous one's, since decide resets it once both are over.
-		// After a Period change (or a clock step back) the windows no
-		// longer align: keep the counts as they are.
+	ws, cur, prev := st.windowStart(), st.windowHits(), st.prevWindowHits()
+	if cur > 0 || prev > 0 {
+		switch q := counterPeriod(st, p); {
+		case q != p:
+			cur, prev = regroupCounts(ws, q, cur, prev, start, p)
+		case ws == start:
+		case ws == start-p:
+			prev, cur = cur, 0
+		case ws > start:
+			// now is older than the stored window (see
+			// decideFixedWindow): decide as at that window's start,
+			// where the estimate counts the previous window whole,
+			// rather than move the window back and shift its count out
+			// of the current one.
+			now, start = ws, ws
+		default:
+			// Both windows are over; decide resets such a state, but a
+			// merged one may get here.
+			cur, prev = 0, 0
+		}
 	}
 	elapsed := now - start
 	limitP := mul(req.Limit, p)
@@ -154,18 +160,56 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = slidingCounterRetry(req.Limit, p, cur, prev, probe, elapsed)
 	}
 	d.Remaining = remaining
-	st.w[0], st.w[1] = start, cur
-	st.setThird(prev)
-	switch {
-	case cur > 0:
-		st.expireAt = start + 2*p
-	case prev > 0:
-		st.expireAt = start + p
-	default:
-		st.expireAt = now
-	}
+	st.setWindow(start, cur)
+	st.setPrevWindowHits(prev)
+	st.expireAt = counterExpiry(start, cur, prev, p, now)
 	d.ResetAt = nsTime(st.expireAt)
 	return d
+}
+
+// counterExpiry is when a sliding window counter is fresh again: two periods
+// after the start of its current window while that window has hits, one
+// while only the previous window has, now when neither has.
+func counterExpiry(start, cur, prev, p, now int64) int64 {
+	switch {
+	case cur > 0:
+		return addSat(start, 2*p)
+	case prev > 0:
+		return addSat(start, p)
+	}
+	return now
+}
+
+// counterPeriod is the Period the counts of st were written with, which its
+// expiry tells (see counterExpiry); st holds hits. An expiry saturated at
+// the latest representable instant tells nothing, and p is assumed.
+func counterPeriod(st *state, p int64) int64 {
+	if st.expireAt == math.MaxInt64 {
+		return p
+	}
+	q := st.expireAt - st.windowStart()
+	if st.windowHits() > 0 {
+		q /= 2
+	}
+	return q
+}
+
+// regroupCounts places the counts of the windows [ws, ws+q) (cur) and
+// [ws-q, ws) (prev), written with Period q, in the windows of Period p, the
+// current one beginning at start: each count in the window that holds the
+// last nanosecond of its own, or in the current one if that nanosecond is
+// later; a count whose last nanosecond is before the previous window is
+// over. A count saturates at MaxLimit.
+func regroupCounts(ws, q, cur, prev, start, p int64) (newCur, newPrev int64) {
+	for _, c := range [2]struct{ end, hits int64 }{{ws + q, cur}, {ws, prev}} {
+		switch {
+		case c.end > start:
+			newCur += c.hits
+		case c.end > start-p:
+			newPrev += c.hits
+		}
+	}
+	return min(newCur, MaxLimit), min(newPrev, MaxLimit)
 }
 
 // slidingCounterRetry is how long until hits are admitted, given the counts

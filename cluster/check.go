@@ -186,7 +186,42 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err e
 	if st, _ := n.hand.stateOf(hash); st != owned {
 		return Decision{}, nil, false
 	}
+	if n.grants.active() {
+		if d, err, held := n.decideLeasedLocked(req, hash); held {
+			return d, err, true
+		}
+	}
 	d, err = n.decideLocal(req)
+	return d, err, true
+}
+
+// decideLeasedLocked decides req, a request for a key this node owns,
+// when leases of the key hold hits apart from its bucket (grants.go): with
+// the capacity reduced by those hits. held is false when none are held and
+// decideLocal should decide. The key's decide lock must be held.
+func (n *Node) decideLeasedLocked(req *limiter.Request, hash uint64) (d Decision, err error, held bool) {
+	now := n.now()
+	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	if !deferred(req.Algorithm) || req.Behavior != 0 {
+		return Decision{}, nil, false
+	}
+	out, earliest := n.grants.heldLocked(hash, req)
+	if out == 0 {
+		return Decision{}, nil, false
+	}
+	if err := req.Validate(); err != nil {
+		return Decision{}, err, true
+	}
+	r := *req
+	r.Burst = r.Capacity() - out
+	if r.Burst < max(r.Hits, 1) {
+		// The leases hold every hit: none is free before the first one
+		// expires (a lower bound: then its hits enter the bucket).
+		wait := time.Duration(earliest - now.UnixNano())
+		n.local.Add(1)
+		return Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: wait, ResetAt: now.Add(wait)}, Owner: n.cfg.NodeName}, nil, true
+	}
+	d, err = n.decideLocal(&r)
 	return d, err, true
 }
 

@@ -236,6 +236,7 @@ func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter
 	n.xfer.prev = cur
 	defer n.xfer.passes.Add(1)
 	n.hand.barrier()
+	n.grants.flush(n.hand, n.store, n.now())
 	handoff := n.byOwner(undelivered)
 	if len(prev) > 0 && len(cur) > 0 {
 		oldR, err := n.ringOf(prev)
@@ -463,6 +464,7 @@ func (n *Node) leaveHandoff() error {
 			lost += len(left)
 		}
 	}
+	n.grants.flush(n.hand, n.store, n.now())
 	all := func(f func(limiter.Snapshot)) {
 		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
 	}
@@ -473,6 +475,7 @@ func (n *Node) leaveHandoff() error {
 	n.closed.Store(true)
 	n.hand.setReady(false, n.now())
 	n.hand.barrier()
+	n.grants.flush(n.hand, n.store, n.now())
 	if track {
 		pass(func(f func(limiter.Snapshot)) {
 			n.xfer.changedMu.Lock()

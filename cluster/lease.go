@@ -21,21 +21,27 @@ import (
 //
 // A key that this node does not own, checked here more often than
 // LeaseConfig.Threshold per second, is hot. For a hot key the node asks the
-// owner for a lease: the owner takes up to the wanted hits off the key's
-// counter at once (limiter.Store.TakeAt) and grants them for a TTL. Until
-// the lease runs out or expires this node admits checks of the key from it,
-// without a call; then it forwards again and asks for another. Hits it did
-// not use go back to the owner as a refund. Every leased hit was counted on
-// the owner before it was admitted, so leases never admit more than the
-// limit; what they cost is that hits held by one node are not available to
-// another until returned.
+// owner for a lease: the owner grants up to the wanted hits of the key's
+// remaining capacity for a TTL, and counts them as occupying the key from
+// then on (grants.go). Until the lease runs out or expires this node admits
+// checks of the key from it, without a call; then it forwards again and
+// asks for another. Hits it did not use go back to the owner (ReturnLease)
+// when the lease expires, or as soon as the node has not used the lease for
+// a quarter of a TTL. Every leased hit was counted on the owner before it
+// was admitted, so leases never admit more than the limit; what they cost
+// is that hits held by one node are not available to another until used
+// or returned.
 //
 // Leases are granted for three algorithms only:
-//   - token_bucket and gcra: hits taken now are hits the limit admits now;
-//     admitting them a little later (within the TTL) admits nothing the
-//     bucket or the TAT did not already account for;
+//   - token_bucket and gcra: the owner holds the leased hits apart from the
+//     bucket (the TAT), reducing its capacity, and lets them enter it when
+//     the lease expires, the latest instant the holder may use them: a hit
+//     used at any time of the lease occupies the bucket from the grant on
+//     and drains only after the lease, so over any interval T the key
+//     admits at most Burst + rate*T, from leases and checks together;
 //   - fixed_window: hits are counted in the window they were taken in, and
-//     the lease ends with that window, so they are admitted in it.
+//     the lease ends with that window, so they are admitted in it; hits
+//     given back count again only while that window lasts.
 //
 // The others are refused: an admitted leaky_bucket hit carries a Delay that
 // depends on the moment it was admitted; a sliding_window_log counts hits
@@ -103,13 +109,17 @@ func leasable(a limiter.Algorithm) bool {
 	return a == limiter.TokenBucket || a == limiter.FixedWindow || a == limiter.GCRA
 }
 
-var _ transport.Leaser = (*Node)(nil)
+var (
+	_ transport.Leaser        = (*Node)(nil)
+	_ transport.LeaseReturner = (*Node)(nil)
+)
 
 // Lease grants up to want hits of req's key, which this node must own, for
-// ttl: it takes them off the key's counter at once. A fixed window lease
-// ends with the window its hits were counted in. It is how the Peer service
-// answers Lease; errors wrap ErrLeaseRefused, a limiter sentinel, or are
-// ErrClosed.
+// ttl. A token bucket or GCRA lease holds its hits apart from the key's
+// bucket until it expires, when they enter it (grants.go); a fixed window
+// lease takes them off the window's count at once and ends with the
+// window. It is how the Peer service answers Lease; errors wrap
+// ErrLeaseRefused, a limiter sentinel, or are ErrClosed.
 func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
 	if n.closed.Load() {
 		return transport.Lease{}, ErrClosed
@@ -128,18 +138,101 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		return transport.Lease{}, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
 	}
 	now := n.now()
-	took, d, err := n.store.TakeAt(req, want, now)
+	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	if n.grants.fullLocked(hash) {
+		return transport.Lease{}, fmt.Errorf("%w: %s holds leases of too many keys", ErrLeaseRefused, n.cfg.NodeName)
+	}
+	var (
+		took int64
+		d    limiter.Decision
+		err  error
+	)
+	exp := now.Add(ttl)
+	if deferred(req.Algorithm) {
+		took, d, err = n.grantHeldLocked(&req, hash, want, now)
+	} else {
+		took, d, err = n.store.TakeAt(req, want, now)
+		if took > 0 && d.ResetAt.Before(exp) {
+			exp = d.ResetAt // the window's end
+		}
+	}
 	if err != nil {
 		return transport.Lease{}, err
 	}
-	exp := now.Add(ttl)
-	if req.Algorithm == limiter.FixedWindow && took > 0 && d.ResetAt.Before(exp) {
-		exp = d.ResetAt // the window's end
-	}
 	if took > 0 {
+		var window int64 // a fixed window lease's hits count until it ends
+		if !deferred(req.Algorithm) {
+			window = d.ResetAt.UnixNano()
+		}
+		n.grants.addLocked(hash, from, &req, took, exp.UnixNano(), window)
 		n.leases.served.Add(1)
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, Decision: d}, nil
+}
+
+// grantHeldLocked sizes a token bucket or GCRA lease of up to want hits:
+// what the key admits now with its capacity reduced by the hits other
+// leases hold. Nothing is consumed; the caller records the grant. The
+// decision is for the hits granted, or for one hit when none are.
+func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, now time.Time) (int64, limiter.Decision, error) {
+	r := *req
+	r.Hits, r.Behavior = 0, 0
+	if err := r.Validate(); err != nil {
+		return 0, limiter.Decision{}, err
+	}
+	out, earliest := n.grants.heldLocked(hash, &r)
+	r.Burst = r.Capacity() - out
+	if r.Burst < 1 {
+		wait := time.Duration(earliest - now.UnixNano())
+		return 0, limiter.Decision{Limit: r.Limit, RetryAfter: wait, ResetAt: now.Add(wait)}, nil
+	}
+	d, err := n.store.CheckAt(r, now) // a peek: what is free now
+	if err != nil {
+		return 0, limiter.Decision{}, err
+	}
+	took := min(want, d.Remaining)
+	if took == 0 {
+		r.Hits = 1 // denied: says when a hit is free
+		d, err = n.store.CheckAt(r, now)
+		return 0, d, err
+	}
+	d.Allowed, d.Remaining = true, d.Remaining-took
+	return took, d, nil
+}
+
+// ReturnLease takes back hits of req's key that the node named from was
+// granted and did not use: hits of a lease that has not expired are freed;
+// hits of one that expired and entered the bucket are refunded; a fixed
+// window's hits are refunded while their window lasts. Hits beyond what
+// from was granted, and returns that come later than grantReturnGrace
+// after the expiry, change nothing. Errors wrap ErrLeaseRefused or are
+// ErrClosed.
+func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request, hits int64) error {
+	if n.closed.Load() {
+		return ErrClosed
+	}
+	hash := ring.RouteHash(req.Name, req.Key)
+	mu := n.hand.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	if st, o := n.hand.stateOf(hash); st != owned {
+		return fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	}
+	now := n.now()
+	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	_, settled, inWindow := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano())
+	refund := settled
+	if !deferred(req.Algorithm) {
+		refund = inWindow // a window's hits were counted when granted
+	}
+	if refund > 0 {
+		r := req
+		r.Hits, r.Behavior = min(refund, r.Capacity()), limiter.Refund
+		if _, err := n.store.CheckAt(r, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 const (
@@ -199,6 +292,7 @@ type hotKey struct {
 	left    int64           // hits not used yet
 	last    int64           // hits of the last grant
 	expires int64           // Unix ns, this node's clock
+	usedAt  int64           // when a check last used it (or it came)
 	resetAt time.Time       // the owner's ResetAt
 }
 
@@ -211,7 +305,7 @@ type leaseFetch struct {
 	want  int64
 }
 
-// leaseReturn is unused leased hits to give back: req has Behavior Refund.
+// leaseReturn is unused leased hits to give back: req.Hits of them.
 type leaseReturn struct {
 	owner string
 	req   limiter.Request
@@ -339,6 +433,7 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d De
 	}
 	if h.expires != 0 && h.left >= req.Hits {
 		h.left -= req.Hits
+		h.usedAt = now
 		t.local.Add(1)
 		d = Decision{Decision: limiter.Decision{Allowed: true, Limit: req.Limit, Remaining: h.left, ResetAt: h.resetAt}, Owner: h.owner}
 		ok = true
@@ -434,8 +529,7 @@ func (t *leaseTable) rollLocked(sh *leaseShard, now int64) {
 func (t *leaseTable) retireLocked(h *hotKey, now int64, giveBack bool) {
 	if h.left > 0 && giveBack && (h.req.Algorithm != limiter.FixedWindow || now < h.resetAt.UnixNano()) {
 		r := h.req
-		r.Hits = min(h.left, r.Capacity()) // a refund never fills beyond fresh
-		r.Behavior = limiter.Refund
+		r.Hits = min(h.left, r.Capacity()) // the hits to give back
 		t.queueReturn(leaseReturn{owner: h.owner, req: r})
 	}
 	h.left, h.last, h.expires = 0, 0, 0
@@ -490,6 +584,7 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 		if same { // the same hits: add to them
 			h.left += l.Granted
 			h.last = l.Granted
+			h.usedAt = now
 			h.expires = max(h.expires, exp)
 			h.resetAt = l.Decision.ResetAt
 			return
@@ -497,6 +592,7 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 		t.retireLocked(h, now, h.owner == f.owner && sameLimit(&h.req, &f.req))
 	}
 	h.owner, h.req, h.left, h.last, h.expires, h.resetAt = f.owner, f.req, l.Granted, l.Granted, exp, l.Decision.ResetAt
+	h.usedAt = now
 	if exp <= now { // arrived too late to be used
 		t.retireLocked(h, now, true)
 	}
@@ -515,7 +611,7 @@ func (n *Node) leaseLoop() {
 		work.Wait()
 		n.returnLeases()
 	}()
-	tick := time.NewTicker(max(t.cfg.TTL/2, time.Millisecond))
+	tick := time.NewTicker(max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
 	sendReturns := func() {
 		if t.sending.CompareAndSwap(false, true) {
@@ -578,9 +674,15 @@ func (n *Node) sweepLeases(now int64) {
 			if h.expires == 0 {
 				continue
 			}
-			if o, ok := n.ring.Owner(h.name, h.key); !ok || o.Name != h.owner {
+			switch o, ok := n.ring.Owner(h.name, h.key); {
+			case !ok || o.Name != h.owner:
 				t.retireLocked(h, now, false)
-			} else if now >= h.expires {
+			case now >= h.expires:
+				t.retireLocked(h, now, true)
+			case now-h.usedAt >= int64(t.cfg.TTL)/4:
+				// Not used for a quarter of a TTL: the node stopped
+				// checking the key; its hits go back before the TTL
+				// ends, to be of use elsewhere.
 				t.retireLocked(h, now, true)
 			}
 		}
@@ -588,8 +690,8 @@ func (n *Node) sweepLeases(now int64) {
 	}
 }
 
-// sendReturns sends the queued returns, one CheckMany per owner, as
-// refunds through the peer clients.
+// sendReturns gives the queued returns back to their owners, one
+// ReturnLease call each, the owners in parallel.
 func (n *Node) sendReturns(ctx context.Context) {
 	t := n.leases
 	t.retMu.Lock()
@@ -600,17 +702,23 @@ func (n *Node) sendReturns(ctx context.Context) {
 	for _, r := range rs {
 		byOwner[r.owner] = append(byOwner[r.owner], r.req)
 	}
+	var wg sync.WaitGroup
 	for owner, reqs := range byOwner {
 		c, ok := n.peers.Get(owner)
 		if !ok {
 			continue
 		}
-		for i, res := range c.CheckMany(ctx, reqs) {
-			if res.Err == nil {
-				t.returned.Add(reqs[i].Hits)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, r := range reqs {
+				if err := c.ReturnLease(ctx, r, r.Hits); err == nil {
+					t.returned.Add(r.Hits)
+				}
 			}
-		}
+		}()
 	}
+	wg.Wait()
 }
 
 // returnLeases retires every lease and sends the unused hits back, within

@@ -81,6 +81,7 @@ type Node struct {
 	metrics  *metrics // nil without Config.Registerer
 	breakers breakers
 	hand     *handover   // which keys this node decides as owner
+	grants   grantTable  // leases this node granted as owner (grants.go)
 	leases   *leaseTable // see lease.go
 
 	lis    net.Listener
@@ -471,6 +472,7 @@ func (n *Node) sweepLoop() {
 		case <-n.shutdown:
 			return
 		case <-t.C:
+			n.grants.sweep(n.hand, n.store, n.now().UnixNano())
 			n.store.Sweep(n.now())
 		}
 	}

@@ -71,6 +71,20 @@ func (c *Client) Lease(ctx context.Context, req limiter.Request, want int64, ttl
 	return transport.LeaseFromProto(out, want)
 }
 
+// ReturnLease gives the peer, the owner of req's key, hits of this node's
+// leases of the key that it did not use. Errors are Lease's.
+func (c *Client) ReturnLease(ctx context.Context, req limiter.Request, hits int64) error {
+	req.Hits, req.Behavior = 0, 0
+	if err := transport.ValidateRequest(&req); err != nil {
+		return err
+	}
+	in := &pb.LeaseRequest{From: c.cfg.Self, Request: transport.RequestToProto(req), GiveBack: hits}
+	return c.unary(ctx, func(ctx context.Context) error {
+		_, err := c.rpc.Lease(ctx, in, transport.CallOptions()...)
+		return err
+	})
+}
+
 // unary makes one call with the client's Timeout and turns its failure into
 // the package's errors.
 func (c *Client) unary(ctx context.Context, call func(context.Context) error) error {

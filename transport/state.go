@@ -68,6 +68,13 @@ type Lease struct {
 	Decision limiter.Decision
 }
 
+// LeaseReturner takes back unused hits of leases a Leaser granted: hits of
+// the key of req (validated with Hits 0) that the node named from was
+// granted and did not use; hits is at least 1. Safe for concurrent use.
+type LeaseReturner interface {
+	ReturnLease(ctx context.Context, from string, req limiter.Request, hits int64) error
+}
+
 // Leaser grants leases on the keys this node owns. req has been validated
 // with Hits 0 and no behavior; want is at least 1 and ttl positive. Safe for
 // concurrent use.
@@ -225,6 +232,21 @@ func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseR
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "transport: lease request: %v", err)
+	}
+	if in.GiveBack != 0 {
+		lr, ok := p.cfg.leaser.(LeaseReturner)
+		switch {
+		case !ok:
+			return nil, status.Error(codes.Unimplemented, "transport: lease returns are not served")
+		case in.Want != 0:
+			return nil, status.Errorf(codes.InvalidArgument, "transport: a lease return asks for %d hits, want 0", in.Want)
+		case in.GiveBack < 1 || in.GiveBack > limiter.MaxLimit:
+			return nil, status.Errorf(codes.InvalidArgument, "transport: lease give_back %d is outside [1, %d]", in.GiveBack, int64(limiter.MaxLimit))
+		}
+		if err := lr.ReturnLease(ctx, cleanText(in.From, limiter.MaxNameLen), req, in.GiveBack); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "transport: lease return: %v", err)
+		}
+		return &pb.LeaseResponse{Decision: DecisionToProto(limiter.Decision{Limit: req.Limit})}, nil
 	}
 	if in.Want < 1 || in.Want > limiter.MaxLimit {
 		return nil, status.Errorf(codes.InvalidArgument, "transport: lease want %d is outside [1, %d]", in.Want, int64(limiter.MaxLimit))

@@ -1091,11 +1091,15 @@ type LeaseRequest struct {
 	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	// The limit and key; hits and the behavior flags are ignored.
 	Request *RateLimitRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
-	// How many hits the sender asks for, at least 1.
+	// How many hits the sender asks for, at least 1 unless give_back is set.
 	Want int64 `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`
 	// How long the sender means to use the lease, in nanoseconds; the owner
 	// may shorten it.
-	TtlNanos      int64 `protobuf:"varint,4,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	TtlNanos int64 `protobuf:"varint,4,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	// With want 0: unused hits of the sender's leases of this key, given
+	// back to the owner. The owner frees them (or refunds them once its
+	// lease has expired), at most what it granted the sender.
+	GiveBack      int64 `protobuf:"varint,5,opt,name=give_back,json=giveBack,proto3" json:"give_back,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1154,6 +1158,13 @@ func (x *LeaseRequest) GetWant() int64 {
 func (x *LeaseRequest) GetTtlNanos() int64 {
 	if x != nil {
 		return x.TtlNanos
+	}
+	return 0
+}
+
+func (x *LeaseRequest) GetGiveBack() int64 {
+	if x != nil {
+		return x.GiveBack
 	}
 	return 0
 }
@@ -1564,12 +1575,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
-	"\brejected\x18\x02 \x01(\x05R\brejected\"\x8a\x01\n" +
+	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +
 	"\fLeaseRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x125\n" +
 	"\arequest\x18\x02 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x12\n" +
 	"\x04want\x18\x03 \x01(\x03R\x04want\x12\x1b\n" +
-	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\"\x94\x01\n" +
+	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\x12\x1b\n" +
+	"\tgive_back\x18\x05 \x01(\x03R\bgiveBack\"\x94\x01\n" +
 	"\rLeaseResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\x03R\agranted\x12/\n" +
 	"\x14expires_at_unix_nano\x18\x02 \x01(\x03R\x11expiresAtUnixNano\x128\n" +

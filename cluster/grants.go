@@ -1,0 +1,225 @@
+package cluster
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// The owner's side of leases: the grants of each key it leased and that
+// are not over yet.
+//
+// A token bucket or GCRA lease does not consume its hits when granted: the
+// owner holds them, apart from the bucket, until the lease expires, and
+// every decision on the key meanwhile sees a capacity reduced by the hits
+// held. At the lease's expiry the granted hits enter the bucket (the TAT),
+// as if all were admitted at that instant, the latest a holder may use
+// them; the hits the holder gives back are freed, or refunded once they
+// entered. A hit used at any time of the lease thus occupies the bucket
+// from the grant on and drains only from the expiry: over any interval T
+// the key admits at most Burst + rate*T, leases or not.
+//
+// A fixed window lease consumes its hits in the window when granted, as a
+// check would, and ends with that window; the hits the holder gives back
+// within the window are refunded to it, and later ones are dropped.
+
+// grantReturnGrace is how long after a lease expired the hits its holder
+// gives back are still taken: returns come at the holder's next sweep.
+const grantReturnGrace = time.Second
+
+// maxGrantKeys bounds the keys with grants per decide shard; beyond it the
+// owner refuses leases.
+const maxGrantKeys = 4096
+
+// grant is the hits of one key leased to one node.
+type grant struct {
+	from    string
+	req     limiter.Request // the limit (Hits 0)
+	hits    int64           // granted and not given back
+	expires int64           // Unix ns, the owner's clock
+	window  int64           // a fixed window lease: the window's end
+	settled bool            // the hits entered the bucket, or expired
+}
+
+// enter settles gr at: a token bucket's or GCRA's held hits enter the
+// bucket (the TAT) as hits admitted at that instant. The admission rule
+// kept room for them; DrainOverLimit fills the bucket should it not.
+func (gr *grant) enter(store *limiter.Store, at time.Time) {
+	gr.settled = true
+	if deferred(gr.req.Algorithm) && gr.hits > 0 {
+		r := gr.req
+		r.Hits, r.Behavior = min(gr.hits, r.Capacity()), limiter.DrainOverLimit
+		store.CheckAt(r, at) //nolint:errcheck // valid: it was granted
+	}
+}
+
+// deferred reports whether a's leased hits enter the bucket at expiry.
+func deferred(a limiter.Algorithm) bool { return a == limiter.TokenBucket || a == limiter.GCRA }
+
+// grantTable holds the grants of the keys this node owns. Shard i is
+// guarded by the handover's decide lock i, the lock decisions on its keys
+// are made under.
+type grantTable struct {
+	shards [decideShards]map[uint64][]grant
+	keys   atomic.Int64 // keys with grants, all shards
+}
+
+// active reports whether any key has grants: when not, decisions skip the
+// table.
+func (g *grantTable) active() bool { return g.keys.Load() > 0 }
+
+// sameKey reports whether two requests are of one key.
+func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b.Key }
+
+// settleLocked makes the grants of hash's keys that expired by now enter
+// the store at their expiry, and drops the settled ones whose returns can
+// no longer come. The decide lock of hash must be held.
+func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) {
+	m := g.shards[hash%decideShards]
+	gs := m[hash]
+	if len(gs) == 0 {
+		return
+	}
+	for i := range gs {
+		gr := &gs[i]
+		if gr.settled || now < gr.expires {
+			continue
+		}
+		gr.enter(store, time.Unix(0, gr.expires))
+	}
+	gs = slices.DeleteFunc(gs, func(gr grant) bool {
+		return gr.settled && now >= gr.expires+int64(grantReturnGrace)
+	})
+	g.storeLocked(hash, gs)
+}
+
+func (g *grantTable) storeLocked(hash uint64, gs []grant) {
+	i := hash % decideShards
+	if len(gs) == 0 {
+		if _, ok := g.shards[i][hash]; ok {
+			delete(g.shards[i], hash)
+			g.keys.Add(-1)
+		}
+		return
+	}
+	if g.shards[i] == nil {
+		g.shards[i] = map[uint64][]grant{}
+	}
+	if _, ok := g.shards[i][hash]; !ok {
+		g.keys.Add(1)
+	}
+	g.shards[i][hash] = gs
+}
+
+// heldLocked returns the hits of req's key held by leases that have not
+// entered the bucket, and the earliest expiry among them (0: none).
+func (g *grantTable) heldLocked(hash uint64, req *limiter.Request) (held, earliest int64) {
+	for _, gr := range g.shards[hash%decideShards][hash] {
+		if gr.settled || !deferred(gr.req.Algorithm) || !sameKey(&gr.req, req) {
+			continue
+		}
+		held += gr.hits
+		if earliest == 0 || gr.expires < earliest {
+			earliest = gr.expires
+		}
+	}
+	return held, earliest
+}
+
+// full reports whether the shard of hash holds no more keys.
+func (g *grantTable) fullLocked(hash uint64) bool {
+	m := g.shards[hash%decideShards]
+	_, ok := m[hash]
+	return !ok && len(m) >= maxGrantKeys
+}
+
+// addLocked records hits of req's key granted to from until expires, merged
+// with from's grant of the key that is not over: the holder adds the hits
+// to its lease and keeps the later expiry, so the owner does too.
+func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, hits, expires, window int64) {
+	gs := g.shards[hash%decideShards][hash]
+	for i := range gs {
+		gr := &gs[i]
+		if gr.from == from && !gr.settled && sameKey(&gr.req, req) && sameLimit(&gr.req, req) && gr.window == window {
+			gr.hits += hits
+			gr.expires = max(gr.expires, expires)
+			return
+		}
+	}
+	r := *req
+	r.Hits, r.Behavior = 0, 0
+	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, expires: expires, window: window}))
+}
+
+// giveBackLocked takes back up to hits of from's grants of req's key, the
+// earliest expiring first, and returns how many it took from grants that
+// had not settled and from grants that had, and of all those how many were
+// of a fixed window that has not ended at now.
+func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64) (open, settled, inWindow int64) {
+	gs := g.shards[hash%decideShards][hash]
+	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
+	for i := range gs {
+		gr := &gs[i]
+		if hits == 0 {
+			break
+		}
+		if gr.from != from || !sameKey(&gr.req, req) {
+			continue
+		}
+		k := min(hits, gr.hits)
+		gr.hits -= k
+		hits -= k
+		if gr.settled {
+			settled += k
+		} else {
+			open += k
+		}
+		if now < gr.window {
+			inWindow += k
+		}
+	}
+	g.storeLocked(hash, slices.DeleteFunc(gs, func(gr grant) bool { return gr.hits == 0 }))
+	return open, settled, inWindow
+}
+
+// sweep settles the grants of every key that expired by now, and forgets
+// those whose returns can no longer come, under each decide lock in turn.
+func (g *grantTable) sweep(h *handover, store *limiter.Store, now int64) {
+	if !g.active() {
+		return
+	}
+	for i := range g.shards {
+		h.locks[i].Lock()
+		for hash := range g.shards[i] {
+			g.settleLocked(store, hash, now)
+		}
+		h.locks[i].Unlock()
+	}
+}
+
+// flush makes the grants of every key this node no longer decides as its
+// settled owner enter the store now, before their expiry. The hand-off
+// pass and Leave call it after the ring changed (or the node stopped
+// deciding), under every decide lock in turn, before they read the store:
+// the states they send then hold the leased hits.
+func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
+	if !g.active() {
+		return
+	}
+	for i := range g.shards {
+		h.locks[i].Lock()
+		for hash, gs := range g.shards[i] {
+			if st, _ := h.stateOf(hash); st == owned {
+				continue
+			}
+			for j := range gs {
+				if !gs[j].settled {
+					gs[j].enter(store, now)
+				}
+			}
+		}
+		h.locks[i].Unlock()
+	}
+}

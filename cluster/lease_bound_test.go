@@ -1,0 +1,153 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// clock is a time every node of a test reads, moved only by the test.
+type clock struct{ ns atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// admissions records when (on the test's clock) each admitted hit was
+// admitted.
+type admissions struct {
+	mu sync.Mutex
+	at []int64
+}
+
+func (a *admissions) add(t int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.at = append(a.at, t)
+}
+
+// worst returns the window [from, to] of admission times whose count most
+// exceeds burst + rate*(to-from), and by how much (at most 0: none).
+func (a *admissions) worst(burst int64, rate float64) (over float64, from, to int64, count int) {
+	a.mu.Lock()
+	at := slices.Clone(a.at)
+	a.mu.Unlock()
+	slices.Sort(at)
+	over = -1e18
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			if j+1 < len(at) && at[j+1] == at[j] {
+				continue // the window ends after every hit of its last instant
+			}
+			allowed := float64(burst) + rate*float64(at[j]-at[i])
+			if e := float64(j-i+1) - allowed; e > over {
+				over, from, to, count = e, at[i], at[j], j-i+1
+			}
+		}
+	}
+	return over, from, to, count
+}
+
+// burstUntilDenied checks req on every node at once, deny streaks of 5
+// ending each caller, and records the admissions at the clock's time.
+func burstUntilDenied(t *testing.T, nodes []*cluster.Node, req limiter.Request, clk *clock, adm *admissions) int {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 * len(nodes) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nd := nodes[g%len(nodes)]
+			for denied := 0; denied < 5; {
+				now := clk.Now().UnixNano()
+				d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+				switch {
+				case err != nil:
+					t.Error(err)
+					return
+				case d.Allowed:
+					adm.add(now)
+					admitted.Add(1)
+					denied = 0
+				default:
+					denied++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(admitted.Load())
+}
+
+// Leases keep the token bucket's and GCRA's bound: a key of burst 600
+// refilled at 600 per 100 ms is leased by two nodes, drained on its owner,
+// refilled while the leases are out, then checked in a burst from every
+// node; in no interval of the test, of length T, are more than
+// 600 + rate*T hits admitted. The leases' hits stay counted on the owner
+// while the bucket refills, so the burst finds 600 hits in all, not 600
+// plus the leases'.
+func TestLeaseKeepsBurstBound(t *testing.T) {
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			clk := newClock()
+			c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+				cfg.Clock = clk.Now
+				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: time.Second, Share: 0.1}
+			}))
+			const burst, period = 600, 100 * time.Millisecond
+			req := limiter.Request{Name: "bound", Key: a.String(), Hits: 1, Limit: burst, Period: period, Burst: burst, Algorithm: a}
+			rate := float64(burst) / float64(period)
+			owner := c.Owner(req.Name, req.Key)
+			others := nonOwners(c, req.Name, req.Key)
+			adm := &admissions{}
+			// The two other nodes take leases of the hot key and keep
+			// their hits unused.
+			for _, nd := range others {
+				if err := testcluster.WaitFor(10*time.Second, func() error {
+					for range 20 {
+						if d, err := nd.Check(context.Background(), req); err == nil && d.Allowed {
+							adm.add(clk.Now().UnixNano())
+						}
+					}
+					if s := nd.Stats().Leases; s.HitsLeased <= s.Local {
+						return fmt.Errorf("%s holds no unused leased hit: %+v", nd.Name(), s)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Drained on the owner, refilled (twice over) while the leases
+			// are out, then a burst from every node.
+			drained := burstUntilDenied(t, []*cluster.Node{owner}, req, clk, adm)
+			clk.Advance(2 * period)
+			got := burstUntilDenied(t, c.Nodes(), req, clk, adm)
+			var leased int64
+			for _, nd := range others {
+				leased += nd.Stats().Leases.HitsLeased
+			}
+			t.Logf("drained %d on the owner; after the refill the burst admitted %d (%d hits leased in all)", drained, got, leased)
+			if got > burst {
+				t.Errorf("the burst admitted %d at one instant, burst %d", got, burst)
+			}
+			if over, from, to, n := adm.worst(burst, rate); over > 0 {
+				t.Errorf("%d admitted in [%v, %v] (%v), more than %d + rate*T by %.0f",
+					n, time.Unix(0, from).UTC().Format("15:04:05.000"), time.Unix(0, to).UTC().Format("15:04:05.000"), time.Duration(to-from), burst, over)
+			}
+		})
+	}
+}

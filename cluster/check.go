@@ -49,19 +49,31 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 // Config.HandoverTimeout; then policy decides.
 func (n *Node) route(ctx context.Context, req *limiter.Request, policy Policy) (Decision, error) {
 	hash := ring.RouteHash(req.Name, req.Key)
+	caller := ctx
 	var deadline time.Time
 	backoff := time.Millisecond
 	for {
 		d, err, again := n.routeOnce(ctx, req, hash, policy)
+		if !again && err != nil && ctx.Err() != nil && caller.Err() == nil {
+			again = true // route's own deadline ended the attempt
+		}
 		if !again {
 			return d, err
 		}
 		if deadline.IsZero() {
+			// The attempts that follow, calls included, end by the
+			// deadline.
 			deadline = time.Now().Add(n.cfg.HandoverTimeout)
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
 		}
 		if !n.waitRoute(ctx, deadline, &backoff) {
-			if err := ctx.Err(); err != nil {
+			if err := caller.Err(); err != nil {
 				return Decision{}, err
+			}
+			if n.closed.Load() {
+				return Decision{}, ErrClosed
 			}
 			n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
 			return n.unreachable(req, policy)
@@ -369,7 +381,9 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 					if n.leases.on && !rs[j].Decision.Allowed {
 						n.leases.noteDenied(&reqs[i], g.owner, &rs[j].Decision, n.now().UnixNano())
 					}
-				case errors.Is(err, transport.ErrNotOwner):
+				case errors.Is(err, transport.ErrNotOwner),
+					errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil && n.departing(g.owner):
+					// As route would: the owner is about to change.
 					slowMu.Lock()
 					slow = append(slow, i)
 					slowMu.Unlock()

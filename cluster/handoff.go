@@ -59,6 +59,12 @@ type transfers struct {
 	// only the hand-off loop touches it.
 	prev []ring.Member
 
+	// foreign holds hand-off states received for keys this node's ring
+	// gives another node (a leaving node's ring was older than this
+	// one's), for the hand-off loop to pass on.
+	foreignMu sync.Mutex
+	foreign   []foreignState
+
 	// changedMu serialises calls to Store.Changed and guards leaving:
 	// once Leave has begun, only Leave takes the store's changes.
 	changedMu sync.Mutex
@@ -79,6 +85,60 @@ func (x *transfers) wakeHandoff() {
 	case x.wake <- struct{}{}:
 	default: // a pass is already pending and will see this change
 	}
+}
+
+// maxForeign bounds the hand-off states held for other nodes.
+const maxForeign = 100_000
+
+// foreignState is a hand-off state received from the node named from for a
+// key this node's ring gives another node.
+type foreignState struct {
+	from  string
+	state limiter.Snapshot
+}
+
+// addForeign keeps states for the hand-off loop to pass on, and wakes it
+// when wake is set. States beyond maxForeign are dropped: the receiver
+// merged them, and its ring may yet give it their keys.
+func (x *transfers) addForeign(states []foreignState, wake bool) {
+	x.foreignMu.Lock()
+	k := min(len(states), maxForeign-len(x.foreign))
+	x.foreign = append(x.foreign, states[:max(k, 0)]...)
+	x.foreignMu.Unlock()
+	if wake {
+		x.wakeHandoff()
+	}
+}
+
+// takeForeign returns the states held for other nodes and forgets them.
+func (x *transfers) takeForeign() []foreignState {
+	x.foreignMu.Lock()
+	defer x.foreignMu.Unlock()
+	f := x.foreign
+	x.foreign = nil
+	return f
+}
+
+// foreignToSend returns the held states whose key the ring gives neither
+// this node nor the node that sent them, and holds the others back: a key
+// the ring still gives its sender, a leaving node, waits until the ring
+// drops the sender; one it gives this node is merged already.
+func (n *Node) foreignToSend() []limiter.Snapshot {
+	var send []limiter.Snapshot
+	var stay []foreignState
+	for _, f := range n.xfer.takeForeign() {
+		switch o, ok := n.ring.Owner(f.state.Name, f.state.Key); {
+		case !ok || o.Name == n.cfg.NodeName:
+		case o.Name == f.from:
+			stay = append(stay, f)
+		default:
+			send = append(send, f.state)
+		}
+	}
+	if len(stay) > 0 {
+		n.xfer.addForeign(stay, false)
+	}
+	return send
 }
 
 func (x *transfers) stats() TransferStats {
@@ -109,7 +169,7 @@ func (n *Node) handoffLoop() {
 	// wait for their states, and are retried with them.
 	var (
 		pending []limiter.Snapshot
-		owed    map[string]bool // members owed a confirmation
+		owed    confirmations // members owed a confirmation
 		tries   int
 		retry   = time.NewTimer(time.Hour)
 		expire  = time.NewTimer(time.Hour) // the hand-over's timeout
@@ -117,20 +177,24 @@ func (n *Node) handoffLoop() {
 	retry.Stop()
 	defer retry.Stop()
 	defer expire.Stop()
-	keep := func(failed map[string][]limiter.Snapshot, unconfirmed map[string]bool) {
+	keep := func(failed map[string][]limiter.Snapshot, later []limiter.Snapshot, unconfirmed confirmations) {
 		for _, states := range failed {
 			pending = append(pending, states...)
 		}
+		pending = append(pending, later...)
 		owed = unconfirmed
-		if (len(pending) > 0 || len(owed) > 0) && tries < handoffRetries {
+		if len(owed.to) > 0 && owed.fp != n.hand.fingerprint() {
+			owed = confirmations{} // the next pass confirms the new membership
+		}
+		if (len(pending) > 0 || len(owed.to) > 0) && tries < handoffRetries {
 			tries++
 			retry.Reset(handoffRetryEvery)
 			return
 		}
-		if len(pending) > 0 || len(owed) > 0 {
-			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "unconfirmed", len(owed), "tries", tries)
+		if len(pending) > 0 || len(owed.to) > 0 {
+			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "unconfirmed", len(owed.to), "tries", tries)
 		}
-		pending, owed, tries = nil, nil, 0
+		pending, owed, tries = nil, confirmations{}, 0
 	}
 	armExpire := func() {
 		expire.Stop()
@@ -143,35 +207,41 @@ func (n *Node) handoffLoop() {
 		case <-n.shutdown:
 			return
 		case <-n.xfer.wake:
-			undelivered := pending
+			undelivered := append(pending, n.foreignToSend()...)
 			pending, tries = nil, 0
 			keep(n.handoffPass(undelivered))
 			armExpire()
 		case <-retry.C:
-			again := n.byOwner(pending)
+			again, later := n.byOwner(pending)
 			pending = nil
 			failed := n.sendAll(n.xfer.ctx, transport.Handoff, again, handoffAttempts)
-			keep(failed, n.confirmTo(owed, failed))
+			keep(failed, later, n.confirmTo(owed, failed))
 		case <-expire.C:
 			armExpire()
 		}
 	}
 }
 
-// confirmTo sends the hand-over confirmation of the current membership to
-// every member of to that has no undelivered states in failed, and returns
-// the members still owed one.
-func (n *Node) confirmTo(to map[string]bool, failed map[string][]limiter.Snapshot) map[string]bool {
-	if len(to) == 0 {
-		return nil
+// confirmations are hand-over confirmations of the membership of
+// fingerprint fp, to the members in to.
+type confirmations struct {
+	fp uint64
+	to map[string]bool
+}
+
+// confirmTo sends c's confirmations to every member in c.to that has no
+// undelivered states in failed, and returns those still owed one.
+func (n *Node) confirmTo(c confirmations, failed map[string][]limiter.Snapshot) confirmations {
+	if len(c.to) == 0 {
+		return confirmations{}
 	}
-	fp := n.hand.fingerprint()
+	fp := c.fp
 	var (
 		mu   sync.Mutex // guards owed
 		owed map[string]bool
 		wg   sync.WaitGroup
 	)
-	for name := range to {
+	for name := range c.to {
 		if _, member := n.peers.Get(name); !member {
 			continue // gone: nothing is owed to it
 		}
@@ -203,19 +273,32 @@ func (n *Node) confirmTo(to map[string]bool, failed map[string][]limiter.Snapsho
 		}()
 	}
 	wg.Wait()
-	return owed
+	return confirmations{fp: fp, to: owed}
 }
 
 // byOwner groups states by their owner on the current ring, leaving out
-// those this node owns now.
-func (n *Node) byOwner(states []limiter.Snapshot) map[string][]limiter.Snapshot {
-	out := map[string][]limiter.Snapshot{}
+// those this node owns now; later holds those whose owner is leaving or
+// gone, to be sent once the ring has moved on.
+func (n *Node) byOwner(states []limiter.Snapshot) (out map[string][]limiter.Snapshot, later []limiter.Snapshot) {
+	out = map[string][]limiter.Snapshot{}
+	departing := map[string]bool{}
 	for _, s := range states {
-		if o, ok := n.ring.Owner(s.Name, s.Key); ok && o.Name != n.cfg.NodeName {
-			out[o.Name] = append(out[o.Name], s)
+		o, ok := n.ring.Owner(s.Name, s.Key)
+		if !ok || o.Name == n.cfg.NodeName {
+			continue
 		}
+		d, seen := departing[o.Name]
+		if !seen {
+			d = n.departing(o.Name)
+			departing[o.Name] = d
+		}
+		if d {
+			later = append(later, s)
+			continue
+		}
+		out[o.Name] = append(out[o.Name], s)
 	}
-	return out
+	return out, later
 }
 
 // handoffPass plans against the membership of the previous pass and the
@@ -227,17 +310,18 @@ func (n *Node) byOwner(states []limiter.Snapshot) map[string][]limiter.Snapshot 
 // The pass begins with a barrier: every decision made as owner under the
 // previous ring has ended, and later ones see the current ring, so the
 // states it reads hold everything this node admitted as their owner.
-func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter.Snapshot, map[string]bool) {
+func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter.Snapshot, []limiter.Snapshot, confirmations) {
 	cur := n.ring.Members()
 	prev := n.xfer.prev
 	if slices.Equal(prev, cur) {
-		return n.sendAll(n.xfer.ctx, transport.Handoff, n.byOwner(undelivered), handoffAttempts), nil
+		handoff, later := n.byOwner(undelivered)
+		return n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts), later, confirmations{}
 	}
 	n.xfer.prev = cur
 	defer n.xfer.passes.Add(1)
 	n.hand.barrier()
 	n.grants.flush(n.hand, n.store, n.now())
-	handoff := n.byOwner(undelivered)
+	handoff, later := n.byOwner(undelivered)
 	if len(prev) > 0 && len(cur) > 0 {
 		oldR, err := n.ringOf(prev)
 		var newR *ring.Ring
@@ -255,13 +339,30 @@ func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter
 		}
 	}
 	failed := n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
-	others := map[string]bool{}
+	c := confirmations{fp: ring.Fingerprint(cur), to: map[string]bool{}}
 	for _, m := range cur {
 		if m.Name != n.cfg.NodeName {
-			others[m.Name] = true
+			c.to[m.Name] = true
 		}
 	}
-	return failed, n.confirmTo(others, failed)
+	// States held for a member that is leaving, received from another
+	// leaving node, or not delivered: no confirmation goes out before
+	// they are delivered.
+	for _, s := range later {
+		if o, ok := n.ring.Owner(s.Name, s.Key); ok {
+			failed = appendFailed(failed, o.Name, s)
+		}
+	}
+	return failed, nil, n.confirmTo(c, failed)
+}
+
+// appendFailed adds s to failed's states for member to.
+func appendFailed(failed map[string][]limiter.Snapshot, to string, s limiter.Snapshot) map[string][]limiter.Snapshot {
+	if failed == nil {
+		failed = map[string][]limiter.Snapshot{}
+	}
+	failed[to] = append(failed[to], s)
+	return failed
 }
 
 // ringOf builds a ring over members with the node's ring config.
@@ -524,6 +625,17 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	}
 	s.n.xfer.merged.Add(int64(merged))
 	s.n.xfer.rejected.Add(int64(rejected))
+	if reason == transport.Handoff {
+		var foreign []foreignState
+		for _, st := range states {
+			if o, ok := s.n.ring.Owner(st.Name, st.Key); ok && o.Name != s.n.cfg.NodeName {
+				foreign = append(foreign, foreignState{from: from, state: st})
+			}
+		}
+		if len(foreign) > 0 {
+			s.n.xfer.addForeign(foreign, true)
+		}
+	}
 	if rejected > 0 {
 		s.n.logger.Warn("cluster: rejected key states", "from", from, "reason", reason, "rejected", rejected, "err", firstErr)
 	}

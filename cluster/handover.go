@@ -85,9 +85,11 @@ type handover struct {
 	waiting  map[string]bool
 	lastDone map[string]uint64 // the latest fingerprint each member confirmed
 	changeAt time.Time         // when fp was adopted
-	// without is r's membership without this node: who owned a key before
-	// this node did, as far as this node can tell.
-	without *ring.Ring
+	// before is the ring before the last change of membership, and
+	// without the current one without this node: who decided a key before
+	// this node owned it is its owner in before if that is still a member,
+	// else its owner in without.
+	before, without *ring.Ring
 	// changed is closed and replaced whenever the settled partitions or the
 	// ring change: waiting checks look again.
 	changed chan struct{}
@@ -141,13 +143,23 @@ func (h *handover) stateOf(hash uint64) (ownerState, ring.Member) {
 // and false when no other member is known.
 func (h *handover) previous(hash uint64) (string, bool) {
 	h.mu.Lock()
-	w := h.without
+	before, without := h.before, h.without
 	h.mu.Unlock()
-	if w == nil {
+	if before != nil {
+		if m, ok := before.OwnerOfHash(hash); ok && m.Name != h.self && h.isMember(m.Name) {
+			return m.Name, true
+		}
+	}
+	if without == nil {
 		return "", false
 	}
-	m, ok := w.OwnerOfHash(hash)
+	m, ok := without.OwnerOfHash(hash)
 	return m.Name, ok
+}
+
+// isMember reports whether the ring routes over a member named name.
+func (h *handover) isMember(name string) bool {
+	return slices.ContainsFunc(h.r.Members(), func(m ring.Member) bool { return m.Name == name })
 }
 
 // wake returns a channel closed at the next change of the settled
@@ -167,36 +179,69 @@ func (h *handover) setReady(ready bool, now time.Time) {
 		return
 	}
 	h.ready.Store(ready)
-	h.adoptLocked(h.r.Members(), now, false)
+	h.adoptLocked(nil, now)
+	h.publishLocked(false)
 }
 
-// adopt is called after every change of the node's ring, with the members
-// it routes over now.
-func (h *handover) adopt(members []ring.Member, now time.Time) {
+// adopt sets the node's ring to members and settles again. It is the one
+// place the ring changes, under mu, so that no confirmation or expiry
+// settles partitions of the new ring with the old membership's
+// confirmations. On an error the ring is unchanged.
+func (h *handover) adopt(members []ring.Member, now time.Time) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.adoptLocked(members, now, true)
+	before, prev := h.r.Version(), h.r.Members()
+	if err := h.r.SetMembers(members); err != nil {
+		return err
+	}
+	h.adoptLocked(prev, now)
+	// What was settled stays so only if it was computed for the ring just
+	// replaced.
+	h.publishLocked(h.settled.Load().version == before)
+	return nil
 }
 
-func (h *handover) adoptLocked(members []ring.Member, now time.Time, keep bool) {
+// adoptLocked starts waiting for the confirmations of the ring's
+// membership when it is new; prev is the membership before it (nil: the
+// ring did not change).
+func (h *handover) adoptLocked(prev []ring.Member, now time.Time) {
+	members := h.r.Members()
 	fp := ring.Fingerprint(members)
-	if fp != h.fp || h.waiting == nil {
-		h.fp, h.changeAt = fp, now
-		h.waiting = map[string]bool{}
-		others := slices.DeleteFunc(slices.Clone(members), func(m ring.Member) bool { return m.Name == h.self })
-		for _, m := range others {
-			if h.lastDone[m.Name] != fp {
-				h.waiting[m.Name] = true
-			}
-		}
-		h.without = nil
-		if len(others) > 0 {
-			if w, err := ring.New(h.r.Config()); err == nil && w.SetMembers(others) == nil {
-				h.without = w
-			}
+	if fp == h.fp && h.waiting != nil {
+		return
+	}
+	h.fp, h.changeAt = fp, now
+	// A confirmation counts for one adoption of a membership: one of an
+	// earlier time this node routed over the same members (A, B, A) may
+	// predate what that member decided meanwhile.
+	for name, done := range h.lastDone {
+		if done != fp {
+			delete(h.lastDone, name)
 		}
 	}
-	h.publishLocked(keep)
+	h.waiting = map[string]bool{}
+	others := slices.DeleteFunc(slices.Clone(members), func(m ring.Member) bool { return m.Name == h.self })
+	for _, m := range others {
+		if h.lastDone[m.Name] != fp {
+			h.waiting[m.Name] = true
+		}
+	}
+	h.without, h.before = h.ringOf(others), nil
+	if prev != nil {
+		h.before = h.ringOf(prev)
+	}
+}
+
+// ringOf returns a ring over ms, or nil when there are none.
+func (h *handover) ringOf(ms []ring.Member) *ring.Ring {
+	if len(ms) == 0 {
+		return nil
+	}
+	r, err := ring.New(h.r.Config())
+	if err != nil || r.SetMembers(ms) != nil {
+		return nil
+	}
+	return r
 }
 
 // confirm records that the member from has adopted the membership of

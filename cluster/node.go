@@ -226,6 +226,7 @@ func (n *Node) joined() {
 	}
 	n.rebuild(0)
 	n.hand.setReady(true, n.now())
+	n.xfer.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())
 }
 
@@ -445,10 +446,9 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
 	n.breakers.forget(addrs)
-	if err := n.ring.SetMembers(members); err != nil {
+	if err := n.hand.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
-	n.hand.adopt(n.ring.Members(), n.now())
 	n.xfer.wakeHandoff()
 	if kind == 0 || n.cfg.Events == nil {
 		return

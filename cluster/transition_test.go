@@ -160,3 +160,46 @@ func TestScaleOutAndInUnderTraffic(t *testing.T) {
 		}
 	}
 }
+
+// A node leaves while another joins, and the nodes that take the leaver's
+// keys are slow: the leaver hands its keys to owners on a ring that lacks
+// the joiner, and those pass on what the final ring gives the joiner before
+// they confirm it. No key the leaver had used up admits again.
+func TestLeaveDuringJoin(t *testing.T) {
+	c := testcluster.New(t, 3)
+	leaver := c.Node(2)
+	var reqs []limiter.Request
+	for i := 0; len(reqs) < 200; i++ {
+		k := fmt.Sprintf("lj%d", i)
+		if o, _ := leaver.Owner("leavejoin", k); o.Name == leaver.Name() {
+			reqs = append(reqs, limiter.Request{Name: "leavejoin", Key: k, Hits: 5, Limit: 5, Period: 1000 * time.Hour, Algorithm: limiter.FixedWindow})
+		}
+	}
+	consume(t, c.Node(0), reqs)
+	c.Slow(0, 300*time.Millisecond)
+	c.Slow(1, 300*time.Millisecond)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.Leave(2) }()
+	go func() { defer wg.Done(); c.Add() }()
+	wg.Wait()
+	c.Slow(0, 0)
+	c.Slow(1, 0)
+	c.WaitConverged()
+	again := 0
+	for _, r := range reqs {
+		r.Hits = 1
+		d, err := c.Node(0).Check(context.Background(), r, cluster.OnUnreachable(cluster.PolicyDeny))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			if again++; again <= 5 {
+				t.Errorf("%s, used up on the leaver, admits again on %s", r.Key, d.Owner)
+			}
+		}
+	}
+	if again > 0 {
+		t.Fatalf("%d of %d used-up keys admit again after the leave and the join", again, len(reqs))
+	}
+}

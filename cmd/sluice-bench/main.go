@@ -442,13 +442,14 @@ func startWith(n int, config func(i int) cluster.Config) ([]*cluster.Node, error
 	return nodes, waitMembers(nodes, n)
 }
 
-// waitMembers polls until every node's ring holds n members.
+// waitMembers polls until every node's ring holds n members, and every
+// node is ready and has every member's hand-over confirmation.
 func waitMembers(nodes []*cluster.Node, n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		done := true
 		for _, nd := range nodes {
-			done = done && len(nd.RingMembers()) == n
+			done = done && len(nd.RingMembers()) == n && nd.Ready() && len(nd.Unconfirmed()) == 0
 		}
 		if done {
 			return nil

@@ -103,6 +103,16 @@ func startCluster(n int) ([]*cluster.Node, error) {
 			cfg.Seeds = []string{nodes[0].GossipAddr()}
 		}
 		nd, err := cluster.New(cfg)
+		if err == nil {
+			// New returns once the node joined its seeds, when they
+			// answer; WaitReady waits for that otherwise.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err = nd.WaitReady(ctx)
+			cancel()
+			if err != nil {
+				nd.Close()
+			}
+		}
 		if err != nil {
 			for _, o := range nodes {
 				o.Close()

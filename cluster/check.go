@@ -188,18 +188,23 @@ func (n *Node) mayCall(br *breaker) bool {
 	return br.closed() || br.allow(n.now().UnixNano())
 }
 
-// decideOwned decides req on this node's store when, under the key's
-// decide lock, this node is the key's settled owner; ok is false when it
-// is not (the ring or the hand-over changed since the caller looked).
+// decideOwned decides req on this node's store when, holding the key's
+// decide lock shared, this node is the key's settled owner; ok is false
+// when it is not (the ring or the hand-over changed since the caller
+// looked).
 func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err error, ok bool) {
 	mu := n.hand.lock(hash)
-	mu.Lock()
-	defer mu.Unlock()
+	mu.RLock()
+	defer mu.RUnlock()
 	if st, _ := n.hand.stateOf(hash); st != owned {
 		return Decision{}, nil, false
 	}
 	if n.grants.active() {
-		if d, err, held := n.decideLeasedLocked(req, hash); held {
+		gm := n.grants.lock(hash)
+		gm.Lock()
+		d, err, held := n.decideLeasedLocked(req, hash)
+		gm.Unlock()
+		if held {
 			return d, err, true
 		}
 	}
@@ -210,7 +215,8 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err e
 // decideLeasedLocked decides req, a request for a key this node owns,
 // when leases of the key hold hits apart from its bucket (grants.go): with
 // the capacity reduced by those hits. held is false when none are held and
-// decideLocal should decide. The key's decide lock must be held.
+// decideLocal should decide. The key's decide lock must be held shared,
+// and its grants lock.
 func (n *Node) decideLeasedLocked(req *limiter.Request, hash uint64) (d Decision, err error, held bool) {
 	now := n.now()
 	n.grants.settleLocked(n.store, hash, now.UnixNano())

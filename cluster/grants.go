@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,12 +60,17 @@ func (gr *grant) enter(store *limiter.Store, at time.Time) {
 func deferred(a limiter.Algorithm) bool { return a == limiter.TokenBucket || a == limiter.GCRA }
 
 // grantTable holds the grants of the keys this node owns. Shard i is
-// guarded by the handover's decide lock i, the lock decisions on its keys
-// are made under.
+// guarded by the handover's decide lock i held exclusively (grants,
+// returns, sweeps), or held shared together with mu[i] (decisions).
 type grantTable struct {
 	shards [decideShards]map[uint64][]grant
+	mu     [decideShards]sync.Mutex
 	keys   atomic.Int64 // keys with grants, all shards
 }
+
+// lock returns the lock decisions take, beside the shared decide lock, to
+// use the grants of hash's shard.
+func (g *grantTable) lock(hash uint64) *sync.Mutex { return &g.mu[hash%decideShards] }
 
 // active reports whether any key has grants: when not, decisions skip the
 // table.
@@ -75,7 +81,7 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 
 // settleLocked makes the grants of hash's keys that expired by now enter
 // the store at their expiry, and drops the settled ones whose returns can
-// no longer come. The decide lock of hash must be held.
+// no longer come. The shard's grants must be held (see grantTable).
 func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) {
 	m := g.shards[hash%decideShards]
 	gs := m[hash]

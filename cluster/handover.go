@@ -50,10 +50,10 @@ const maxConfirmations = 4096
 // decideShards is the number of locks decisions as owner are made under.
 const decideShards = 64
 
-// paddedMutex keeps each lock on its own cache line.
-type paddedMutex struct {
-	sync.Mutex
-	_ [56]byte
+// paddedRWMutex keeps each lock on its own cache line.
+type paddedRWMutex struct {
+	sync.RWMutex
+	_ [40]byte
 }
 
 // settledSet is the partitions a node may decide as owner under one
@@ -72,7 +72,10 @@ type handover struct {
 	timeout time.Duration
 	logger  *slog.Logger
 
-	locks   [decideShards]paddedMutex // decisions as owner, by key hash
+	// locks[i] is held shared by every decision as owner of a key hashing
+	// to shard i, with the ownership test, and exclusively by what must
+	// not interleave with them: the barrier, lease grants and returns.
+	locks   [decideShards]paddedRWMutex
 	settled atomic.Pointer[settledSet]
 
 	// ready: joined (or given no seeds), serf running, not leaving. Written
@@ -102,8 +105,8 @@ func newHandover(self string, r *ring.Ring, timeout time.Duration, logger *slog.
 	return h
 }
 
-// lock returns the lock decisions as owner of keys hashing to hash take.
-func (h *handover) lock(hash uint64) *sync.Mutex { return &h.locks[hash%decideShards].Mutex }
+// lock returns the lock of decisions as owner of keys hashing to hash.
+func (h *handover) lock(hash uint64) *sync.RWMutex { return &h.locks[hash%decideShards].RWMutex }
 
 // barrier returns once every decision that began before it has ended.
 func (h *handover) barrier() {

@@ -200,11 +200,7 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err e
 		return Decision{}, nil, false
 	}
 	if n.grants.active() {
-		gm := n.grants.lock(hash)
-		gm.Lock()
-		d, err, held := n.decideLeasedLocked(req, hash)
-		gm.Unlock()
-		if held {
+		if d, err, held := n.decideLeased(req, hash); held {
 			return d, err, true
 		}
 	}
@@ -212,18 +208,26 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err e
 	return d, err, true
 }
 
-// decideLeasedLocked decides req, a request for a key this node owns,
-// when leases of the key hold hits apart from its bucket (grants.go): with
-// the capacity reduced by those hits. held is false when none are held and
-// decideLocal should decide. The key's decide lock must be held shared,
-// and its grants lock.
-func (n *Node) decideLeasedLocked(req *limiter.Request, hash uint64) (d Decision, err error, held bool) {
+// decideLeased decides req, a request for a key this node owns, when
+// leases of the key hold hits apart from its bucket (grants.go): with the
+// capacity reduced by those hits. held is false when none are held and
+// decideLocal should decide. The key's decide lock must be held shared.
+//
+// The grants lock covers settling and reading the hits held, not the
+// decision: a grant that settles meanwhile has entered the bucket before
+// the lock was released, so a decision that read it as held counts it
+// twice (never too few), and one that read it as settled sees it in the
+// bucket. New grants and returns wait for the decide lock.
+func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err error, held bool) {
 	now := n.now()
+	gm := n.grants.lock(hash)
+	gm.Lock()
 	n.grants.settleLocked(n.store, hash, now.UnixNano())
-	if !deferred(req.Algorithm) || req.Behavior != 0 {
-		return Decision{}, nil, false
+	var out, earliest int64
+	if deferred(req.Algorithm) && req.Behavior == 0 {
+		out, earliest = n.grants.heldLocked(hash)
 	}
-	out, earliest := n.grants.heldLocked(hash, req)
+	gm.Unlock()
 	if out == 0 {
 		return Decision{}, nil, false
 	}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -63,9 +64,37 @@ func deferred(a limiter.Algorithm) bool { return a == limiter.TokenBucket || a =
 // guarded by the handover's decide lock i held exclusively (grants,
 // returns, sweeps), or held shared together with mu[i] (decisions).
 type grantTable struct {
-	shards [decideShards]map[uint64][]grant
+	shards [decideShards]map[uint64]*keyGrants
 	mu     [decideShards]sync.Mutex
 	keys   atomic.Int64 // keys with grants, all shards
+}
+
+// keyGrants is the grants of one key hash, with what decisions read of
+// them computed once per change: a decision reads two numbers and, until
+// next, changes nothing.
+type keyGrants struct {
+	list     []grant
+	held     int64 // hits of token bucket and GCRA grants not settled
+	earliest int64 // their earliest expiry (0: none)
+	next     int64 // when settleLocked has something to do
+}
+
+// update recomputes held, earliest and next from list.
+func (k *keyGrants) update() {
+	k.held, k.earliest, k.next = 0, 0, math.MaxInt64
+	for _, gr := range k.list {
+		if gr.settled {
+			k.next = min(k.next, gr.expires+int64(grantReturnGrace))
+			continue
+		}
+		k.next = min(k.next, gr.expires)
+		if deferred(gr.req.Algorithm) {
+			k.held += gr.hits
+			if k.earliest == 0 || gr.expires < k.earliest {
+				k.earliest = gr.expires
+			}
+		}
+	}
 }
 
 // lock returns the lock decisions take, beside the shared decide lock, to
@@ -83,11 +112,11 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // the store at their expiry, and drops the settled ones whose returns can
 // no longer come. The shard's grants must be held (see grantTable).
 func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) {
-	m := g.shards[hash%decideShards]
-	gs := m[hash]
-	if len(gs) == 0 {
+	k := g.shards[hash%decideShards][hash]
+	if k == nil || now < k.next {
 		return
 	}
+	gs := k.list
 	for i := range gs {
 		gr := &gs[i]
 		if gr.settled || now < gr.expires {
@@ -101,37 +130,46 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) 
 	g.storeLocked(hash, gs)
 }
 
+// storeLocked makes gs the grants of hash.
 func (g *grantTable) storeLocked(hash uint64, gs []grant) {
 	i := hash % decideShards
+	k := g.shards[i][hash]
 	if len(gs) == 0 {
-		if _, ok := g.shards[i][hash]; ok {
+		if k != nil {
 			delete(g.shards[i], hash)
 			g.keys.Add(-1)
 		}
 		return
 	}
-	if g.shards[i] == nil {
-		g.shards[i] = map[uint64][]grant{}
-	}
-	if _, ok := g.shards[i][hash]; !ok {
+	if k == nil {
+		if g.shards[i] == nil {
+			g.shards[i] = map[uint64]*keyGrants{}
+		}
+		k = &keyGrants{}
+		g.shards[i][hash] = k
 		g.keys.Add(1)
 	}
-	g.shards[i][hash] = gs
+	k.list = gs
+	k.update()
 }
 
-// heldLocked returns the hits of req's key held by leases that have not
-// entered the bucket, and the earliest expiry among them (0: none).
-func (g *grantTable) heldLocked(hash uint64, req *limiter.Request) (held, earliest int64) {
-	for _, gr := range g.shards[hash%decideShards][hash] {
-		if gr.settled || !deferred(gr.req.Algorithm) || !sameKey(&gr.req, req) {
-			continue
-		}
-		held += gr.hits
-		if earliest == 0 || gr.expires < earliest {
-			earliest = gr.expires
-		}
+// grantsLocked returns the grants of hash.
+func (g *grantTable) grantsLocked(hash uint64) []grant {
+	if k := g.shards[hash%decideShards][hash]; k != nil {
+		return k.list
 	}
-	return held, earliest
+	return nil
+}
+
+// heldLocked returns the hits of hash's keys held by token bucket and GCRA
+// leases that have not entered the bucket, and the earliest expiry among
+// them (0: none). Two keys of one 64-bit hash would count each other's
+// hits: fewer admitted, never more.
+func (g *grantTable) heldLocked(hash uint64) (held, earliest int64) {
+	if k := g.shards[hash%decideShards][hash]; k != nil {
+		return k.held, k.earliest
+	}
+	return 0, 0
 }
 
 // full reports whether the shard of hash holds no more keys.
@@ -145,12 +183,13 @@ func (g *grantTable) fullLocked(hash uint64) bool {
 // with from's grant of the key that is not over: the holder adds the hits
 // to its lease and keeps the later expiry, so the owner does too.
 func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, hits, expires, window int64) {
-	gs := g.shards[hash%decideShards][hash]
+	gs := g.grantsLocked(hash)
 	for i := range gs {
 		gr := &gs[i]
 		if gr.from == from && !gr.settled && sameKey(&gr.req, req) && sameLimit(&gr.req, req) && gr.window == window {
 			gr.hits += hits
 			gr.expires = max(gr.expires, expires)
+			g.storeLocked(hash, gs)
 			return
 		}
 	}
@@ -164,7 +203,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 // had not settled and from grants that had, and of all those how many were
 // of a fixed window that has not ended at now.
 func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64) (open, settled, inWindow int64) {
-	gs := g.shards[hash%decideShards][hash]
+	gs := g.grantsLocked(hash)
 	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
 	for i := range gs {
 		gr := &gs[i]
@@ -216,15 +255,16 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 	}
 	for i := range g.shards {
 		h.locks[i].Lock()
-		for hash, gs := range g.shards[i] {
+		for hash, k := range g.shards[i] {
 			if st, _ := h.stateOf(hash); st == owned {
 				continue
 			}
-			for j := range gs {
-				if !gs[j].settled {
-					gs[j].enter(store, now)
+			for j := range k.list {
+				if !k.list[j].settled {
+					k.list[j].enter(store, now)
 				}
 			}
+			k.update()
 		}
 		h.locks[i].Unlock()
 	}

@@ -180,7 +180,7 @@ func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, no
 	if err := r.Validate(); err != nil {
 		return 0, limiter.Decision{}, err
 	}
-	out, earliest := n.grants.heldLocked(hash, &r)
+	out, earliest := n.grants.heldLocked(hash)
 	r.Burst = r.Capacity() - out
 	if r.Burst < 1 {
 		wait := time.Duration(earliest - now.UnixNano())

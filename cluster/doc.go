@@ -12,18 +12,25 @@
 // config: decide on its own store (the default), allow, or deny; the
 // [Decision] says it was made without the owner.
 //
-// When the ring changes, a node hands the state of the keys that moved to
-// their new owner, which merges it (the more consumed state wins); with
-// Config.Replicas > 1 each owner copies the keys it changed to the next
-// nodes of the ring every Config.ReplicateInterval, so that a key's next
-// owner continues from a copy when the owner dies hard (handoff.go,
-// replicate.go).
+// A node decides a key as its owner only when its ring gives it the key
+// and the key is settled on it: the node is ready (it joined the cluster
+// of its seeds; [Node.Ready], [Node.WaitReady]) and either it owned the key
+// before the last membership change, or every other member has confirmed
+// the new membership after handing it the states of the keys it gained
+// (handover.go). Until then the key's previous owner decides, or the check
+// waits, within Config.HandoverTimeout. When the ring changes, a node hands
+// the state of the keys that moved to their new owner, which merges it
+// (the more consumed state wins); with Config.Replicas > 1 each owner
+// copies the keys it changed to the next nodes of the ring every
+// Config.ReplicateInterval, so that a key's next owner continues from a
+// copy when the owner dies hard (handoff.go, replicate.go).
 //
 // With [LeaseConfig.Threshold] set, a node that checks a key it does not own
 // more often than the threshold leases a share of the key's hits from the
 // owner and decides on them locally until the lease runs out or expires,
 // returning what it did not use (lease.go says which algorithms lease and
-// why).
+// why; grants.go how the owner keeps each algorithm's bound with leases
+// out).
 //
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every

@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -103,15 +102,17 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 	return true
 }
 
-// routeOnce makes one attempt at req; again is set when route should wait
-// and try again.
+// routeOnce makes one attempt at req, where the router says; again is
+// set when route should wait and try again.
 func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy Policy) (d Decision, err error, again bool) {
-	st, owner := n.hand.stateOf(hash)
-	if st == owned {
+	p := n.router.pick(hash)
+	if p.way == wayHere {
 		if d, err, ok := n.decideOwned(req, hash); ok {
 			return d, err, false
 		}
-		st, owner = n.hand.stateOf(hash)
+		if p = n.router.pick(hash); p.way == wayHere {
+			return Decision{}, nil, true // the ring changed under decideOwned
+		}
 	}
 	if n.closed.Load() {
 		return Decision{}, ErrClosed, false
@@ -119,60 +120,38 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 	if err := req.Validate(); err != nil {
 		return Decision{}, err, false
 	}
-	if st == pending {
-		if !n.hand.ready.Load() { // not part of the cluster (yet)
-			d, err := n.unreachable(req, policy)
-			return d, err, false
-		}
-		// Until the hand-over is in, the previous owner decides.
-		prev, ok := n.hand.previous(hash)
-		if !ok {
-			return Decision{}, nil, true
-		}
-		owner = ring.Member{Name: prev}
-	} else if st == owned {
-		return Decision{}, nil, true // the ring changed under decideOwned
-	}
-	if n.leases.on && st == moved {
-		if d, ok := n.leases.decide(req, owner.Name, n.now().UnixNano()); ok {
+	if n.leases.on && (p.way == wayOwner || p.way == wayDown) {
+		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
 			return d, nil, false
 		}
 	}
-	c, ok := n.peers.Get(owner.Name)
-	br := n.breakers.get(owner.Name)
-	if !ok || !n.mayCall(br) {
-		// No client: the member is leaving the ring (rebuilds drop the
-		// client first); an open breaker: it is down.
-		if st == pending || (!ok && n.departing(owner.Name)) {
-			return Decision{}, nil, true
-		}
+	switch p.way {
+	case wayWait:
+		return Decision{}, nil, true
+	case wayNotReady, wayDown:
 		d, err := n.unreachable(req, policy)
 		return d, err, false
 	}
 	n.forwarded.Add(1)
-	fd, err := c.Check(ctx, *req)
-	n.callDone(br, err)
-	switch {
-	case err == nil:
-		if n.leases.on && !fd.Allowed && st == moved {
-			n.leases.noteDenied(req, owner.Name, &fd, n.now().UnixNano())
+	fd, err := p.client.Check(ctx, *req)
+	switch n.router.done(&p, err) {
+	case retry:
+		return Decision{}, nil, true
+	case decided:
+		if err == nil {
+			if n.leases.on && !fd.Allowed && p.way == wayOwner {
+				n.leases.noteDenied(req, p.peer, &fd, n.now().UnixNano())
+			}
+			return Decision{Decision: fd, Owner: p.peer}, nil, false
 		}
-		return Decision{Decision: fd, Owner: owner.Name}, nil, false
-	case errors.Is(err, transport.ErrNotOwner):
-		return Decision{}, nil, true
-	case errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil && (st == pending || n.departing(owner.Name)):
-		// A previous owner, or an owner that is leaving: the key's
-		// decider is about to change; wait for it.
-		return Decision{}, nil, true
 	}
 	d, err = n.forwardFailed(ctx, req, policy, err)
 	return d, err, false
 }
 
 // departing reports whether serf knows the member named name as leaving or
-// gone, though the ring may still route to it: a check it could not take
-// waits for the ring to change rather than going to the unreachable
-// policy. It is called only when a forwarded check failed.
+// gone, though the ring may still route to it. It is asked only when a
+// forwarded check or a transfer failed.
 func (n *Node) departing(name string) bool {
 	for _, m := range n.serf.Members() {
 		if m.Name == name {
@@ -180,12 +159,6 @@ func (n *Node) departing(name string) bool {
 		}
 	}
 	return true
-}
-
-// mayCall reports whether br lets a call through now; a closed breaker
-// costs no clock reading.
-func (n *Node) mayCall(br *breaker) bool {
-	return br.closed() || br.allow(n.now().UnixNano())
 }
 
 // decideOwned decides req on this node's store when, holding the key's
@@ -247,17 +220,6 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err 
 	return d, err, true
 }
 
-// callDone feeds a forwarded call's outcome to the owner's breaker: only an
-// unreachable owner counts as a failure.
-func (n *Node) callDone(br *breaker, err error) {
-	down := err != nil && errors.Is(err, transport.ErrUnavailable)
-	var now int64 // read by done only when the call failed
-	if down {
-		now = n.now().UnixNano()
-	}
-	br.done(!down, now, int32(n.cfg.BreakerThreshold), n.cfg.BreakerCooldown)
-}
-
 // forwardFailed turns the error of a forwarded check into the caller's
 // answer: the owner's verdict on a bad request, the caller's own context
 // error, or the unreachable policy's decision.
@@ -311,11 +273,9 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		ctx = context.Background()
 	}
 	type group struct {
-		client *peer.Client
-		br     *breaker
-		owner  string
-		idx    []int
-		reqs   []limiter.Request
+		pick pick
+		idx  []int
+		reqs []limiter.Request
 	}
 	var (
 		groups map[string]*group
@@ -324,15 +284,15 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	for i := range reqs {
 		req := &reqs[i]
 		hash := ring.RouteHash(req.Name, req.Key)
-		st, owner := n.hand.stateOf(hash)
-		if st == owned {
+		p := n.router.pick(hash)
+		if p.way == wayHere {
 			var ok bool
 			if out[i].Decision, out[i].Err, ok = n.decideOwned(req, hash); ok {
 				continue
 			}
-			st, owner = n.hand.stateOf(hash)
+			p = n.router.pick(hash)
 		}
-		if st != moved {
+		if p.way != wayOwner && p.way != wayDown {
 			slow = append(slow, i)
 			continue
 		}
@@ -341,28 +301,22 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			continue
 		}
 		if n.leases.on {
-			if d, ok := n.leases.decide(req, owner.Name, n.now().UnixNano()); ok {
+			if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
 				out[i].Decision = d
 				continue
 			}
 		}
-		g := groups[owner.Name]
+		if p.way == wayDown {
+			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
+			continue
+		}
+		g := groups[p.peer]
 		if g == nil {
-			c, ok := n.peers.Get(owner.Name)
-			br := n.breakers.get(owner.Name)
-			if !ok && n.departing(owner.Name) {
-				slow = append(slow, i)
-				continue
-			}
-			if !ok || !n.mayCall(br) {
-				out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
-				continue
-			}
 			if groups == nil {
 				groups = make(map[string]*group)
 			}
-			g = &group{client: c, br: br, owner: owner.Name}
-			groups[owner.Name] = g
+			g = &group{pick: p}
+			groups[p.peer] = g
 		}
 		g.idx = append(g.idx, i)
 		g.reqs = append(g.reqs, *req)
@@ -376,23 +330,23 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rs := g.client.CheckMany(ctx, g.reqs)
+			rs := g.pick.client.CheckMany(ctx, g.reqs)
 			var callErr error
 			for _, r := range rs {
 				if r.Err != nil && errors.Is(r.Err, transport.ErrUnavailable) {
 					callErr = r.Err
 				}
 			}
-			n.callDone(g.br, callErr)
+			down := n.router.done(&g.pick, callErr)
 			for j, i := range g.idx {
 				switch err := rs[j].Err; {
 				case err == nil:
-					out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.owner}
+					out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.pick.peer}
 					if n.leases.on && !rs[j].Decision.Allowed {
-						n.leases.noteDenied(&reqs[i], g.owner, &rs[j].Decision, n.now().UnixNano())
+						n.leases.noteDenied(&reqs[i], g.pick.peer, &rs[j].Decision, n.now().UnixNano())
 					}
 				case errors.Is(err, transport.ErrNotOwner),
-					errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil && n.departing(g.owner):
+					down == retry && errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil:
 					// As route would: the owner is about to change.
 					slowMu.Lock()
 					slow = append(slow, i)
@@ -489,11 +443,11 @@ func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out
 	}
 }
 
-// router serves the public service: requests are routed like Check, each
+// publicAPI serves the public service: requests are routed like Check, each
 // with its own unreachable policy; it also reports health.
-type router struct{ n *Node }
+type publicAPI struct{ n *Node }
 
-func (r router) Route(ctx context.Context, rr []transport.RoutedRequest) []transport.Result {
+func (r publicAPI) Route(ctx context.Context, rr []transport.RoutedRequest) []transport.Result {
 	reqs := make([]limiter.Request, len(rr))
 	policies := make([]Policy, len(rr))
 	for i := range rr {
@@ -508,7 +462,7 @@ func (r router) Route(ctx context.Context, rr []transport.RoutedRequest) []trans
 	return out
 }
 
-func (r router) Health(ctx context.Context) transport.HealthReport {
+func (r publicAPI) Health(ctx context.Context) transport.HealthReport {
 	status := "serving"
 	if r.n.closed.Load() {
 		status = "closed"

@@ -649,7 +649,7 @@ func (n *Node) fetchLease(ctx context.Context, f *leaseFetch) {
 	var l transport.Lease
 	c, ok := n.peers.Get(f.owner)
 	err := error(transport.ErrUnavailable)
-	if ok && n.breakers.get(f.owner).openUntil.Load() <= sent {
+	if ok && n.router.mayLease(f.owner, sent) {
 		t.requested.Add(1)
 		l, err = c.Lease(ctx, f.req, f.want, t.cfg.TTL)
 	}

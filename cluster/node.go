@@ -78,11 +78,11 @@ type Node struct {
 	ring  *ring.Ring
 	peers *peer.Pool
 
-	metrics  *metrics // nil without Config.Registerer
-	breakers breakers
-	hand     *handover   // which keys this node decides as owner
-	grants   grantTable  // leases this node granted as owner (grants.go)
-	leases   *leaseTable // see lease.go
+	metrics *metrics    // nil without Config.Registerer
+	router  *router     // where checks go; owns the breakers
+	hand    *handover   // which keys this node decides as owner
+	grants  grantTable  // leases this node granted as owner (grants.go)
+	leases  *leaseTable // see lease.go
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -138,6 +138,8 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.hand = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
+	n.router = &router{self: cfg.NodeName, hand: n.hand, now: n.now, departing: n.departing,
+		threshold: int32(cfg.BreakerThreshold), cooldown: cfg.BreakerCooldown}
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}
@@ -154,6 +156,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}
+	n.router.peers = n.peers
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
@@ -171,7 +174,7 @@ func New(cfg Config) (n *Node, err error) {
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n))
-	transport.RegisterPublic(n.grpc, router{n}, router{n})
+	transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n})
 	// Not n: a failing return sets the result n to nil while this runs.
 	srv, lis, logger := n.grpc, n.lis, n.logger
 	n.goFunc(func() {
@@ -445,7 +448,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	}
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
-	n.breakers.forget(addrs)
+	n.router.breakers.forget(addrs)
 	if err := n.hand.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}

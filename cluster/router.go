@@ -1,0 +1,147 @@
+package cluster
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sluicehq/sluice/peer"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// The router says where a check of a key is decided, for single checks,
+// batches and lease requests alike: here, at the key's owner, at its
+// previous owner while the key is handed over to this node, or nowhere now
+// (wait, or the unreachable policy). It owns the breakers of the peers.
+// Its shape is groupcache's PickPeer(key) (peer, ok): it picks, the caller
+// calls, and the caller reports the call's outcome back.
+
+// peerClients is where the router finds the client of a peer; peer.Pool
+// is one. Safe for concurrent use.
+type peerClients interface {
+	Get(name string) (*peer.Client, bool)
+}
+
+var _ peerClients = (*peer.Pool)(nil)
+
+// way is where the router sends a check.
+type way uint8
+
+const (
+	// wayHere: this node is the key's settled owner; decide it here,
+	// under the key's decide lock (decideOwned), which tests it again.
+	wayHere way = iota
+	// wayOwner: forward to the key's owner.
+	wayOwner
+	// wayPrevious: the key moved here and is not settled: forward to the
+	// node that decided it before.
+	wayPrevious
+	// wayWait: nobody decides the key now (the ring or the hand-over is
+	// about to move on): wait and pick again.
+	wayWait
+	// wayDown: the owner cannot be called (no client, or its breaker is
+	// open): the unreachable policy decides.
+	wayDown
+	// wayNotReady: this node is not part of the cluster: the unreachable
+	// policy decides.
+	wayNotReady
+)
+
+// pick is the router's answer for one key.
+type pick struct {
+	way    way
+	peer   string       // the node forwarded to, with wayOwner and wayPrevious
+	client *peer.Client // its client
+	br     *breaker     // its breaker
+}
+
+// router picks where checks go. Safe for concurrent use.
+type router struct {
+	self      string
+	hand      *handover
+	peers     peerClients
+	breakers  breakers
+	now       func() time.Time
+	threshold int32
+	cooldown  time.Duration
+	// departing reports whether a member is leaving or gone as far as
+	// gossip knows, while the ring may still route to it. It is asked only
+	// on a failure.
+	departing func(name string) bool
+}
+
+// pick returns where a check of the key of hash goes now.
+func (r *router) pick(hash uint64) pick {
+	st, owner := r.hand.stateOf(hash)
+	target, w := owner.Name, wayOwner
+	switch st {
+	case owned:
+		return pick{way: wayHere}
+	case pending:
+		if !r.hand.ready.Load() {
+			return pick{way: wayNotReady}
+		}
+		prev, ok := r.hand.previous(hash)
+		if !ok {
+			return pick{way: wayWait}
+		}
+		target, w = prev, wayPrevious
+	}
+	c, ok := r.peers.Get(target)
+	br := r.breakers.get(target)
+	switch {
+	case ok && r.mayCall(br):
+		return pick{way: w, peer: target, client: c, br: br}
+	case w == wayPrevious:
+		return pick{way: wayWait}
+	case !ok && r.departing(target):
+		// The ring is about to drop it: rebuilds drop the client first.
+		return pick{way: wayWait}
+	}
+	return pick{way: wayDown, peer: target}
+}
+
+// mayCall reports whether br lets a call through now; a closed breaker
+// costs no clock reading.
+func (r *router) mayCall(br *breaker) bool {
+	return br.closed() || br.allow(r.now().UnixNano())
+}
+
+// outcome is what a forwarded call's error means for the check.
+type outcome uint8
+
+const (
+	decided outcome = iota // an answer: a decision, or the owner's verdict
+	retry                  // nobody decides the key now: wait and pick again
+	failed                 // the owner could not be reached: policy
+)
+
+// done feeds the outcome of a call made for p to its breaker (only an
+// unreachable peer counts as a failure) and says what it means: the peer
+// does not decide the key now, or a previous or departing owner could not
+// be reached, is a retry; another unreachable owner is a failure; any
+// other error is the owner's verdict.
+func (r *router) done(p *pick, err error) outcome {
+	down := err != nil && errors.Is(err, transport.ErrUnavailable)
+	var now int64 // read by done only when the call failed
+	if down {
+		now = r.now().UnixNano()
+	}
+	p.br.done(!down, now, r.threshold, r.cooldown)
+	switch {
+	case err == nil:
+		return decided
+	case errors.Is(err, transport.ErrNotOwner):
+		return retry
+	case down && (p.way == wayPrevious || r.departing(p.peer)):
+		return retry
+	case down:
+		return failed
+	}
+	return decided
+}
+
+// mayLease reports whether a lease request to owner may be made now: its
+// breaker is not open.
+func (r *router) mayLease(owner string, now int64) bool {
+	return r.breakers.get(owner).openUntil.Load() <= now
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -352,7 +353,8 @@ func (n *Node) startLeases() error {
 		}
 	}
 	if n.leases.on {
-		n.goFunc(n.leaseLoop)
+		t, stop, now, timeout, logger := n.leases, n.shutdown, n.now, n.cfg.Peer.Timeout, n.logger
+		n.goFunc(func() { t.loop(stop, leaseCalls{n}, now, timeout, logger) })
 	}
 	return nil
 }
@@ -598,18 +600,31 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 	}
 }
 
-// leaseLoop makes the lease requests the hot path asks for, sends unused
-// hits back, and retires expired leases and leases whose owner changed.
-// When the node closes it returns every outstanding lease, within
-// Config.Peer.Timeout.
-func (n *Node) leaseLoop() {
-	t := n.leases
+// leaseOwners is how the lease table reaches the owners of the keys it
+// leases: the Node, through its router and peer clients. Safe for
+// concurrent use.
+type leaseOwners interface {
+	// ownerOf returns the owner of (name, key) in this node's ring.
+	ownerOf(name, key string) (string, bool)
+	// lease asks owner for up to want hits of req's key for ttl; an owner
+	// that cannot be called now gives an error wrapping
+	// transport.ErrUnavailable without a call.
+	lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error)
+	// giveBack returns hits of req's key to owner.
+	giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error
+}
+
+// loop makes the lease requests the hot path asks for, sends unused hits
+// back, and retires expired leases, leases unused for a quarter of a TTL
+// and leases whose owner changed, until stop is closed. Then it returns
+// every outstanding lease, within returnTimeout. now is the node's clock.
+func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, now func() time.Time, returnTimeout time.Duration, logger *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var work sync.WaitGroup // lease requests and returns in flight
 	defer func() {
 		cancel()
 		work.Wait()
-		n.returnLeases()
+		t.returnAll(owners, now().UnixNano(), returnTimeout)
 	}()
 	tick := time.NewTicker(max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
@@ -619,53 +634,50 @@ func (n *Node) leaseLoop() {
 			go func() {
 				defer work.Done()
 				defer t.sending.Store(false)
-				n.sendReturns(ctx)
+				t.sendReturns(ctx, owners)
 			}()
 		}
 	}
 	for {
 		select {
-		case <-n.shutdown:
+		case <-stop:
 			return
 		case f := <-t.fetches:
 			work.Add(1)
 			go func() {
 				defer work.Done()
-				n.fetchLease(ctx, &f)
+				sent := now().UnixNano()
+				err := t.fetch(ctx, &f, owners, sent, now)
+				if err != nil {
+					logger.Debug("cluster: lease request failed", "owner", f.owner, "key", f.req.Key, "err", err)
+				}
 			}()
 		case <-t.kick:
 			sendReturns()
 		case <-tick.C:
-			n.sweepLeases(n.now().UnixNano())
+			t.sweep(now().UnixNano(), owners)
 			sendReturns()
 		}
 	}
 }
 
-// fetchLease asks f's owner for a lease and installs the answer.
-func (n *Node) fetchLease(ctx context.Context, f *leaseFetch) {
-	t := n.leases
-	sent := n.now().UnixNano()
-	var l transport.Lease
-	c, ok := n.peers.Get(f.owner)
-	err := error(transport.ErrUnavailable)
-	if ok && n.router.mayLease(f.owner, sent) {
-		t.requested.Add(1)
-		l, err = c.Lease(ctx, f.req, f.want, t.cfg.TTL)
-	}
-	if err != nil {
-		n.logger.Debug("cluster: lease request failed", "owner", f.owner, "key", f.req.Key, "err", err)
-	} else if l.Granted > 0 {
+// fetch asks f's owner for a lease, sent at sent, and installs the answer
+// at now(); it returns the request's error.
+func (t *leaseTable) fetch(ctx context.Context, f *leaseFetch, owners leaseOwners, sent int64, now func() time.Time) error {
+	t.requested.Add(1)
+	l, err := owners.lease(ctx, f.owner, f.req, f.want, t.cfg.TTL)
+	if err == nil && l.Granted > 0 {
 		t.granted.Add(1)
 		t.hitsLeased.Add(l.Granted)
 	}
-	t.install(f, l, err, sent, n.now().UnixNano())
+	t.install(f, l, err, sent, now().UnixNano())
+	return err
 }
 
-// sweepLeases rolls every shard's interval, retires expired leases, and
-// drops leases whose key the ring now gives to another owner.
-func (n *Node) sweepLeases(now int64) {
-	t := n.leases
+// sweep rolls every shard's interval, retires expired leases, gives back
+// the hits of leases not used for a quarter of a TTL, and drops leases
+// whose key the ring now gives to another owner.
+func (t *leaseTable) sweep(now int64, owners leaseOwners) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -674,8 +686,8 @@ func (n *Node) sweepLeases(now int64) {
 			if h.expires == 0 {
 				continue
 			}
-			switch o, ok := n.ring.Owner(h.name, h.key); {
-			case !ok || o.Name != h.owner:
+			switch o, ok := owners.ownerOf(h.name, h.key); {
+			case !ok || o != h.owner:
 				t.retireLocked(h, now, false)
 			case now >= h.expires:
 				t.retireLocked(h, now, true)
@@ -690,10 +702,9 @@ func (n *Node) sweepLeases(now int64) {
 	}
 }
 
-// sendReturns gives the queued returns back to their owners, one
-// ReturnLease call each, the owners in parallel.
-func (n *Node) sendReturns(ctx context.Context) {
-	t := n.leases
+// sendReturns gives the queued returns back to their owners, one call
+// each, the owners in parallel.
+func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) {
 	t.retMu.Lock()
 	rs := t.returns
 	t.returns = nil
@@ -704,15 +715,11 @@ func (n *Node) sendReturns(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	for owner, reqs := range byOwner {
-		c, ok := n.peers.Get(owner)
-		if !ok {
-			continue
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for _, r := range reqs {
-				if err := c.ReturnLease(ctx, r, r.Hits); err == nil {
+				if err := owners.giveBack(ctx, owner, r, r.Hits); err == nil {
 					t.returned.Add(r.Hits)
 				}
 			}
@@ -721,11 +728,9 @@ func (n *Node) sendReturns(ctx context.Context) {
 	wg.Wait()
 }
 
-// returnLeases retires every lease and sends the unused hits back, within
-// Config.Peer.Timeout. The node is closing: nothing leases any more.
-func (n *Node) returnLeases() {
-	t := n.leases
-	now := n.now().UnixNano()
+// returnAll retires every lease at now and sends the unused hits back,
+// within timeout. The node is closing: nothing leases any more.
+func (t *leaseTable) returnAll(owners leaseOwners, now int64, timeout time.Duration) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -736,7 +741,33 @@ func (n *Node) returnLeases() {
 		}
 		sh.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Peer.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	n.sendReturns(ctx)
+	t.sendReturns(ctx, owners)
+}
+
+// leaseCalls is the Node's side of leaseOwners.
+type leaseCalls struct{ n *Node }
+
+var _ leaseOwners = leaseCalls{}
+
+func (c leaseCalls) ownerOf(name, key string) (string, bool) {
+	o, ok := c.n.ring.Owner(name, key)
+	return o.Name, ok
+}
+
+func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
+	cl, ok := c.n.peers.Get(owner)
+	if !ok || !c.n.router.mayLease(owner, c.n.now().UnixNano()) {
+		return transport.Lease{}, fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+	}
+	return cl.Lease(ctx, req, want, ttl)
+}
+
+func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {
+	cl, ok := c.n.peers.Get(owner)
+	if !ok {
+		return fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+	}
+	return cl.ReturnLease(ctx, req, hits)
 }

@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// fakeOwners grants every lease in full for the TTL, or none after a
+// refusal is set, and records what is given back. The owner of every key
+// is owner.
+type fakeOwners struct {
+	mu       sync.Mutex
+	owner    string
+	refuse   bool
+	retry    time.Duration // RetryAfter of a lease of no hits
+	now      func() time.Time
+	returned map[string]int64 // by owner
+}
+
+func (f *fakeOwners) ownerOf(string, string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.owner, true
+}
+
+func (f *fakeOwners) lease(_ context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.now()
+	if f.refuse {
+		return transport.Lease{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: f.retry, ResetAt: now.Add(f.retry)}}, nil
+	}
+	return transport.Lease{Granted: want, ExpiresAt: now.Add(ttl), Decision: limiter.Decision{Allowed: true, Limit: req.Limit, ResetAt: now.Add(time.Hour)}}, nil
+}
+
+func (f *fakeOwners) giveBack(_ context.Context, owner string, _ limiter.Request, hits int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.returned == nil {
+		f.returned = map[string]int64{}
+	}
+	f.returned[owner] += hits
+	return nil
+}
+
+// The holder's side of leases as a table of steps on one clock: checks of
+// a key, the lease requests they cause (made at once), sweeps, and what
+// comes back to the owner.
+func TestLeaseTableSteps(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	at := time.Unix(1000, 0)
+	now := func() time.Time { return at }
+	owners := &fakeOwners{owner: "o", now: now, retry: 30 * time.Millisecond}
+	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1}) // hot from 10 checks in 100ms
+	req := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1000, Period: time.Second, Algorithm: limiter.TokenBucket}
+	check := func() (Decision, bool) {
+		d, ok := tab.decide(&req, owners.ownerOf2(), at.UnixNano())
+		select { // a lease request the check asked for is made at once
+		case f := <-tab.fetches:
+			if err := tab.fetch(context.Background(), &f, owners, at.UnixNano(), now); err != nil {
+				t.Fatal(err)
+			}
+		default:
+		}
+		return d, ok
+	}
+	type step struct {
+		at         time.Duration // since the start
+		checks     int
+		wantLocal  int  // of them admitted from a lease
+		wantDenied int  // of them denied here
+		sweep      bool // then sweep and send returns
+		owner      string
+		refuse     bool
+		wantBack   int64 // hits given back to o so far
+	}
+	for i, s := range []step{
+		{checks: 10, wantLocal: 0},                             // the 10th makes it hot and leases
+		{checks: 5, wantLocal: 5},                              // from the lease
+		{at: 20 * time.Millisecond, sweep: true},               // used 20ms ago: kept
+		{at: 25 * time.Millisecond, sweep: true, wantBack: 95}, // unused for a quarter TTL: back
+		{at: 30 * time.Millisecond, checks: 1, wantBack: 95},   // forwarded; asks again
+		{at: 30 * time.Millisecond, checks: 2, wantLocal: 2, wantBack: 95},
+		{at: 130 * time.Millisecond, sweep: true, wantBack: 95 + 52},         // expired: back (the second lease: 16 checks in 30 ms make 54 hits a TTL)
+		{at: 140 * time.Millisecond, refuse: true, checks: 1, wantBack: 147}, // a lease of no hits
+		{at: 141 * time.Millisecond, refuse: true, checks: 3, wantDenied: 3, wantBack: 147},
+		{at: 171 * time.Millisecond, checks: 1, wantBack: 147}, // the owner's RetryAfter passed: forwarded, leases again
+		{at: 172 * time.Millisecond, checks: 1, wantLocal: 1, wantBack: 147},
+		{at: 173 * time.Millisecond, owner: "p", sweep: true, wantBack: 147}, // the ring moved the key: void, nothing back
+	} {
+		at = time.Unix(1000, 0).Add(s.at)
+		owners.mu.Lock()
+		owners.refuse = s.refuse
+		if s.owner != "" {
+			owners.owner = s.owner
+		}
+		owners.mu.Unlock()
+		local, denied := 0, 0
+		for range s.checks {
+			d, ok := check()
+			switch {
+			case ok && d.Allowed:
+				local++
+			case ok:
+				denied++
+			}
+		}
+		if local != s.wantLocal || denied != s.wantDenied {
+			t.Fatalf("step %d: %d admitted and %d denied here, want %d and %d", i, local, denied, s.wantLocal, s.wantDenied)
+		}
+		if s.sweep {
+			tab.sweep(at.UnixNano(), owners)
+			tab.sendReturns(context.Background(), owners)
+		}
+		owners.mu.Lock()
+		back := owners.returned["o"]
+		owners.mu.Unlock()
+		if back != s.wantBack {
+			t.Fatalf("step %d: %d hits given back, want %d", i, back, s.wantBack)
+		}
+	}
+}
+
+// ownerOf2 is ownerOf without the ok, for decide.
+func (f *fakeOwners) ownerOf2() string {
+	o, _ := f.ownerOf("", "")
+	return o
+}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -18,23 +17,12 @@ import (
 // Hand-off: when the ring changes, a node sends the state of every key whose
 // owner changed, that it owned or held as a replica and no longer owns, to
 // the key's new owner, which merges it (the more consumed state wins, so a
-// state sent twice or late changes nothing). A node that becomes a key's
-// owner, or whose key gets a new replica, copies the key to its new
+// state sent twice or late changes nothing), and then confirms the new
+// membership to every other member (handover.go). A node that becomes a
+// key's owner, or whose key gets a new replica, copies the key to its new
 // replicas. A graceful Leave hands everything off first (leaveHandoff).
-
-const (
-	// handoffAttempts bounds the calls made for one chunk of a hand-off.
-	handoffAttempts = 3
-	// replicateAttempts bounds the ticks a replica batch is tried on.
-	replicateAttempts = 3
-	// handoffRetries bounds the retries of hand-off states that a pass
-	// could not deliver, handoffRetryEvery apart.
-	handoffRetries    = 20
-	handoffRetryEvery = 250 * time.Millisecond
-	// transferBackoff is the wait before a hand-off call's second attempt;
-	// the third waits twice as long.
-	transferBackoff = 50 * time.Millisecond
-)
+// All of it goes through the outbox (outbox.go): one queue and worker per
+// peer, one retry policy.
 
 // TransferStats counts key states sent to and taken from other nodes.
 type TransferStats struct {
@@ -58,6 +46,11 @@ type transfers struct {
 	// prev is the ring membership the last hand-off pass planned against;
 	// only the hand-off loop touches it.
 	prev []ring.Member
+	// out carries hand-off states, copies and confirmations to each peer.
+	out *outbox
+	// departing is set when Leave begins: from then on Leave alone hands
+	// off, to the owners on the ring without this node.
+	departing atomic.Bool
 
 	// foreign holds hand-off states received for keys this node's ring
 	// gives another node (a leaving node's ring was older than this
@@ -162,40 +155,9 @@ func (n *Node) startTransfers() {
 }
 
 func (n *Node) handoffLoop() {
-	// Hand-off states whose transfer failed are retried, to the keys'
-	// owners at that time, up to handoffRetries times, handoffRetryEvery
-	// apart: a pass never forgets what it could not deliver at once. The
-	// hand-over confirmations of the members that did not get everything
-	// wait for their states, and are retried with them.
-	var (
-		pending []limiter.Snapshot
-		owed    confirmations // members owed a confirmation
-		tries   int
-		retry   = time.NewTimer(time.Hour)
-		expire  = time.NewTimer(time.Hour) // the hand-over's timeout
-	)
-	retry.Stop()
-	defer retry.Stop()
+	expire := time.NewTimer(time.Hour) // the hand-over's timeout
+	expire.Stop()
 	defer expire.Stop()
-	keep := func(failed map[string][]limiter.Snapshot, later []limiter.Snapshot, unconfirmed confirmations) {
-		for _, states := range failed {
-			pending = append(pending, states...)
-		}
-		pending = append(pending, later...)
-		owed = unconfirmed
-		if len(owed.to) > 0 && owed.fp != n.hand.fingerprint() {
-			owed = confirmations{} // the next pass confirms the new membership
-		}
-		if (len(pending) > 0 || len(owed.to) > 0) && tries < handoffRetries {
-			tries++
-			retry.Reset(handoffRetryEvery)
-			return
-		}
-		if len(pending) > 0 || len(owed.to) > 0 {
-			n.logger.Error("cluster: hand-off gave up on key states", "states", len(pending), "unconfirmed", len(owed.to), "tries", tries)
-		}
-		pending, owed, tries = nil, confirmations{}, 0
-	}
 	armExpire := func() {
 		expire.Stop()
 		if at := n.hand.expire(time.Now()); !at.IsZero() {
@@ -207,73 +169,14 @@ func (n *Node) handoffLoop() {
 		case <-n.shutdown:
 			return
 		case <-n.xfer.wake:
-			undelivered := append(pending, n.foreignToSend()...)
-			pending, tries = nil, 0
-			keep(n.handoffPass(undelivered))
+			if !n.xfer.departing.Load() { // Leave hands off on its own
+				n.handoffPass(n.foreignToSend())
+			}
 			armExpire()
-		case <-retry.C:
-			again, later := n.byOwner(pending)
-			pending = nil
-			failed := n.sendAll(n.xfer.ctx, transport.Handoff, again, handoffAttempts)
-			keep(failed, later, n.confirmTo(owed, failed))
 		case <-expire.C:
 			armExpire()
 		}
 	}
-}
-
-// confirmations are hand-over confirmations of the membership of
-// fingerprint fp, to the members in to.
-type confirmations struct {
-	fp uint64
-	to map[string]bool
-}
-
-// confirmTo sends c's confirmations to every member in c.to that has no
-// undelivered states in failed, and returns those still owed one.
-func (n *Node) confirmTo(c confirmations, failed map[string][]limiter.Snapshot) confirmations {
-	if len(c.to) == 0 {
-		return confirmations{}
-	}
-	fp := c.fp
-	var (
-		mu   sync.Mutex // guards owed
-		owed map[string]bool
-		wg   sync.WaitGroup
-	)
-	for name := range c.to {
-		if _, member := n.peers.Get(name); !member {
-			continue // gone: nothing is owed to it
-		}
-		if len(failed[name]) > 0 {
-			mu.Lock()
-			if owed == nil {
-				owed = map[string]bool{}
-			}
-			owed[name] = true
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := errors.New("no client")
-			if c, ok := n.peers.Get(name); ok {
-				err = c.HandoffDone(n.xfer.ctx, fp)
-			}
-			if err != nil {
-				n.logger.Warn("cluster: hand-over confirmation failed", "to", name, "err", err)
-				mu.Lock()
-				defer mu.Unlock()
-				if owed == nil {
-					owed = map[string]bool{}
-				}
-				owed[name] = true
-			}
-		}()
-	}
-	wg.Wait()
-	return confirmations{fp: fp, to: owed}
 }
 
 // byOwner groups states by their owner on the current ring, leaving out
@@ -302,26 +205,29 @@ func (n *Node) byOwner(states []limiter.Snapshot) (out map[string][]limiter.Snap
 }
 
 // handoffPass plans against the membership of the previous pass and the
-// current one, sends what moved (and the states earlier passes could not
-// deliver, to their owners now), then confirms the current membership to
-// every other member. It returns the hand-off states it could not deliver
-// and the members it owes a confirmation.
+// current one and queues, for each other member, the states of the keys
+// that moved to it (and states received for another node's keys, to their
+// owners now), then the confirmation of the current membership: the
+// outbox sends a member's confirmation only after its states.
 //
 // The pass begins with a barrier: every decision made as owner under the
 // previous ring has ended, and later ones see the current ring, so the
 // states it reads hold everything this node admitted as their owner.
-func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter.Snapshot, []limiter.Snapshot, confirmations) {
+func (n *Node) handoffPass(received []limiter.Snapshot) {
 	cur := n.ring.Members()
 	prev := n.xfer.prev
+	handoff, later := n.byOwner(received)
+	n.holdFor(later)
 	if slices.Equal(prev, cur) {
-		handoff, later := n.byOwner(undelivered)
-		return n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts), later, confirmations{}
+		for to, states := range handoff {
+			n.xfer.out.handOff(to, states)
+		}
+		return
 	}
 	n.xfer.prev = cur
 	defer n.xfer.passes.Add(1)
 	n.hand.barrier()
 	n.grants.flush(n.hand, n.store, n.now())
-	handoff, later := n.byOwner(undelivered)
 	if len(prev) > 0 && len(cur) > 0 {
 		oldR, err := n.ringOf(prev)
 		var newR *ring.Ring
@@ -335,34 +241,33 @@ func (n *Node) handoffPass(undelivered []limiter.Snapshot) (map[string][]limiter
 			for to, states := range moved {
 				handoff[to] = append(handoff[to], states...)
 			}
-			n.sendAll(n.xfer.ctx, transport.Replica, replica, handoffAttempts)
+			for to, states := range replica {
+				n.xfer.out.replicate(to, states)
+			}
 		}
 	}
-	failed := n.sendAll(n.xfer.ctx, transport.Handoff, handoff, handoffAttempts)
-	c := confirmations{fp: ring.Fingerprint(cur), to: map[string]bool{}}
+	fp := ring.Fingerprint(cur)
 	for _, m := range cur {
 		if m.Name != n.cfg.NodeName {
-			c.to[m.Name] = true
+			n.xfer.out.handOff(m.Name, handoff[m.Name])
+			n.xfer.out.confirmTo(m.Name, fp)
 		}
 	}
-	// States held for a member that is leaving, received from another
-	// leaving node, or not delivered: no confirmation goes out before
-	// they are delivered.
-	for _, s := range later {
-		if o, ok := n.ring.Owner(s.Name, s.Key); ok {
-			failed = appendFailed(failed, o.Name, s)
-		}
-	}
-	return failed, nil, n.confirmTo(c, failed)
 }
 
-// appendFailed adds s to failed's states for member to.
-func appendFailed(failed map[string][]limiter.Snapshot, to string, s limiter.Snapshot) map[string][]limiter.Snapshot {
-	if failed == nil {
-		failed = map[string][]limiter.Snapshot{}
+// holdFor keeps states whose key's owner is leaving until the ring drops
+// it (see foreignToSend).
+func (n *Node) holdFor(states []limiter.Snapshot) {
+	if len(states) == 0 {
+		return
 	}
-	failed[to] = append(failed[to], s)
-	return failed
+	held := make([]foreignState, 0, len(states))
+	for _, s := range states {
+		if o, ok := n.ring.Owner(s.Name, s.Key); ok {
+			held = append(held, foreignState{from: o.Name, state: s})
+		}
+	}
+	n.xfer.addForeign(held, false)
 }
 
 // ringOf builds a ring over members with the node's ring config.
@@ -434,85 +339,37 @@ func hasMember(ms []ring.Member, name string) bool {
 	return slices.ContainsFunc(ms, func(m ring.Member) bool { return m.Name == name })
 }
 
-// sendAll sends each member its states, members in parallel, and returns
-// the states not delivered, by member.
-func (n *Node) sendAll(ctx context.Context, reason transport.TransferReason, batches map[string][]limiter.Snapshot, attempts int) map[string][]limiter.Snapshot {
-	var (
-		mu     sync.Mutex // guards failed
-		failed map[string][]limiter.Snapshot
-		wg     sync.WaitGroup
-	)
-	for to, states := range batches {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if left := n.send(ctx, to, reason, states, attempts); len(left) > 0 {
-				mu.Lock()
-				defer mu.Unlock()
-				if failed == nil {
-					failed = map[string][]limiter.Snapshot{}
-				}
-				failed[to] = left
-			}
-		}()
-	}
-	wg.Wait()
-	return failed
-}
+// outboxNode makes the outbox's calls through the node's peer clients.
+type outboxNode struct{ n *Node }
 
-// send transfers states to the member named to, in calls of at most
-// transport.MaxTransferStates, each tried up to attempts times, and returns
-// the states not delivered.
-func (n *Node) send(ctx context.Context, to string, reason transport.TransferReason, states []limiter.Snapshot, attempts int) []limiter.Snapshot {
-	for len(states) > 0 {
-		k := min(len(states), transport.MaxTransferStates)
-		if err := n.sendChunk(ctx, to, reason, states[:k], attempts); err != nil {
-			n.logger.Warn("cluster: transfer failed", "to", to, "reason", reason, "states", len(states), "err", err)
-			return states
-		}
-		states = states[k:]
+var _ outboxCalls = outboxNode{}
+
+func (o outboxNode) transfer(ctx context.Context, to string, reason transport.TransferReason, states []limiter.Snapshot) error {
+	c, ok := o.n.peers.Get(to)
+	if !ok {
+		return fmt.Errorf("%w: no client for member %s", transport.ErrUnavailable, to)
+	}
+	_, rejected, err := c.Transfer(ctx, reason, states)
+	if err != nil {
+		o.n.logger.Warn("cluster: transfer failed", "to", to, "reason", reason, "states", len(states), "err", err)
+		return err
+	}
+	if rejected > 0 {
+		o.n.logger.Warn("cluster: peer rejected key states", "to", to, "reason", reason, "rejected", rejected)
 	}
 	return nil
 }
 
-// sendChunk makes up to attempts Transfer calls of chunk to the member
-// named to, until one succeeds.
-func (n *Node) sendChunk(ctx context.Context, to string, reason transport.TransferReason, chunk []limiter.Snapshot, attempts int) error {
-	var err error
-	for a := range attempts {
-		if a > 0 {
-			t := time.NewTimer(time.Duration(a) * transferBackoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("%w (after: %w)", ctx.Err(), err)
-			case <-t.C:
-			}
-		}
-		c, ok := n.peers.Get(to)
-		if !ok {
-			err = fmt.Errorf("cluster: no client for member %s", to)
-			n.xfer.failures.Add(1)
-			continue
-		}
-		var rejected int
-		if _, rejected, err = c.Transfer(ctx, reason, chunk); err == nil {
-			if rejected > 0 {
-				n.logger.Warn("cluster: peer rejected key states", "to", to, "reason", reason, "rejected", rejected)
-			}
-			if reason == transport.Handoff {
-				n.xfer.handedOff.Add(int64(len(chunk)))
-			} else {
-				n.xfer.replicated.Add(int64(len(chunk)))
-			}
-			return nil
-		}
-		n.xfer.failures.Add(1)
-		if errors.Is(err, peer.ErrClosed) || ctx.Err() != nil {
-			return err
-		}
+func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
+	c, ok := o.n.peers.Get(to)
+	if !ok {
+		return fmt.Errorf("%w: no client for member %s", transport.ErrUnavailable, to)
 	}
-	return err
+	if err := c.HandoffDone(ctx, fp); err != nil {
+		o.n.logger.Warn("cluster: hand-over confirmation failed", "to", to, "err", err)
+		return err
+	}
+	return nil
 }
 
 // leaveHandoff hands every key this node holds to its owner on the ring
@@ -534,6 +391,7 @@ func (n *Node) leaveHandoff() error {
 	ctx, cancel := context.WithTimeout(n.xfer.ctx, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
+	n.xfer.departing.Store(true)
 	n.xfer.changedMu.Lock()
 	n.xfer.leaving = true
 	if track {
@@ -561,9 +419,10 @@ func (n *Node) leaveHandoff() error {
 				batches[o.Name] = append(batches[o.Name], s)
 			}
 		})
-		for _, left := range n.sendAll(ctx, transport.Handoff, batches, handoffAttempts) {
-			lost += len(left)
+		for to, states := range batches {
+			n.xfer.out.handOff(to, states)
 		}
+		lost = n.xfer.out.waitHandedOff(ctx)
 	}
 	n.grants.flush(n.hand, n.store, n.now())
 	all := func(f func(limiter.Snapshot)) {
@@ -586,6 +445,21 @@ func (n *Node) leaveHandoff() error {
 	} else {
 		pass(all)
 	}
+	// States the outbox took back from members that left meanwhile, and
+	// states held for other nodes, go to their owners on the target ring
+	// too; what is still held when LeaveTimeout ends is lost.
+	for ctx.Err() == nil {
+		held := n.xfer.takeForeign()
+		if len(held) == 0 {
+			break
+		}
+		pass(func(f func(limiter.Snapshot)) {
+			for _, h := range held {
+				f(h.state)
+			}
+		})
+	}
+	lost += len(n.xfer.takeForeign())
 	err := n.serf.Leave()
 	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {

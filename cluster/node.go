@@ -157,6 +157,8 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.router.peers = n.peers
+	x := &n.xfer
+	x.out = newOutbox(x.ctx, outboxNode{n}, outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures}, time.Now)
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
@@ -390,6 +392,9 @@ func (n *Node) Close() error {
 		}
 		close(n.shutdown)
 		n.xfer.cancel() // ends transfers in flight
+		if n.xfer.out != nil {
+			n.xfer.out.close()
+		}
 		n.wg.Wait()
 		if n.peers != nil {
 			n.peers.Close()
@@ -448,6 +453,14 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	}
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
+	if left := n.xfer.out.retain(addrs); len(left) > 0 {
+		// Hand-off states for members gone: to their keys' owners now.
+		held := make([]foreignState, len(left))
+		for i, s := range left {
+			held[i] = foreignState{state: s}
+		}
+		n.xfer.addForeign(held, false)
+	}
 	n.router.breakers.forget(addrs)
 	if err := n.hand.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)

@@ -5,7 +5,6 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Replication: with Config.Replicas R > 1, every ReplicateInterval the
@@ -27,36 +26,29 @@ func (n *Node) Replicas(name, key string) []ring.Member {
 	return n.ring.Owners(name, key, n.cfg.Replicas)
 }
 
-// pendingBatch is states a replica did not take, kept for the next tick.
-type pendingBatch struct {
-	states   []limiter.Snapshot
-	attempts int
-}
-
 func (n *Node) replicateLoop() {
 	t := time.NewTicker(n.cfg.ReplicateInterval)
 	defer t.Stop()
 	owners := newOwnersCache(n.ring, n.cfg.Replicas)
-	retry := map[string]pendingBatch{}
 	for {
 		select {
 		case <-n.shutdown:
 			return
 		case <-t.C:
-			retry = n.replicate(owners, retry)
+			n.replicate(owners)
 		}
 	}
 }
 
-// replicate sends the changed keys this node owns to their replicas, and
-// the batches of previous ticks that failed; it returns the batches that
-// failed this time and may be tried again.
-func (n *Node) replicate(owners *ownersCache, retry map[string]pendingBatch) map[string]pendingBatch {
+// replicate queues the changed keys this node owns for their replicas; the
+// outbox sends them (and gives up on a batch after replicaAttempts failed
+// calls: the next change sends the key again).
+func (n *Node) replicate(owners *ownersCache) {
 	batches := map[string][]limiter.Snapshot{}
 	n.xfer.changedMu.Lock()
 	if n.xfer.leaving {
 		n.xfer.changedMu.Unlock()
-		return nil
+		return
 	}
 	self := n.cfg.NodeName
 	n.store.Changed(n.now(), func(s limiter.Snapshot) {
@@ -69,25 +61,9 @@ func (n *Node) replicate(owners *ownersCache, retry map[string]pendingBatch) map
 		}
 	})
 	n.xfer.changedMu.Unlock()
-	attempts := map[string]int{}
-	for to, b := range retry {
+	for to, states := range batches {
 		if _, ok := n.peers.Get(to); ok { // a member gone is no replica
-			batches[to] = append(b.states, batches[to]...)
-			attempts[to] = b.attempts
+			n.xfer.out.replicate(to, states)
 		}
 	}
-	if len(batches) == 0 {
-		return nil
-	}
-	failed := n.sendAll(n.xfer.ctx, transport.Replica, batches, 1)
-	var next map[string]pendingBatch
-	for to, states := range failed {
-		if a := attempts[to] + 1; a < replicateAttempts {
-			if next == nil {
-				next = map[string]pendingBatch{}
-			}
-			next[to] = pendingBatch{states: states, attempts: a}
-		}
-	}
-	return next
 }

@@ -32,6 +32,20 @@
 // why; grants.go how the owner keeps each algorithm's bound with leases
 // out).
 //
+// The package is in parts, each with its own file and unit tests on an
+// injected clock:
+//   - handover.go: which keys this node decides as owner (settled
+//     partitions, confirmations, readiness) and the decide locks;
+//   - router.go: where a check goes (here, the owner, the previous owner,
+//     wait, or the unreachable policy), for single checks, batches and
+//     lease requests; it owns the breakers;
+//   - lease.go: the holder's side of leases, its table and loop; grants.go:
+//     the owner's side;
+//   - outbox.go: one queue and worker per peer, one retry policy, for
+//     hand-off states, copies and hand-over confirmations;
+//   - check.go, handoff.go, replicate.go: the check path and what moves on
+//     membership changes, built on those; node.go: lifecycle and wiring.
+//
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every
 // goroutine the node started.

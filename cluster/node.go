@@ -392,10 +392,10 @@ func (n *Node) Close() error {
 		}
 		close(n.shutdown)
 		n.xfer.cancel() // ends transfers in flight
+		n.wg.Wait()
 		if n.xfer.out != nil {
 			n.xfer.out.close()
 		}
-		n.wg.Wait()
 		if n.peers != nil {
 			n.peers.Close()
 		}

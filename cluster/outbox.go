@@ -55,8 +55,9 @@ type outbox struct {
 	after  func(time.Duration) <-chan time.Time // the backoff's timer
 	ctx    context.Context                      // cancelled by close: ends the calls in flight
 
-	mu      sync.Mutex // guards peers and drained
+	mu      sync.Mutex // guards peers, closed and drained
 	peers   map[string]*peerQueue
+	closed  bool
 	drained chan struct{} // closed and replaced when a queue's hand-off drains
 	wg      sync.WaitGroup
 }
@@ -83,10 +84,14 @@ func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, now 
 		peers: map[string]*peerQueue{}, drained: make(chan struct{})}
 }
 
-// queue returns the queue of the peer named to, starting its worker.
+// queue returns the queue of the peer named to, starting its worker, or
+// nil once the outbox is closed.
 func (o *outbox) queue(to string) *peerQueue {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.closed {
+		return nil
+	}
 	q := o.peers[to]
 	if q == nil {
 		q = &peerQueue{name: to, trigger: make(chan struct{}, 1), stop: make(chan struct{})}
@@ -113,6 +118,9 @@ func (o *outbox) handOff(to string, states []limiter.Snapshot) {
 		return
 	}
 	q := o.queue(to)
+	if q == nil {
+		return
+	}
 	q.mu.Lock()
 	if len(q.handoff) == 0 {
 		q.since = o.now()
@@ -128,6 +136,9 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 		return
 	}
 	q := o.queue(to)
+	if q == nil {
+		return
+	}
 	q.mu.Lock()
 	q.replica = append(q.replica, states...)
 	if over := len(q.replica) - maxQueuedCopies; over > 0 {
@@ -143,6 +154,9 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 // membership is confirmed.
 func (o *outbox) confirmTo(to string, fp uint64) {
 	q := o.queue(to)
+	if q == nil {
+		return
+	}
 	q.mu.Lock()
 	q.confirm, q.hasConfirm, q.confirmAt = fp, true, o.now()
 	q.mu.Unlock()
@@ -174,9 +188,11 @@ func (o *outbox) retain(keep map[string]string) []limiter.Snapshot {
 	return left
 }
 
-// close stops every worker and waits for them.
+// close stops every worker and waits for them; what is queued is dropped,
+// and nothing is queued any more.
 func (o *outbox) close() {
 	o.mu.Lock()
+	o.closed = true
 	for name, q := range o.peers {
 		close(q.stop)
 		delete(o.peers, name)

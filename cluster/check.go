@@ -115,13 +115,16 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 		}
 	}
 	if n.closed.Load() {
+		n.router.release(&p)
 		return Decision{}, ErrClosed, false
 	}
 	if err := req.Validate(); err != nil {
+		n.router.release(&p)
 		return Decision{}, err, false
 	}
 	if n.leases.on && (p.way == wayOwner || p.way == wayDown) {
 		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
+			n.router.release(&p)
 			return d, nil, false
 		}
 	}
@@ -197,7 +200,9 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err 
 	gm.Lock()
 	n.grants.settleLocked(n.store, hash, now.UnixNano())
 	var out, earliest int64
-	if deferred(req.Algorithm) && req.Behavior == 0 {
+	if deferred(req.Algorithm) {
+		// Whatever the behavior: a Reset, a Refund or a DrainOverLimit
+		// acts on the bucket beside the hits the leases hold.
 		out, earliest = n.grants.heldLocked(hash)
 	}
 	gm.Unlock()
@@ -293,25 +298,30 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			p = n.router.pick(hash)
 		}
 		if p.way != wayOwner && p.way != wayDown {
+			n.router.release(&p)
 			slow = append(slow, i)
 			continue
 		}
 		if err := req.Validate(); err != nil {
+			n.router.release(&p)
 			out[i].Err = err
 			continue
 		}
 		if n.leases.on {
 			if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
+				n.router.release(&p)
 				out[i].Decision = d
 				continue
 			}
 		}
-		if p.way == wayDown {
+		g := groups[p.peer]
+		if p.way == wayDown && g == nil {
 			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
 			continue
 		}
-		g := groups[p.peer]
-		if g == nil {
+		if g != nil {
+			n.router.release(&p) // the group's call is the probe, if any
+		} else {
 			if groups == nil {
 				groups = make(map[string]*group)
 			}

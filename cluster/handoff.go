@@ -29,6 +29,7 @@ type TransferStats struct {
 	HandedOff  int64 // key states delivered to their new owner
 	Replicated int64 // key states delivered to replicas
 	Failures   int64 // Transfer calls that failed
+	GivenUp    int64 // hand-off states not delivered in time, given up
 	Merged     int64 // states received that changed this node's store
 	Rejected   int64 // states received that were invalid
 	// HandoffPasses counts hand-off passes run after ring changes.
@@ -63,7 +64,7 @@ type transfers struct {
 	changedMu sync.Mutex
 	leaving   bool
 
-	handedOff, replicated, failures, merged, rejected, passes atomic.Int64
+	handedOff, replicated, failures, givenUp, merged, rejected, passes atomic.Int64
 }
 
 func newTransfers() transfers {
@@ -139,6 +140,7 @@ func (x *transfers) stats() TransferStats {
 		HandedOff:     x.handedOff.Load(),
 		Replicated:    x.replicated.Load(),
 		Failures:      x.failures.Load(),
+		GivenUp:       x.givenUp.Load(),
 		Merged:        x.merged.Load(),
 		Rejected:      x.rejected.Load(),
 		HandoffPasses: x.passes.Load(),
@@ -399,18 +401,23 @@ func (n *Node) leaveHandoff() error {
 	}
 	n.xfer.changedMu.Unlock()
 
-	others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
-	var target *ring.Ring
-	if len(others) > 0 {
-		var err error
-		if target, err = n.ringOf(others); err != nil {
-			n.logger.Error("cluster: leave without hand-off: cannot build ring", "err", err)
-			target = nil
-		}
-	}
+	givenUp := n.xfer.givenUp.Load()
 	var lost int
+	// Each pass sends to the owners on the ring of the members other than
+	// this node at that time: one that left meanwhile gets nothing.
+	var unrouted int // states with no member to go to
 	pass := func(collect func(func(limiter.Snapshot))) {
+		others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+		var target *ring.Ring
+		if len(others) > 0 {
+			var err error
+			if target, err = n.ringOf(others); err != nil {
+				n.logger.Error("cluster: leave without hand-off: cannot build ring", "err", err)
+				target = nil
+			}
+		}
 		if target == nil {
+			collect(func(limiter.Snapshot) { unrouted++ })
 			return
 		}
 		batches := map[string][]limiter.Snapshot{}
@@ -459,7 +466,7 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 	}
-	lost += len(n.xfer.takeForeign())
+	lost += len(n.xfer.takeForeign()) + unrouted + int(n.xfer.givenUp.Load()-givenUp)
 	err := n.serf.Leave()
 	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {

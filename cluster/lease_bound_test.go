@@ -151,3 +151,45 @@ func TestLeaseKeepsBurstBound(t *testing.T) {
 		})
 	}
 }
+
+// Leased hits count for every request of the key, whatever its behavior:
+// a DrainOverLimit or Reset check sees the capacity the leases leave.
+func TestLeasedHitsCountForEveryBehavior(t *testing.T) {
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
+		for _, b := range []limiter.Behavior{0, limiter.DrainOverLimit, limiter.Reset} {
+			t.Run(fmt.Sprintf("%s/%d", a, b), func(t *testing.T) {
+				nd := startNode(t, cluster.TestConfig("lonely"))
+				req := limiter.Request{Name: "held", Key: "k", Hits: 0, Limit: 10, Period: time.Hour, Burst: 10, Algorithm: a}
+				l, err := nd.Lease(context.Background(), "holder", req, 5, time.Minute)
+				if err != nil || l.Granted != 5 {
+					t.Fatalf("lease of %d, %v; want 5", l.Granted, err)
+				}
+				req.Hits, req.Behavior = 1, b
+				admitted := 0
+				for range 20 {
+					if d, err := nd.Check(context.Background(), req); err == nil && d.Allowed {
+						admitted++
+					}
+				}
+				if b == limiter.Reset {
+					// Each check empties the bucket, not the leases, and
+					// takes one hit: then 4 more fit beside the 5 leased.
+					req.Behavior = 0
+					after := 0
+					for range 10 {
+						if d, _ := nd.Check(context.Background(), req); d.Allowed {
+							after++
+						}
+					}
+					if admitted != 20 || after != 4 {
+						t.Fatalf("%d of 20 resets admitted, then %d checks; want 20, then 4", admitted, after)
+					}
+					return
+				}
+				if admitted > 5 {
+					t.Fatalf("admitted %d with 5 of 10 leased", admitted)
+				}
+			})
+		}
+	}
+}

@@ -158,7 +158,15 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	n.router.peers = n.peers
 	x := &n.xfer
-	x.out = newOutbox(x.ctx, outboxNode{n}, outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures}, time.Now)
+	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
+	orphan := func(states []limiter.Snapshot) { // for a node that left: to the owners now
+		held := make([]foreignState, len(states))
+		for i, s := range states {
+			held[i] = foreignState{state: s}
+		}
+		x.addForeign(held, true)
+	}
+	x.out = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}

@@ -18,15 +18,20 @@ import (
 // in order: hand-off states, then copies, then the confirmation. So a
 // confirmation goes out only once every hand-off state queued for the peer
 // before it has been delivered. A failed call is retried after a backoff
-// that doubles from outboxBackoff to outboxMaxBackoff: hand-off states and
-// the confirmation for outboxGiveUp since they were queued, copies for
-// replicaAttempts calls (the next copies supersede them).
+// that doubles from outboxBackoff to outboxMaxBackoff: hand-off states for
+// the outbox's give-up time since they were queued (then they are counted
+// as given up, and the confirmation queued after them is dropped with
+// them), copies for replicaAttempts calls (the next copies supersede
+// them). Only members have queues: states for a node that is not, or no
+// longer, a member go back to the node (orphan), to be sent to their keys'
+// owners now.
 
 const (
 	outboxBackoff    = 50 * time.Millisecond
 	outboxMaxBackoff = time.Second
-	outboxGiveUp     = 10 * time.Second
-	replicaAttempts  = 3
+	// outboxGiveUp is the least give-up time of hand-off states.
+	outboxGiveUp    = 10 * time.Second
+	replicaAttempts = 3
 	// maxQueuedCopies bounds the copies queued for one peer; beyond it the
 	// oldest are dropped (newer copies of the same keys follow them).
 	maxQueuedCopies = 100_000
@@ -44,7 +49,7 @@ type outboxCalls interface {
 
 // outboxCounts are the counters the outbox adds to.
 type outboxCounts struct {
-	handedOff, replicated, failures *atomic.Int64
+	handedOff, replicated, failures, givenUp *atomic.Int64
 }
 
 // outbox holds one queue per peer. Safe for concurrent use.
@@ -55,11 +60,30 @@ type outbox struct {
 	after  func(time.Duration) <-chan time.Time // the backoff's timer
 	ctx    context.Context                      // cancelled by close: ends the calls in flight
 
-	mu      sync.Mutex // guards peers, closed and drained
+	giveUp time.Duration            // how long hand-off states are tried
+	orphan func([]limiter.Snapshot) // takes states for a node that is no member
+
+	mu      sync.Mutex // guards peers, members, closed and drained
 	peers   map[string]*peerQueue
+	members map[string]string // set by retain; nil: every name is a member
 	closed  bool
 	drained chan struct{} // closed and replaced when a queue's hand-off drains
 	wg      sync.WaitGroup
+}
+
+// handoffBatch is hand-off states queued together.
+type handoffBatch struct {
+	states []limiter.Snapshot
+	at     time.Time // when they were queued
+}
+
+// pendingStates counts the states of batches.
+func pendingStates(bs []handoffBatch) int {
+	n := 0
+	for _, b := range bs {
+		n += len(b.states)
+	}
+	return n
 }
 
 // peerQueue is one peer's queue and worker.
@@ -69,18 +93,18 @@ type peerQueue struct {
 	stop    chan struct{} // closed by retain or close
 
 	mu         sync.Mutex // guards the fields below
-	gen        int        // counts the times retain emptied the queue
-	handoff    []limiter.Snapshot
-	since      time.Time // when the oldest hand-off state was queued
+	dead       bool       // retain or close stopped it: it takes nothing
+	gen        int        // counts the times the queue was cut under a call
+	handoff    []handoffBatch
 	replica    []limiter.Snapshot
 	attempts   int    // failed calls of the copies at the queue's head
 	confirm    uint64 // the confirmation to send, when hasConfirm
 	hasConfirm bool
-	confirmAt  time.Time // when it was queued
 }
 
-func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, now func() time.Time) *outbox {
+func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, now func() time.Time, giveUp time.Duration, orphan func([]limiter.Snapshot)) *outbox {
 	return &outbox{calls: calls, counts: counts, now: now, after: time.After, ctx: ctx,
+		giveUp: max(giveUp, outboxGiveUp), orphan: orphan,
 		peers: map[string]*peerQueue{}, drained: make(chan struct{})}
 }
 
@@ -90,6 +114,9 @@ func (o *outbox) queue(to string) *peerQueue {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
+		return nil
+	}
+	if _, member := o.members[to]; o.members != nil && !member {
 		return nil
 	}
 	q := o.peers[to]
@@ -112,22 +139,32 @@ func (q *peerQueue) wake() {
 	}
 }
 
-// handOff queues states for the peer named to.
+// handOff queues states for the peer named to; states for a node that is
+// no member go to orphan.
 func (o *outbox) handOff(to string, states []limiter.Snapshot) {
 	if len(states) == 0 {
 		return
 	}
 	q := o.queue(to)
-	if q == nil {
-		return
+	if q != nil {
+		q.mu.Lock()
+		if !q.dead {
+			q.handoff = append(q.handoff, handoffBatch{states: states, at: o.now()})
+			q.mu.Unlock()
+			q.wake()
+			return
+		}
+		q.mu.Unlock()
 	}
-	q.mu.Lock()
-	if len(q.handoff) == 0 {
-		q.since = o.now()
+	if o.orphan != nil && !o.isClosed() {
+		o.orphan(states)
 	}
-	q.handoff = append(q.handoff, states...)
-	q.mu.Unlock()
-	q.wake()
+}
+
+func (o *outbox) isClosed() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.closed
 }
 
 // replicate queues copies for the peer named to.
@@ -140,6 +177,10 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 		return
 	}
 	q.mu.Lock()
+	if q.dead {
+		q.mu.Unlock()
+		return
+	}
 	q.replica = append(q.replica, states...)
 	if over := len(q.replica) - maxQueuedCopies; over > 0 {
 		q.replica = slices.Clone(q.replica[over:])
@@ -158,15 +199,17 @@ func (o *outbox) confirmTo(to string, fp uint64) {
 		return
 	}
 	q.mu.Lock()
-	q.confirm, q.hasConfirm, q.confirmAt = fp, true, o.now()
+	q.confirm, q.hasConfirm = fp, true
 	q.mu.Unlock()
 	q.wake()
 }
 
-// retain stops the workers of the peers not in keep, and returns the
-// hand-off states they had not delivered, for their keys' owners now.
+// retain makes keep the members, stops the workers of the peers not in
+// it, and returns the hand-off states they had not delivered, for their
+// keys' owners now.
 func (o *outbox) retain(keep map[string]string) []limiter.Snapshot {
 	o.mu.Lock()
+	o.members = keep
 	var gone []*peerQueue
 	for name, q := range o.peers {
 		if _, ok := keep[name]; !ok {
@@ -179,8 +222,10 @@ func (o *outbox) retain(keep map[string]string) []limiter.Snapshot {
 	for _, q := range gone {
 		close(q.stop)
 		q.mu.Lock()
-		left = append(left, q.handoff...)
-		q.handoff, q.replica, q.hasConfirm = nil, nil, false
+		for _, b := range q.handoff {
+			left = append(left, b.states...)
+		}
+		q.handoff, q.replica, q.hasConfirm, q.dead = nil, nil, false, true
 		q.gen++
 		q.mu.Unlock()
 	}
@@ -195,6 +240,9 @@ func (o *outbox) close() {
 	o.closed = true
 	for name, q := range o.peers {
 		close(q.stop)
+		q.mu.Lock()
+		q.dead = true
+		q.mu.Unlock()
 		delete(o.peers, name)
 	}
 	o.mu.Unlock()
@@ -216,7 +264,7 @@ func (o *outbox) pendingHandoff() (int, <-chan struct{}) {
 	n := 0
 	for _, q := range o.peers {
 		q.mu.Lock()
-		n += len(q.handoff)
+		n += pendingStates(q.handoff)
 		q.mu.Unlock()
 	}
 	return n, o.drained
@@ -278,12 +326,16 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	now := o.now()
 	q.mu.Lock()
 	drained := false
-	// What waited too long is given up.
-	if len(q.handoff) > 0 && now.Sub(q.since) > outboxGiveUp {
-		q.handoff, drained = nil, true
-	}
-	if q.hasConfirm && now.Sub(q.confirmAt) > outboxGiveUp {
-		q.hasConfirm = false
+	// Hand-off states tried for too long are given up, and the
+	// confirmation that was to follow them: the receiver settles by its
+	// own timeout instead.
+	if k := slices.IndexFunc(q.handoff, func(b handoffBatch) bool { return now.Sub(b.at) <= o.giveUp }); k != 0 && len(q.handoff) > 0 {
+		if k < 0 {
+			k = len(q.handoff)
+		}
+		o.counts.givenUp.Add(int64(pendingStates(q.handoff[:k])))
+		q.handoff = slices.Delete(q.handoff, 0, k)
+		q.hasConfirm, q.gen, drained = false, q.gen+1, len(q.handoff) == 0
 	}
 	var (
 		reason = transport.Handoff
@@ -292,7 +344,8 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	)
 	switch {
 	case len(q.handoff) > 0:
-		chunk = q.handoff[:min(len(q.handoff), transport.MaxTransferStates)]
+		b := q.handoff[0].states
+		chunk = b[:min(len(b), transport.MaxTransferStates)]
 	case len(q.replica) > 0:
 		reason, chunk = transport.Replica, q.replica[:min(len(q.replica), transport.MaxTransferStates)]
 	case q.hasConfirm:
@@ -306,6 +359,10 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	}
 	confirming, gen := chunk == nil, q.gen
 	q.mu.Unlock()
+	if drained {
+		o.signalDrained()
+		drained = false
+	}
 
 	var err error
 	if confirming {
@@ -324,15 +381,16 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 			q.hasConfirm = false
 		}
 	case reason == transport.Handoff:
-		// retain may have emptied the queue meanwhile; else what was
-		// sent is still at its head.
+		// Unless the queue was cut meanwhile, what was sent is still at
+		// its head.
 		if err == nil && q.gen == gen {
 			o.counts.handedOff.Add(int64(len(chunk)))
-			q.handoff = q.handoff[len(chunk):]
-			q.since = now
-			if len(q.handoff) == 0 {
-				q.handoff, drained = nil, true
+			if head := &q.handoff[0]; len(head.states) > len(chunk) {
+				head.states = head.states[len(chunk):]
+			} else {
+				q.handoff = slices.Delete(q.handoff, 0, 1)
 			}
+			drained = len(q.handoff) == 0
 		}
 	default:
 		if err != nil {

@@ -71,18 +71,26 @@ func (f *fakeCalls) waitCalls(t *testing.T, want ...string) {
 // when the test says.
 type testOutbox struct {
 	*outbox
-	calls  *fakeCalls
-	mu     sync.Mutex
-	now    time.Time
-	cancel context.CancelFunc
-	tick   chan time.Time // ends a backoff
+	calls   *fakeCalls
+	givenUp atomicInt
+	orphMu  sync.Mutex
+	orphans int // states given to orphan
+	mu      sync.Mutex
+	now     time.Time
+	cancel  context.CancelFunc
+	tick    chan time.Time // ends a backoff
 }
 
 func newTestOutbox(t *testing.T) *testOutbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	var h, r, f atomicInt
 	to := &testOutbox{calls: &fakeCalls{}, now: time.Unix(1000, 0), cancel: cancel, tick: make(chan time.Time)}
-	to.outbox = newOutbox(ctx, to.calls, outboxCounts{handedOff: &h.Int64, replicated: &r.Int64, failures: &f.Int64}, to.clock)
+	counts := outboxCounts{handedOff: &h.Int64, replicated: &r.Int64, failures: &f.Int64, givenUp: &to.givenUp.Int64}
+	to.outbox = newOutbox(ctx, to.calls, counts, to.clock, outboxGiveUp, func(s []limiter.Snapshot) {
+		to.orphMu.Lock()
+		to.orphans += len(s)
+		to.orphMu.Unlock()
+	})
 	to.outbox.after = func(time.Duration) <-chan time.Time { return to.tick }
 	t.Cleanup(func() {
 		cancel()
@@ -159,14 +167,21 @@ func TestOutboxGivesUp(t *testing.T) {
 		t.Fatalf("%d hand-off states queued, want 3", n)
 	}
 	cancel()
-	o.advance(outboxGiveUp + time.Nanosecond)
+	o.advance(outboxGiveUp - time.Second)
+	o.handOff("b", states(2)) // younger: not given up with the 3
+	o.confirmTo("b", 2)
+	o.advance(time.Second + time.Nanosecond)
+	o.calls.setDown("b", false)
 	o.endBackoff(t)
+	// The 3 are given up and counted; the confirmation queued after them
+	// goes with them; the 2 are delivered.
+	o.calls.waitCalls(t, "b failed replica 1", "b failed replica 1", "b failed replica 1", "b failed handoff 3", "b handoff 2")
 	if n := o.waitHandedOff(context.Background()); n != 0 {
 		t.Fatalf("%d hand-off states queued after the give-up time", n)
 	}
-	o.calls.setDown("b", false)
-	o.handOff("b", states(1))
-	o.calls.waitCalls(t, "b failed replica 1", "b failed replica 1", "b failed replica 1", "b failed handoff 3", "b handoff 1")
+	if g := o.givenUp.Load(); g != 3 {
+		t.Fatalf("%d states given up, want 3", g)
+	}
 }
 
 // retain stops the worker of a peer that left and returns the hand-off
@@ -182,6 +197,39 @@ func TestOutboxRetain(t *testing.T) {
 	}
 	if n := o.waitHandedOff(context.Background()); n != 0 {
 		t.Fatalf("%d hand-off states queued after retain", n)
+	}
+	// b is no member now: what is handed to it goes back to the node.
+	o.handOff("b", states(2))
+	o.orphMu.Lock()
+	defer o.orphMu.Unlock()
+	if o.orphans != 2 {
+		t.Fatalf("%d states orphaned, want 2", o.orphans)
+	}
+}
+
+// States handed off while retain drops their peer are never lost: retain
+// returns them, or the peer's queue is a new one that holds them, or they
+// go back to the node.
+func TestOutboxHandOffRacesRetain(t *testing.T) {
+	for round := range 2000 {
+		o := newTestOutbox(t)
+		o.calls.setDown("b", true)
+		o.handOff("b", states(1))
+		var left []limiter.Snapshot
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); o.handOff("b", states(1)) }()
+		go func() { defer wg.Done(); left = o.retain(map[string]string{}) }()
+		wg.Wait()
+		queued, _ := o.pendingHandoff()
+		o.orphMu.Lock()
+		got := len(left) + queued + o.orphans
+		o.orphMu.Unlock()
+		if got != 2 {
+			t.Fatalf("round %d: %d of 2 states accounted for (%d returned, %d queued, %d orphaned)", round, got, len(left), queued, o.orphans)
+		}
+		o.cancel()
+		o.close()
 	}
 }
 

@@ -52,6 +52,7 @@ type pick struct {
 	peer   string       // the node forwarded to, with wayOwner and wayPrevious
 	client *peer.Client // its client
 	br     *breaker     // its breaker
+	probe  bool         // the pick took its breaker's half-open probe
 }
 
 // router picks where checks go. Safe for concurrent use.
@@ -88,9 +89,14 @@ func (r *router) pick(hash uint64) pick {
 	}
 	c, ok := r.peers.Get(target)
 	br := r.breakers.get(target)
+	may, probe := ok && br.closed(), false
+	if ok && !may {
+		may = br.allow(r.now().UnixNano())
+		probe = may
+	}
 	switch {
-	case ok && r.mayCall(br):
-		return pick{way: w, peer: target, client: c, br: br}
+	case may:
+		return pick{way: w, peer: target, client: c, br: br, probe: probe}
 	case w == wayPrevious:
 		return pick{way: wayWait}
 	case !ok && r.departing(target):
@@ -100,10 +106,13 @@ func (r *router) pick(hash uint64) pick {
 	return pick{way: wayDown, peer: target}
 }
 
-// mayCall reports whether br lets a call through now; a closed breaker
-// costs no clock reading.
-func (r *router) mayCall(br *breaker) bool {
-	return br.closed() || br.allow(r.now().UnixNano())
+// release gives back the probe of a pick whose call is not made (its
+// check was invalid, or a lease admitted it): the next pick probes.
+func (r *router) release(p *pick) {
+	if p.probe {
+		p.probe = false
+		p.br.probing.Store(false)
+	}
 }
 
 // outcome is what a forwarded call's error means for the check.
@@ -121,6 +130,7 @@ const (
 // be reached, is a retry; another unreachable owner is a failure; any
 // other error is the owner's verdict.
 func (r *router) done(p *pick, err error) outcome {
+	p.probe = false // the call's outcome settles the probe
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
 	var now int64 // read by done only when the call failed
 	if down {

@@ -147,3 +147,33 @@ func TestRouterHandover(t *testing.T) {
 	}
 
 }
+
+// A pick that took the half-open probe and made no call gives it back:
+// the next pick probes, and the breaker does not stay open.
+func TestRouterReleasesProbe(t *testing.T) {
+	at := time.Unix(1000, 0)
+	r, h := routerOf(t, "a", &at, "a", "b")
+	r.peers = fakePeers{"b": true}
+	key := hashOwnedBy(t, h, "b")
+	for range r.threshold {
+		p := r.pick(key)
+		r.done(&p, transport.ErrUnavailable)
+	}
+	at = at.Add(r.cooldown)
+	p := r.pick(key)
+	if p.way != wayOwner || !p.probe {
+		t.Fatalf("after the cooldown: %v, probe %v; want owner with the probe", p.way, p.probe)
+	}
+	if q := r.pick(key); q.way != wayDown {
+		t.Fatalf("while the probe is out: %v, want down", q.way)
+	}
+	r.release(&p) // say, the check was invalid
+	q := r.pick(key)
+	if q.way != wayOwner || !q.probe {
+		t.Fatalf("after the probe was given back: %v, probe %v; want owner with the probe", q.way, q.probe)
+	}
+	r.done(&q, nil)
+	if s := r.pick(key); s.way != wayOwner || s.probe {
+		t.Fatalf("after a good probe: %v, probe %v; want owner, closed", s.way, s.probe)
+	}
+}

@@ -213,6 +213,11 @@ func TestConfig(name string) Config {
 // MaxReplicas bounds Config.Replicas.
 const MaxReplicas = 5
 
+// MinInterval bounds the intervals of the node's periodic work from below
+// (RetryJoinInterval, SweepInterval, ReplicateInterval): a loop that ticks
+// every nanosecond would take a CPU while the node is idle.
+const MinInterval = time.Millisecond
+
 // ErrInvalidConfig wraps every error of Config.Validate.
 var ErrInvalidConfig = errors.New("cluster: invalid config")
 
@@ -234,20 +239,20 @@ func (c *Config) Validate() error {
 		return bad("Unreachable policy %v must be local, allow or deny", c.Unreachable)
 	case c.Profile > ProfileFast:
 		return bad("Profile %d is unknown", c.Profile)
-	case c.RetryJoinInterval <= 0:
-		return bad("RetryJoinInterval %v must be positive", c.RetryJoinInterval)
+	case c.RetryJoinInterval < MinInterval:
+		return bad("RetryJoinInterval %v is below %v", c.RetryJoinInterval, MinInterval)
 	case c.DenyRetryAfter < 0:
 		return bad("DenyRetryAfter %v is negative", c.DenyRetryAfter)
 	case c.BreakerThreshold < 1:
 		return bad("BreakerThreshold %d must be at least 1", c.BreakerThreshold)
 	case c.BreakerCooldown <= 0:
 		return bad("BreakerCooldown %v must be positive", c.BreakerCooldown)
-	case c.SweepInterval <= 0:
-		return bad("SweepInterval %v must be positive", c.SweepInterval)
+	case c.SweepInterval < MinInterval:
+		return bad("SweepInterval %v is below %v", c.SweepInterval, MinInterval)
 	case c.Replicas < 1 || c.Replicas > MaxReplicas:
 		return bad("Replicas %d is outside [1, %d]", c.Replicas, MaxReplicas)
-	case c.ReplicateInterval <= 0:
-		return bad("ReplicateInterval %v must be positive", c.ReplicateInterval)
+	case c.ReplicateInterval < MinInterval:
+		return bad("ReplicateInterval %v is below %v", c.ReplicateInterval, MinInterval)
 	case c.LeaveTimeout <= 0:
 		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
 	case c.HandoverTimeout <= 0:

@@ -210,7 +210,7 @@ var fields = []field{
 		show: func(c *Config) string { return strings.Join(c.Join, ",") }},
 	{key: "retry_join_interval", usage: "how often to retry joining while no seed answers",
 		parse: func(c *Config, v string) error { return parseDuration(&c.RetryJoinInterval, v) },
-		check: func(c *Config) error { return positive(c.RetryJoinInterval) },
+		check: func(c *Config) error { return atLeast(c.RetryJoinInterval, cluster.MinInterval) },
 		show:  func(c *Config) string { return c.RetryJoinInterval.String() }},
 	{key: "gossip_profile", usage: "gossip timings: lan, or fast for nodes on one host",
 		parse: func(c *Config, v string) error {
@@ -331,7 +331,7 @@ var fields = []field{
 		show: func(c *Config) string { return strconv.Itoa(c.Replicas) }},
 	{key: "replicate_interval", usage: "how often an owner copies the keys it changed to their replicas",
 		parse: func(c *Config, v string) error { return parseDuration(&c.ReplicateInterval, v) },
-		check: func(c *Config) error { return positive(c.ReplicateInterval) },
+		check: func(c *Config) error { return atLeast(c.ReplicateInterval, cluster.MinInterval) },
 		show:  func(c *Config) string { return c.ReplicateInterval.String() }},
 	{key: "leave_timeout", usage: "how long a graceful shutdown may hand this node's keys to their new owners",
 		parse: func(c *Config, v string) error { return parseDuration(&c.LeaveTimeout, v) },
@@ -514,6 +514,13 @@ func parseDuration(dst *time.Duration, v string) error {
 		return fmt.Errorf("%q is not a duration such as 500ms or 2s", v)
 	}
 	*dst = d
+	return nil
+}
+
+func atLeast(d, least time.Duration) error {
+	if d < least {
+		return fmt.Errorf("%v is below %v", d, least)
+	}
 	return nil
 }
 

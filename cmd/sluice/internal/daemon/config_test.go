@@ -155,6 +155,7 @@ func TestConfigErrors(t *testing.T) {
 		{name: "too many replicas", file: "replicas: 9\n", wantField: "replicas", wantLine: 1, wantText: []string{"[1, 5]"}},
 		{name: "zero replicas", args: []string{"--replicas", "0"}, wantField: "replicas"},
 		{name: "zero replicate interval", env: map[string]string{"SLUICE_REPLICATE_INTERVAL": "0s"}, wantField: "replicate_interval"},
+		{name: "1ns replicate interval", env: map[string]string{"SLUICE_REPLICATE_INTERVAL": "1ns"}, wantField: "replicate_interval"},
 		{name: "zero breaker threshold", args: []string{"--breaker-threshold", "0"}, wantField: "breaker_threshold"},
 		{name: "lease ttl too long", args: []string{"--lease-threshold", "100", "--lease-ttl", "1h"}, wantField: "lease_ttl", wantText: []string{"Lease.TTL"}},
 		{name: "lease share above 1", file: "lease_threshold: 10\nlease_share: 2\n", wantField: "lease_share", wantLine: 2, wantText: []string{"Lease.Share"}},

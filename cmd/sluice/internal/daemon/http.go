@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -371,9 +372,22 @@ func algorithmList() string {
 	return strings.Join(names, ", ")
 }
 
-// decodeStrict decodes exactly one JSON value into v, refusing unknown
-// fields and trailing data.
+// decodeStrict decodes exactly one JSON value into v, refusing invalid
+// UTF-8, unknown fields and trailing data. encoding/json would replace
+// invalid bytes with U+FFFD, so that two distinct keys would share one
+// counter; the gRPC API refuses them too.
 func decodeStrict(data []byte, v any) error {
+	if !utf8.Valid(data) {
+		at := 0
+		for at < len(data) {
+			r, size := utf8.DecodeRune(data[at:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			at += size
+		}
+		return &itemError{Code: "invalid_argument", Message: fmt.Sprintf("the body is not valid UTF-8 (byte %d)", at)}
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

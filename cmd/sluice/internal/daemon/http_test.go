@@ -206,6 +206,7 @@ func TestCheckEndpoint(t *testing.T) {
 		{name: "malformed", body: `{"name":`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "malformed JSON"},
 		{name: "syntax error", body: `{"name" "x"}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "malformed JSON at byte"},
 		{name: "trailing data", body: req("a", "") + `{}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "after the JSON object"},
+		{name: "invalid UTF-8 in a key", body: `{"name":"api","key":"a` + "\xff" + `","limit":3,"period":"1h","algorithm":"token_bucket"}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "not valid UTF-8 (byte 22)"},
 		{name: "empty body", body: "", wantStatus: 400, wantInDetail: "empty"},
 		{name: "array body", body: `[]`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "want a JSON object"},
 		{name: "unknown field", body: req("a", `,"limt":3`), wantStatus: 400, wantField: "limt", wantCode: "invalid_argument", wantInDetail: `unknown field "limt"`},

@@ -12,6 +12,10 @@ import (
 // name. It is immutable once built.
 type clientIPs struct {
 	trusted []netip.Prefix
+	// forwarded reads the Forwarded header (RFC 7239) instead of
+	// X-Forwarded-For: only the header the trusted proxies write counts,
+	// or a client could name itself in the other.
+	forwarded bool
 }
 
 func (c *clientIPs) isTrusted(a netip.Addr) bool {
@@ -28,15 +32,17 @@ func (c *clientIPs) isTrusted(a netip.Addr) bool {
 // trusted hops, and the first untrusted hop is the client. A hop that is
 // not an address ("unknown", an obfuscated identifier, garbage) ends the
 // walk at the nearest known address. When every hop is trusted, the
-// leftmost is the client. Forwarded (RFC 7239) is used when present,
-// X-Forwarded-For otherwise.
+// leftmost is the client. Only one header is read: X-Forwarded-For, or
+// Forwarded (RFC 7239) when c.forwarded is set.
 func (c *clientIPs) resolve(r *http.Request) netip.Addr {
 	peer := parseHop(r.RemoteAddr)
 	if !peer.IsValid() || len(c.trusted) == 0 || !c.isTrusted(peer) {
 		return peer
 	}
-	hops := forwardedFor(r.Header.Values("Forwarded"))
-	if hops == nil {
+	var hops []string
+	if c.forwarded {
+		hops = forwardedFor(r.Header.Values("Forwarded"))
+	} else {
 		for _, v := range r.Header.Values("X-Forwarded-For") {
 			for _, h := range strings.Split(v, ",") {
 				hops = append(hops, strings.TrimSpace(h))

@@ -8,6 +8,8 @@ import (
 
 func TestClientIP(t *testing.T) {
 	trusted := clientIPs{trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")}}
+	rfc := trusted
+	rfc.forwarded = true
 	tests := []struct {
 		name   string
 		ips    clientIPs
@@ -24,11 +26,14 @@ func TestClientIP(t *testing.T) {
 		{"xff all trusted", trusted, "10.0.0.1:1", []string{"X-Forwarded-For", "10.9.9.9, 10.8.8.8"}, "10.9.9.9"},
 		{"xff garbage hop", trusted, "10.0.0.1:1", []string{"X-Forwarded-For", "1.1.1.1, garbage, 10.2.2.2"}, "10.2.2.2"},
 		{"empty xff", trusted, "10.0.0.1:1", []string{"X-Forwarded-For", ""}, "10.0.0.1"},
-		{"forwarded quoted comma", trusted, "10.0.0.1:1", []string{"Forwarded", `for=1.1.1.1;by="a,b", for=2.2.2.2`}, "2.2.2.2"},
-		{"forwarded case and spaces", trusted, "10.0.0.1:1", []string{"Forwarded", `For = "192.0.2.60:8080" ; proto=http`}, "192.0.2.60"},
-		{"forwarded unknown", trusted, "10.0.0.1:1", []string{"Forwarded", "for=1.1.1.1, for=unknown"}, "10.0.0.1"},
-		{"forwarded without for", trusted, "10.0.0.1:1", []string{"Forwarded", "proto=https"}, "10.0.0.1"},
-		{"forwarded lines in order", trusted, "10.0.0.1:1", []string{"Forwarded", "for=3.3.3.3", "Forwarded", "for=10.1.1.1"}, "3.3.3.3"},
+		{"forwarded quoted comma", rfc, "10.0.0.1:1", []string{"Forwarded", `for=1.1.1.1;by="a,b", for=2.2.2.2`}, "2.2.2.2"},
+		{"forwarded case and spaces", rfc, "10.0.0.1:1", []string{"Forwarded", `For = "192.0.2.60:8080" ; proto=http`}, "192.0.2.60"},
+		{"forwarded unknown", rfc, "10.0.0.1:1", []string{"Forwarded", "for=1.1.1.1, for=unknown"}, "10.0.0.1"},
+		{"forwarded without for", rfc, "10.0.0.1:1", []string{"Forwarded", "proto=https"}, "10.0.0.1"},
+		{"forwarded lines in order", rfc, "10.0.0.1:1", []string{"Forwarded", "for=3.3.3.3", "Forwarded", "for=10.1.1.1"}, "3.3.3.3"},
+		{"xff read, forwarded ignored", trusted, "10.0.0.1:1", []string{"Forwarded", "for=6.6.6.6", "X-Forwarded-For", "1.2.3.4"}, "1.2.3.4"},
+		{"forwarded read, xff ignored", rfc, "10.0.0.1:1", []string{"Forwarded", "for=6.6.6.6", "X-Forwarded-For", "1.2.3.4"}, "6.6.6.6"},
+		{"forwarded alone, xff read", trusted, "10.0.0.1:1", []string{"Forwarded", "for=3.3.3.3"}, "10.0.0.1"},
 		{"unparseable peer", trusted, "@", []string{"X-Forwarded-For", "1.2.3.4"}, "invalid IP"},
 	}
 	for _, tt := range tests {

@@ -5,10 +5,13 @@
 // (the path, or what a RouteFunc says, such as the ServeMux pattern), the
 // method, the client IP, the user (UserFunc), the headers and the
 // application's descriptors (DescriptorFunc). The client IP is the
-// connection's peer; X-Forwarded-For and Forwarded (RFC 7239) are believed
-// only when that peer is one of the TrustedProxies, and are then read right
-// to left, skipping trusted hops, so that a client cannot choose its own
-// address by sending the header itself.
+// connection's peer; the forwarding header the proxies set
+// (X-Forwarded-For, or Forwarded (RFC 7239) with ForwardedHeader) is
+// believed only when that peer is one of the TrustedProxies, and is then
+// read right to left, skipping trusted hops, so that a client cannot choose
+// its own address by sending the header itself. The other header is never
+// read: behind a proxy that appends only one, a client could name itself
+// in the other.
 //
 // Every rule that matches applies, all or nothing ([rules.Enforcer]): the
 // request passes only if all enforced rules admit it, and a rejected

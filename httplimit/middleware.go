@@ -89,6 +89,7 @@ type Option func(*config)
 
 type config struct {
 	trusted    []string
+	header     string
 	route      func(*http.Request) string
 	user       func(*http.Request) (string, bool)
 	values     func(*http.Request) map[string]string
@@ -101,11 +102,20 @@ type config struct {
 	logger     *slog.Logger
 }
 
-// TrustedProxies sets the proxies whose X-Forwarded-For and Forwarded
-// headers are believed: addresses or CIDR prefixes. Without it, the client
-// IP is the connection's peer and forwarding headers are ignored.
+// TrustedProxies sets the proxies whose forwarding header is believed:
+// addresses or CIDR prefixes. Without it, the client IP is the
+// connection's peer and forwarding headers are ignored. The header read is
+// X-Forwarded-For unless ForwardedHeader says otherwise.
 func TrustedProxies(cidrs ...string) Option {
 	return func(c *config) { c.trusted = append(c.trusted, cidrs...) }
+}
+
+// ForwardedHeader names the one forwarding header the trusted proxies set:
+// "X-Forwarded-For" (the default, what nginx and most load balancers
+// append) or "Forwarded" (RFC 7239). The other is ignored: behind a proxy
+// that appends only one, a client could name itself in the other.
+func ForwardedHeader(name string) Option {
+	return func(c *config) { c.header = name }
 }
 
 // RouteFunc sets how a request's route is found; by default it is
@@ -192,6 +202,13 @@ func New(lim Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
 		o(&m.cfg)
 	}
 	c := &m.cfg
+	switch http.CanonicalHeaderKey(c.header) {
+	case "", "X-Forwarded-For":
+	case "Forwarded":
+		m.ips.forwarded = true
+	default:
+		return nil, fmt.Errorf("%w: forwarded header %q: want X-Forwarded-For or Forwarded", ErrInvalidOption, c.header)
+	}
 	for _, s := range c.trusted {
 		p, err := parsePrefix(s)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -312,10 +313,9 @@ func TestTrustedProxies(t *testing.T) {
 			{[]string{"X-Forwarded-For", "198.51.100.66, 203.0.113.2"}, "203.0.113.2"},
 			// Trusted hops are skipped.
 			{[]string{"X-Forwarded-For", "198.51.100.66, 203.0.113.3, 10.1.1.1", "X-Forwarded-For", "10.2.2.2"}, "203.0.113.3"},
-			// Forwarded wins over X-Forwarded-For.
-			{[]string{"Forwarded", `for=198.51.100.66, for="[2001:db8::7]:4711";proto=https`, "X-Forwarded-For", "203.0.113.9"}, "2001:db8::7"},
-			// An obfuscated hop stops the walk at the nearest known one.
-			{[]string{"Forwarded", "for=198.51.100.66, for=_hidden, for=10.3.3.3"}, "10.3.3.3"},
+			// Only X-Forwarded-For is read: a client's own Forwarded
+			// names nobody.
+			{[]string{"Forwarded", `for=198.51.100.66, for="[2001:db8::7]:4711";proto=https`, "X-Forwarded-For", "203.0.113.9"}, "203.0.113.9"},
 			// No header: the peer.
 			{nil, "127.0.0.1"},
 		}
@@ -330,6 +330,39 @@ func TestTrustedProxies(t *testing.T) {
 		// Each address had its own counter: the first one is now spent.
 		if r := e.do(t, "GET", "/", "X-Forwarded-For", "203.0.113.1"); r.status != 429 {
 			t.Fatalf("repeat: %d", r.status)
+		}
+	})
+	t.Run("a client's own Forwarded behind a proxy that appends X-Forwarded-For", func(t *testing.T) {
+		e := start(t, yaml, TrustedProxies("127.0.0.1/32"))
+		admitted := 0
+		for i := range 50 {
+			r := e.do(t, "GET", "/", "Forwarded", fmt.Sprintf("for=198.51.100.%d", i), "X-Forwarded-For", "203.0.113.50")
+			if r.status == 200 {
+				admitted++
+			}
+			e.event(t)
+		}
+		if admitted != 1 {
+			t.Fatalf("admitted %d of 50 with a fresh Forwarded each, limit 1 per IP", admitted)
+		}
+	})
+	t.Run("ForwardedHeader(Forwarded)", func(t *testing.T) {
+		e := start(t, yaml, TrustedProxies("127.0.0.1/32"), ForwardedHeader("Forwarded"))
+		for _, tt := range []struct {
+			hdr    []string
+			wantIP string
+		}{
+			{[]string{"Forwarded", `for=198.51.100.66, for="[2001:db8::7]:4711";proto=https`, "X-Forwarded-For", "203.0.113.9"}, "2001:db8::7"},
+			// An obfuscated hop stops the walk at the nearest known one.
+			{[]string{"Forwarded", "for=198.51.100.66, for=_hidden, for=10.3.3.3"}, "10.3.3.3"},
+			{[]string{"X-Forwarded-For", "203.0.113.10"}, "127.0.0.1"},
+		} {
+			if r := e.do(t, "GET", "/", tt.hdr...); r.status != 200 {
+				t.Errorf("%v: status %d", tt.hdr, r.status)
+			}
+			if ip := e.event(t).Descriptor.IP; ip != netip.MustParseAddr(tt.wantIP) {
+				t.Errorf("%v: client IP %v, want %s", tt.hdr, ip, tt.wantIP)
+			}
 		}
 	})
 }
@@ -536,6 +569,9 @@ func TestNew(t *testing.T) {
 	src, _ := rules.NewStatic()
 	if _, err := New(c.Node(0), src, TrustedProxies("not-a-cidr")); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("bad proxy: %v", err)
+	}
+	if _, err := New(c.Node(0), src, ForwardedHeader("X-Real-IP")); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("ForwardedHeader(X-Real-IP): %v", err)
 	}
 	if _, err := New(c.Node(0), src, MaxWait(-time.Second)); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("negative wait: %v", err)

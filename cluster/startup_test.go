@@ -188,3 +188,32 @@ func TestDuplicateNameRefused(t *testing.T) {
 		t.Fatalf("admitted %d through two nodes named alike, limit 3", admitted)
 	}
 }
+
+// A nil context is taken as context.Background, for a key the node owns
+// and for one it forwards, alone or in a batch: no panic in any goroutine.
+func TestNilContext(t *testing.T) {
+	c := testcluster.New(t, 2)
+	n0, n1 := c.Node(0), c.Node(1)
+	var reqs []limiter.Request
+	for _, owner := range []string{n0.Name(), n1.Name()} {
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("nil%d", i)
+			if o, _ := n0.Owner("nilctx", k); o.Name == owner {
+				reqs = append(reqs, limiter.Request{Name: "nilctx", Key: k, Hits: 1, Limit: 5, Period: time.Hour, Algorithm: limiter.GCRA})
+				break
+			}
+		}
+	}
+	for _, r := range reqs {
+		//lint:ignore SA1012 a nil context is what is tested
+		if d, err := n0.Check(nil, r); err != nil || !d.Allowed { //nolint:staticcheck
+			t.Fatalf("Check(nil) of %s: %+v, %v", r.Key, d, err)
+		}
+	}
+	//lint:ignore SA1012 a nil context is what is tested
+	for i, res := range n0.CheckMany(nil, reqs) { //nolint:staticcheck
+		if res.Err != nil || !res.Allowed {
+			t.Fatalf("CheckMany(nil) item %d: %+v", i, res)
+		}
+	}
+}

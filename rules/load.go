@@ -70,15 +70,36 @@ type loader struct {
 	errs      []*Error
 	ruleNodes []*yaml.Node            // each rule's mapping
 	pos       []map[string]*yaml.Node // each rule's field nodes, by field path
+	// byRule indexes the fields of errs by rule, for reported; indexed
+	// holds how many of errs it covers.
+	byRule  map[int][]string
+	indexed int
 }
 
 // reported says whether field of rule i, one of its parents, or (with
-// field "") anything in rule i already failed to parse.
+// field "") anything in rule i already failed to parse. The errors are
+// indexed by rule, so that a file of many bad rules costs linear time.
 func (l *loader) reported(i int, field string) bool {
-	base := fmt.Sprintf("rules[%d]", i)
-	for _, e := range l.errs {
-		f, ok := strings.CutPrefix(e.Field, base)
-		if !ok || f != "" && f[0] != '.' && f[0] != '[' {
+	if l.byRule == nil {
+		l.byRule = map[int][]string{}
+	}
+	for ; l.indexed < len(l.errs); l.indexed++ {
+		f, ok := strings.CutPrefix(l.errs[l.indexed].Field, "rules[")
+		if !ok {
+			continue
+		}
+		end := strings.IndexByte(f, ']')
+		if end < 0 {
+			continue
+		}
+		k, err := strconv.Atoi(f[:end])
+		if err != nil {
+			continue
+		}
+		l.byRule[k] = append(l.byRule[k], f[end+1:])
+	}
+	for _, f := range l.byRule[i] {
+		if f != "" && f[0] != '.' && f[0] != '[' {
 			continue
 		}
 		f = strings.TrimPrefix(f, ".")
@@ -114,6 +135,10 @@ func (l *loader) document(data []byte) *yaml.Node {
 		return nil
 	case !errors.Is(err, io.EOF):
 		l.syntax(err)
+		return nil
+	}
+	if n, at := expandedSize(&doc, map[*yaml.Node]int{}); n > maxExpandedNodes {
+		l.errorf(at, "", ErrSyntax, "the document's aliases expand it to more than %d nodes", maxExpandedNodes)
 		return nil
 	}
 	root := &doc
@@ -437,6 +462,46 @@ func join(base, key string) string {
 		return key
 	}
 	return base + "." + key
+}
+
+// maxExpandedNodes bounds the nodes of a document with its aliases
+// expanded: a few kilobytes of nested aliases can otherwise expand to
+// billions of nodes ("billion laughs").
+const maxExpandedNodes = 1_000_000
+
+// expandedSize returns how many nodes n has with its aliases expanded,
+// counted once per node (sizes memoized in seen), and the alias whose
+// expansion passed maxExpandedNodes, if one did. It stops counting beyond
+// the bound.
+func expandedSize(n *yaml.Node, seen map[*yaml.Node]int) (int, *yaml.Node) {
+	if s, ok := seen[n]; ok {
+		return s, nil
+	}
+	seen[n] = maxExpandedNodes + 1 // a cycle through this node is too big
+	size := 1
+	var at *yaml.Node
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		s, a := expandedSize(n.Alias, seen)
+		size, at = size+s, a
+		if at == nil && size > maxExpandedNodes {
+			at = n
+		}
+	}
+	for _, c := range n.Content {
+		s, a := expandedSize(c, seen)
+		size += s
+		if at == nil {
+			at = a
+		}
+		if size > maxExpandedNodes {
+			if at == nil {
+				at = c
+			}
+			break
+		}
+	}
+	seen[n] = min(size, maxExpandedNodes+1)
+	return size, at
 }
 
 func deref(n *yaml.Node) *yaml.Node {

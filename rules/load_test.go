@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -301,5 +302,70 @@ func TestDocExample(t *testing.T) {
 	}
 	if s.Len() != 3 {
 		t.Fatalf("%d rules", s.Len())
+	}
+}
+
+// billionLaughs is a few hundred bytes of nested aliases that expand to
+// 10^9 nodes.
+func billionLaughs() string {
+	var b strings.Builder
+	b.WriteString("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i <= 8; i++ {
+		fmt.Fprintf(&b, "a%d: &a%d [", i, i)
+		for j := range 10 {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "*a%d", i-1)
+		}
+		b.WriteString("]\n")
+	}
+	b.WriteString("rules: *a8\n")
+	return b.String()
+}
+
+// Aliases that expand a small file beyond maxExpandedNodes are refused,
+// naming the alias, before anything walks the expansion.
+func TestParseRefusesAliasBombs(t *testing.T) {
+	_, err := Parse("bomb.yaml", []byte(billionLaughs()))
+	var e *Error
+	if !errors.As(err, &e) || !errors.Is(err, ErrSyntax) || !strings.Contains(e.Message, "aliases expand") || e.Line == 0 {
+		t.Fatalf("err %v, want ErrSyntax about aliases with a line", err)
+	}
+	// Aliases that stay small are fine.
+	small := "base: &base\n  algorithm: gcra\n  limit: 5\n  period: 1m\n  key: [ip]\nrules:\n  - name: a\n    <<: *base\n"
+	if _, err := Parse("small.yaml", []byte(small)); err != nil && strings.Contains(err.Error(), "aliases expand") {
+		t.Fatalf("small aliases refused: %v", err)
+	}
+}
+
+// badRules returns a file of n rules, each with one error.
+func badRules(n int) []byte {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - name: r%d\n    algorithm: gcra\n    limit: zero\n    period: 1m\n    key: [ip]\n", i)
+	}
+	return []byte(b.String())
+}
+
+// A file of many bad rules reports the first maxErrors of them.
+func TestParseManyBadRules(t *testing.T) {
+	_, err := Parse("bad.yaml", badRules(5000))
+	if err == nil || strings.Count(err.Error(), "\n")+1 != maxErrors {
+		t.Fatalf("err of %d lines, want %d: %v", strings.Count(fmt.Sprint(err), "\n")+1, maxErrors, err)
+	}
+}
+
+// go test -run xxx -bench ParseBadRules ./rules: the cost of a file of n
+// bad rules grows linearly with n.
+func BenchmarkParseBadRules(b *testing.B) {
+	for _, n := range []int{5000, 10000, 20000} {
+		data := badRules(n)
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				Parse("bad.yaml", data)
+			}
+		})
 	}
 }

@@ -49,9 +49,6 @@ type transfers struct {
 	prev []ring.Member
 	// out carries hand-off states, copies and confirmations to each peer.
 	out *outbox
-	// departing is set when Leave begins: from then on Leave alone hands
-	// off, to the owners on the ring without this node.
-	departing atomic.Bool
 
 	// foreign holds hand-off states received for keys this node's ring
 	// gives another node (a leaving node's ring was older than this
@@ -59,10 +56,12 @@ type transfers struct {
 	foreignMu sync.Mutex
 	foreign   []foreignState
 
-	// changedMu serialises calls to Store.Changed and guards leaving:
-	// once Leave has begun, only Leave takes the store's changes.
+	// changedMu serialises calls to Store.Changed.
 	changedMu sync.Mutex
-	leaving   bool
+	// leaving is set when Leave begins, under changedMu: from then on
+	// Leave alone hands off, to the owners on the ring without this node,
+	// and takes the store's changes.
+	leaving atomic.Bool
 
 	handedOff, replicated, failures, givenUp, merged, rejected, passes atomic.Int64
 }
@@ -102,6 +101,19 @@ func (x *transfers) addForeign(states []foreignState, wake bool) {
 	if wake {
 		x.wakeHandoff()
 	}
+}
+
+// holdOrphans keeps hand-off states the outbox could not give to a member
+// that left, for the hand-off loop to send to their keys' owners now.
+func (x *transfers) holdOrphans(states []limiter.Snapshot, wake bool) {
+	if len(states) == 0 {
+		return
+	}
+	held := make([]foreignState, len(states))
+	for i, s := range states {
+		held[i] = foreignState{state: s}
+	}
+	x.addForeign(held, wake)
 }
 
 // takeForeign returns the states held for other nodes and forgets them.
@@ -171,7 +183,7 @@ func (n *Node) handoffLoop() {
 		case <-n.shutdown:
 			return
 		case <-n.xfer.wake:
-			if !n.xfer.departing.Load() { // Leave hands off on its own
+			if !n.xfer.leaving.Load() { // Leave hands off on its own
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
@@ -393,9 +405,8 @@ func (n *Node) leaveHandoff() error {
 	ctx, cancel := context.WithTimeout(n.xfer.ctx, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
-	n.xfer.departing.Store(true)
 	n.xfer.changedMu.Lock()
-	n.xfer.leaving = true
+	n.xfer.leaving.Store(true)
 	if track {
 		n.store.Changed(n.now(), func(limiter.Snapshot) {}) // pass 1 covers these
 	}

@@ -327,12 +327,7 @@ func (h *handover) publishLocked(keep bool) {
 func (h *handover) unconfirmed() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	names := make([]string, 0, len(h.waiting))
-	for name := range h.waiting {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
+	return slices.Sorted(maps.Keys(h.waiting))
 }
 
 // fingerprint returns the fingerprint of the membership the node routes

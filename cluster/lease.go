@@ -131,22 +131,17 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 	if ttl <= 0 || ttl > transport.MaxLeaseTTL {
 		return transport.Lease{}, fmt.Errorf("%w: ttl %v is outside (0, %v]", ErrLeaseRefused, ttl, transport.MaxLeaseTTL)
 	}
-	hash := ring.RouteHash(req.Name, req.Key)
-	mu := n.hand.lock(hash)
-	mu.Lock()
-	defer mu.Unlock()
-	if st, o := n.hand.stateOf(hash); st != owned {
-		return transport.Lease{}, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	hash, now, unlock, err := n.lockOwnedKey(&req)
+	if err != nil {
+		return transport.Lease{}, err
 	}
-	now := n.now()
-	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	defer unlock()
 	if n.grants.fullLocked(hash) {
 		return transport.Lease{}, fmt.Errorf("%w: %s holds leases of too many keys", ErrLeaseRefused, n.cfg.NodeName)
 	}
 	var (
 		took int64
 		d    limiter.Decision
-		err  error
 	)
 	exp := now.Add(ttl)
 	if deferred(req.Algorithm) {
@@ -169,6 +164,24 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		n.leases.served.Add(1)
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, Decision: d}, nil
+}
+
+// lockOwnedKey takes req's decide lock exclusively, for a grant or a
+// return that no decision of the key may interleave with, when this node
+// is the key's settled owner (an error wrapping ErrLeaseRefused
+// otherwise), and settles the key's expired grants. The caller calls
+// unlock.
+func (n *Node) lockOwnedKey(req *limiter.Request) (hash uint64, now time.Time, unlock func(), err error) {
+	hash = ring.RouteHash(req.Name, req.Key)
+	mu := n.hand.lock(hash)
+	mu.Lock()
+	if st, o := n.hand.stateOf(hash); st != owned {
+		mu.Unlock()
+		return 0, time.Time{}, nil, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	}
+	now = n.now()
+	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	return hash, now, mu.Unlock, nil
 }
 
 // grantHeldLocked sizes a token bucket or GCRA lease of up to want hits:
@@ -212,15 +225,11 @@ func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request
 	if n.closed.Load() {
 		return ErrClosed
 	}
-	hash := ring.RouteHash(req.Name, req.Key)
-	mu := n.hand.lock(hash)
-	mu.Lock()
-	defer mu.Unlock()
-	if st, o := n.hand.stateOf(hash); st != owned {
-		return fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
+	hash, now, unlock, err := n.lockOwnedKey(&req)
+	if err != nil {
+		return err
 	}
-	now := n.now()
-	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	defer unlock()
 	_, settled, inWindow := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano())
 	refund := settled
 	if !deferred(req.Algorithm) {

@@ -159,13 +159,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.router.peers = n.peers
 	x := &n.xfer
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
-	orphan := func(states []limiter.Snapshot) { // for a node that left: to the owners now
-		held := make([]foreignState, len(states))
-		for i, s := range states {
-			held[i] = foreignState{state: s}
-		}
-		x.addForeign(held, true)
-	}
+	orphan := func(states []limiter.Snapshot) { x.holdOrphans(states, true) }
 	x.out = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
 	if err = n.startLeases(); err != nil {
 		return nil, err
@@ -461,14 +455,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	}
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
-	if left := n.xfer.out.retain(addrs); len(left) > 0 {
-		// Hand-off states for members gone: to their keys' owners now.
-		held := make([]foreignState, len(left))
-		for i, s := range left {
-			held[i] = foreignState{state: s}
-		}
-		n.xfer.addForeign(held, false)
-	}
+	n.xfer.holdOrphans(n.xfer.out.retain(addrs), false) // the pass this rebuild wakes sends them
 	n.router.breakers.forget(addrs)
 	if err := n.hand.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)

@@ -46,7 +46,7 @@ func (n *Node) replicateLoop() {
 func (n *Node) replicate(owners *ownersCache) {
 	batches := map[string][]limiter.Snapshot{}
 	n.xfer.changedMu.Lock()
-	if n.xfer.leaving {
+	if n.xfer.leaving.Load() {
 		n.xfer.changedMu.Unlock()
 		return
 	}

@@ -415,9 +415,26 @@ func traceCount() int {
 	return 2000
 }
 
-func randomRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
+// validRandom draws requests of a with draw, GCRA's Limit cut to its
+// Period in nanoseconds, until one is valid, and fails tb after 1000 tries.
+func validRandom(tb testing.TB, a Algorithm, draw func() Request) Request {
 	tb.Helper()
 	for range 1000 {
+		r := draw()
+		if a == GCRA && r.Limit > int64(r.Period) {
+			r.Limit = int64(r.Period)
+		}
+		if r.Validate() == nil {
+			return r
+		}
+	}
+	tb.Fatalf("%v: no valid random request in 1000 tries", a)
+	return Request{}
+}
+
+func randomRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
+	tb.Helper()
+	return validRandom(tb, a, func() Request {
 		r := Request{Name: "diff", Key: "k", Algorithm: a}
 		switch rng.IntN(10) {
 		case 0, 1, 2, 3:
@@ -437,15 +454,8 @@ func randomRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
 		if a.HasBurst() && rng.IntN(5) > 1 {
 			r.Burst = 1 + rng.Int64N(2*r.Limit+1)
 		}
-		if a == GCRA && r.Limit > int64(r.Period) {
-			r.Limit = int64(r.Period)
-		}
-		if r.Validate() == nil {
-			return r
-		}
-	}
-	tb.Fatalf("%v: no valid random request in 1000 tries", a)
-	return Request{}
+		return r
+	})
 }
 
 // randomExtremeRequest is a valid request whose Limit, Period and Burst are
@@ -455,7 +465,7 @@ func randomExtremeRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
 	tb.Helper()
 	limits := []int64{1, 2, 7, 1000, 1_000_000, 1_000_000_000, MaxLimit}
 	periods := []time.Duration{MinPeriod, 7 * time.Microsecond, time.Millisecond, time.Second, time.Hour, 24 * time.Hour, 365 * 24 * time.Hour, MaxPeriod}
-	for range 1000 {
+	return validRandom(tb, a, func() Request {
 		r := Request{Name: "diff", Key: "k", Algorithm: a}
 		if rng.IntN(3) > 0 {
 			r.Limit = limits[rng.IntN(len(limits))]
@@ -477,15 +487,8 @@ func randomExtremeRequest(tb testing.TB, rng *rand.Rand, a Algorithm) Request {
 				r.Burst = MaxLimit
 			}
 		}
-		if a == GCRA && r.Limit > int64(r.Period) {
-			r.Limit = int64(r.Period)
-		}
-		if r.Validate() == nil {
-			return r
-		}
-	}
-	tb.Fatalf("%v: no valid random request in 1000 tries", a)
-	return Request{}
+		return r
+	})
 }
 
 func randomHits(rng *rand.Rand, capacity int64) int64 {

@@ -26,7 +26,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // startNode starts a single-node cluster and returns a client of it.
 func startNode(t *testing.T, opts ...client.Option) (*cluster.Node, *client.Client) {
 	t.Helper()
-	n, err := cluster.New(cluster.TestConfig("client-test"))
+	cfg := cluster.TestConfig("client-test")
+	cfg.ServePublicAPI = true
+	n, err := cluster.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

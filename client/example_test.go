@@ -14,8 +14,11 @@ import (
 )
 
 func Example() {
-	// A daemon runs a cluster.Node; here, one in this process.
-	node, err := cluster.New(cluster.TestConfig("example"))
+	// A daemon runs a cluster.Node that serves the public API; here, one
+	// in this process.
+	cfg := cluster.TestConfig("example")
+	cfg.ServePublicAPI = true
+	node, err := cluster.New(cfg)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/transport"
 )
 
 // Policy says what a node does with a check whose owner cannot be reached.
@@ -138,6 +139,32 @@ type Config struct {
 	// Peers are dialled at their advertised gRPC address, so certificates
 	// need IP SANs (or DNS SANs) for the advertised addresses.
 	TLS *tls.Config
+	// PeerIdentities, with TLS, are the URI or DNS subject alternative
+	// names that mark a caller's certificate as a cluster member's: only
+	// such callers may use the Peer service (forwarded checks, hand-off,
+	// replication, leases), while certificates without one may still call
+	// the public API. Issue nodes certificates carrying a peer identity
+	// (say spiffe://example.org/sluice/peer) that clients' do not carry.
+	// Empty: every certificate the ClientCAs sign is a peer.
+	PeerIdentities []string
+	// ClusterSecret, when set (at least 16 bytes), must be proven on every
+	// Peer call (transport.PeerAuth): an HMAC of the call under a key
+	// derived from it, checked against the receiver's clock within
+	// transport.MaxPeerAuthSkew. Empty with GossipKeys set: the secret is
+	// derived from the gossip keys (every key is accepted, the first is
+	// sent), so that an encrypted cluster authenticates its peers with no
+	// setting of its own. Without TLS the proof travels in clear; see the
+	// README's Security section.
+	ClusterSecret []byte
+	// ServePublicAPI serves the public gRPC API (the Sluice service, for
+	// sluice's client package and other languages) on GRPCAddr beside the
+	// Peer service. Off, the node answers only its peers: an embedded node
+	// checks through its own methods and needs no API on the network.
+	ServePublicAPI bool
+	// PublicPermit, when set, is asked about every request of the public
+	// API before it is routed (transport.Permit); the daemon restricts
+	// destructive behaviors with it.
+	PublicPermit transport.Permit
 
 	// GossipTransport, when set, wraps the transport serf gossips over:
 	// the node binds memberlist's NetTransport on GossipAddr and hands it
@@ -263,6 +290,17 @@ func (c *Config) Validate() error {
 			return bad("GossipKeys[%d] is %d bytes, want 16, 24 or 32", i, l)
 		}
 	}
+	for i, id := range c.PeerIdentities {
+		if id == "" || len(id) > 1024 {
+			return bad("PeerIdentities[%d] must be non-empty and at most 1024 bytes", i)
+		}
+	}
+	if len(c.PeerIdentities) > 0 && (c.TLS == nil || c.TLS.ClientCAs == nil) {
+		return bad("PeerIdentities need TLS with ClientCAs: identities are read from verified client certificates")
+	}
+	if len(c.ClusterSecret) > 0 && len(c.ClusterSecret) < transport.MinClusterSecretLen {
+		return bad("ClusterSecret is %d bytes, want at least %d", len(c.ClusterSecret), transport.MinClusterSecretLen)
+	}
 	for i, o := range c.ServerOptions {
 		if o == nil {
 			return bad("ServerOptions[%d] is nil", i)
@@ -294,4 +332,23 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, err
 	}
 	return host, p, nil
+}
+
+// peerAuth returns who may call the node's Peer service: the callers
+// whose certificates carry one of cfg.PeerIdentities, and that prove
+// cfg.ClusterSecret, or the secret derived from cfg.GossipKeys.
+func peerAuth(cfg *Config, now func() time.Time) (*transport.PeerAuth, error) {
+	a := &transport.PeerAuth{Identities: append([]string(nil), cfg.PeerIdentities...), Now: now}
+	secrets := cfg.GossipKeys
+	if len(cfg.ClusterSecret) > 0 {
+		secrets = [][]byte{cfg.ClusterSecret}
+	}
+	for _, s := range secrets {
+		k, err := transport.PeerKey(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		a.Keys = append(a.Keys, k)
+	}
+	return a, nil
 }

@@ -150,6 +150,14 @@ func New(cfg Config) (n *Node, err error) {
 		pcfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.Peer.DialOptions...),
 			grpc.WithTransportCredentials(credentials.NewTLS(client)))
 	}
+	auth, err := peerAuth(&cfg, n.now)
+	if err != nil {
+		return nil, err
+	}
+	if len(auth.Keys) > 0 {
+		pcfg.DialOptions = append(append([]grpc.DialOption(nil), pcfg.DialOptions...),
+			grpc.WithPerRPCCredentials(transport.PeerCredentials(auth.Keys[0], n.now)))
+	}
 	if n.metrics != nil && pcfg.Observer == nil {
 		pcfg.Observer = n.metrics.peerCall
 	}
@@ -177,8 +185,14 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
-	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n))
-	transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n})
+	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n), transport.WithPeerAuth(auth))
+	if cfg.ServePublicAPI {
+		transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n}, transport.WithPermit(cfg.PublicPermit))
+	}
+	if auth.Open() {
+		n.logger.Warn("cluster: peer calls are open to every caller that reaches GRPCAddr: set TLS with PeerIdentities, or ClusterSecret (or GossipKeys), to admit only cluster members",
+			"grpc", cfg.GRPCAddr)
+	}
 	// Not n: a failing return sets the result n to nil while this runs.
 	srv, lis, logger := n.grpc, n.lis, n.logger
 	n.goFunc(func() {

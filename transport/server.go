@@ -103,6 +103,21 @@ type serverConfig struct {
 	maxItems int
 	sink     StateSink // Peer.Transfer; nil: Unimplemented
 	leaser   Leaser    // Peer.Lease; nil: Unimplemented
+	auth     *PeerAuth // who may call the Peer service; nil: anyone
+	permit   Permit    // Sluice service: who may make which request; nil: anyone
+}
+
+// Permit decides whether the caller of ctx may make req, a request of the
+// public API that has been validated; a non-nil error refuses the whole
+// call with PermissionDenied and the error's text. The daemon restricts
+// destructive behaviors (Reset, DrainOverLimit) this way. It must be safe
+// for concurrent use and should not block.
+type Permit func(ctx context.Context, req *limiter.Request) error
+
+// WithPermit makes RegisterPublic ask p about every valid request before
+// routing any of a call's.
+func WithPermit(p Permit) ServerOption {
+	return func(s *serverConfig) { s.permit = p }
 }
 
 // WithCodec makes the server convert requests with c, sharing its zone
@@ -190,6 +205,9 @@ type peerServer struct {
 }
 
 func (p *peerServer) CheckBatch(ctx context.Context, in *pb.PeerCheckRequest) (*pb.PeerCheckResponse, error) {
+	if err := p.authorize(ctx); err != nil {
+		return nil, err
+	}
 	if in == nil {
 		return nil, status.Error(codes.InvalidArgument, "transport: nil PeerCheckRequest")
 	}
@@ -207,6 +225,9 @@ func (p *peerServer) CheckBatch(ctx context.Context, in *pb.PeerCheckRequest) (*
 // batch received is answered.
 func (p *peerServer) CheckStream(stream pb.Peer_CheckStreamServer) error {
 	ctx := stream.Context()
+	if err := p.authorize(ctx); err != nil {
+		return err
+	}
 	from := ""
 	fromCtx := context.WithValue(ctx, peerKey{}, from)
 	var buf streamBuffers
@@ -235,6 +256,13 @@ func (p *peerServer) CheckStream(stream pb.Peer_CheckStreamServer) error {
 			return err
 		}
 	}
+}
+
+// authorize checks the caller of the method of ctx against the server's
+// PeerAuth.
+func (p *peerServer) authorize(ctx context.Context) error {
+	method, _ := grpc.Method(ctx)
+	return p.cfg.auth.authorize(ctx, method)
 }
 
 // decide converts items, decides the valid ones with the local Checker and
@@ -323,7 +351,10 @@ func (p *publicServer) Check(ctx context.Context, in *pb.CheckRequest) (*pb.Chec
 	if in == nil {
 		return nil, status.Error(codes.InvalidArgument, "transport: nil CheckRequest")
 	}
-	out := p.route(ctx, []*pb.RateLimitRequest{in.Request})
+	out, err := p.route(ctx, []*pb.RateLimitRequest{in.Request})
+	if err != nil {
+		return nil, err
+	}
 	return &pb.CheckResponse{Response: out[0]}, nil
 }
 
@@ -334,12 +365,16 @@ func (p *publicServer) CheckBatch(ctx context.Context, in *pb.BatchCheckRequest)
 	if err := checkCount(len(in.Requests), p.cfg.maxItems); err != nil {
 		return nil, err
 	}
-	return &pb.BatchCheckResponse{Responses: p.route(ctx, in.Requests)}, nil
+	out, err := p.route(ctx, in.Requests)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.BatchCheckResponse{Responses: out}, nil
 }
 
 // route converts items, routes the valid ones and returns one response
-// per item.
-func (p *publicServer) route(ctx context.Context, items []*pb.RateLimitRequest) []*pb.RateLimitResponse {
+// per item, or the Permit's refusal of one of them.
+func (p *publicServer) route(ctx context.Context, items []*pb.RateLimitRequest) ([]*pb.RateLimitResponse, error) {
 	out := newResponses(len(items))
 	reqs := make([]RoutedRequest, 0, len(items))
 	idx := make([]int, 0, len(items))
@@ -353,13 +388,18 @@ func (p *publicServer) route(ctx context.Context, items []*pb.RateLimitRequest) 
 			EncodeResult(out[i], &Result{Err: err})
 			continue
 		}
+		if p.cfg.permit != nil {
+			if err := p.cfg.permit(ctx, &r); err != nil {
+				return nil, status.Errorf(codes.PermissionDenied, "transport: request %d: %v", i, err)
+			}
+		}
 		reqs = append(reqs, RoutedRequest{Request: r, Policy: pol})
 		idx = append(idx, i)
 	}
 	if len(reqs) > 0 {
 		encodeResults(out, idx, p.routed.Route(ctx, reqs))
 	}
-	return out
+	return out, nil
 }
 
 func (p *publicServer) Health(ctx context.Context, in *pb.HealthRequest) (*pb.HealthResponse, error) {

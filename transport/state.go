@@ -176,6 +176,9 @@ func ReasonToProto(r TransferReason) pb.TransferReason {
 // Transfer converts the states of in, rejecting the invalid ones, and gives
 // the rest to the sink.
 func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.TransferResponse, error) {
+	if err := p.authorize(ctx); err != nil {
+		return nil, err
+	}
 	if p.cfg.sink == nil {
 		return nil, status.Error(codes.Unimplemented, "transport: Transfer is not served")
 	}
@@ -219,6 +222,9 @@ const MaxLeaseTTL = time.Minute
 
 // Lease validates in and asks the leaser for a lease.
 func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseResponse, error) {
+	if err := p.authorize(ctx); err != nil {
+		return nil, err
+	}
 	if p.cfg.leaser == nil {
 		return nil, status.Error(codes.Unimplemented, "transport: Lease is not served")
 	}

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net/url"
 	"net"
 	"os"
 	"path/filepath"
@@ -58,6 +59,21 @@ func NewCA(t testing.TB, name string) *CA {
 // for 127.0.0.1 and "localhost".
 func (ca *CA) Issue(t testing.TB, name string) tls.Certificate {
 	t.Helper()
+	return ca.IssueWith(t, name)
+}
+
+// IssueWith is Issue with the URI SANs uris besides, such as a peer
+// identity spiffe://sluice.test/peer.
+func (ca *CA) IssueWith(t testing.TB, name string, uris ...string) tls.Certificate {
+	t.Helper()
+	var us []*url.URL
+	for _, u := range uris {
+		p, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		us = append(us, p)
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +91,7 @@ func (ca *CA) Issue(t testing.TB, name string) tls.Certificate {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:     []string{"localhost"},
+		URIs:         us,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {

@@ -71,6 +71,20 @@ type Config struct {
 	// GossipKeys are base64 AES keys (16, 24 or 32 bytes) that encrypt
 	// gossip; the first encrypts, all decrypt. Empty: gossip in clear.
 	GossipKeys []string
+	// PeerIdentities, with mutual TLS, are the URI or DNS SANs that mark a
+	// certificate as a cluster member's: only such callers may use the
+	// Peer service (cluster.Config.PeerIdentities).
+	PeerIdentities []string
+	// ClusterSecretFile holds a secret of at least 16 bytes that every
+	// peer call proves (cluster.Config.ClusterSecret). Empty with
+	// GossipKeys: the secret is derived from the gossip keys.
+	ClusterSecretFile string
+	// Destructive says who may use reset and drain_over_limit, on the HTTP
+	// and gRPC APIs: DestructiveAllow, DestructiveDeny or
+	// DestructiveAdmins (callers whose certificate names one of
+	// AdminIdentities).
+	Destructive     string
+	AdminIdentities []string
 
 	// BreakerThreshold consecutive failed calls to a peer open its circuit
 	// breaker for BreakerCooldown (cluster.Config).
@@ -114,6 +128,7 @@ func DefaultConfig() Config {
 		LeaveTimeout:      cc.LeaveTimeout,
 		Lease:             cc.Lease,
 		MaxKeys:           cc.Store.MaxEntries,
+		Destructive:       DestructiveAllow,
 		MaxBodyBytes:      1 << 20,
 		MaxBatchItems:     transport.MaxBatchItems,
 		ShutdownTimeout:   10 * time.Second,
@@ -372,6 +387,37 @@ var fields = []field{
 			return err
 		},
 		show: func(c *Config) string { return strings.Repeat("<key>,", len(c.GossipKeys)) }},
+	{key: "peer_identities", list: true, usage: "URI or DNS SANs of certificates that may make peer calls, comma-separated (needs tls_ca_file)",
+		parse: func(c *Config, v string) error { c.PeerIdentities = splitList(v); return nil },
+		check: func(c *Config) error { return checkIdentities(c.PeerIdentities) },
+		show:  func(c *Config) string { return strings.Join(c.PeerIdentities, ",") }},
+	{key: "cluster_secret_file", usage: "file holding a secret (16 bytes or more) that every peer call proves (default: derived from gossip_keys)",
+		parse: func(c *Config, v string) error { c.ClusterSecretFile = v; return nil },
+		show:  func(c *Config) string { return c.ClusterSecretFile }},
+	{key: "destructive_behaviors", usage: "who may use reset and drain_over_limit: allow, deny, or admins (certificates naming an admin_identities entry)",
+		parse: func(c *Config, v string) error {
+			switch v {
+			case DestructiveAllow, DestructiveDeny, DestructiveAdmins:
+				c.Destructive = v
+				return nil
+			}
+			return fmt.Errorf("%q is not allow, deny or admins", v)
+		},
+		show: func(c *Config) string { return c.Destructive }},
+	{key: "admin_identities", list: true, usage: "URI or DNS SANs of certificates that may use reset and drain_over_limit under destructive_behaviors admins",
+		parse: func(c *Config, v string) error { c.AdminIdentities = splitList(v); return nil },
+		check: func(c *Config) error { return checkIdentities(c.AdminIdentities) },
+		show:  func(c *Config) string { return strings.Join(c.AdminIdentities, ",") }},
+}
+
+// checkIdentities checks a list of certificate identities.
+func checkIdentities(ids []string) error {
+	for i, id := range ids {
+		if id == "" || len(id) > 1024 || !utf8.ValidString(id) {
+			return fmt.Errorf("identity %d must be non-empty UTF-8 of at most 1024 bytes", i+1)
+		}
+	}
+	return nil
 }
 
 // decodeGossipKeys decodes base64 gossip keys and checks their lengths.
@@ -451,6 +497,18 @@ func (c *Config) Validate() error {
 	if c.TLSCAFile != "" && c.TLSCertFile == "" {
 		return &ConfigError{Field: "tls_ca_file", Err: errors.New("needs tls_cert_file and tls_key_file")}
 	}
+	if len(c.PeerIdentities) > 0 && c.TLSCAFile == "" {
+		return &ConfigError{Field: "peer_identities", Err: errors.New("needs tls_ca_file: identities are read from verified client certificates")}
+	}
+	switch c.Destructive {
+	case DestructiveAllow, DestructiveDeny:
+	case DestructiveAdmins:
+		if c.TLSCAFile == "" || len(c.AdminIdentities) == 0 {
+			return &ConfigError{Field: "destructive_behaviors", Err: errors.New("admins needs tls_ca_file and admin_identities")}
+		}
+	default:
+		return &ConfigError{Field: "destructive_behaviors", Err: fmt.Errorf("%q is not allow, deny or admins", c.Destructive)}
+	}
 	if c.GossipProfile > cluster.ProfileFast {
 		return &ConfigError{Field: "gossip_profile", Err: fmt.Errorf("profile %d is unknown", c.GossipProfile)}
 	}
@@ -461,6 +519,8 @@ func (c *Config) clone() Config {
 	out := *c
 	out.Join = append([]string(nil), c.Join...)
 	out.GossipKeys = append([]string(nil), c.GossipKeys...)
+	out.PeerIdentities = append([]string(nil), c.PeerIdentities...)
+	out.AdminIdentities = append([]string(nil), c.AdminIdentities...)
 	return out
 }
 

@@ -119,6 +119,14 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if cc.GossipKeys, err = decodeGossipKeys(cfg.GossipKeys); err != nil {
 		return nil, &ConfigError{Field: "gossip_keys", Err: err}
 	}
+	if cfg.ClusterSecretFile != "" {
+		if cc.ClusterSecret, err = readClusterSecret(cfg.ClusterSecretFile); err != nil {
+			return nil, &ConfigError{Field: "cluster_secret_file", Err: err}
+		}
+	}
+	cc.PeerIdentities = cfg.PeerIdentities
+	cc.ServePublicAPI = true
+	cc.PublicPermit = d.permitGRPC
 	// Listen for HTTP before the node starts, so that a taken port fails
 	// the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {

@@ -219,6 +219,10 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, ierr.Message, ierr)
 		return
 	}
+	if err := d.permitHTTP(r, &req); err != nil {
+		writeProblem(w, http.StatusForbidden, err.Error(), &itemError{Code: "permission_denied", Field: "behavior", Message: err.Error()})
+		return
+	}
 	dec, err := d.node.Check(r.Context(), req, cluster.OnUnreachable(policy))
 	if err != nil {
 		ierr := toItemError(err)
@@ -261,6 +265,11 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 			d.metrics.items.WithLabelValues(resultInvalid).Inc()
 			out.Responses[i].Error = ierr
 			continue
+		}
+		if err := d.permitHTTP(r, &req); err != nil {
+			msg := fmt.Sprintf("requests[%d]: %v", i, err)
+			writeProblem(w, http.StatusForbidden, msg, &itemError{Code: "permission_denied", Field: "behavior", Message: msg})
+			return
 		}
 		var g *group
 		for _, h := range groups {

@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Who may use the destructive behaviors: reset clears a key's counter and
+// drain_over_limit empties its bucket, so a caller with either can undo
+// any limit. Config.Destructive says who may.
+const (
+	// DestructiveAllow lets every caller of the API use them.
+	DestructiveAllow = "allow"
+	// DestructiveDeny refuses them to every caller.
+	DestructiveDeny = "deny"
+	// DestructiveAdmins lets only callers whose verified client
+	// certificate names one of Config.AdminIdentities use them.
+	DestructiveAdmins = "admins"
+)
+
+// destructive is the behaviors Config.Destructive restricts.
+const destructive = limiter.Reset | limiter.DrainOverLimit
+
+// errDestructive is a request refused by Config.Destructive.
+var errDestructive = errors.New("reset and drain_over_limit are not permitted to this caller (destructive_behaviors)")
+
+// permit refuses req when it asks for a destructive behavior that the
+// caller, whose verified certificate chains are chains, may not use.
+func (d *Daemon) permit(chains [][]*x509.Certificate, req *limiter.Request) error {
+	if req.Behavior&destructive == 0 {
+		return nil
+	}
+	switch d.cfg.Destructive {
+	case DestructiveAllow, "":
+		return nil
+	case DestructiveAdmins:
+		if len(chains) > 0 && len(chains[0]) > 0 && transport.HasIdentity(chains[0][0], d.cfg.AdminIdentities) {
+			return nil
+		}
+	}
+	return errDestructive
+}
+
+// permitGRPC is permit for a caller of the public gRPC API.
+func (d *Daemon) permitGRPC(ctx context.Context, req *limiter.Request) error {
+	var chains [][]*x509.Certificate
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			chains = info.State.VerifiedChains
+		}
+	}
+	return d.permit(chains, req)
+}
+
+// permitHTTP is permit for a caller of the HTTP API.
+func (d *Daemon) permitHTTP(r *http.Request, req *limiter.Request) error {
+	var chains [][]*x509.Certificate
+	if r.TLS != nil {
+		chains = r.TLS.VerifiedChains
+	}
+	return d.permit(chains, req)
+}
+
+// maxSecretFile bounds the cluster secret file.
+const maxSecretFile = 4 << 10
+
+// readClusterSecret reads the cluster secret from path, without the
+// white space around it.
+func readClusterSecret(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSecretFile {
+		return nil, fmt.Errorf("%s is more than %d bytes", path, maxSecretFile)
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) < transport.MinClusterSecretLen {
+		return nil, fmt.Errorf("%s holds %d bytes of secret, want at least %d", path, len(s), transport.MinClusterSecretLen)
+	}
+	return []byte(s), nil
+}

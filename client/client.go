@@ -24,6 +24,8 @@ import (
 var (
 	// ErrClosed is returned by calls made after Close.
 	ErrClosed = errors.New("client: closed")
+	// ErrNilContext is returned for a call made with a nil context.
+	ErrNilContext = transport.ErrNilContext
 	// ErrInvalidOption is returned by New for an invalid option.
 	ErrInvalidOption = errors.New("client: invalid option")
 	// ErrInvalidArgument is a request the daemon could not be sent: an
@@ -200,6 +202,9 @@ func (c *Client) Check(ctx context.Context, req limiter.Request, opts ...CallOpt
 	if c.closed.Load() {
 		return Decision{}, ErrClosed
 	}
+	if ctx == nil {
+		return Decision{}, ErrNilContext
+	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	m := transport.RequestToProto(req)
@@ -228,6 +233,12 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...
 			out[i].Err = ErrClosed
 		}
 		return out, ErrClosed
+	}
+	if ctx == nil {
+		for i := range out {
+			out[i].Err = ErrNilContext
+		}
+		return out, ErrNilContext
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
@@ -292,6 +303,9 @@ func failFrom(out []Result, reqs []limiter.Request, from int, err error) {
 func (c *Client) Health(ctx context.Context) (Health, error) {
 	if c.closed.Load() {
 		return Health{}, ErrClosed
+	}
+	if ctx == nil {
+		return Health{}, ErrNilContext
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()

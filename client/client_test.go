@@ -342,3 +342,23 @@ func TestClosed(t *testing.T) {
 		t.Errorf("Health = %v", err)
 	}
 }
+
+// TestNilContext: every call refuses a nil context with ErrNilContext, as
+// the cluster package does, rather than panicking.
+func TestNilContext(t *testing.T) {
+	_, c := startNode(t)
+	req := limiter.Request{Name: "api", Key: "k", Hits: 1, Limit: 5, Period: time.Minute, Algorithm: limiter.GCRA}
+	//lint:ignore SA1012 a nil context is what is tested
+	if _, err := c.Check(nil, req); !errors.Is(err, client.ErrNilContext) { //nolint:staticcheck
+		t.Errorf("Check(nil): %v, want ErrNilContext", err)
+	}
+	//lint:ignore SA1012 a nil context is what is tested
+	res, err := c.CheckMany(nil, []limiter.Request{req}) //nolint:staticcheck
+	if !errors.Is(err, client.ErrNilContext) || len(res) != 1 || !errors.Is(res[0].Err, client.ErrNilContext) {
+		t.Errorf("CheckMany(nil): %+v, %v, want ErrNilContext", res, err)
+	}
+	//lint:ignore SA1012 a nil context is what is tested
+	if _, err := c.Health(nil); !errors.Is(err, client.ErrNilContext) { //nolint:staticcheck
+		t.Errorf("Health(nil): %v, want ErrNilContext", err)
+	}
+}

@@ -33,7 +33,7 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 		return Decision{}, ErrClosed
 	}
 	if ctx == nil {
-		ctx = context.Background()
+		return Decision{}, ErrNilContext
 	}
 	return n.route(ctx, reqp, n.policy(opts))
 }
@@ -275,7 +275,10 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		return out
 	}
 	if ctx == nil {
-		ctx = context.Background()
+		for i := range out {
+			out[i].Err = ErrNilContext
+		}
+		return out
 	}
 	type group struct {
 		pick pick

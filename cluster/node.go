@@ -30,6 +30,8 @@ var (
 	ErrJoin = errors.New("cluster: join failed")
 	// ErrHandoff wraps key states a graceful Leave could not hand off.
 	ErrHandoff = errors.New("cluster: hand-off incomplete")
+	// ErrNilContext is returned for a call made with a nil context.
+	ErrNilContext = transport.ErrNilContext
 )
 
 // Decision is a limiter decision and where it was made.
@@ -282,6 +284,9 @@ func (n *Node) Unconfirmed() []string { return n.hand.unconfirmed() }
 // WaitReady waits until the node is ready or ctx ends, and returns ctx's
 // error in the second case, or ErrClosed when the node closes first.
 func (n *Node) WaitReady(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	for {
 		wake := n.hand.wake()
 		if n.Ready() {

@@ -206,14 +206,24 @@ func TestNilContext(t *testing.T) {
 	}
 	for _, r := range reqs {
 		//lint:ignore SA1012 a nil context is what is tested
-		if d, err := n0.Check(nil, r); err != nil || !d.Allowed { //nolint:staticcheck
-			t.Fatalf("Check(nil) of %s: %+v, %v", r.Key, d, err)
+		if _, err := n0.Check(nil, r); !errors.Is(err, cluster.ErrNilContext) { //nolint:staticcheck
+			t.Fatalf("Check(nil) of %s: %v, want ErrNilContext", r.Key, err)
 		}
 	}
 	//lint:ignore SA1012 a nil context is what is tested
 	for i, res := range n0.CheckMany(nil, reqs) { //nolint:staticcheck
-		if res.Err != nil || !res.Allowed {
-			t.Fatalf("CheckMany(nil) item %d: %+v", i, res)
+		if !errors.Is(res.Err, cluster.ErrNilContext) {
+			t.Fatalf("CheckMany(nil) item %d: %+v, want ErrNilContext", i, res)
+		}
+	}
+	//lint:ignore SA1012 a nil context is what is tested
+	if err := n0.WaitReady(nil); !errors.Is(err, cluster.ErrNilContext) { //nolint:staticcheck
+		t.Fatalf("WaitReady(nil): %v, want ErrNilContext", err)
+	}
+	// Nothing was decided: every key still has all of its hits.
+	for i, res := range n0.CheckMany(context.Background(), reqs) {
+		if res.Err != nil || !res.Allowed || res.Remaining != 4 {
+			t.Fatalf("item %d after the nil calls: %+v, want allowed with 4 remaining", i, res)
 		}
 	}
 }

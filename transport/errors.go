@@ -31,6 +31,9 @@ var (
 	// and the previous owner's hand-over is not in yet. The sender routes
 	// the request again once one of the two rings has moved on.
 	ErrNotOwner = errors.New("transport: not the key's owner now")
+	// ErrNilContext is a call made with a nil context.Context, refused
+	// the same way by the cluster and client packages.
+	ErrNilContext = errors.New("sluice: nil context")
 )
 
 // MaxErrorMessageLen bounds the error text carried per item, in bytes.

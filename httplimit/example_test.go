@@ -49,3 +49,53 @@ rules:
 	// 200 0 "per_ip";q=2;w=3600
 	// 429 0 "per_ip";q=2;w=3600
 }
+
+// Behind a proxy that sets one header with the client's address, such as
+// Cloudflare's CF-Connecting-IP, each address has its own counter. Here
+// the test client on 127.0.0.1 plays the proxy.
+func ExampleClientIPHeader() {
+	node, err := cluster.New(cluster.TestConfig("example-client-ip"))
+	if err != nil {
+		panic(err)
+	}
+	defer node.Close()
+	set, err := rules.Parse("limits.yaml", []byte(`
+rules:
+  - name: per_ip
+    key: [ip]
+    algorithm: fixed_window
+    limit: 1
+    period: 1h
+`))
+	if err != nil {
+		panic(err)
+	}
+	mw, err := httplimit.New(node, rules.NewSource(set),
+		httplimit.TrustedProxies("127.0.0.1"),
+		httplimit.ClientIPHeader("CF-Connecting-IP"))
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	defer srv.Close()
+
+	for _, client := range []string{"203.0.113.7", "203.0.113.7", "2001:db8::8"} {
+		req, err := http.NewRequest("GET", srv.URL, nil)
+		if err != nil {
+			panic(err)
+		}
+		req.Header.Set("CF-Connecting-IP", client)
+		// A header the proxy does not set is ignored.
+		req.Header.Set("X-Forwarded-For", "198.51.100.1")
+		res, err := srv.Client().Do(req)
+		if err != nil {
+			panic(err)
+		}
+		res.Body.Close()
+		fmt.Println(client, res.StatusCode)
+	}
+	// Output:
+	// 203.0.113.7 200
+	// 203.0.113.7 429
+	// 2001:db8::8 200
+}

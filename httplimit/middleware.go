@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -90,6 +91,7 @@ type Option func(*config)
 type config struct {
 	trusted    []string
 	header     string
+	ipHeader   string
 	route      func(*http.Request) string
 	user       func(*http.Request) (string, bool)
 	values     func(*http.Request) map[string]string
@@ -105,17 +107,49 @@ type config struct {
 // TrustedProxies sets the proxies whose forwarding header is believed:
 // addresses or CIDR prefixes. Without it, the client IP is the
 // connection's peer and forwarding headers are ignored. The header read is
-// X-Forwarded-For unless ForwardedHeader says otherwise.
+// X-Forwarded-For unless ForwardedHeader or ClientIPHeader says otherwise.
+// List every proxy that appends to the header, not only the nearest: the
+// header is read right to left, trusted hops skipped, at most
+// MaxForwardedHops of them. The package comment shows the settings for
+// common proxies and load balancers.
 func TrustedProxies(cidrs ...string) Option {
 	return func(c *config) { c.trusted = append(c.trusted, cidrs...) }
 }
 
-// ForwardedHeader names the one forwarding header the trusted proxies set:
-// "X-Forwarded-For" (the default, what nginx and most load balancers
-// append) or "Forwarded" (RFC 7239). The other is ignored: behind a proxy
-// that appends only one, a client could name itself in the other.
+// ForwardedHeader names the one list header the trusted proxies append
+// to: "X-Forwarded-For" (the default, what nginx, HAProxy's option
+// forwardfor, cloud load balancers, Envoy and Traefik append) or
+// "Forwarded" (RFC 7239, the for= parameter of each element). Only that
+// header is read, right to left from its last field line, skipping
+// trusted hops; at most MaxForwardedHops hops are examined, and past them
+// the client is the nearest address found, as at a hop that is not an
+// address. The other header is ignored: behind a proxy that appends only
+// one, a client could name itself in the other.
+//
+//	httplimit.New(node, src,
+//		httplimit.TrustedProxies("10.0.0.0/8"),
+//		httplimit.ForwardedHeader("Forwarded"))
 func ForwardedHeader(name string) Option {
 	return func(c *config) { c.header = name }
+}
+
+// ClientIPHeader reads the client IP from a header that holds one address
+// and that the trusted proxy sets, replacing any value the client sent:
+// CF-Connecting-IP (Cloudflare), True-Client-IP, or X-Real-IP as nginx's
+// "proxy_set_header X-Real-IP $remote_addr" sets it. It is read only when
+// the connection's peer is one of the TrustedProxies, and must be one
+// field line holding one address; anything else leaves the peer as the
+// client. It replaces the list header, so it does not go with
+// ForwardedHeader. Trust only peers that set the header on every request:
+// a trusted peer that passes a client's own value through lets the client
+// name itself.
+//
+//	// cloudflare holds every range of https://www.cloudflare.com/ips/.
+//	httplimit.New(node, src,
+//		httplimit.TrustedProxies(cloudflare...),
+//		httplimit.ClientIPHeader("CF-Connecting-IP"))
+func ClientIPHeader(name string) Option {
+	return func(c *config) { c.ipHeader = name }
 }
 
 // RouteFunc sets how a request's route is found; by default it is
@@ -205,9 +239,21 @@ func New(lim Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
 	switch http.CanonicalHeaderKey(c.header) {
 	case "", "X-Forwarded-For":
 	case "Forwarded":
-		m.ips.forwarded = true
+		m.ips.from = fromForwarded
 	default:
 		return nil, fmt.Errorf("%w: forwarded header %q: want X-Forwarded-For or Forwarded", ErrInvalidOption, c.header)
+	}
+	if c.ipHeader != "" {
+		name := http.CanonicalHeaderKey(c.ipHeader)
+		switch {
+		case c.header != "":
+			return nil, fmt.Errorf("%w: ClientIPHeader %q and ForwardedHeader %q: one header is read, not both", ErrInvalidOption, c.ipHeader, c.header)
+		case name == "X-Forwarded-For" || name == "Forwarded":
+			return nil, fmt.Errorf("%w: ClientIPHeader %q: it is a list of hops, read by default or with ForwardedHeader", ErrInvalidOption, c.ipHeader)
+		case !isToken(name):
+			return nil, fmt.Errorf("%w: ClientIPHeader %q is not a header name", ErrInvalidOption, c.ipHeader)
+		}
+		m.ips.from, m.ips.single = fromSingle, name
 	}
 	for _, s := range c.trusted {
 		p, err := parsePrefix(s)
@@ -231,6 +277,22 @@ func New(lim Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
 	}
 	m.enf = rules.Enforcer{Limiter: lim, Shadow: c.shadow, MaxWait: c.maxWait, After: c.after}
 	return m, nil
+}
+
+// isToken says whether s is a header field name: a nonempty RFC 9110
+// token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {

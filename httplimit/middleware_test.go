@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -124,6 +125,11 @@ func wantHeaders(t *testing.T, r resp, kv ...string) {
 			t.Errorf("%s: %q, want %q", kv[i], got, kv[i+1])
 		}
 	}
+}
+
+// perIPRule is a rule set of one fixed-window limit per client IP.
+func perIPRule(limit int) string {
+	return fmt.Sprintf("rules:\n  - name: per_ip\n    key: [ip]\n    algorithm: fixed_window\n    limit: %d\n    period: 1m\n", limit)
 }
 
 const perIP = `rules:
@@ -279,13 +285,7 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 // A client cannot choose its IP with X-Forwarded-For unless its peer is a
 // trusted proxy.
 func TestTrustedProxies(t *testing.T) {
-	const yaml = `rules:
-  - name: per_ip
-    key: [ip]
-    algorithm: fixed_window
-    limit: 1
-    period: 1m
-`
+	yaml := perIPRule(1)
 	t.Run("untrusted peer", func(t *testing.T) {
 		e := start(t, yaml, TrustedProxies("10.0.0.0/8"))
 		if r := e.do(t, "GET", "/", "X-Forwarded-For", "203.0.113.1"); r.status != 200 {
@@ -332,20 +332,6 @@ func TestTrustedProxies(t *testing.T) {
 			t.Fatalf("repeat: %d", r.status)
 		}
 	})
-	t.Run("a client's own Forwarded behind a proxy that appends X-Forwarded-For", func(t *testing.T) {
-		e := start(t, yaml, TrustedProxies("127.0.0.1/32"))
-		admitted := 0
-		for i := range 50 {
-			r := e.do(t, "GET", "/", "Forwarded", fmt.Sprintf("for=198.51.100.%d", i), "X-Forwarded-For", "203.0.113.50")
-			if r.status == 200 {
-				admitted++
-			}
-			e.event(t)
-		}
-		if admitted != 1 {
-			t.Fatalf("admitted %d of 50 with a fresh Forwarded each, limit 1 per IP", admitted)
-		}
-	})
 	t.Run("ForwardedHeader(Forwarded)", func(t *testing.T) {
 		e := start(t, yaml, TrustedProxies("127.0.0.1/32"), ForwardedHeader("Forwarded"))
 		for _, tt := range []struct {
@@ -365,6 +351,91 @@ func TestTrustedProxies(t *testing.T) {
 			}
 		}
 	})
+}
+
+// randomForwarded returns a Forwarded value a client might send to name
+// itself or a trusted proxy: one or more elements, quoted or not, with
+// other parameters.
+func randomForwarded(rng *rand.Rand) string {
+	addr := func() string {
+		switch rng.IntN(4) {
+		case 0:
+			return fmt.Sprintf("198.51.100.%d", rng.IntN(256))
+		case 1:
+			return fmt.Sprintf(`"[2001:db8::%x]:%d"`, rng.IntN(1<<16), rng.IntN(1<<16))
+		case 2:
+			return "127.0.0.1" // the trusted proxy itself
+		default:
+			return fmt.Sprintf(`"203.0.113.%d:443"`, rng.IntN(256))
+		}
+	}
+	elems := make([]string, 1+rng.IntN(3))
+	for i := range elems {
+		elems[i] = "for=" + addr()
+		if rng.IntN(2) == 0 {
+			elems[i] = "proto=https;" + elems[i] + ";by=" + addr()
+		}
+	}
+	return strings.Join(elems, ", ")
+}
+
+// A client behind a trusted proxy cannot choose its counter through a
+// header other than the one the proxy sets: 50 requests from one client,
+// each with a fresh spoofed header, share the per-IP limit of 5.
+func TestSpoofedHeadersIgnored(t *testing.T) {
+	yaml := perIPRule(5)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	spoofXFF := func() string { return fmt.Sprintf("198.51.100.%d, 127.0.0.1", rng.IntN(256)) }
+	tests := []struct {
+		name   string
+		opts   []Option
+		real   []string        // what the proxy sets: the client is 203.0.113.50
+		spoof  func() []string // what the client adds
+		wantIP string
+	}{
+		{"Forwarded behind an X-Forwarded-For proxy", nil,
+			[]string{"X-Forwarded-For", "203.0.113.50"},
+			func() []string { return []string{"Forwarded", randomForwarded(rng)} }, "203.0.113.50"},
+		{"X-Forwarded-For entries before the proxy's", nil,
+			nil,
+			func() []string { return []string{"X-Forwarded-For", spoofXFF() + ", 203.0.113.50"} }, "203.0.113.50"},
+		{"Forwarded elements before the proxy's", []Option{ForwardedHeader("Forwarded")},
+			nil,
+			func() []string { return []string{"Forwarded", randomForwarded(rng) + `, for="203.0.113.50:1234"`} }, "203.0.113.50"},
+		{"X-Forwarded-For behind a Forwarded proxy", []Option{ForwardedHeader("Forwarded")},
+			[]string{"Forwarded", "for=203.0.113.50;proto=https"},
+			func() []string { return []string{"X-Forwarded-For", spoofXFF()} }, "203.0.113.50"},
+		{"both behind a single-address proxy", []Option{ClientIPHeader("CF-Connecting-IP")},
+			[]string{"CF-Connecting-IP", "203.0.113.50"},
+			func() []string {
+				return []string{"X-Forwarded-For", spoofXFF(), "Forwarded", randomForwarded(rng), "X-Real-IP", spoofXFF()}
+			}, "203.0.113.50"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := start(t, yaml, append([]Option{TrustedProxies("127.0.0.1/32")}, tt.opts...)...)
+			admitted := 0
+			for i := range 50 {
+				spoof := tt.spoof()
+				r := e.do(t, "GET", "/", append(spoof, tt.real...)...)
+				switch r.status {
+				case 200:
+					admitted++
+				case 429:
+				default:
+					t.Fatalf("request %d: status %d %s", i, r.status, r.body)
+				}
+				if ip := e.event(t).Descriptor.IP; ip != netip.MustParseAddr(tt.wantIP) {
+					t.Fatalf("request %d with %q: client IP %v, want %s", i, spoof, ip, tt.wantIP)
+				}
+			}
+			if admitted != 5 {
+				t.Fatalf("admitted %d of 50 with a fresh spoofed header each, limit 5 per IP", admitted)
+			}
+		})
+	}
 }
 
 func TestShadow(t *testing.T) {
@@ -570,8 +641,20 @@ func TestNew(t *testing.T) {
 	if _, err := New(c.Node(0), src, TrustedProxies("not-a-cidr")); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("bad proxy: %v", err)
 	}
-	if _, err := New(c.Node(0), src, ForwardedHeader("X-Real-IP")); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("ForwardedHeader(X-Real-IP): %v", err)
+	for _, opts := range [][]Option{
+		{ForwardedHeader("X-Real-IP")},
+		{ClientIPHeader("X-Forwarded-For")},
+		{ClientIPHeader("forwarded")},
+		{ClientIPHeader("CF Connecting IP")},
+		{ClientIPHeader("X-Real-IP"), ForwardedHeader("Forwarded")},
+		{ClientIPHeader("X-Real-IP"), ForwardedHeader("X-Forwarded-For")},
+	} {
+		if _, err := New(c.Node(0), src, opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%d options: %v, want ErrInvalidOption", len(opts), err)
+		}
+	}
+	if _, err := New(c.Node(0), src, ClientIPHeader("x-real-ip"), TrustedProxies("10.0.0.0/8")); err != nil {
+		t.Errorf("ClientIPHeader(x-real-ip): %v", err)
 	}
 	if _, err := New(c.Node(0), src, MaxWait(-time.Second)); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("negative wait: %v", err)

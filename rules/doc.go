@@ -9,7 +9,9 @@
 // changes, keeping the last good [Set] when a new version is invalid. A Set
 // is immutable: a reload builds a new one and swaps it in atomically, so
 // readers never lock. Loading validates everything and reports every
-// problem as an [*Error] naming the file, line and column.
+// problem, up to 20, as an [*Error] naming the file, line and column. A
+// file is bounded before its rules are read: at most [MaxFileBytes],
+// [MaxRules] rules, and a million nodes with its aliases expanded.
 //
 // # File format
 //

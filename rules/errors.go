@@ -11,7 +11,12 @@ import (
 // with errors.Is, and get the position with errors.As. (A file that cannot
 // be read is reported with the os error, wrapped.)
 var (
-	// ErrSyntax reports a file that is not valid YAML.
+	// ErrFileTooLarge reports a rule file longer than MaxFileBytes, and
+	// ErrTooManyRules one of more than MaxRules rules.
+	ErrFileTooLarge = errors.New("rules: file too large")
+	ErrTooManyRules = errors.New("rules: too many rules")
+	// ErrSyntax reports a file that is not valid YAML, or whose aliases
+	// expand it beyond a million nodes.
 	ErrSyntax = errors.New("rules: invalid YAML")
 	// ErrEmptyDocument reports a file with no document at all. An empty
 	// file is an error, not an empty set, so that a file caught half
@@ -105,7 +110,8 @@ func (e *Error) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// maxErrors bounds how many problems one load reports.
+// maxErrors bounds how many problems one load reports; loading stops
+// collecting problems once it has found that many.
 const maxErrors = 20
 
 // joinErrors returns nil, the single error, or all of them joined (first

@@ -18,22 +18,66 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
+// MaxFileBytes bounds a rule file: Load and Watch read at most one byte
+// more than this before refusing the file, and Parse refuses longer data,
+// with an [*Error] wrapping [ErrFileTooLarge] that names the file and the
+// limit. A rule takes one or two hundred bytes, so 1 MiB holds thousands;
+// the bound is no larger because decoding YAML into nodes allocates up to
+// about a hundred times the size of a file of tiny nodes, so that a file
+// at the bound costs about 100 MB while it is read.
+const MaxFileBytes = 1 << 20
+
+// MaxRules bounds the rules of one file: Parse refuses a longer list,
+// before it looks at any rule, with an [*Error] wrapping
+// [ErrTooManyRules]. Every rule a request matches is enforced on it, so a
+// real set is far smaller; the bound keeps the work of a hostile file of
+// tiny rules in proportion to the bound, not to the file.
+const MaxRules = 10_000
+
 // Load reads and parses the rule file at path. See Parse.
 func Load(path string) (*Set, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// readFile reads the rule file at path, refusing one longer than
+// MaxFileBytes without reading the rest of it.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
-	return Parse(path, data)
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, errFileTooLarge(path)
+	}
+	return data, nil
+}
+
+func errFileTooLarge(file string) error {
+	return &Error{File: file, Message: fmt.Sprintf("the file is larger than the limit of %d bytes (MaxFileBytes)", MaxFileBytes), Err: ErrFileTooLarge}
 }
 
 // Parse parses and validates a YAML rule file; file names it in errors.
 // Everything is checked: syntax, unknown fields, types, algorithms, rates
 // (by validating a sample limiter.Request per rule), CIDRs, key parts and
-// duplicate names. Every problem found is reported as an [*Error] with its
-// file, line and column (several are joined); nothing is returned unless
-// all of the file is valid.
+// duplicate names. The problems found, up to 20, are reported as
+// [*Error] values with their file, line and column (several are joined);
+// nothing is returned unless all of the file is valid. Data longer than
+// MaxFileBytes, a list of more than MaxRules rules, and aliases that
+// expand the document beyond a million nodes are refused before any rule
+// is read.
 func Parse(file string, data []byte) (*Set, error) {
+	if len(data) > MaxFileBytes {
+		return nil, errFileTooLarge(file)
+	}
 	l := &loader{file: file}
 	root := l.document(data)
 	if root == nil {
@@ -51,7 +95,8 @@ func Parse(file string, data []byte) (*Set, error) {
 	if l.find(root, "rules") == nil && len(l.errs) == 0 {
 		l.errorf(root, "rules", ErrMissingField, "missing field rules (write \"rules: []\" for none)")
 	}
-	if len(l.errs) > 0 && rules == nil {
+	if len(l.errs) > 0 && rules == nil || len(l.errs) >= maxErrors {
+		sortErrors(l.errs)
 		return nil, joinErrors(l.errs)
 	}
 	s, errs := newSet(rules, l.position, l.reported)
@@ -138,7 +183,7 @@ func (l *loader) document(data []byte) *yaml.Node {
 		return nil
 	}
 	if n, at := expandedSize(&doc, map[*yaml.Node]int{}); n > maxExpandedNodes {
-		l.errorf(at, "", ErrSyntax, "the document's aliases expand it to more than %d nodes", maxExpandedNodes)
+		l.errorf(at, "", ErrSyntax, "the document, its aliases expanded, has more than %d nodes", maxExpandedNodes)
 		return nil
 	}
 	root := &doc
@@ -193,10 +238,17 @@ func (l *loader) rules(n *yaml.Node) []Rule {
 		l.errorf(n, "rules", ErrWrongType, "rules must be a list, not %s", kindName(n))
 		return nil
 	}
+	if len(n.Content) > MaxRules {
+		l.errorf(n, "rules", ErrTooManyRules, "the list holds %d rules, more than the limit of %d (MaxRules)", len(n.Content), MaxRules)
+		return nil
+	}
 	rules := make([]Rule, len(n.Content))
 	l.ruleNodes = make([]*yaml.Node, len(n.Content))
 	l.pos = make([]map[string]*yaml.Node, len(n.Content))
 	for i, item := range n.Content {
+		if len(l.errs) >= maxErrors {
+			break // the report is full; Parse returns it
+		}
 		item = deref(item)
 		l.ruleNodes[i] = item
 		l.pos[i] = map[string]*yaml.Node{}
@@ -431,7 +483,12 @@ func (l *loader) errorf(n *yaml.Node, field string, err error, format string, a 
 	l.errorfCause(n, field, err, nil, format, a...)
 }
 
+// errorfCause records an error, unless maxErrors are recorded already: a
+// file of many bad items costs no more errors than are reported.
 func (l *loader) errorfCause(n *yaml.Node, field string, err, cause error, format string, a ...any) {
+	if len(l.errs) >= maxErrors {
+		return
+	}
 	l.errs = append(l.errs, &Error{File: l.file, Line: n.Line, Column: n.Column, Field: field, Message: fmt.Sprintf(format, a...), Err: err, Cause: cause})
 }
 
@@ -465,19 +522,24 @@ func join(base, key string) string {
 }
 
 // maxExpandedNodes bounds the nodes of a document with its aliases
-// expanded: a few kilobytes of nested aliases can otherwise expand to
+// expanded: a few hundred bytes of nested aliases can otherwise expand to
 // billions of nodes ("billion laughs").
 const maxExpandedNodes = 1_000_000
 
 // expandedSize returns how many nodes n has with its aliases expanded,
-// counted once per node (sizes memoized in seen), and the alias whose
-// expansion passed maxExpandedNodes, if one did. It stops counting beyond
-// the bound.
+// each node's size computed once, and the node (an alias, or the one that
+// passed the bound) where the count passed maxExpandedNodes, if it did. It
+// stops counting beyond the bound. Only an anchored node can be reached
+// more than once, through aliases, so only anchored nodes' sizes are
+// memoized in seen: a document without anchors costs no map.
 func expandedSize(n *yaml.Node, seen map[*yaml.Node]int) (int, *yaml.Node) {
-	if s, ok := seen[n]; ok {
-		return s, nil
+	memo := n.Anchor != ""
+	if memo {
+		if s, ok := seen[n]; ok {
+			return s, nil
+		}
+		seen[n] = maxExpandedNodes + 1 // a cycle through this node is too big
 	}
-	seen[n] = maxExpandedNodes + 1 // a cycle through this node is too big
 	size := 1
 	var at *yaml.Node
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
@@ -500,7 +562,9 @@ func expandedSize(n *yaml.Node, seen map[*yaml.Node]int) (int, *yaml.Node) {
 			break
 		}
 	}
-	seen[n] = min(size, maxExpandedNodes+1)
+	if memo {
+		seen[n] = min(size, maxExpandedNodes+1)
+	}
 	return size, at
 }
 

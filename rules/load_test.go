@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -305,37 +307,217 @@ func TestDocExample(t *testing.T) {
 	}
 }
 
-// billionLaughs is a few hundred bytes of nested aliases that expand to
-// 10^9 nodes.
-func billionLaughs() string {
+// laughs returns a few hundred bytes of nested aliases that expand to
+// 10^9 nodes, each level made by level(i), the innermost being level 0.
+func laughs(level func(i int) string, last string) string {
 	var b strings.Builder
-	b.WriteString("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n")
-	for i := 1; i <= 8; i++ {
-		fmt.Fprintf(&b, "a%d: &a%d [", i, i)
-		for j := range 10 {
-			if j > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(&b, "*a%d", i-1)
-		}
-		b.WriteString("]\n")
+	for i := 0; i <= 8; i++ {
+		fmt.Fprintf(&b, "a%d: &a%d %s\n", i, i, level(i))
 	}
-	b.WriteString("rules: *a8\n")
+	b.WriteString(last)
 	return b.String()
 }
 
-// Aliases that expand a small file beyond maxExpandedNodes are refused,
-// naming the alias, before anything walks the expansion.
+// tenOf returns "[e(0), e(1), ..., e(9)]" with open and close for the
+// brackets.
+func tenOf(open, close string, e func(j int) string) string {
+	parts := make([]string, 10)
+	for j := range parts {
+		parts[j] = e(j)
+	}
+	return open + strings.Join(parts, ", ") + close
+}
+
+// allocated returns the bytes f allocates.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// Documents that would expand beyond maxExpandedNodes, or nest beyond
+// what the YAML decoder allows, are refused before anything walks the
+// expansion: a small bomb allocates under a megabyte, a large one a
+// bounded multiple of its size, which MaxFileBytes bounds.
 func TestParseRefusesAliasBombs(t *testing.T) {
-	_, err := Parse("bomb.yaml", []byte(billionLaughs()))
-	var e *Error
-	if !errors.As(err, &e) || !errors.Is(err, ErrSyntax) || !strings.Contains(e.Message, "aliases expand") || e.Line == 0 {
-		t.Fatalf("err %v, want ErrSyntax about aliases with a line", err)
+	seqLevel := func(i int) string {
+		if i == 0 {
+			return tenOf("[", "]", func(int) string { return "x" })
+		}
+		return tenOf("[", "]", func(int) string { return fmt.Sprintf("*a%d", i-1) })
+	}
+	mapLevel := func(i int) string {
+		if i == 0 {
+			return tenOf("{", "}", func(j int) string { return fmt.Sprintf("k%d: x", j) })
+		}
+		return tenOf("{", "}", func(j int) string { return fmt.Sprintf("k%d: *a%d", j, i-1) })
+	}
+	mergeLevel := func(i int) string {
+		if i == 0 {
+			return mapLevel(0)
+		}
+		return tenOf("[", "]", func(int) string { return fmt.Sprintf("{<<: *a%d}", i-1) })
+	}
+	// One alias of a thousand nodes referred to from every rule, in a file
+	// at the size bound.
+	var wide strings.Builder
+	wide.WriteString("a: &a [" + strings.Repeat("x, ", 1000) + "x]\nrules: [")
+	for wide.Len() < MaxFileBytes-10 {
+		wide.WriteString("*a, ")
+	}
+	wide.WriteString("*a]\n")
+	tests := []struct {
+		name     string
+		yaml     string
+		want     string // in the message
+		maxBytes uint64
+	}{
+		{"billion laughs, lists", laughs(seqLevel, "rules: *a8\n"), "aliases expanded", 1 << 20},
+		{"billion laughs, mappings", laughs(mapLevel, "rules: [*a8]\n"), "aliases expanded", 1 << 20},
+		{"billion laughs, merge keys", laughs(mergeLevel, "rules:\n  - name: x\n    <<: *a8\n"), "aliases expanded", 1 << 20},
+		{"aliases filling the size bound", wide.String(), "aliases expanded", 100 * MaxFileBytes},
+		{"deep lists", strings.Repeat("[", MaxFileBytes), "depth", 100 * MaxFileBytes},
+		{"deep mappings", "rules: " + strings.Repeat("{a: ", MaxFileBytes/4-8), "depth", 100 * MaxFileBytes},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			n := allocated(func() { _, err = Parse("bomb.yaml", []byte(tt.yaml)) })
+			var e *Error
+			if !errors.As(err, &e) || !errors.Is(err, ErrSyntax) || !strings.Contains(e.Message, tt.want) || e.Line == 0 {
+				t.Fatalf("err %v, want ErrSyntax about %q with a line", err, tt.want)
+			}
+			if n > tt.maxBytes {
+				t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", n, len(tt.yaml), tt.maxBytes)
+			}
+			t.Logf("%d-byte file: %d bytes allocated", len(tt.yaml), n)
+		})
 	}
 	// Aliases that stay small are fine.
 	small := "base: &base\n  algorithm: gcra\n  limit: 5\n  period: 1m\n  key: [ip]\nrules:\n  - name: a\n    <<: *base\n"
-	if _, err := Parse("small.yaml", []byte(small)); err != nil && strings.Contains(err.Error(), "aliases expand") {
+	if _, err := Parse("small.yaml", []byte(small)); err != nil && strings.Contains(err.Error(), "aliases expanded") {
 		t.Fatalf("small aliases refused: %v", err)
+	}
+}
+
+// fileOfSize returns a valid rule file of exactly n bytes: one rule,
+// padded with a comment.
+func fileOfSize(t *testing.T, n int) []byte {
+	t.Helper()
+	head := ruleFile(5) + "#"
+	if n < len(head)+1 {
+		t.Fatalf("%d bytes is too small", n)
+	}
+	return []byte(head + strings.Repeat("x", n-len(head)-1) + "\n")
+}
+
+func wantTooLarge(t *testing.T, err error, file string) {
+	t.Helper()
+	var e *Error
+	if !errors.Is(err, ErrFileTooLarge) || !errors.As(err, &e) || e.File != file {
+		t.Fatalf("err %v, want ErrFileTooLarge for %s", err, file)
+	}
+	if msg := err.Error(); !strings.Contains(msg, file) || !strings.Contains(msg, strconv.Itoa(MaxFileBytes)) {
+		t.Fatalf("message %q names neither the file nor the limit", msg)
+	}
+}
+
+// A rule file is at most MaxFileBytes: Parse refuses longer data, and
+// Load and Watch read no more than one byte past the bound, so that even
+// an endless file is refused at once.
+func TestFileSizeBound(t *testing.T) {
+	dir := t.TempDir()
+	atBound := filepath.Join(dir, "at.yaml")
+	over := filepath.Join(dir, "over.yaml")
+	must(t, os.WriteFile(atBound, fileOfSize(t, MaxFileBytes), 0o644))
+	must(t, os.WriteFile(over, fileOfSize(t, MaxFileBytes+1), 0o644))
+
+	if s, err := Load(atBound); err != nil || s.Len() != 1 {
+		t.Fatalf("a file of MaxFileBytes: %v, %v", s, err)
+	}
+	_, err := Load(over)
+	wantTooLarge(t, err, over)
+	_, err = Parse("over.yaml", fileOfSize(t, MaxFileBytes+1))
+	wantTooLarge(t, err, "over.yaml")
+	_, err = Watch(over, DefaultWatchConfig())
+	wantTooLarge(t, err, over)
+
+	// A file that grows past the bound keeps the watcher on its last set.
+	cfg := DefaultWatchConfig()
+	cfg.NoNotify = true
+	cfg.PollInterval = time.Hour
+	path := filepath.Join(dir, "rules.yaml")
+	must(t, os.WriteFile(path, []byte(ruleFile(10)), 0o644))
+	w, err := Watch(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	must(t, os.WriteFile(path, fileOfSize(t, MaxFileBytes+1), 0o644))
+	wantTooLarge(t, w.Reload(), path)
+	if got := limitOf(t, w.Current()); got != 10 {
+		t.Fatalf("limit %d after a file too large, want the last set's 10", got)
+	}
+
+	// An endless file: the read stops past the bound.
+	if _, err := os.Stat("/dev/zero"); err == nil {
+		var err error
+		n := allocated(func() { _, err = Load("/dev/zero") })
+		wantTooLarge(t, err, "/dev/zero")
+		if n > 8*MaxFileBytes {
+			t.Errorf("reading /dev/zero allocated %d bytes, want at most %d", n, 8*MaxFileBytes)
+		}
+	}
+}
+
+// A list of more than MaxRules rules is refused before any rule is read;
+// MaxRules rules load.
+func TestMaxRules(t *testing.T) {
+	file := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("rules:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "- {name: r%d, algorithm: gcra, limit: 1, period: 1s}\n", i)
+		}
+		return []byte(b.String())
+	}
+	if s, err := Parse("max.yaml", file(MaxRules)); err != nil || s.Len() != MaxRules {
+		t.Fatalf("MaxRules rules: %v", err)
+	}
+	_, err := Parse("many.yaml", file(MaxRules+1))
+	var e *Error
+	if !errors.Is(err, ErrTooManyRules) || !errors.As(err, &e) || e.Line != 2 || e.Field != "rules" ||
+		!strings.Contains(e.Message, strconv.Itoa(MaxRules+1)) || !strings.Contains(e.Message, strconv.Itoa(MaxRules)) {
+		t.Fatalf("err %v, want ErrTooManyRules at line 2 naming the count and the limit", err)
+	}
+}
+
+// A file of many bad items costs a bounded multiple of its size: loading
+// stops collecting problems once it has as many as it reports. (The
+// multiple is mostly the YAML decoder's nodes and each item's position.)
+func TestParseManyBadItems(t *testing.T) {
+	const size = MaxFileBytes / 4
+	var one, many strings.Builder
+	one.WriteString("rules:\n  - {name: r, algorithm: gcra, limit: 1, period: 1s, match: {ips: [")
+	one.WriteString(strings.Repeat("x,", size/2-100) + "x]}}\n")
+	many.WriteString("rules:\n")
+	for i := 0; many.Len() < size-20000; i++ {
+		fmt.Fprintf(&many, "  - {name: r%d, algorithm: gcra, limit: 1, period: 1s, key: [%sip]}\n", i, strings.Repeat("ip,", 5000))
+	}
+	for name, data := range map[string]string{"one rule": one.String(), "many rules": many.String()} {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			n := allocated(func() { _, err = Parse("bad.yaml", []byte(data)) })
+			if err == nil || strings.Count(err.Error(), "\n")+1 != maxErrors {
+				t.Fatalf("err %v, want %d problems", err, maxErrors)
+			}
+			if limit := uint64(400 * len(data)); n > limit {
+				t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", n, len(data), limit)
+			}
+			t.Logf("%d-byte file: %d bytes allocated", len(data), n)
+		})
 	}
 }
 

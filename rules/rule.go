@@ -115,7 +115,9 @@ type fieldError struct {
 func (r *Rule) compile() (*compiled, []fieldError) {
 	var errs []fieldError
 	add := func(field string, err, cause error, format string, a ...any) {
-		errs = append(errs, fieldError{field: field, err: err, cause: cause, msg: fmt.Sprintf(format, a...)})
+		if len(errs) < maxErrors { // no more is reported
+			errs = append(errs, fieldError{field: field, err: err, cause: cause, msg: fmt.Sprintf(format, a...)})
+		}
 	}
 	if msg := checkName(r.Name); msg != "" {
 		add("name", ErrInvalidName, nil, "%s", msg)

@@ -44,6 +44,9 @@ func newSet(rules []Rule, pos positioner, reported func(i int, field string) boo
 	}
 	first := make(map[string]int, len(rules))
 	for i := range rules {
+		if len(errs) >= maxErrors {
+			break // no more is reported
+		}
 		r := cloneRule(&rules[i])
 		c, ferrs := r.compile()
 		for _, f := range ferrs {

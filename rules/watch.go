@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -100,9 +99,9 @@ func Watch(path string, cfg WatchConfig) (*Watcher, error) {
 	if w.logger == nil {
 		w.logger = slog.New(slog.DiscardHandler)
 	}
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("rules: %w", err)
+		return nil, err
 	}
 	set, err := Parse(path, data)
 	if err != nil {
@@ -145,11 +144,11 @@ func (w *Watcher) Reload() error {
 // reloadLocked requires w.mu. Content identical to the last attempt, good
 // or bad, is skipped, so a broken file is reported once until it changes.
 func (w *Watcher) reloadLocked() error {
-	data, err := os.ReadFile(w.path)
+	data, err := readFile(w.path)
 	if err != nil {
 		// A file being replaced can be missing for a moment; the next
 		// event or poll retries. Report it like an invalid file.
-		return w.failLocked(fmt.Errorf("rules: %w", err), nil)
+		return w.failLocked(err, nil)
 	}
 	sum := sha256.Sum256(data)
 	if bytes.Equal(sum[:], w.lastSum[:]) {

@@ -17,7 +17,7 @@ import (
 type WatchConfig struct {
 	// PollInterval is how often the file is re-read whatever the file
 	// system reports: the fallback for file systems and symlink layouts
-	// that notifications miss. It must be positive.
+	// that notifications miss. It is at least MinPollInterval.
 	PollInterval time.Duration
 	// Debounce delays a reload after a change notification, so that the
 	// burst of events one save makes causes one reload. 0 reloads at once.
@@ -41,6 +41,10 @@ type WatchConfig struct {
 	After func(time.Duration) <-chan time.Time
 }
 
+// MinPollInterval is the shortest PollInterval: each poll reads the whole
+// file, so a shorter one would keep a core busy re-reading it.
+const MinPollInterval = 100 * time.Millisecond
+
 // DefaultWatchConfig polls every ten seconds and debounces notifications
 // by 100ms.
 func DefaultWatchConfig() WatchConfig {
@@ -50,8 +54,8 @@ func DefaultWatchConfig() WatchConfig {
 // Validate reports the first invalid field.
 func (c *WatchConfig) Validate() error {
 	switch {
-	case c.PollInterval <= 0 && c.Tick == nil:
-		return fmt.Errorf("%w: PollInterval %v must be positive", ErrInvalidWatchConfig, c.PollInterval)
+	case c.PollInterval < MinPollInterval && c.Tick == nil:
+		return fmt.Errorf("%w: PollInterval %v is below %v", ErrInvalidWatchConfig, c.PollInterval, MinPollInterval)
 	case c.Debounce < 0:
 		return fmt.Errorf("%w: Debounce %v is negative", ErrInvalidWatchConfig, c.Debounce)
 	}

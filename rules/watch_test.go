@@ -307,10 +307,12 @@ func TestWatchStartErrors(t *testing.T) {
 	if _, err := Watch(bad, DefaultWatchConfig()); !errors.Is(err, ErrWrongType) {
 		t.Errorf("invalid file: %v", err)
 	}
-	cfg := DefaultWatchConfig()
-	cfg.PollInterval = 0
-	if _, err := Watch(bad, cfg); !errors.Is(err, ErrInvalidWatchConfig) {
-		t.Errorf("bad config: %v", err)
+	for _, poll := range []time.Duration{0, time.Nanosecond, MinPollInterval - 1} {
+		cfg := DefaultWatchConfig()
+		cfg.PollInterval = poll
+		if _, err := Watch(bad, cfg); !errors.Is(err, ErrInvalidWatchConfig) {
+			t.Errorf("PollInterval %v: %v, want ErrInvalidWatchConfig", poll, err)
+		}
 	}
 }
 

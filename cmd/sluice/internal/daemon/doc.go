@@ -26,7 +26,11 @@
 //	GET  /metrics         Prometheus, from the daemon's own registry
 //
 // Checks are validated like the gRPC API validates them (through transport's
-// codec) and decided by the node, which routes each to its key's owner.
+// codec) and decided by the node, which routes each to its key's owner. A
+// body whose text JSON decoding would turn into U+FFFD (bytes of invalid
+// UTF-8, or a \u escape of a lone UTF-16 surrogate such as "\ud800") is
+// refused with 400 naming the field that holds it, so that distinct keys
+// never share a counter.
 // Everything a Daemon owns hangs off it: several run in one process, as the
 // tests do.
 package daemon

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -381,21 +380,11 @@ func algorithmList() string {
 	return strings.Join(names, ", ")
 }
 
-// decodeStrict decodes exactly one JSON value into v, refusing invalid
-// UTF-8, unknown fields and trailing data. encoding/json would replace
-// invalid bytes with U+FFFD, so that two distinct keys would share one
-// counter; the gRPC API refuses them too.
+// decodeStrict decodes exactly one JSON value into v, refusing text that
+// would decode as U+FFFD (checkText), unknown fields and trailing data.
 func decodeStrict(data []byte, v any) error {
-	if !utf8.Valid(data) {
-		at := 0
-		for at < len(data) {
-			r, size := utf8.DecodeRune(data[at:])
-			if r == utf8.RuneError && size <= 1 {
-				break
-			}
-			at += size
-		}
-		return &itemError{Code: "invalid_argument", Message: fmt.Sprintf("the body is not valid UTF-8 (byte %d)", at)}
+	if e := checkText(data); e != nil {
+		return e
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

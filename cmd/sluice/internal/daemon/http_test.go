@@ -194,6 +194,10 @@ func TestCheckEndpoint(t *testing.T) {
 	req := func(key, extra string) string {
 		return fmt.Sprintf(`{"name":"api","key":%q,"limit":3,"period":"1h","algorithm":"token_bucket"%s}`, key, extra)
 	}
+	// rawKey is req with the key's JSON text as given, escapes and all.
+	rawKey := func(key string) string {
+		return `{"name":"api","key":"` + key + `","limit":3,"period":"1h","algorithm":"token_bucket"}`
+	}
 	runSteps(t, base, []checkStep{
 		{name: "first hit", body: req("a", ""), wantStatus: 200, wantAllowed: true, wantRemaining: 2},
 		{name: "peek", body: req("a", `,"hits":0`), wantStatus: 200, wantAllowed: true, wantRemaining: 2},
@@ -206,7 +210,12 @@ func TestCheckEndpoint(t *testing.T) {
 		{name: "malformed", body: `{"name":`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "malformed JSON"},
 		{name: "syntax error", body: `{"name" "x"}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "malformed JSON at byte"},
 		{name: "trailing data", body: req("a", "") + `{}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "after the JSON object"},
-		{name: "invalid UTF-8 in a key", body: `{"name":"api","key":"a` + "\xff" + `","limit":3,"period":"1h","algorithm":"token_bucket"}`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "not valid UTF-8 (byte 22)"},
+		{name: "invalid UTF-8 in a key", body: `{"name":"api","key":"a` + "\xff" + `","limit":3,"period":"1h","algorithm":"token_bucket"}`, wantStatus: 400, wantField: "key", wantCode: "invalid_key", wantInDetail: "key is not valid UTF-8 (byte 22)"},
+		{name: "lone high surrogate in a key", body: rawKey(`\ud800`), wantStatus: 400, wantField: "key", wantCode: "invalid_key", wantInDetail: `\ud800, a lone UTF-16 surrogate`},
+		{name: "high surrogate without its low one", body: rawKey(`a\udbffb`), wantStatus: 400, wantField: "key", wantCode: "invalid_key", wantInDetail: "surrogate"},
+		{name: "lone low surrogate in a name", body: `{"name":"\udc00","key":"k","limit":1,"period":"1s","algorithm":"gcra"}`, wantStatus: 400, wantField: "name", wantCode: "invalid_name", wantInDetail: "surrogate"},
+		{name: "a surrogate pair is a character", body: rawKey(`\ud83d\ude00`), wantStatus: 200, wantAllowed: true, wantRemaining: 2},
+		{name: "U+FFFD itself is a key", body: rawKey(`\ufffd`), wantStatus: 200, wantAllowed: true, wantRemaining: 2},
 		{name: "empty body", body: "", wantStatus: 400, wantInDetail: "empty"},
 		{name: "array body", body: `[]`, wantStatus: 400, wantCode: "invalid_argument", wantInDetail: "want a JSON object"},
 		{name: "unknown field", body: req("a", `,"limt":3`), wantStatus: 400, wantField: "limt", wantCode: "invalid_argument", wantInDetail: `unknown field "limt"`},
@@ -305,6 +314,9 @@ func TestBatchEndpoint(t *testing.T) {
 		{name: "unknown top-level field", path: "/v1/check/batch", method: http.MethodPost, body: `{"items":[]}`, wantStatus: 400, wantField: "items", wantCode: "invalid_argument"},
 		{name: "requests not a list", path: "/v1/check/batch", method: http.MethodPost, body: `{"requests":{}}`, wantStatus: 400, wantField: "requests", wantCode: "invalid_argument"},
 		{name: "malformed", path: "/v1/check/batch", method: http.MethodPost, body: `{"requests":[`, wantStatus: 400, wantCode: "invalid_argument"},
+		{name: "a lone surrogate in an item", path: "/v1/check/batch", method: http.MethodPost,
+			body:       `{"requests":[{"name":"api","key":"b","limit":2,"period":"1m","algorithm":"gcra"},{"name":"api","key":"\udfff","limit":2,"period":"1m","algorithm":"gcra"}]}`,
+			wantStatus: 400, wantField: "requests[1].key", wantCode: "invalid_key", wantInDetail: "surrogate"},
 	})
 	if r := do(t, http.MethodPost, base+"/v1/check/batch", `{"requests":[]}`); r.status != 200 || strings.TrimSpace(string(r.body)) != `{"responses":[]}` {
 		t.Errorf("empty batch: %d %s", r.status, r.body)

@@ -354,11 +354,11 @@ var fields = []field{
 		show:  func(c *Config) string { return c.LeaveTimeout.String() }},
 	{key: "lease_threshold", usage: "checks per second of one key on this node, not its owner, that start leasing its hits; 0: no leases",
 		parse: func(c *Config, v string) error { return parseInt(&c.Lease.Threshold, v) },
-		check: func(c *Config) error { return c.Lease.Validate() },
+		check: checkLease,
 		show:  func(c *Config) string { return strconv.FormatInt(c.Lease.Threshold, 10) }},
 	{key: "lease_ttl", usage: "how long a lease of a hot key's hits lasts",
 		parse: func(c *Config, v string) error { return parseDuration(&c.Lease.TTL, v) },
-		check: func(c *Config) error { return c.Lease.Validate() },
+		check: checkLease,
 		show:  func(c *Config) string { return c.Lease.TTL.String() }},
 	{key: "lease_share", usage: "most of a key's capacity one lease takes, in (0, 1]",
 		parse: func(c *Config, v string) error {
@@ -369,7 +369,7 @@ var fields = []field{
 			c.Lease.Share = f
 			return nil
 		},
-		check: func(c *Config) error { return c.Lease.Validate() },
+		check: checkLease,
 		show:  func(c *Config) string { return strconv.FormatFloat(c.Lease.Share, 'g', -1, 64) }},
 	{key: "tls_cert_file", usage: "PEM certificate of this node; with tls_key_file turns on TLS for gRPC and HTTP",
 		parse: func(c *Config, v string) error { c.TLSCertFile = v; return nil },
@@ -418,6 +418,17 @@ func checkIdentities(ids []string) error {
 		}
 	}
 	return nil
+}
+
+// checkLease checks the lease settings as if leases were on, so that a
+// bad lease_ttl or lease_share (NaN, say) is refused while
+// lease_threshold is 0 too, not only once leases are turned on.
+func checkLease(c *Config) error {
+	l := c.Lease
+	if l.Threshold == 0 {
+		l.Threshold = 1
+	}
+	return l.Validate()
 }
 
 // decodeGossipKeys decodes base64 gossip keys and checks their lengths.

@@ -277,9 +277,22 @@ func TestNewSetCopies(t *testing.T) {
 
 // The example in the package comment is a valid file.
 func TestDocExample(t *testing.T) {
+	y := docExample(t)
+	s, err := Parse("doc.go", []byte(y))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	if s.Len() != 3 {
+		t.Fatalf("%d rules", s.Len())
+	}
+}
+
+// docExample returns the rule file in the package comment.
+func docExample(tb testing.TB) string {
+	tb.Helper()
 	src, err := os.ReadFile("doc.go")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	var y strings.Builder
 	in := false
@@ -298,13 +311,7 @@ func TestDocExample(t *testing.T) {
 			y.WriteString("\n")
 		}
 	}
-	s, err := Parse("doc.go", []byte(y.String()))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, y.String())
-	}
-	if s.Len() != 3 {
-		t.Fatalf("%d rules", s.Len())
-	}
+	return y.String()
 }
 
 // laughs returns a few hundred bytes of nested aliases that expand to

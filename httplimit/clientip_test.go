@@ -54,6 +54,7 @@ func TestClientIP(t *testing.T) {
 		{"xff trusted hops skipped", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "6.6.6.6, 1.2.3.4, 10.9.9.9, 2001:db8:ffff::3"}, "1.2.3.4"},
 		{"xff ports, brackets, zone, mapped", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "5.6.7.8, [2001:db8::9]:80"}, "2001:db8::9"},
 		{"xff ipv4 with port", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "1.2.3.4:5678"}, "1.2.3.4"},
+		{"xff ipv6 and port without brackets: another address", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "2001:db8::1:443"}, "2001:db8::1:443"},
 		{"xff zone dropped", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "fe80::1%eth0"}, "fe80::1"},
 		{"xff mapped address", xff, "10.0.0.1:1", []string{"X-Forwarded-For", "::ffff:1.2.3.4"}, "1.2.3.4"},
 		{"xff spaces and tabs", xff, "10.0.0.1:1", []string{"X-Forwarded-For", " 1.1.1.1 ,\t10.2.2.2 "}, "1.1.1.1"},

@@ -65,8 +65,9 @@
 //     "option forwardfor if-none", which passes a client's own header on
 //     unchanged.
 //   - AWS Application Load Balancer: appends the client to X-Forwarded-For
-//     (routing.http.xff_header_processing.mode append, the default; a port
-//     that routing.http.xff_client_port.enabled adds is ignored).
+//     (routing.http.xff_header_processing.mode append, the default; leave
+//     routing.http.xff_client_port.enabled off, since an IPv6 address
+//     followed by a port without brackets reads as another address).
 //     TrustedProxies with the
 //     subnets of the load balancer, such as the VPC's "10.0.0.0/16".
 //   - Google Cloud external Application Load Balancer: appends two

@@ -174,7 +174,7 @@ func New(cfg Config) (n *Node, err error) {
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
-	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+	if n.lis, err = transport.DefaultServerLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
 	sopts := transport.ServerOptions()

@@ -138,14 +138,16 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 }
 
 // dialOptions are the client's defaults, before Config.DialOptions:
-// insecure transport, and flow-control windows as large as the server's
+// insecure transport; flow-control windows as large as the server's
 // (transport.ServerOptions), so that small batches do not cost a window
-// update every few messages.
+// update every few messages; and the keepalive that servers built with
+// transport.ServerOptions accept.
 func dialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(transport.WindowSize),
 		grpc.WithInitialConnWindowSize(transport.WindowSize),
+		grpc.WithKeepaliveParams(transport.PeerKeepalive()),
 	}
 }
 

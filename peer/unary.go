@@ -13,14 +13,14 @@ import (
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
-// Transfer sends key states to the peer, in calls of at most
-// transport.MaxTransferStates, each with Config.Timeout, and returns how many
+// Transfer sends key states to the peer, in calls of the size
+// transport.TransferSplit gives, each with Config.Timeout, and returns how many
 // the peer merged and rejected. It stops at the first call that fails; the
 // error wraps ErrUnavailable when the peer could not be reached, and is
 // ErrClosed after Close.
 func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
 	for len(states) > 0 {
-		n := min(len(states), transport.MaxTransferStates)
+		n := transport.TransferSplit(states)
 		in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(reason), States: make([]*pb.KeyState, n)}
 		for i := range n {
 			in.States[i] = transport.SnapshotToProto(&states[i])

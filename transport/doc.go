@@ -28,6 +28,19 @@
 // limiter's sentinel (limiter.ErrInvalidLimit and the others) and the text
 // names the field.
 //
+// What a client may make a server hold is bounded before it is held. A
+// message is at most [MaxMessageSize] bytes, the largest valid batch; a
+// Transfer is split to fit ([TransferSplit]). Before decoding, the codec
+// counts the entries of every repeated field on the wire, allocating
+// nothing, and refuses a message over its limits ([MaxBatchItems],
+// [MaxTransferStates], [MaxTransferLogEntries]) with InvalidArgument
+// naming the field and the count: the registered services decode through
+// a wrapper, because grpc-go turns any error of a server's codec into
+// Internal. [ServerLimits] bounds connections: how many are open
+// ([ServerLimits.Listen] closes the rest at once), how long a handshake
+// and an idle connection last, how often clients may ping (peers ping as
+// [PeerKeepalive] says), and how many calls one connection holds open.
+//
 // Durations and instants are int64 nanoseconds on the wire; a hits field
 // that is absent means 1. Time zones are IANA names, loaded once per [Codec]
 // and cached there, never in a package-level registry.

@@ -15,7 +15,8 @@ import (
 var (
 	// ErrInvalidArgument is a malformed message that no limiter sentinel
 	// describes: a nil message, an unknown unreachable policy, an oversized
-	// batch.
+	// batch, a message refused before decoding for a repeated field with
+	// more entries than its limit.
 	ErrInvalidArgument = errors.New("transport: invalid argument")
 	// ErrMalformedResponse is a response that breaks the protocol: a count
 	// of items that differs from the request's, a negative duration.
@@ -34,6 +35,8 @@ var (
 	// ErrNilContext is a call made with a nil context.Context, refused
 	// the same way by the cluster and client packages.
 	ErrNilContext = errors.New("sluice: nil context")
+	// ErrInvalidServerLimits is a ServerLimits that Validate refuses.
+	ErrInvalidServerLimits = errors.New("transport: invalid server limits")
 )
 
 // MaxErrorMessageLen bounds the error text carried per item, in bytes.

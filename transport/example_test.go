@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,7 +29,7 @@ func (a allowAll) CheckMany(_ context.Context, reqs []limiter.Request) []transpo
 // one item is invalid. That item gets its own error, which still matches
 // the limiter's sentinel on this side of the wire.
 func ExampleRegisterPeer() {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := transport.DefaultServerLimits().Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}

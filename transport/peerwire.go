@@ -212,14 +212,19 @@ func (r *reader) each(field func(protowire.Number, protowire.Type) bool) bool {
 }
 
 // decodePeerRequest decodes b into m as proto.Unmarshal does, with the
-// items in sp, or reports false, leaving m in any state, when b is not
-// for it to decode.
-func decodePeerRequest(b []byte, m *pb.PeerCheckRequest, sp *requestSpace) bool {
+// items in sp, and reports true; or it refuses b, holding more items than
+// their limit (peerRequestLimits), with a *countError and allocates
+// nothing; or it reports false, leaving m in any state, when b is not for
+// it to decode.
+func decodePeerRequest(b []byte, m *pb.PeerCheckRequest, sp *requestSpace) (bool, error) {
 	var s string
 	r := newReader(b, &s)
 	n, ok := r.count(peerReqItems, protowire.BytesType)
 	if !ok {
-		return false
+		return false, nil
+	}
+	if l := &peerRequestLimits[0]; n > l.max {
+		return false, tooMany(l, n)
 	}
 	m.Reset()
 	items := sp.items(n)
@@ -242,7 +247,7 @@ func decodePeerRequest(b []byte, m *pb.PeerCheckRequest, sp *requestSpace) bool 
 		return ok
 	})
 	m.Items = items
-	return ok
+	return ok, nil
 }
 
 // decodeRequestItem decodes item i, whose hits field goes in sp.
@@ -293,15 +298,17 @@ type responseSpace struct {
 	owner string // the last message's owner, reused while it does not change
 }
 
-// decodePeerResponse decodes b into m as proto.Unmarshal does, with the
-// items in sp, or reports false, leaving m in any state, when b is not
-// for it to decode.
-func decodePeerResponse(b []byte, m *pb.PeerCheckResponse, sp *responseSpace) bool {
+// decodePeerResponse is decodePeerRequest for a response
+// (peerResponseLimits).
+func decodePeerResponse(b []byte, m *pb.PeerCheckResponse, sp *responseSpace) (bool, error) {
 	// A response has few strings, usually its owner only: each is copied.
 	r := newReader(b, nil)
 	n, ok := r.count(peerRespItems, protowire.BytesType)
 	if !ok {
-		return false
+		return false, nil
+	}
+	if l := &peerResponseLimits[0]; n > l.max {
+		return false, tooMany(l, n)
 	}
 	m.Reset()
 	items, _ := sp.items(n)
@@ -328,7 +335,7 @@ func decodePeerResponse(b []byte, m *pb.PeerCheckResponse, sp *responseSpace) bo
 		return ok
 	})
 	m.Items = items
-	return ok
+	return ok, nil
 }
 
 func decodeResponseItem(r *reader, m *pb.RateLimitResponse) bool {

@@ -72,9 +72,11 @@ func handSize(m proto.Message) (int, bool) {
 func handDecode(b []byte, m proto.Message) bool {
 	switch m := m.(type) {
 	case *pb.PeerCheckRequest:
-		return decodePeerRequest(b, m, new(requestSpace))
+		ok, err := decodePeerRequest(b, m, new(requestSpace))
+		return ok && err == nil
 	case *pb.PeerCheckResponse:
-		return decodePeerResponse(b, m, new(responseSpace))
+		ok, err := decodePeerResponse(b, m, new(responseSpace))
+		return ok && err == nil
 	}
 	return false
 }
@@ -173,7 +175,7 @@ func TestPeerWireEdges(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := new(pb.PeerCheckRequest)
-			if byHand := decodePeerRequest(tt.b, got, new(requestSpace)); byHand != tt.byHand {
+			if byHand, _ := decodePeerRequest(tt.b, got, new(requestSpace)); byHand != tt.byHand {
 				t.Fatalf("decoded by hand: %v, want %v", byHand, tt.byHand)
 			}
 			got = new(pb.PeerCheckRequest)
@@ -197,7 +199,7 @@ func TestPeerWireStrings(t *testing.T) {
 	}
 	got := new(pb.PeerCheckRequest)
 	allocs := testing.AllocsPerRun(100, func() {
-		if !decodePeerRequest(b, got, new(requestSpace)) {
+		if ok, _ := decodePeerRequest(b, got, new(requestSpace)); !ok {
 			t.Fatal("not decoded by hand")
 		}
 	})
@@ -274,14 +276,14 @@ func TestPeerWireBuffers(t *testing.T) {
 	resp := wireMarshal(t, &pb.PeerCheckResponse{Seq: 1, Owner: "b", Items: []*pb.RateLimitResponse{{Allowed: true}, {Limit: 3}}})
 	// (Through the decoders: wrapping a slice in a BufferSlice allocates.)
 	if allocs := testing.AllocsPerRun(100, func() {
-		if !decodePeerRequest(skipPadding(req), &reqBuf.PeerCheckRequest, &reqBuf.space) {
+		if ok, _ := decodePeerRequest(skipPadding(req), &reqBuf.PeerCheckRequest, &reqBuf.space); !ok {
 			t.Fatal("request not decoded by hand")
 		}
 	}); allocs > 1 {
 		t.Errorf("%v allocations per request, want 1", allocs)
 	}
 	if allocs := testing.AllocsPerRun(100, func() {
-		if !decodePeerResponse(skipPadding(resp), &respBuf.PeerCheckResponse, &respBuf.space) {
+		if ok, _ := decodePeerResponse(skipPadding(resp), &respBuf.PeerCheckResponse, &respBuf.space); !ok {
 			t.Fatal("response not decoded by hand")
 		}
 	}); allocs > 0 {

@@ -19,9 +19,14 @@ const (
 	// MaxBatchItems is the most items one batch may carry, on either
 	// service. A larger batch fails as a whole with InvalidArgument.
 	MaxBatchItems = 1000
-	// MaxMessageSize is the largest message a server accepts, in bytes: a
-	// full batch of the largest valid items takes about 1.3 MiB.
-	MaxMessageSize = 2 << 20
+	// MaxMessageSize is the largest message a server accepts, in bytes,
+	// and a larger one is refused with ResourceExhausted before it is
+	// read: the largest batch, of MaxBatchItems requests with name, key
+	// and time zone at their longest and every number at its longest
+	// encoding (1,338,142 bytes; size.go). Padding (wire.go) only brings
+	// small messages up to about 1 KiB. A Transfer is sent in calls that
+	// fit (TransferSplit).
+	MaxMessageSize = max(maxPeerRequest, maxBatchRequest, maxPeerResponse, maxBatchResponse)
 	// WindowSize is the HTTP/2 flow-control window, per stream and per
 	// connection, that ServerOptions sets and peer clients use. gRPC's
 	// default (64 KiB, grown by probing) makes a stream of small messages
@@ -145,19 +150,6 @@ func newServerConfig(opts []ServerOption) serverConfig {
 	return cfg
 }
 
-// ServerOptions returns the options a grpc.Server serving sluice should
-// have: the largest message it receives bounded to MaxMessageSize; the
-// protobuf codec with the padding of the Peer messages (see CallOptions),
-// for every service of the server; and flow-control windows of WindowSize.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(MaxMessageSize),
-		grpc.ForceServerCodecV2(wireCodec{}),
-		grpc.InitialWindowSize(WindowSize),
-		grpc.InitialConnWindowSize(WindowSize),
-	}
-}
-
 // RegisterPeer registers the Peer service on s, with both of its methods:
 // CheckBatch, a batch per call, and CheckStream, a stream of batches from
 // one node answered one at a time in the order received, each with its
@@ -165,7 +157,12 @@ func ServerOptions() []grpc.ServerOption {
 // item of a batch is converted with Codec.RequestFromProto; those that fail
 // get their error in their own response, and the rest are decided by local
 // as their owner. A batch of more than MaxBatchItems fails the call, or
-// ends the stream, with InvalidArgument. local receives a context whose
+// ends the stream, with InvalidArgument; so does a Transfer of more than
+// MaxTransferStates states, of a state with more than 3 words or
+// limiter.MaxSnapshotLog log entries, or of more than
+// MaxTransferLogEntries log entries in all. On a server built with
+// ServerOptions, these counts are checked on the wire before the message
+// is decoded. local receives a context whose
 // caller PeerFromContext names; on a stream, that is the call's context.
 // It panics if local is nil.
 func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
@@ -173,7 +170,7 @@ func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
 		panic("transport: RegisterPeer with a nil Checker")
 	}
 	into, _ := local.(CheckerInto)
-	pb.RegisterPeerServer(s, &peerServer{cfg: newServerConfig(opts), local: local, into: into})
+	s.RegisterService(guardService(&pb.Peer_ServiceDesc), &peerServer{cfg: newServerConfig(opts), local: local, into: into})
 }
 
 // RegisterPublic registers the Sluice service on s: checks are decided by
@@ -185,7 +182,7 @@ func RegisterPublic(s *grpc.Server, routed Router, health Health, opts ...Server
 	if routed == nil {
 		panic("transport: RegisterPublic with a nil Router")
 	}
-	pb.RegisterSluiceServer(s, &publicServer{cfg: newServerConfig(opts), routed: routed, health: health})
+	s.RegisterService(guardService(&pb.Sluice_ServiceDesc), &publicServer{cfg: newServerConfig(opts), routed: routed, health: health})
 }
 
 type peerKey struct{}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,15 +75,27 @@ func echo(r limiter.Request, owner string) Result {
 	}}
 }
 
-// startServer serves what register registers on 127.0.0.1:0 and returns
-// a connection to it. Both are closed at the end of the test.
+// startServer serves what register registers on 127.0.0.1:0, with the
+// default limits, and returns a connection to it. Both are closed at the
+// end of the test.
 func startServer(t *testing.T, register func(s *grpc.Server)) *grpc.ClientConn {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return dial(t, serve(t, DefaultServerLimits(), register), grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// serve serves what register registers on 127.0.0.1:0, with limits l, and
+// returns its address. The server stops at the end of the test.
+func serve(t *testing.T, l ServerLimits, register func(s *grpc.Server)) string {
+	t.Helper()
+	opts, err := l.ServerOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(ServerOptions()...)
+	lis, err := l.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(opts...)
 	register(s)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(lis) }()
@@ -94,12 +105,7 @@ func startServer(t *testing.T, register func(s *grpc.Server)) *grpc.ClientConn {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return lis.Addr().String()
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -44,7 +44,9 @@ func CallOptions() []grpc.CallOption {
 // the Peer service that are smaller than padTo, skips a leading padding
 // field of any message it decodes, and encodes and decodes the messages of
 // a Peer stream by hand (peerwire.go), into buffers reused from one
-// message to the next where the receiver has one.
+// message to the next where the receiver has one; and that it refuses,
+// before decoding, a message with more entries in a repeated field than
+// the field's limit (guard.go).
 type wireCodec struct{}
 
 var _ encoding.CodecV2 = wireCodec{}
@@ -108,36 +110,54 @@ func appendMessage(b []byte, m proto.Message, byHand bool) ([]byte, error) {
 	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
 }
 
+// Unmarshal decodes data into v, or into the message v wraps when it is a
+// *guarded. Before decoding, it checks the counts of the message's repeated
+// fields (guard.go) and refuses a message over its limits: with a
+// *countError, or, into a *guarded, by recording it there.
 func (wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if _, ok := v.(proto.Message); !ok {
+	g, _ := v.(*guarded)
+	if g != nil {
+		v = g.Message
+	}
+	m, ok := v.(proto.Message)
+	if !ok {
 		return fmt.Errorf("transport: cannot unmarshal into %T, want a proto.Message", v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	b := skipPadding(buf.ReadOnlyData())
-	// The Peer messages are decoded by hand (peerwire.go) unless they hold
-	// what only the protobuf runtime decodes.
-	switch m := v.(type) {
+	err := unmarshal(skipPadding(buf.ReadOnlyData()), m)
+	if _, refused := err.(*countError); refused && g != nil {
+		g.refused = err
+		return nil
+	}
+	return err
+}
+
+// unmarshal decodes b into m, checking counts first. The Peer messages are
+// decoded by hand (peerwire.go, which checks their counts itself) unless
+// they hold what only the protobuf runtime decodes.
+func unmarshal(b []byte, m proto.Message) error {
+	var done bool
+	var err error
+	switch m := m.(type) {
 	case *peerRequestBuffer:
-		if decodePeerRequest(b, &m.PeerCheckRequest, &m.space) {
-			return nil
-		}
+		done, err = decodePeerRequest(b, &m.PeerCheckRequest, &m.space)
 	case *PeerResponseBuffer:
-		if decodePeerResponse(b, &m.PeerCheckResponse, &m.space) {
-			return nil
-		}
+		done, err = decodePeerResponse(b, &m.PeerCheckResponse, &m.space)
 	case *pb.PeerCheckRequest:
 		var sp requestSpace
-		if decodePeerRequest(b, m, &sp) {
-			return nil
-		}
+		done, err = decodePeerRequest(b, m, &sp)
 	case *pb.PeerCheckResponse:
 		var sp responseSpace
-		if decodePeerResponse(b, m, &sp) {
-			return nil
-		}
+		done, err = decodePeerResponse(b, m, &sp)
 	}
-	return proto.Unmarshal(b, v.(proto.Message))
+	if done || err != nil {
+		return err
+	}
+	if err := checkCounts(b, countLimits(m.ProtoReflect().Descriptor().FullName())); err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
 }
 
 // fillerLen returns how many filler bytes bring a message of size bytes to

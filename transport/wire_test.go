@@ -128,6 +128,13 @@ func FuzzWireUnmarshal(f *testing.F) {
 			errWire := wireUnmarshal(data, got)
 			want := m.ProtoReflect().New().Interface()
 			errPlain := proto.Unmarshal(data, want)
+			if _, refused := errWire.(*countError); refused {
+				// Only a message over its limits (guard.go) is refused.
+				if errPlain != nil || !countsOver(want.ProtoReflect(), countLimits(want.ProtoReflect().Descriptor().FullName())) {
+					t.Fatalf("%T: refused with %v, plain error %v", m, errWire, errPlain)
+				}
+				continue
+			}
 			if (errWire == nil) != (errPlain == nil) {
 				t.Fatalf("%T: codec error %v, plain error %v", m, errWire, errPlain)
 			}

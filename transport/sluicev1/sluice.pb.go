@@ -955,7 +955,8 @@ func (x *LogEntry) GetHits() int64 {
 	return 0
 }
 
-// TransferRequest carries at most 1000 key states.
+// TransferRequest carries at most 1000 key states, with at most 65536 log
+// entries in all.
 type TransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the sending node.

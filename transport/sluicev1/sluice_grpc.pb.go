@@ -57,7 +57,9 @@ type PeerClient interface {
 	// answered.
 	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerCheckRequest, PeerCheckResponse], error)
 	// Key states handed off or replicated to the receiver, merged into its
-	// store. More than 1000 states fail with INVALID_ARGUMENT.
+	// store. More than 1000 states, more than 65536 log entries in all, or a
+	// state with more than 3 words or 4096 log entries fail with
+	// INVALID_ARGUMENT, before the request is decoded.
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// A lease of hits of a hot key, taken from the receiver's counter.
 	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
@@ -131,7 +133,9 @@ type PeerServer interface {
 	// answered.
 	CheckStream(grpc.BidiStreamingServer[PeerCheckRequest, PeerCheckResponse]) error
 	// Key states handed off or replicated to the receiver, merged into its
-	// store. More than 1000 states fail with INVALID_ARGUMENT.
+	// store. More than 1000 states, more than 65536 log entries in all, or a
+	// state with more than 3 words or 4096 log entries fail with
+	// INVALID_ARGUMENT, before the request is decoded.
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// A lease of hits of a hot key, taken from the receiver's counter.
 	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)

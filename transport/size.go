@@ -1,0 +1,72 @@
+package transport
+
+import (
+	"encoding/binary"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// MaxTransferLogEntries is the most sliding window log entries one Transfer
+// carries over all its states: 16 full logs (limiter.MaxSnapshotLog). A log
+// entry takes 2 bytes on the wire at the least and about 100 bytes once
+// decoded (1.3 MB of empty entries would decode to 68 MB). A
+// Transfer with more is refused with InvalidArgument before it is decoded;
+// TransferSplit keeps below it.
+const MaxTransferLogEntries = 16 * limiter.MaxSnapshotLog
+
+// Upper bounds on the encoded size of the messages, from the bounds of their
+// fields; MaxMessageSize is the largest. Every field number is below 16
+// (a 1-byte tag), and every string and item is shorter than 16 KiB (a
+// length of at most 2 bytes). A test encodes the largest of each message
+// and checks it against these.
+const (
+	varintField = 1 + binary.MaxVarintLen64 // any integer, enum or bool
+	lenField    = 1 + 2                     // the tag and length of a string or an item
+
+	// A RateLimitRequest with name, key and time_zone at their longest
+	// and every number at its longest varint.
+	maxRequestItem = lenField + limiter.MaxNameLen + lenField + limiter.MaxKeyLen +
+		lenField + MaxTimeZoneLen + 10*varintField
+	maxPeerRequest  = lenField + limiter.MaxNameLen + MaxBatchItems*(lenField+maxRequestItem) + varintField
+	maxBatchRequest = MaxBatchItems * (lenField + maxRequestItem)
+
+	// A RateLimitResponse with an owner named as long as a limit and the
+	// longest error message.
+	maxResponseItem  = 8*varintField + lenField + limiter.MaxNameLen + lenField + MaxErrorMessageLen
+	maxPeerResponse  = MaxBatchItems*(lenField+maxResponseItem) + varintField + lenField + limiter.MaxNameLen
+	maxBatchResponse = MaxBatchItems * (lenField + maxResponseItem)
+
+	// The fields of a TransferRequest but its states (from, reason,
+	// ring_fingerprint), and one log entry of a KeyState.
+	transferOverhead = lenField + limiter.MaxNameLen + varintField + 1 + 8
+	maxLogEntry      = 2 + 2*varintField
+)
+
+// TransferSplit returns how many of the first states one Transfer carries:
+// as many as fit in MaxTransferStates states, MaxTransferLogEntries log
+// entries in all and MaxMessageSize bytes, and at least one when there are
+// any (one state with a log of limiter.MaxSnapshotLog entries takes about
+// 100 KB). The peer package sends states in calls of this size.
+func TransferSplit(states []limiter.Snapshot) int {
+	size, logs := transferOverhead, 0
+	for i := range states {
+		size += stateSize(&states[i])
+		logs += len(states[i].Log)
+		if i > 0 && (i >= MaxTransferStates || size > MaxMessageSize || logs > MaxTransferLogEntries) {
+			return i
+		}
+	}
+	return len(states)
+}
+
+// stateSize bounds the size of s as a state of a TransferRequest (field,
+// length and KeyState).
+func stateSize(s *limiter.Snapshot) int {
+	n := 1 + protowire.SizeBytes(len(s.Name)) + 1 + protowire.SizeBytes(len(s.Key)) +
+		2*varintField + // algorithm, expire_at_unix_nano
+		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
+		len(s.Log)*maxLogEntry
+	return 1 + protowire.SizeBytes(n)
+}

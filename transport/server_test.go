@@ -278,9 +278,9 @@ func TestGarbageOnTheWire(t *testing.T) {
 		data []byte
 		want codes.Code
 	}{
-		{"truncated varint", []byte{0x12, 0xff}, codes.Internal},
-		{"length past end", []byte{0x12, 0x7f, 0x01}, codes.Internal},
-		{"invalid UTF-8", invalidUTF8, codes.Internal},
+		{"truncated varint", []byte{0x12, 0xff}, codes.InvalidArgument},
+		{"length past end", []byte{0x12, 0x7f, 0x01}, codes.InvalidArgument},
+		{"invalid UTF-8", invalidUTF8, codes.InvalidArgument},
 		{"too large", make([]byte, MaxMessageSize+1), codes.ResourceExhausted},
 	} {
 		for _, method := range []string{"/sluice.v1.Peer/CheckBatch", "/sluice.v1.Sluice/CheckBatch", "/sluice.v1.Sluice/Check"} {

@@ -112,8 +112,9 @@ func appendMessage(b []byte, m proto.Message, byHand bool) ([]byte, error) {
 
 // Unmarshal decodes data into v, or into the message v wraps when it is a
 // *guarded. Before decoding, it checks the counts of the message's repeated
-// fields (guard.go) and refuses a message over its limits: with a
-// *countError, or, into a *guarded, by recording it there.
+// fields (guard.go) and refuses a message over its limits with a
+// *countError. Into a *guarded, it records the refusal, or any other
+// failure to decode, there, so that the service answers InvalidArgument.
 func (wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	g, _ := v.(*guarded)
 	if g != nil {
@@ -126,7 +127,12 @@ func (wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	err := unmarshal(skipPadding(buf.ReadOnlyData()), m)
-	if _, refused := err.(*countError); refused && g != nil {
+	if err != nil && g != nil {
+		// A request that cannot be decoded, a string of invalid UTF-8
+		// above all, is the caller's error, not the server's.
+		if _, counted := err.(*countError); !counted {
+			err = fmt.Errorf("%w: %s cannot be decoded: %v", ErrInvalidArgument, m.ProtoReflect().Descriptor().FullName(), err)
+		}
 		g.refused = err
 		return nil
 	}

@@ -104,10 +104,10 @@ type apiRefusal struct {
 // daemon's HTTP JSON API (one check and a batch) and the public gRPC API
 // (Check and CheckBatch).
 //
-// One difference remains, in the transport package: a gRPC request whose
-// name or key is not valid UTF-8 cannot be decoded, so the whole call
-// fails with codes.Internal and protobuf's "string field contains invalid
-// UTF-8", which names no field, where the other APIs name it.
+// One difference remains: a gRPC request whose name or key is not valid
+// UTF-8 cannot be decoded by protobuf, so the whole call fails with
+// InvalidArgument and protobuf's "string field contains invalid UTF-8",
+// which names no field, where the other APIs name it.
 func TestInvalidRequestsOnEveryAPI(t *testing.T) {
 	d := start(t, testConfig("validation"))
 	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -172,7 +172,7 @@ func TestInvalidRequestsOnEveryAPI(t *testing.T) {
 				case !g.refused:
 					t.Errorf("%s admitted it", api)
 				case tt.grpcUndecodable && strings.HasPrefix(api, "gRPC"):
-					if g.code != "internal" || !strings.Contains(g.text, "invalid UTF-8") {
+					if g.code != "invalidargument" || !strings.Contains(g.text, "invalid UTF-8") {
 						t.Errorf("%s: %+v, want the call to fail as undecodable", api, g)
 					}
 				case g.field != tt.field && !strings.HasSuffix(g.field, "."+tt.field) || g.code != tt.code:

@@ -23,9 +23,10 @@ var (
 	// that were waiting or in flight when Close was called.
 	ErrClosed error = &sentinel{"peer: client closed", transport.ErrUnavailable}
 	// ErrUnavailable wraps the error of a batch that failed as a whole: the
-	// peer is down, does not answer it within Config.Timeout, or its stream
-	// broke while the batch was in flight. Every check of the batches
-	// concerned, and only those, fail with it.
+	// peer is down, does not answer it before its oldest check has waited
+	// Config.Timeout, or its stream broke while the batch was in flight.
+	// Every check of the batches concerned, and only those, fail with it;
+	// so does a check still waiting to be sent when its own Timeout ends.
 	ErrUnavailable error = &sentinel{"peer: peer unavailable", transport.ErrUnavailable}
 	// ErrInvalidConfig is returned by Config.Validate and the constructors.
 	ErrInvalidConfig = errors.New("peer: invalid config")
@@ -49,6 +50,7 @@ func (e *sentinel) Unwrap() error { return e.also }
 type Client struct {
 	name, addr string
 	cfg        Config
+	now        func() time.Time // Config.Clock, or time.Now
 	conn       *grpc.ClientConn
 	rpc        pb.PeerClient
 
@@ -60,7 +62,7 @@ type Client struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex // guards the fields below and the streams' shared fields
-	pending  []*item    // checks waiting for a batch, oldest first
+	pending  []*item    // checks waiting for a batch, in the order queued
 	closed   bool
 	sending  bool      // the send token is taken (see stream.go)
 	cur      *stream   // where new batches go; nil until opened, and once it fails or drains
@@ -85,6 +87,7 @@ type Client struct {
 type item struct {
 	req      limiter.Request
 	res      transport.Result
+	deadline time.Time     // Config.Timeout after it was queued: it fails then if not answered
 	done     chan struct{} // cap 1
 	canceled atomic.Bool   // the caller stopped waiting
 }
@@ -122,6 +125,7 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 		name:  name,
 		addr:  addr,
 		cfg:   cfg,
+		now:   cfg.Clock,
 		conn:  conn,
 		rpc:   pb.NewPeerClient(conn),
 		wake:  make(chan struct{}, 1),
@@ -130,6 +134,9 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 		enc:   newEncoder(cfg.MaxBatch),
 	}
 	c.timer.Stop()
+	if c.now == nil {
+		c.now = time.Now
+	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.goFunc(c.sender)
 	c.goFunc(c.watchdog)
@@ -181,7 +188,9 @@ func (c *Client) Stats() Stats {
 // without sending it; the owner's per-item error, which matches the same
 // limiter sentinel; an error wrapping ErrUnavailable when its batch failed;
 // ErrClosed; or ctx.Err() when ctx ends first (the late result, if any, is
-// discarded). ctx bounds only the wait: every batch has Config.Timeout.
+// discarded). The check waits at most Config.Timeout from when it is
+// queued, whatever ctx allows: then it fails with an error wrapping
+// ErrUnavailable whose gRPC status is DeadlineExceeded, sent or not.
 func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
 	if err := transport.ValidateRequest(&req); err != nil {
 		return limiter.Decision{}, err
@@ -236,14 +245,22 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request) []transp
 	return out
 }
 
-// enqueue appends its to the pending checks and has them sent: at once,
-// by this goroutine, when they are few and nothing is in flight on the
-// open stream; otherwise by whoever sends next, waking the sender
-// goroutine if no one else will. It reports false, enqueueing nothing,
-// when the client is closed.
+// enqueue appends its to the pending checks, each with its deadline,
+// Config.Timeout from now, and has them sent: at once, by this goroutine,
+// when they are few and nothing is in flight on the open stream;
+// otherwise by whoever sends next, waking the sender goroutine if no one
+// else will. The watchdog fails them if their deadline comes first. It
+// reports false, enqueueing nothing, when the client is closed.
 func (c *Client) enqueue(its ...*item) bool {
 	if len(its) == 0 {
 		return true
+	}
+	// Read before locking, to keep the lock short: the order of pending is
+	// then only nearly that of the deadlines, and nothing relies on it.
+	now := c.now()
+	deadline := now.Add(c.cfg.Timeout)
+	for _, it := range its {
+		it.deadline = deadline
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -252,10 +269,11 @@ func (c *Client) enqueue(its ...*item) bool {
 	}
 	wasEmpty := len(c.pending) == 0
 	c.pending = append(c.pending, its...)
+	c.armLocked(deadline)
 	var b *batch
 	s := c.cur
 	if wasEmpty && len(its) <= maxInlineChecks && c.inFlight == 0 && c.usableLocked(s) {
-		b = c.beginSendLocked()
+		b = c.beginSendLocked(now)
 	}
 	// Otherwise the holder of the send token, or the end of a batch in
 	// flight, looks at the pending checks again.

@@ -13,8 +13,6 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
@@ -412,8 +410,9 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	o := newOwner("node-b")
 	srv := startServer(t, o)
 	t.Cleanup(func() { close(o.unhang) }) // runs before the server stops
+	var clk testClock
 	cfg := testConfig()
-	cfg.Timeout = 300 * time.Millisecond
+	cfg.Timeout, cfg.Clock = time.Second, clk.now
 	var observed []error
 	var obsMu sync.Mutex
 	cfg.Observer = func(peer string, items int, _ time.Duration, err error) {
@@ -431,14 +430,14 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 
 	hung := goCheck(context.Background(), c, req("hang"))
 	waitFor(t, "the hung batch", func() bool { return o.inside() == 1 })
-	// A check made meanwhile waits for the only slot; when the hung batch
-	// times out, its stream is torn down and this check goes out on a new
-	// one.
+	// A check made half a timeout later waits for the only slot; when the
+	// hung batch times out, its stream is torn down and this check goes
+	// out on a new one, with half its time left.
+	clk.set(cfg.Timeout / 2)
 	ok := goCheck(context.Background(), c, req("ok"))
-	out := receive(t, "the hung check", hung)
-	if !errors.Is(out.err, ErrUnavailable) || !errors.Is(out.err, transport.ErrUnavailable) || status.Code(out.err) != codes.DeadlineExceeded {
-		t.Fatalf("hung check: %v, want ErrUnavailable with DeadlineExceeded", out.err)
-	}
+	waitFor(t, "the check to queue", func() bool { return c.Stats().Pending == 1 })
+	expireAt(c, &clk, cfg.Timeout)
+	receiveTimedOut(t, "the hung check", hung)
 	if out := receive(t, "the check after the hung one", ok); out.err != nil || !out.d.Allowed {
 		t.Fatalf("check after the hung one: %+v", out)
 	}

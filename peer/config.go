@@ -23,9 +23,15 @@ type Config struct {
 	// for a free slot. Default 1: a check goes out at once when nothing is
 	// in flight, and gathers with others while a batch is.
 	MaxInFlight int
-	// Timeout is every batch's deadline, from when it is sent. A batch not
-	// answered in time fails, and so does the stream it is on: the next
-	// batch opens a new one. Default 1s.
+	// Timeout is how long a forwarded check waits at most, from when it
+	// is queued (Check, CheckMany) to its answer, whether it waits for a
+	// batch in flight, for the stream to open, or for its own answer. A
+	// check still queued when it ends fails without being sent; a batch
+	// fails when the Timeout of its earliest check ends, and so does the
+	// stream it is on: the next batch opens a new one. Either way the
+	// error wraps ErrUnavailable with the gRPC status DeadlineExceeded.
+	// Transfer, HandoffDone, Lease and ReturnLease, which queue nothing
+	// here, have it from their start. Default 1s.
 	Timeout time.Duration
 	// Self is this node's name, sent to the peer as the batches' sender.
 	// Optional.
@@ -43,6 +49,14 @@ type Config struct {
 	// must be fast, must not block, and must be safe for concurrent use.
 	// Default nil: none.
 	Observer func(peer string, items int, latency time.Duration, err error)
+	// Clock returns the time the checks' deadlines are measured on, and
+	// the Observer's latencies. The watchdog that enforces the deadlines
+	// sleeps on the system's timer for the time Clock says is left, then
+	// looks again: a clock moved by hand is seen within Timeout. The calls
+	// of Transfer, HandoffDone, Lease and ReturnLease have context
+	// deadlines on the system's clock. Tests set it to move time by hand.
+	// Default nil: time.Now.
+	Clock func() time.Time
 }
 
 // DefaultConfig returns the default configuration.

@@ -19,19 +19,28 @@
 // server stops (so that its graceful stop does not wait for the stream). All
 // of them are started by the client and stopped by [Client.Close].
 //
-// Every batch has the deadline [Config].Timeout. A batch not answered in time
-// fails, and since its stream is then stuck, the stream is torn down and the
-// next batch opens a new one. A caller waits for its own check under its own
-// context and gets ctx.Err() when that ends first. A stream that fails fails
-// only the batches in flight on it, with an error wrapping [ErrUnavailable];
-// an error the owner returns for one item (an invalid limit, say) is that
-// item's alone and still matches the limiter's sentinel with errors.Is.
-// Answers are untrusted: an answer to no batch in flight, or garbage, fails
-// the stream; an answer with the wrong number of items fails its batch with
-// an error wrapping transport.ErrMalformedResponse.
+// A check waits at most [Config].Timeout from when it is queued, on every
+// path: each check carries its deadline, and a batch's deadline is its
+// earliest check's. A check still queued when its deadline passes fails
+// without being sent, so that the caller's fallback decides it at once
+// rather than after the batch ahead of it has timed out too. A batch not
+// answered by its deadline fails, and so does its stream, which may be
+// stuck: it is torn down, and the next batch opens a new one. Either way
+// the error wraps [ErrUnavailable] and its gRPC status is
+// DeadlineExceeded. Transfers and leases queue nothing: each call has
+// Timeout from its start. A caller waits for its own check under its own
+// context and gets ctx.Err() when that ends first.
+//
+// A stream that fails fails only the batches in flight on it, with an
+// error wrapping [ErrUnavailable]; an error the owner returns for one item
+// (an invalid limit, say) is that item's alone and still matches the
+// limiter's sentinel with errors.Is. Answers are untrusted: an answer to no
+// batch in flight, or garbage, fails the stream; an answer with the wrong
+// number of items fails its batch with an error wrapping
+// transport.ErrMalformedResponse.
 //
 // A [Pool] keeps one client per cluster member, following membership
 // changes with [Pool.Update]; [Pool.Get] is lock-free for the hot path.
-// [Client.Stats] counts batches, items and batch sizes, and
-// [Config].Observer sees every batch, for metrics.
+// [Client.Stats] counts batches, items, batch sizes and the checks that
+// failed unsent, and [Config].Observer sees every batch, for metrics.
 package peer

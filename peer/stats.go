@@ -15,6 +15,7 @@ type Stats struct {
 	FailedCalls   uint64 // batches that failed as a whole, failing all their items
 	Items         uint64 // checks sent in batches
 	CanceledItems uint64 // checks dropped before sending: their caller stopped waiting
+	ExpiredItems  uint64 // checks failed before sending: they waited Config.Timeout
 	MaxBatchSize  int    // largest batch sent
 	// BatchSizes[i] counts batches that had between 2^(i-1)+1 and 2^i
 	// checks: [0] counts batches of 1, [1] of 2, [2] of 3-4, ..., [10] of
@@ -26,9 +27,9 @@ type Stats struct {
 
 // counters are the atomics behind Stats.
 type counters struct {
-	calls, failed, items, canceled atomic.Uint64
-	maxBatch                       atomic.Int64
-	buckets                        [NumBatchBuckets]atomic.Uint64
+	calls, failed, items, canceled, expired atomic.Uint64
+	maxBatch                                atomic.Int64
+	buckets                                 [NumBatchBuckets]atomic.Uint64
 }
 
 // recordCall counts a batch of n items, n >= 1.
@@ -50,6 +51,7 @@ func (c *counters) snapshot() Stats {
 		FailedCalls:   c.failed.Load(),
 		Items:         c.items.Load(),
 		CanceledItems: c.canceled.Load(),
+		ExpiredItems:  c.expired.Load(),
 		MaxBatchSize:  int(c.maxBatch.Load()),
 	}
 	for i := range s.BatchSizes {

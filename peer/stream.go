@@ -41,7 +41,7 @@ type stream struct {
 	named  bool                      // Config.Self has been sent on it; send token
 
 	// Guarded by Client.mu.
-	inFlight []*batch // in the order sent, which is the order of their deadlines
+	inFlight []*batch // in the order sent
 	open     bool     // cs is set
 	err      error    // why it failed; non-nil once its batches have been failed
 }
@@ -56,8 +56,8 @@ func (c *Client) usableLocked(s *stream) bool {
 type batch struct {
 	seq      uint64
 	items    []*item
-	sent     time.Time
-	deadline time.Time
+	sent     time.Time // when it was taken from the pending checks, to be sent
+	deadline time.Time // its earliest check's: it fails then if not answered
 }
 
 // encoder is the send token's reusable message buffers.
@@ -96,12 +96,12 @@ func (c *Client) canSendLocked() bool {
 	return !c.closed && !c.sending && c.inFlight < c.cfg.MaxInFlight && len(c.pending) > 0
 }
 
-// beginSendLocked takes the send token and a batch of pending checks. It
-// returns nil, without the token, when no batch may go out now. c.mu must
-// be held.
-func (c *Client) beginSendLocked() *batch {
+// beginSendLocked takes the send token and a batch of pending checks at
+// now. It returns nil, without the token, when no batch may go out now.
+// c.mu must be held.
+func (c *Client) beginSendLocked(now time.Time) *batch {
 	for c.canSendLocked() {
-		if b := c.takeLocked(); b != nil {
+		if b := c.takeLocked(now); b != nil {
 			c.sending = true
 			return b
 		}
@@ -121,23 +121,36 @@ func (c *Client) endSend() {
 	}
 }
 
-// takeLocked moves up to MaxBatch pending checks into a new batch, dropping
-// those whose caller gave up, and numbers it. It returns nil when every
-// pending check was dropped. c.mu must be held.
-func (c *Client) takeLocked() *batch {
+// takeLocked moves up to MaxBatch pending checks into a new batch taken
+// at now, dropping those whose caller gave up and failing those whose
+// deadline has passed, and numbers it. Its deadline is its earliest
+// check's. It returns nil when no pending check was left to send. c.mu
+// must be held.
+func (c *Client) takeLocked(now time.Time) *batch {
 	var b *batch
 	if n := len(c.free); n > 0 {
 		b, c.free = c.free[n-1], c.free[:n-1]
 	} else {
 		b = &batch{items: make([]*item, 0, min(c.cfg.MaxBatch, 64))}
 	}
+	var late error
 	n := 0
 	for n < len(c.pending) && len(b.items) < c.cfg.MaxBatch {
 		it := c.pending[n]
 		n++
-		if it.canceled.Load() {
+		switch {
+		case it.canceled.Load():
 			c.stats.canceled.Add(1)
 			continue
+		case !it.deadline.After(now):
+			if late == nil {
+				late = c.notSentErr()
+			}
+			c.failQueued(it, late)
+			continue
+		}
+		if len(b.items) == 0 || it.deadline.Before(b.deadline) {
+			b.deadline = it.deadline
 		}
 		b.items = append(b.items, it)
 	}
@@ -150,16 +163,29 @@ func (c *Client) takeLocked() *batch {
 	}
 	c.seq++
 	b.seq = c.seq
+	b.sent = now
 	return b
 }
 
-// putInFlightLocked puts b in flight on s, with its deadline, and counts
-// it. From then on b belongs to whoever takes it out of s.inFlight, which
-// may happen as soon as c.mu is released: callers must not touch b after
-// that. c.mu must be held.
+// notSentErr returns the error of the checks whose deadline passed before
+// they were sent.
+func (c *Client) notSentErr() error {
+	return c.streamErr(status.Errorf(codes.DeadlineExceeded, "check not sent within %v of being queued", c.cfg.Timeout))
+}
+
+// failQueued fails it, a check taken out of the pending ones that was
+// never sent, with err.
+func (c *Client) failQueued(it *item, err error) {
+	c.stats.expired.Add(1)
+	it.res = transport.Result{Err: err}
+	it.done <- struct{}{}
+}
+
+// putInFlightLocked puts b in flight on s, arming the watchdog for its
+// deadline, and counts it. From then on b belongs to whoever takes it out
+// of s.inFlight, which may happen as soon as c.mu is released: callers
+// must not touch b after that. c.mu must be held.
 func (c *Client) putInFlightLocked(s *stream, b *batch) {
-	b.sent = time.Now()
-	b.deadline = b.sent.Add(c.cfg.Timeout)
 	s.inFlight = append(s.inFlight, b)
 	c.inFlight++
 	c.armLocked(b.deadline)
@@ -184,8 +210,9 @@ func (c *Client) sender() {
 // on a new one.
 func (c *Client) sendBatches() {
 	for {
+		now := c.now()
 		c.mu.Lock()
-		b := c.beginSendLocked()
+		b := c.beginSendLocked(now)
 		c.mu.Unlock()
 		if b == nil {
 			return
@@ -324,13 +351,14 @@ func (c *Client) receive(s *stream, cs pb.Peer_CheckStreamClient) {
 		if hold {
 			runtime.Gosched()
 		}
+		now := c.now()
 		c.mu.Lock()
 		if hold {
 			c.sending = false
 		}
 		var next *batch
 		if c.usableLocked(s) && len(s.inFlight) == 0 {
-			next = c.beginSendLocked()
+			next = c.beginSendLocked(now)
 		}
 		wake := next == nil && (c.canSendLocked() || len(c.draining) > 0)
 		c.mu.Unlock()
@@ -365,7 +393,7 @@ func (c *Client) finish(b *batch, resp *pb.PeerCheckResponse, err error) {
 	if err == nil && len(resp.Items) != n {
 		err = fmt.Errorf("%w: %d answers for %d checks in batch %d from %s at %s", transport.ErrMalformedResponse, len(resp.Items), n, b.seq, c.name, c.addr)
 	}
-	took := time.Since(b.sent)
+	took := c.now().Sub(b.sent)
 	if err != nil {
 		c.stats.failed.Add(1)
 	}
@@ -446,16 +474,20 @@ func (c *Client) streamErr(err error) error {
 	return fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, c.name, c.addr, err)
 }
 
-// armLocked makes the watchdog fire by deadline. c.mu must be held.
+// armLocked makes the watchdog fire by deadline. The timer waits for the
+// time Config.Clock says is left; a clock that moves otherwise is looked
+// at again when it fires. c.mu must be held.
 func (c *Client) armLocked(deadline time.Time) {
 	if c.timerAt.IsZero() || deadline.Before(c.timerAt) {
 		c.timerAt = deadline
-		c.timer.Reset(time.Until(deadline))
+		c.timer.Reset(deadline.Sub(c.now()))
 	}
 }
 
-// watchdog fails the streams whose oldest batch is past its deadline: a
-// stream that does not answer in time is stuck, and a new one replaces it.
+// watchdog enforces the deadlines of checks: it fails those still
+// pending, and the streams with a batch in flight, that are past their
+// deadline. A stream that does not answer in time is stuck, and a new one
+// replaces it.
 func (c *Client) watchdog() {
 	for {
 		select {
@@ -463,12 +495,13 @@ func (c *Client) watchdog() {
 			return
 		case <-c.timer.C:
 		}
-		c.expire(time.Now())
+		c.expire(c.now())
 	}
 }
 
-// expire fails the streams that have a batch in flight whose deadline is
-// not after now, and arms the watchdog for the next deadline.
+// expire fails the pending checks whose deadline is not after now, without
+// sending them, and the streams that have a batch in flight whose
+// deadline is not after now; it arms the watchdog for the next deadline.
 func (c *Client) expire(now time.Time) {
 	type late struct {
 		s   *stream
@@ -477,11 +510,18 @@ func (c *Client) expire(now time.Time) {
 	var lates []late
 	c.mu.Lock()
 	c.timerAt = time.Time{}
+	c.expirePendingLocked(now)
 	for _, s := range c.streams {
 		if len(s.inFlight) == 0 {
 			continue
 		}
-		if b := s.inFlight[0]; b.deadline.After(now) {
+		b := s.inFlight[0]
+		for _, o := range s.inFlight[1:] {
+			if o.deadline.Before(b.deadline) {
+				b = o
+			}
+		}
+		if b.deadline.After(now) {
 			c.armLocked(b.deadline)
 		} else {
 			lates = append(lates, late{s, b.seq})
@@ -489,8 +529,38 @@ func (c *Client) expire(now time.Time) {
 	}
 	c.mu.Unlock()
 	for _, l := range lates {
-		err := status.Errorf(codes.DeadlineExceeded, "batch %d not answered within %v", l.seq, c.cfg.Timeout)
+		err := status.Errorf(codes.DeadlineExceeded, "batch %d not answered within %v of its first check being queued", l.seq, c.cfg.Timeout)
 		c.fail(l.s, c.streamErr(err))
+	}
+}
+
+// expirePendingLocked fails the pending checks whose deadline is not after
+// now, drops those whose caller gave up, and arms the watchdog for the
+// earliest deadline of the others. c.mu must be held.
+func (c *Client) expirePendingLocked(now time.Time) {
+	var late error
+	var next time.Time
+	kept := c.pending[:0]
+	for _, it := range c.pending {
+		switch {
+		case it.canceled.Load():
+			c.stats.canceled.Add(1)
+		case !it.deadline.After(now):
+			if late == nil {
+				late = c.notSentErr()
+			}
+			c.failQueued(it, late)
+		default:
+			if next.IsZero() || it.deadline.Before(next) {
+				next = it.deadline
+			}
+			kept = append(kept, it)
+		}
+	}
+	clear(c.pending[len(kept):])
+	c.pending = kept
+	if !next.IsZero() {
+		c.armLocked(next)
 	}
 }
 

@@ -371,24 +371,28 @@ func TestCloseDuringOpen(t *testing.T) {
 			cn.Close()
 		}
 	})
+	var clk testClock
 	cfg := testConfig()
-	cfg.Timeout = 200 * time.Millisecond
+	cfg.Timeout, cfg.Clock = time.Second, clk.now
 	c, err := NewClient("node-b", lis.Addr().String(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The deadline covers opening the stream.
-	if _, err := c.Check(context.Background(), req("x")); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("check of a silent peer: %v, want ErrUnavailable", err)
-	}
-	// The caller's context ends its wait at once.
+	first := goCheck(context.Background(), c, req("x"))
+	waitFor(t, "the batch to be sent", func() bool { return c.Stats().InFlight == 1 })
+	expireAt(c, &clk, cfg.Timeout)
+	receiveTimedOut(t, "the check of a silent peer", first)
+	// The caller's context ends its wait at once; its batch stays in
+	// flight until its deadline.
 	ctx, cancel := context.WithCancel(context.Background())
 	waiting := goCheck(ctx, c, req("x"))
-	waitFor(t, "the batch to be sent", func() bool { return c.Stats().InFlight == 1 })
+	waitFor(t, "the batch to be sent", func() bool { return c.Stats().Calls == 2 && c.Stats().InFlight == 1 })
 	cancel()
 	if out := receive(t, "the canceled check", waiting); !errors.Is(out.err, context.Canceled) {
 		t.Fatalf("canceled check: %v", out.err)
 	}
+	expireAt(c, &clk, 2*cfg.Timeout)
 	// Close fails what is in flight and stops every goroutine (TestMain
 	// checks for leaks).
 	inFlight := goCheck(context.Background(), c, req("y"))
@@ -396,7 +400,7 @@ func TestCloseDuringOpen(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if out := receive(t, "the check in flight", inFlight); !errors.Is(out.err, ErrClosed) && !errors.Is(out.err, ErrUnavailable) {
-		t.Fatalf("check in flight at Close: %v", out.err)
+	if out := receive(t, "the check in flight", inFlight); !errors.Is(out.err, ErrClosed) {
+		t.Fatalf("check in flight at Close: %v, want ErrClosed", out.err)
 	}
 }

@@ -33,24 +33,33 @@ func (b *breaker) allow(now int64) bool {
 	return b.probing.CompareAndSwap(false, true) // half-open: one probe
 }
 
-// done records a call's outcome; now is read only when it failed. A
-// field is written only when it changes: while every call succeeds, the
-// callers on every CPU only read the breaker.
-func (b *breaker) done(ok bool, now int64, threshold int32, cooldown time.Duration) {
-	wasProbe := b.probing.Load() && b.probing.Swap(false)
-	if ok {
+// done records a call's outcome; probe says whether the call was the
+// half-open probe, which only its own outcome gives back (a call let
+// through before the breaker opened may end while the probe is out). now
+// is read only when the call failed. A field is written only when it
+// changes: while every call succeeds, the callers on every CPU only read
+// the breaker. The probe is given back last, so that no other call probes
+// before its outcome is in.
+func (b *breaker) done(probe, ok bool, now int64, threshold int32, cooldown time.Duration) {
+	switch {
+	case ok:
 		if b.failures.Load() != 0 {
 			b.failures.Store(0)
 		}
 		if b.openUntil.Load() != 0 {
 			b.openUntil.Store(0)
 		}
-		return
-	}
-	if b.failures.Add(1) >= threshold || wasProbe {
+	case b.failures.Add(1) >= threshold || probe:
 		b.openUntil.Store(now + int64(cooldown))
 	}
+	if probe {
+		b.probing.Store(false)
+	}
 }
+
+// giveBack ends the probe without an outcome: the next call after the
+// cooldown probes.
+func (b *breaker) giveBack() { b.probing.Store(false) }
 
 // breakers holds one breaker per peer name.
 type breakers struct {

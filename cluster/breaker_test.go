@@ -31,17 +31,23 @@ func TestBreakerSteps(t *testing.T) {
 		{2*cooldown + 8, "fail", true}, // one failure does not open it
 		{2*cooldown + 9, "", true},
 	}
+	probe := false // the last call allowed was the half-open probe
 	for i, s := range steps {
 		now := at(s.at)
 		if s.outcome == "ok" && !s.wantAllow {
-			b.done(true, now, threshold, cooldown)
+			b.done(probe, true, now, threshold, cooldown)
 			continue
 		}
-		if got := b.allow(now); got != s.wantAllow {
+		open := !b.closed()
+		got := b.allow(now)
+		if got != s.wantAllow {
 			t.Fatalf("step %d at %v: allow = %v, want %v", i, s.at, got, s.wantAllow)
 		}
+		if got {
+			probe = open
+		}
 		if s.outcome != "" {
-			b.done(s.outcome == "ok", now, threshold, cooldown)
+			b.done(probe, s.outcome == "ok", now, threshold, cooldown)
 		}
 	}
 }

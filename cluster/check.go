@@ -344,13 +344,7 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		go func() {
 			defer wg.Done()
 			rs := g.pick.client.CheckMany(ctx, g.reqs)
-			var callErr error
-			for _, r := range rs {
-				if r.Err != nil && errors.Is(r.Err, transport.ErrUnavailable) {
-					callErr = r.Err
-				}
-			}
-			down := n.router.done(&g.pick, callErr)
+			down := n.router.done(&g.pick, batchErr(rs))
 			for j, i := range g.idx {
 				switch err := rs[j].Err; {
 				case err == nil:

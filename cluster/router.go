@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -111,7 +112,7 @@ func (r *router) pick(hash uint64) pick {
 func (r *router) release(p *pick) {
 	if p.probe {
 		p.probe = false
-		p.br.probing.Store(false)
+		p.br.giveBack()
 	}
 }
 
@@ -124,19 +125,29 @@ const (
 	failed                 // the owner could not be reached: policy
 )
 
-// done feeds the outcome of a call made for p to its breaker (only an
-// unreachable peer counts as a failure) and says what it means: the peer
-// does not decide the key now, or a previous or departing owner could not
-// be reached, is a retry; another unreachable owner is a failure; any
-// other error is the owner's verdict.
+// done feeds the outcome of a call made for p, a single check or a batch
+// (batchErr), to its breaker and says what it means. Only an unreachable
+// peer counts as a failure; a call that ended because its caller stopped
+// waiting counts as nothing, and gives back the probe if it was one. The
+// peer does not decide the key now, or a previous or departing owner could
+// not be reached: a retry; another unreachable owner: a failure; any other
+// error is the owner's verdict (the caller's own context error included,
+// which the caller returns).
 func (r *router) done(p *pick, err error) outcome {
+	probe := p.probe
 	p.probe = false // the call's outcome settles the probe
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
+	if !down && callerGone(err) {
+		if probe {
+			p.br.giveBack()
+		}
+		return decided
+	}
 	var now int64 // read by done only when the call failed
 	if down {
 		now = r.now().UnixNano()
 	}
-	p.br.done(!down, now, r.threshold, r.cooldown)
+	p.br.done(probe, !down, now, r.threshold, r.cooldown)
 	switch {
 	case err == nil:
 		return decided
@@ -148,6 +159,35 @@ func (r *router) done(p *pick, err error) outcome {
 		return failed
 	}
 	return decided
+}
+
+// callerGone reports whether err is a context's: the caller stopped
+// waiting for the call, which says nothing of the peer.
+func callerGone(err error) bool {
+	return err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// batchErr is the error of a call that carried a batch of checks, as done
+// takes it: an unreachable peer's when any check got one, otherwise nil
+// when any check was answered (the peer spoke), otherwise the caller's
+// context error, or nil.
+func batchErr(rs []transport.Result) error {
+	var gone error
+	answered := false
+	for _, r := range rs {
+		switch {
+		case r.Err != nil && errors.Is(r.Err, transport.ErrUnavailable):
+			return r.Err
+		case callerGone(r.Err):
+			gone = r.Err
+		default:
+			answered = true
+		}
+	}
+	if answered {
+		return nil
+	}
+	return gone
 }
 
 // mayLease reports whether a lease request to owner may be made now: its

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -176,4 +177,95 @@ func TestRouterReleasesProbe(t *testing.T) {
 	if s := r.pick(key); s.way != wayOwner || s.probe {
 		t.Fatalf("after a good probe: %v, probe %v; want owner, closed", s.way, s.probe)
 	}
+}
+
+// The breaker hears only what a call says of the peer, and one probe is
+// out at a time, for single checks and batches alike (both report through
+// done): a call that ended because its caller stopped waiting counts as
+// nothing and gives back its probe if it was one; a call let through
+// before the breaker opened that fails while the probe is out does not end
+// the probe. Steps on one clock (threshold 2, cooldown 1s): each may pick
+// and keep the pick under a name, then may report the outcome of a kept
+// pick's call; then a fresh pick, given back at once, says where a check
+// would go.
+func TestRouterBreakerHearsOnlyThePeer(t *testing.T) {
+	at := time.Unix(1000, 0)
+	r, h := routerOf(t, "a", &at, "a", "b")
+	r.peers = fakePeers{"b": true}
+	key := hashOwnedBy(t, h, "b")
+	unavailable := fmt.Errorf("call: %w", transport.ErrUnavailable)
+	kept := map[string]*pick{}
+	for i, s := range []struct {
+		at        time.Duration // since the start
+		keep      string        // pick, and keep the pick under this name
+		keptProbe bool          // the kept pick took the probe
+		call      string        // report the outcome of this kept pick's call
+		err       error
+		want      way
+		wantProbe bool // the fresh pick took the probe
+	}{
+		{keep: "early", want: wayOwner},                                                                      // a slow call, let through while closed
+		{keep: "a", call: "a", err: unavailable, want: wayOwner},                                             // one failure
+		{keep: "b", call: "b", err: context.Canceled, want: wayOwner},                                        // counts nothing
+		{keep: "c", call: "c", err: unavailable, want: wayDown},                                              // the second failure in a row
+		{at: time.Second, keep: "probe", keptProbe: true, want: wayDown},                                     // the probe is out
+		{at: time.Second, call: "early", err: unavailable, want: wayDown},                                    // open again, until 2s
+		{at: 2 * time.Second, want: wayDown},                                                                 // the probe is still out
+		{at: 2 * time.Second, call: "probe", err: context.DeadlineExceeded, want: wayOwner, wantProbe: true}, // given back
+		{at: 2 * time.Second, keep: "good", keptProbe: true, call: "good", want: wayOwner},                   // closed
+	} {
+		at = time.Unix(1000, 0).Add(s.at)
+		if s.keep != "" {
+			p := r.pick(key)
+			if p.way != wayOwner || p.probe != s.keptProbe {
+				t.Fatalf("step %d: kept pick %v, probe %v; want owner, probe %v", i, p.way, p.probe, s.keptProbe)
+			}
+			kept[s.keep] = &p
+		}
+		if s.call != "" {
+			r.done(kept[s.call], s.err)
+		}
+		p := r.pick(key)
+		probe := p.probe
+		r.release(&p)
+		if p.way != s.want || probe != s.wantProbe {
+			t.Fatalf("step %d: pick %v, probe %v; want %v, probe %v", i, p.way, probe, s.want, s.wantProbe)
+		}
+	}
+}
+
+// A batch's call is reported as one check's would be: unreachable when any
+// of its checks found the peer unreachable, answered when any was
+// answered, and otherwise ended by its caller.
+func TestBatchErr(t *testing.T) {
+	unavailable := fmt.Errorf("call: %w", transport.ErrUnavailable)
+	for _, tt := range []struct {
+		name string
+		errs []error
+		want error
+	}{
+		{"answered", []error{nil, limitErr}, nil},
+		{"unreachable", []error{nil, context.Canceled, unavailable}, unavailable},
+		{"answered before the caller left", []error{context.Canceled, nil}, nil},
+		{"caller left", []error{context.Canceled, context.Canceled}, context.Canceled},
+		{"nothing", nil, nil},
+	} {
+		rs := make([]transport.Result, len(tt.errs))
+		for i, err := range tt.errs {
+			rs[i].Err = err
+		}
+		if got := batchErr(rs); got != tt.want {
+			t.Errorf("%s: batchErr = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// PeerClientStats returns the counters of n's client of the member name,
+// for the tests of package cluster_test.
+func (n *Node) PeerClientStats(name string) (peer.Stats, bool) {
+	c, ok := n.peers.Get(name)
+	if !ok {
+		return peer.Stats{}, false
+	}
+	return c.Stats(), true
 }

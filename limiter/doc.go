@@ -12,8 +12,9 @@
 // machine words, so a key costs well under 128 bytes beyond its own bytes.
 // An entry is dropped by [Store.Sweep] only once its state has returned to
 // fresh, so dropping it changes no future decision; a maximum entry count
-// evicts the least recently used entries, and evictions of live state are
-// counted.
+// and a memory budget in bytes ([StoreConfig].MaxBytes, which counts every
+// key and every log entry) evict the least recently used entries, and
+// evictions of live state are counted.
 //
 // Time is always an argument: [Store.CheckAt] takes now, [Store.Check] calls
 // time.Now once. Rejected requests consume nothing, unless the request asks
@@ -38,7 +39,17 @@
 //     repeats is two windows, one per offset.
 //   - [SlidingWindowLog]: at most Limit hits admitted in any interval
 //     (now-Period, now]; the log stores (time, hits) pairs, merging hits
-//     admitted at the same instant, so it never holds more entries than Limit.
+//     admitted at the same instant, so it never holds more entries than
+//     Limit. Nor more than [MaxLogEntries]: a log that would pass it keeps
+//     one entry per multiple of a quantum, a power of two nanoseconds, each
+//     at the latest instant of the hits it holds. Those hits then count
+//     until at most a quantum later than exactly, never earlier, so the log
+//     admits no more than an exact one would. The quantum is the least
+//     power of two that leaves at most MaxLogEntries/2 entries, or twice the
+//     previous quantum: less than Period/1023 of the request that filled
+//     the log. A log that empties is exact again. Decisions stay exact for
+//     the log as it is: RetryAfter is found by binary search over its
+//     cumulative counts, so a denial costs no scan of the log.
 //   - [SlidingWindowCounter]: windows aligned like the fixed window; a request
 //     is admitted when cur + hits + prev*(Period-elapsed)/Period <= Limit,
 //     computed exactly in integers, where cur and prev are the admitted hits
@@ -71,6 +82,27 @@
 // window; an earlier one is over. A count so placed saturates at MaxLimit.
 // From then on they are the counts of those windows, and the decision,
 // Remaining, ResetAt and RetryAfter follow from them by the formula above.
+//
+// A state received from another node ([Store.Merge]) is untrusted. Merge
+// refuses one whose expiry or GCRA arrival time is more than MaxStateLife
+// (the longest one valid request makes a state last: MaxDrain and an hour
+// of rounding) plus MaxClockSkew (5 minutes) after now, or whose bucket
+// level time, window start or newest log entry is more than MaxClockSkew
+// after now. A state it does merge is marked received, and the first
+// decision on its key bounds it by that decision's request before deciding:
+// no time after now, a bucket level of at most Burst (within the buckets'
+// tolerance of 1e-9 hits), a TAT at most Burst*T after now, window counts
+// of at most Limit, and the newest Limit hits of the log's window. A
+// received key therefore stays limited at most as long as a fresh key that
+// the request fully consumed at now. A state that a peer wrote under the
+// same parameters on a clock not ahead of this node's is within these
+// bounds and decides exactly as it would have on the peer. A state carried
+// past a cut of Limit, Period or Burst (a cut racing a hand-off, or a cut
+// before the key moved) is bounded by the new parameters, as if the cut had
+// come before the hits it carries beyond them; one that would last longer
+// than MaxStateLife is refused, and its key starts fresh on the receiving
+// node. Times of a peer whose clock runs ahead by up to MaxClockSkew are
+// read as now, so its state counts up to that much less.
 //
 // Time saturates at the horizon: the latest instant Unix nanoseconds
 // represent, 2262-04-11 23:47:16.854775807 UTC (or, for a now before 1970,

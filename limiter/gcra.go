@@ -6,19 +6,9 @@ import "time"
 // It works on behind, how far the TAT is ahead of now, which is at most the
 // horizon's distance, so that no sum overflows.
 func decideGCRA(st *state, req *Request, now int64) Decision {
-	t := (int64(req.Period) + req.Limit - 1) / req.Limit // ceil(Period/Limit)
+	t := gcraInterval(req)
 	ahead := horizon(now) - now
-	behind := int64(0)
-	if old := st.interval(); old != 0 && st.tat() > now {
-		// The stored TAT is at most the horizon of the decision that
-		// wrote it, which is not after now's.
-		behind = st.tat() - now
-		if old != t {
-			// Keep what was consumed: the outstanding hits behind/old
-			// are rescheduled at the new interval, up to the horizon.
-			behind = min(mul(behind, t).divCeil(old), ahead)
-		}
-	}
+	behind := gcraBehind(st, t, now)
 	tolerance := req.burst() * t
 	probe := max(req.Hits, 1)
 	// Hits never exceed the burst, so room >= 0: a request is admitted
@@ -40,4 +30,25 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 	st.expireAt = tat
 	d.ResetAt = nsTime(tat)
 	return d
+}
+
+// gcraInterval is the emission interval of req: Period/Limit rounded up.
+func gcraInterval(req *Request) int64 {
+	return (int64(req.Period) + req.Limit - 1) / req.Limit
+}
+
+// gcraBehind is how far (ns) st's TAT is ahead of now at the interval t:
+// the outstanding hits of the interval st was written with are rescheduled
+// at t (rounded up), up to the horizon. A stored TAT is at most the horizon
+// of the decision that wrote it, which is not after now's.
+func gcraBehind(st *state, t, now int64) int64 {
+	old := st.interval()
+	if old == 0 || st.tat() <= now {
+		return 0
+	}
+	behind := st.tat() - now
+	if old != t {
+		behind = min(mul(behind, t).divCeil(old), horizon(now)-now)
+	}
+	return behind
 }

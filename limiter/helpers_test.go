@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -96,7 +95,9 @@ func cloneLog(l *windowLog) *windowLog {
 	if l == nil {
 		return nil
 	}
-	return &windowLog{entries: slices.Clone(l.entries), head: l.head, total: l.total}
+	// The same capacity, so that the copy grows and coarsens as l would.
+	entries := append(make([]logEntry, 0, cap(l.entries)), l.entries...)
+	return &windowLog{entries: entries, head: l.head, base: l.base, quantum: l.quantum}
 }
 
 // copyState copies what s holds for req's key (the fresh state if none).

@@ -38,13 +38,13 @@ func refund(st *state, lg *windowLog, req *Request, now int64) {
 // removeNewest takes up to h hits off the newest entries.
 func (l *windowLog) removeNewest(h int64) {
 	for h > 0 && len(l.entries) > l.head {
-		last := &l.entries[len(l.entries)-1]
-		take := min(h, last.hits)
-		last.hits -= take
-		l.total -= take
+		n := len(l.entries)
+		take := min(h, l.hits(n-1))
 		h -= take
-		if last.hits == 0 {
-			l.entries = l.entries[:len(l.entries)-1]
+		if take == l.hits(n-1) {
+			l.entries = l.entries[:n-1]
+		} else {
+			l.entries[n-1].cum -= take
 		}
 	}
 	if len(l.entries) == l.head {

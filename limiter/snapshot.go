@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 	"unicode/utf8"
 )
@@ -29,11 +30,9 @@ type LogEntry struct {
 	At, Hits int64
 }
 
-// MaxSnapshotLog is the most log entries a Snapshot carries. A longer log is
-// compacted when exported: adjacent entries merge into the later one, so
-// that hits expire later than they would have, never earlier, and nothing
-// consumed is forgotten.
-const MaxSnapshotLog = 4096
+// MaxSnapshotLog is the most log entries a Snapshot carries: MaxLogEntries,
+// the most a key's log holds.
+const MaxSnapshotLog = MaxLogEntries
 
 // ErrInvalidSnapshot wraps every error of Snapshot.Validate.
 var ErrInvalidSnapshot = errors.New("limiter: invalid snapshot")
@@ -113,24 +112,20 @@ func (sh *shard) snapshotLocked(e *entry) Snapshot {
 	if s.Algorithm == SlidingWindowLog {
 		s.Words = [3]int64{}
 		if lg := sh.logs[e.key]; lg != nil {
-			s.Log = compactLog(lg.entries[lg.head:])
+			s.Log = lg.export()
 		}
 	}
 	return s
 }
 
-// compactLog copies live entries into at most MaxSnapshotLog entries,
-// merging runs of adjacent entries into the latest of each run.
-func compactLog(live []logEntry) []LogEntry {
-	per := (len(live) + MaxSnapshotLog - 1) / MaxSnapshotLog // entries per run
-	out := make([]LogEntry, 0, min(len(live), MaxSnapshotLog))
-	for i := 0; i < len(live); i += max(per, 1) {
-		run := live[i:min(i+max(per, 1), len(live))]
-		e := LogEntry{At: run[len(run)-1].at}
-		for _, r := range run {
-			e.Hits += r.hits
-		}
-		out = append(out, e)
+// export returns the live entries of l, at most MaxLogEntries.
+func (l *windowLog) export() []LogEntry {
+	live := l.entries[l.head:]
+	out := make([]LogEntry, len(live))
+	prev := l.base
+	for i, e := range live {
+		out[i] = LogEntry{At: e.at, Hits: e.cum - prev}
+		prev = e.cum
 	}
 	return out
 }
@@ -226,17 +221,29 @@ const maxChangedPerShard = 1 << 16
 // store holds for its key so that nothing consumed is forgotten: the state
 // that has consumed more wins (per algorithm: the later bucket level or GCRA
 // arrival time, the later window or the larger count in the same window, the
-// larger counts of a sliding window counter, the log holding more hits).
+// larger counts of a sliding window counter, the log holding more hits in
+// its window at now).
 // Snapshots already fresh at now are skipped. It returns how many keys it
 // changed and the first invalid snapshot's error; valid ones are merged
 // whatever the others hold.
+//
+// A snapshot is untrusted: besides Validate, Merge refuses one whose
+// ExpireAt or GCRA arrival time is more than MaxStateLife+MaxClockSkew
+// after now, or whose bucket level time, window start or newest log entry
+// is more than MaxClockSkew after now. A merged state is marked received,
+// and the first decision on its key bounds it by that decision's request
+// (see the package comment).
 func (s *Store) Merge(snaps []Snapshot, now time.Time) (int, error) {
 	n := now.UnixNano()
 	var firstErr error
 	changed := 0
 	for i := range snaps {
 		sn := &snaps[i]
-		if err := sn.Validate(); err != nil {
+		err := sn.Validate()
+		if err == nil {
+			err = sn.checkTimes(n)
+		}
+		if err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("snapshot %d: %w", i, err)
 			}
@@ -260,17 +267,17 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	defer sh.mu.Unlock()
 	e, ok := sh.m[string(k)]
 	if !ok {
-		e = s.insertLocked(sh, string(k), snapshotState(sn), now)
-		s.setLogLocked(sh, e, sn)
+		e = s.insertLocked(sh, string(k), snapshotState(sn), snapshotLog(sn), now)
 		s.markChangedLocked(sh, e)
 		return true
 	}
+	var lg *windowLog
+	if e.algo() == SlidingWindowLog {
+		lg = sh.logs[e.key]
+	}
+	before := logBytes(lg)
 	if e.expireAt > now && e.algo() == sn.Algorithm {
-		var lg *windowLog
-		if sn.Algorithm == SlidingWindowLog {
-			lg = sh.logs[e.key]
-		}
-		if !mergeInto(&e.state, lg, sn) {
+		if !mergeInto(&e.state, lg, sn, now) {
 			sh.touchLocked(e)
 			return false
 		}
@@ -279,21 +286,24 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 		return false
 	} else {
 		flags := e.w[2] & changedBit
-		if e.algo() == SlidingWindowLog {
-			delete(sh.logs, e.key)
-		}
 		e.state = snapshotState(sn)
 		e.w[2] |= flags
-		s.setLogLocked(sh, e, sn)
+		if lg = snapshotLog(sn); lg != nil {
+			sh.logs[e.key] = lg
+		} else if before != 0 {
+			delete(sh.logs, e.key)
+		}
 	}
+	e.setReceived()
 	sh.touchLocked(e)
+	s.resizeLocked(sh, e, logBytes(lg)-before, now)
 	s.markChangedLocked(sh, e)
 	return true
 }
 
-// mergeInto merges sn into st, both live and of sn's algorithm, and reports
-// whether st changed. lg is st's log for the sliding window log.
-func mergeInto(st *state, lg *windowLog, sn *Snapshot) bool {
+// mergeInto merges sn into st, both live at now and of sn's algorithm, and
+// reports whether st changed. lg is st's log for the sliding window log.
+func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 	w := sn.Words
 	switch sn.Algorithm {
 	case TokenBucket, LeakyBucket, GCRA:
@@ -326,15 +336,22 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot) bool {
 		st.setPrevWindowHits(np)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowLog:
-		var total int64
-		for _, e := range sn.Log {
-			total += e.Hits
+		// Compare the hits of each log in its window at now: a log that
+		// no decision has expired for a while still holds hits that are
+		// over.
+		var theirs, mine int64
+		if n := len(sn.Log); n > 0 {
+			cutoff := logCutoff(sn.ExpireAt, sn.Log[n-1].At, now)
+			for _, e := range sn.Log {
+				if e.At > cutoff {
+					theirs += e.Hits
+				}
+			}
 		}
-		mineTotal := int64(0)
-		if lg != nil {
-			mineTotal = lg.total
+		if lg != nil && lg.total() > 0 {
+			mine = lg.hitsAfter(logCutoff(st.expireAt, lg.entries[len(lg.entries)-1].at, now))
 		}
-		if total < mineTotal || total == mineTotal && sn.ExpireAt <= st.expireAt {
+		if theirs < mine || theirs == mine && sn.ExpireAt <= st.expireAt {
 			return false
 		}
 		if lg != nil {
@@ -346,6 +363,17 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot) bool {
 		st.expireAt = sn.ExpireAt
 	}
 	return true
+}
+
+// logCutoff is the instant at or before which the hits of a log that
+// expires at expireAt, with its newest entry at last, are over at now under
+// the Period that wrote it, expireAt-last; the least instant when the
+// expiry saturated and tells no Period.
+func logCutoff(expireAt, last, now int64) int64 {
+	if expireAt == math.MaxInt64 {
+		return math.MinInt64
+	}
+	return now - (expireAt - last)
 }
 
 // alignCounter returns the current and previous counts of a sliding window
@@ -366,21 +394,25 @@ func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 	return 0, 0
 }
 
-// snapshotState is the state a snapshot describes.
+// snapshotState is the state a snapshot describes, marked received.
 func snapshotState(sn *Snapshot) state {
 	st := state{expireAt: sn.ExpireAt, w: sn.Words}
-	st.w[2] = sn.Words[2] | int64(sn.Algorithm)<<algoShift
+	st.w[2] = sn.Words[2] | int64(sn.Algorithm)<<algoShift | receivedBit
 	return st
 }
 
-// setLogLocked gives e the log of sn, for the sliding window log.
-func (s *Store) setLogLocked(sh *shard, e *entry, sn *Snapshot) {
+// snapshotLog is the log a snapshot describes, or nil for the algorithms
+// without one. Its array is a power of two entries long, as add keeps it.
+func snapshotLog(sn *Snapshot) *windowLog {
 	if sn.Algorithm != SlidingWindowLog {
-		return
+		return nil
 	}
-	lg := &windowLog{entries: make([]logEntry, 0, len(sn.Log))}
+	lg := &windowLog{}
+	if n := len(sn.Log); n > 0 {
+		lg.entries = make([]logEntry, 0, 1<<bits.Len(uint(n-1)))
+	}
 	for _, le := range sn.Log {
 		lg.add(le.At, le.Hits)
 	}
-	sh.logs[e.key] = lg
+	return lg
 }

@@ -305,7 +305,8 @@ func TestTakeAt(t *testing.T) {
 }
 
 // FuzzMerge: no snapshot, however malformed, makes Merge or a later check
-// panic, and a merged store never admits a hit beyond the limit.
+// panic; a merged store never admits a hit beyond the limit, and limits
+// the key at most as long as a fresh key consumed whole.
 func FuzzMerge(f *testing.F) {
 	f.Add(uint8(1), int64(1), int64(2), int64(3), int64(4), int64(5), int64(1))
 	f.Add(uint8(4), int64(0), int64(0), int64(0), int64(10), int64(5), int64(3))
@@ -322,8 +323,13 @@ func FuzzMerge(f *testing.F) {
 		if !req.Algorithm.Valid() {
 			t.Fatalf("merged a snapshot of algorithm %d", algo)
 		}
+		full := newTestStore(t)
+		if _, _, err := full.TakeAt(req, req.Capacity(), t0); err != nil {
+			t.Fatal(err)
+		}
+		bound := mustCheck(t, full, req, t0)
 		admitted := 0
-		for range 10 {
+		for i := range 10 {
 			d, err := s.CheckAt(req, t0)
 			if err != nil {
 				t.Fatal(err)
@@ -331,9 +337,33 @@ func FuzzMerge(f *testing.F) {
 			if d.Allowed {
 				admitted++
 			}
+			// The buckets may be up to 2*bucketEpsilon hits later.
+			if i == 0 && (d.RetryAfter > bound.RetryAfter+1 || d.ResetAt.After(bound.ResetAt.Add(1))) {
+				t.Fatalf("after merging %+v: %+v; a fresh key consumed whole: %+v", sn, d, bound)
+			}
 		}
 		if admitted > 5 {
 			t.Fatalf("admitted %d of a limit of 5 after merging %+v", admitted, sn)
 		}
 	})
+}
+
+// TestMergeStaleLog: a replica's log that no decision has expired still
+// holds hits that are over; a newer snapshot whose window holds more hits
+// wins, even though the stale log holds more in all.
+func TestMergeStaleLog(t *testing.T) {
+	req := Request{Name: "n", Key: "k", Hits: 10, Limit: 20, Period: time.Second, Algorithm: SlidingWindowLog}
+	owner, replica := newTestStore(t), newTestStore(t)
+	mustCheck(t, owner, req, t0)
+	mustMerge(t, replica, []Snapshot{snapOf(t, owner, req, t0)}, t0)
+	req.Hits = 3
+	mustCheck(t, owner, req, t0.Add(1200*time.Millisecond))
+	now := t0.Add(1500 * time.Millisecond)
+	if n := mustMerge(t, replica, []Snapshot{snapOf(t, owner, req, now)}, now); n != 1 {
+		t.Fatalf("the newer log changed %d keys, want 1", n)
+	}
+	req.Hits = 0
+	if d := mustCheck(t, replica, req, now); d.Remaining != 17 {
+		t.Fatalf("after the newer log: %+v, want 17 remaining as on the owner", d)
+	}
 }

@@ -14,9 +14,11 @@ import "math"
 //	                          interval (ns per hit) it was computed with
 //
 // The top 8 bits of the third word hold the Algorithm the state belongs to
-// and the changed mark of Store.Changed, which keeps an entry at 64 bytes;
-// prevWindowHits uses the low 56. The zero value is the fresh state of
-// every algorithm. Snapshots carry the words as they are (see Snapshot).
+// (bits 56-61), the changed mark of Store.Changed (bit 62) and the received
+// mark of a state merged from another node (bit 63), which keeps an entry
+// at 64 bytes; prevWindowHits uses the low 56. The zero value is the fresh
+// state of every algorithm. Snapshots carry the words as they are (see
+// Snapshot).
 type state struct {
 	// expireAt is the time (Unix ns) from which the state is equivalent to
 	// fresh under the parameters of the last request; dropping it then
@@ -31,6 +33,9 @@ const (
 	// changedBit, above the algorithm, marks an entry listed for
 	// Store.Changed.
 	changedBit = 1 << 62
+	// receivedBit marks a state that Store.Merge took from another node
+	// and that no decision has bounded yet (see clampReceived).
+	receivedBit = math.MinInt64 // bit 63
 )
 
 func (st *state) algo() Algorithm { return Algorithm(uint64(st.w[2]) >> algoShift & 0x3f) }
@@ -38,6 +43,9 @@ func (st *state) algo() Algorithm { return Algorithm(uint64(st.w[2]) >> algoShif
 func (st *state) isChanged() bool { return st.w[2]&changedBit != 0 }
 func (st *state) setChanged()     { st.w[2] |= changedBit }
 func (st *state) clearChanged()   { st.w[2] &^= changedBit }
+
+func (st *state) isReceived() bool { return st.w[2]&receivedBit != 0 }
+func (st *state) setReceived()     { st.w[2] |= receivedBit }
 
 // The buckets' words.
 func (st *state) level() float64   { return math.Float64frombits(uint64(st.w[0])) }
@@ -70,6 +78,8 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		if *lg != nil {
 			(*lg).clear()
 		}
+	} else if st.isReceived() {
+		clampReceived(st, *lg, req, now)
 	}
 	if req.Behavior&Refund != 0 {
 		refund(st, *lg, req, now)

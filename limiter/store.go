@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,16 +20,74 @@ type StoreConfig struct {
 	// enforced per shard, MaxEntries/Shards each, rounded down). 0 means no
 	// bound.
 	MaxEntries int
+	// MaxBytes bounds the memory of the keys held, counted thus: each key
+	// costs its store key (1+len(Name)+len(Key) bytes, rounded up as the
+	// allocator does) plus EntryOverhead, and a sliding window log
+	// LogOverhead plus LogEntryBytes for each entry its array has room
+	// for. When an insert or a log's growth would pass it, the
+	// least recently used keys of the shard are evicted until it fits (the
+	// bound is enforced per shard, MaxBytes/Shards each, rounded down,
+	// which must be at least MaxKeyBytes so that every key fits). 0 means
+	// no bound.
+	MaxBytes int64
 	// TrackChanges makes the store remember which keys each decision or
 	// Merge changed, for Changed (replication). It costs one mark per
 	// decision.
 	TrackChanges bool
 }
 
-// DefaultStoreConfig returns 128 shards and at most 1,000,000 entries
-// (about 120 MB for the window algorithms, GCRA and the token bucket).
+// DefaultStoreConfig returns 128 shards, at most 1,000,000 entries and at
+// most 128 MiB as MaxBytes counts them: about 930,000 keys of up to 16
+// bytes, 116,000 keys of 1 KB, or 2,000 sliding window logs full at
+// MaxLogEntries. The heap that the keys and logs take is within 1/16 of
+// the count (TestMaxBytesHeap measures it), about 135 MB at most; with
+// TrackChanges, the lists of changed keys add 8 bytes per change, at most
+// 64 MiB, and the entries (not their keys) dropped since the last Changed.
 func DefaultStoreConfig() StoreConfig {
-	return StoreConfig{Shards: 128, MaxEntries: 1_000_000}
+	return StoreConfig{Shards: 128, MaxEntries: 1_000_000, MaxBytes: 128 << 20}
+}
+
+// The memory MaxBytes counts. The figures are those of the Go runtime on
+// 64-bit platforms; TestMaxBytesHeap checks them against the heap.
+const (
+	// EntryOverhead is what a key costs besides its store key: its
+	// 64-byte entry and its slot in the shard's map (a 16-byte string
+	// header, an 8-byte pointer and a control byte, in a table at least
+	// 7/16 full: at most 58 bytes with the table's own header), rounded
+	// up.
+	EntryOverhead = 128
+	// LogOverhead is what a sliding window log costs besides its entries:
+	// its 48-byte header and its slot in the shard's map of logs.
+	LogOverhead = 112
+	// LogEntryBytes is the memory of one entry of a log's array, which
+	// grows by doubling to at most MaxLogEntries entries.
+	LogEntryBytes = 16
+	// MaxKeyBytes is the most one key costs: the longest store key, 1153
+	// bytes in a 1280-byte allocation, and a log full at MaxLogEntries.
+	MaxKeyBytes = 1280 + EntryOverhead + LogOverhead + MaxLogEntries*LogEntryBytes
+)
+
+// allocSize is n bytes rounded up to a size the allocator may give them:
+// to 16 bytes up to 128, and beyond to an eighth of the next power of two.
+// The allocator's size classes are at least that fine up to MaxKeyBytes.
+func allocSize(n int) int64 {
+	if n <= 128 {
+		return int64(n+15) &^ 15
+	}
+	step := 1 << (bits.Len(uint(n-1)) - 3)
+	return int64(n+step-1) &^ int64(step-1)
+}
+
+// entryBytes is what MaxBytes counts for a key of keyLen bytes.
+func entryBytes(keyLen int) int64 { return allocSize(keyLen) + EntryOverhead }
+
+// logBytes is what MaxBytes counts for a log (nil: none). The array's
+// capacity is a power of two, which the allocator gives exactly.
+func logBytes(lg *windowLog) int64 {
+	if lg == nil {
+		return 0
+	}
+	return LogOverhead + int64(cap(lg.entries))*LogEntryBytes
 }
 
 // ErrInvalidStoreConfig wraps every error of StoreConfig.Validate.
@@ -43,6 +102,11 @@ func (c StoreConfig) Validate() error {
 		return fmt.Errorf("%w: MaxEntries %d is negative", ErrInvalidStoreConfig, c.MaxEntries)
 	case c.MaxEntries > 0 && c.MaxEntries < c.Shards:
 		return fmt.Errorf("%w: MaxEntries %d is below Shards %d", ErrInvalidStoreConfig, c.MaxEntries, c.Shards)
+	case c.MaxBytes < 0:
+		return fmt.Errorf("%w: MaxBytes %d is negative", ErrInvalidStoreConfig, c.MaxBytes)
+	case c.MaxBytes > 0 && c.MaxBytes/int64(c.Shards) < MaxKeyBytes:
+		return fmt.Errorf("%w: MaxBytes %d leaves each of the %d shards less than MaxKeyBytes (%d), the most one key costs",
+			ErrInvalidStoreConfig, c.MaxBytes, c.Shards, MaxKeyBytes)
 	}
 	return nil
 }
@@ -50,7 +114,8 @@ func (c StoreConfig) Validate() error {
 // StoreStats counts what a Store holds and has dropped.
 type StoreStats struct {
 	Entries   int64 // keys held now
-	Evictions int64 // keys evicted by MaxEntries while their state was live
+	Bytes     int64 // memory of the keys held, as MaxBytes counts it
+	Evictions int64 // keys evicted by MaxEntries or MaxBytes while their state was live
 	Expired   int64 // keys dropped because their state had returned to fresh
 	// ChangesDropped counts changes not remembered for Changed because a
 	// shard already held its most (see TrackChanges).
@@ -62,10 +127,12 @@ type StoreStats struct {
 type Store struct {
 	shards   []shard
 	mask     uint64
-	perShard int  // max entries per shard, 0 = no bound
-	track    bool // StoreConfig.TrackChanges
+	perShard int   // max entries per shard, 0 = no bound
+	perBytes int64 // max bytes per shard, 0 = no bound
+	track    bool  // StoreConfig.TrackChanges
 
 	entries        atomic.Int64
+	bytes          atomic.Int64 // the sum of the shards' bytes
 	evictions      atomic.Int64
 	expired        atomic.Int64
 	changesDropped atomic.Int64
@@ -79,7 +146,7 @@ type entry struct {
 }
 
 type shard struct {
-	mu sync.Mutex // guards m, logs, head and tail, and the entries in them
+	mu sync.Mutex // guards m, logs, head, tail, changed and bytes, and the entries in them
 	m  map[string]*entry
 	// logs holds the sliding window logs of the entries that have one.
 	logs map[string]*windowLog
@@ -88,7 +155,9 @@ type shard struct {
 	// changed lists the entries marked changed since the last Changed;
 	// an entry may appear twice, and only its mark counts.
 	changed []*entry
-	_       [64]byte // keep shards on separate cache lines
+	// bytes is what MaxBytes counts for the entries and logs held.
+	bytes int64
+	_     [64]byte // keep shards on separate cache lines
 }
 
 // NewStore returns an empty store.
@@ -106,6 +175,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		// than MaxEntries. Validate ensures at least one per shard.
 		s.perShard = cfg.MaxEntries / cfg.Shards
 	}
+	s.perBytes = cfg.MaxBytes / int64(cfg.Shards)
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
 		s.shards[i].logs = make(map[string]*windowLog)
@@ -157,6 +227,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		if req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog {
 			lg = sh.logs[e.key]
 		}
+		had, before := lg != nil, logBytes(lg)
 		var took int64
 		var d Decision
 		if want == 0 {
@@ -166,10 +237,14 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		}
 		if lg != nil && req.Algorithm != SlidingWindowLog {
 			delete(sh.logs, e.key) // the key moved to another algorithm
-		} else if lg != nil && sh.logs[e.key] == nil {
+			lg = nil
+		} else if lg != nil && !had {
 			sh.logs[e.key] = lg
 		}
 		sh.touchLocked(e)
+		if after := logBytes(lg); after != before {
+			s.resizeLocked(sh, e, after-before, now)
+		}
 		if req.Hits > 0 || req.Behavior != 0 || took > 0 { // a peek changes nothing
 			s.markChangedLocked(sh, e)
 		}
@@ -185,11 +260,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		took, d = take(&st, &lg, req, now, want)
 	}
 	if st.expireAt > now { // only state that is not fresh is worth keeping
-		key := string(k)
-		e := s.insertLocked(sh, key, st, now)
-		if lg != nil {
-			sh.logs[key] = lg
-		}
+		e := s.insertLocked(sh, string(k), st, lg, now)
 		s.markChangedLocked(sh, e)
 	}
 	sh.mu.Unlock()
@@ -212,24 +283,47 @@ func take(st *state, lg **windowLog, req *Request, now, want int64) (int64, Deci
 	return n, decide(st, lg, &r, now)
 }
 
-// insertLocked adds a key to sh, evicting its least recently used key first
-// when the shard is full, and returns its entry. sh.mu must be held.
-func (s *Store) insertLocked(sh *shard, key string, st state, now int64) *entry {
-	if s.perShard > 0 && len(sh.m) >= s.perShard {
-		victim := sh.tail
-		if victim.expireAt > now {
-			s.evictions.Add(1)
-		} else {
-			s.expired.Add(1)
-		}
-		sh.removeLocked(victim)
-		s.entries.Add(-1)
+// insertLocked adds a key with its log (nil: none) to sh, evicting its
+// least recently used keys first while the shard has no room for it, and
+// returns its entry. sh.mu must be held.
+func (s *Store) insertLocked(sh *shard, key string, st state, lg *windowLog, now int64) *entry {
+	need := entryBytes(len(key)) + logBytes(lg)
+	for sh.tail != nil && (s.perShard > 0 && len(sh.m) >= s.perShard || s.perBytes > 0 && sh.bytes+need > s.perBytes) {
+		s.evictLocked(sh, sh.tail, now)
 	}
 	e := &entry{key: key, state: st}
 	sh.m[key] = e
+	if lg != nil {
+		sh.logs[key] = lg
+	}
 	sh.pushFrontLocked(e)
+	sh.bytes += need
+	s.bytes.Add(need)
 	s.entries.Add(1)
 	return e
+}
+
+// resizeLocked counts delta more bytes for e, whose log changed size, and
+// evicts the least recently used keys of sh other than e while the shard
+// holds more than its bytes. sh.mu must be held.
+func (s *Store) resizeLocked(sh *shard, e *entry, delta, now int64) {
+	sh.bytes += delta
+	s.bytes.Add(delta)
+	for s.perBytes > 0 && sh.bytes > s.perBytes && sh.tail != e {
+		s.evictLocked(sh, sh.tail, now)
+	}
+}
+
+// evictLocked drops victim from sh to make room, counting it as evicted if
+// its state was live at now and as expired otherwise. sh.mu must be held.
+func (s *Store) evictLocked(sh *shard, victim *entry, now int64) {
+	if victim.expireAt > now {
+		s.evictions.Add(1)
+	} else {
+		s.expired.Add(1)
+	}
+	s.bytes.Add(-sh.removeLocked(victim))
+	s.entries.Add(-1)
 }
 
 func (sh *shard) pushFrontLocked(e *entry) {
@@ -264,12 +358,23 @@ func (sh *shard) touchLocked(e *entry) {
 	}
 }
 
-func (sh *shard) removeLocked(e *entry) {
+// removeLocked drops e and its log from sh and returns the bytes they
+// were counted for.
+func (sh *shard) removeLocked(e *entry) int64 {
 	sh.unlinkLocked(e)
 	delete(sh.m, e.key)
+	freed := entryBytes(len(e.key))
 	if e.algo() == SlidingWindowLog {
+		freed += logBytes(sh.logs[e.key])
 		delete(sh.logs, e.key)
 	}
+	sh.bytes -= freed
+	if e.isChanged() {
+		// sh.changed keeps e until the next Changed, which skips it;
+		// the key need not wait with it.
+		e.key = ""
+	}
+	return freed
 }
 
 // Sweep drops every key whose state has returned to fresh by now, so that
@@ -281,16 +386,17 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		d := 0
+		d, freed := 0, int64(0)
 		for _, e := range sh.m {
 			if e.expireAt <= n {
-				sh.removeLocked(e)
+				freed += sh.removeLocked(e)
 				d++
 			}
 		}
 		// Counted under the lock, as inserts are, so that Entries never
 		// runs ahead of the maps (nor past MaxEntries) during a sweep.
 		s.entries.Add(int64(-d))
+		s.bytes.Add(-freed)
 		s.expired.Add(int64(d))
 		sh.mu.Unlock()
 		dropped += d
@@ -301,10 +407,14 @@ func (s *Store) Sweep(now time.Time) int {
 // Len returns the number of keys held.
 func (s *Store) Len() int { return int(s.entries.Load()) }
 
+// Bytes returns the memory of the keys held, as MaxBytes counts it.
+func (s *Store) Bytes() int64 { return s.bytes.Load() }
+
 // Stats returns the store's counters.
 func (s *Store) Stats() StoreStats {
 	return StoreStats{
 		Entries:        s.entries.Load(),
+		Bytes:          s.bytes.Load(),
 		Evictions:      s.evictions.Load(),
 		Expired:        s.expired.Load(),
 		ChangesDropped: s.changesDropped.Load(),

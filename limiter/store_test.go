@@ -65,6 +65,9 @@ func TestStoreConfigValidate(t *testing.T) {
 		{Shards: 1 << 17},
 		{Shards: 4, MaxEntries: -1},
 		{Shards: 8, MaxEntries: 7},
+		{Shards: 4, MaxBytes: -1},
+		{Shards: 4, MaxBytes: 4*MaxKeyBytes - 1},
+		{Shards: 128, MaxBytes: 8 << 20},
 	} {
 		err := c.Validate()
 		if !errors.Is(err, ErrInvalidStoreConfig) {
@@ -75,7 +78,8 @@ func TestStoreConfigValidate(t *testing.T) {
 			t.Errorf("%+v: NewStore = %v, %v", c, s, err)
 		}
 	}
-	for _, c := range []StoreConfig{{Shards: 1}, {Shards: 1 << 16}, {Shards: 8, MaxEntries: 8}, {Shards: 2, MaxEntries: 0}} {
+	for _, c := range []StoreConfig{{Shards: 1}, {Shards: 1 << 16}, {Shards: 8, MaxEntries: 8}, {Shards: 2, MaxEntries: 0},
+		{Shards: 4, MaxBytes: 4 * MaxKeyBytes}, {Shards: 128, MaxBytes: 16 << 20}, {Shards: 1, MaxBytes: 1 << 62}} {
 		if err := c.Validate(); err != nil {
 			t.Errorf("%+v: %v", c, err)
 		}

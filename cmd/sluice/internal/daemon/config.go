@@ -49,6 +49,9 @@ type Config struct {
 	PeerTimeout    time.Duration
 	// MaxKeys bounds the keys this node's store holds; 0 means no bound.
 	MaxKeys int
+	// MaxBytes bounds the memory of the keys this node's store holds, as
+	// limiter.StoreConfig.MaxBytes counts it; 0 means no bound.
+	MaxBytes int64
 	// MaxBodyBytes bounds an HTTP request body.
 	MaxBodyBytes int64
 	// MaxBatchItems bounds the items of one POST /v1/check/batch.
@@ -105,7 +108,11 @@ type Config struct {
 const (
 	MinBodyBytes = 1 << 10
 	MaxBodyBytes = 64 << 20
-	maxNameLen   = 128
+	// MinStoreBytes is the least max_bytes: 16 MiB gives each of the
+	// store's 128 shards room for limiter.MaxKeyBytes, the most one key
+	// costs.
+	MinStoreBytes = 16 << 20
+	maxNameLen    = 128
 )
 
 // DefaultConfig returns the configuration of a production node: gossip on
@@ -128,6 +135,7 @@ func DefaultConfig() Config {
 		LeaveTimeout:      cc.LeaveTimeout,
 		Lease:             cc.Lease,
 		MaxKeys:           cc.Store.MaxEntries,
+		MaxBytes:          cc.Store.MaxBytes,
 		Destructive:       DestructiveAllow,
 		MaxBodyBytes:      1 << 20,
 		MaxBatchItems:     transport.MaxBatchItems,
@@ -279,6 +287,15 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strconv.Itoa(c.MaxKeys) }},
+	{key: "max_bytes", usage: "most bytes of keys and logs this node's store holds, least recently used evicted; 0: no bound",
+		parse: func(c *Config, v string) error { return parseInt(&c.MaxBytes, v) },
+		check: func(c *Config) error {
+			if c.MaxBytes != 0 && c.MaxBytes < MinStoreBytes {
+				return fmt.Errorf("%d is below %d (0 means no bound)", c.MaxBytes, MinStoreBytes)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatInt(c.MaxBytes, 10) }},
 	{key: "max_body_bytes", usage: "largest HTTP request body",
 		parse: func(c *Config, v string) error { return parseInt(&c.MaxBodyBytes, v) },
 		check: func(c *Config) error {

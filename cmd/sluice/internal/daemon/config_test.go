@@ -150,6 +150,9 @@ func TestConfigErrors(t *testing.T) {
 		{name: "bad flag level", args: []string{"--log-level", "loud"}, wantField: "log_level", wantText: []string{"flag --log-level"}},
 		{name: "bad profile", args: []string{"--gossip-profile", "wan"}, wantField: "gossip_profile"},
 		{name: "small max keys", args: []string{"--max-keys", "10"}, wantField: "max_keys"},
+		{name: "small max bytes", args: []string{"--max-bytes", "1048576"}, wantField: "max_bytes", wantText: []string{"below 16777216"}},
+		{name: "negative max bytes", file: "max_bytes: -1\n", wantField: "max_bytes", wantLine: 1},
+		{name: "max bytes with a unit", env: map[string]string{"SLUICE_MAX_BYTES": "128MiB"}, wantField: "max_bytes", wantText: []string{"not an integer"}},
 		{name: "node name with a space", args: []string{"--node-name", "a b"}, wantField: "node_name"},
 		{name: "stray argument", args: []string{"extra"}, wantText: []string{`"extra"`}},
 		{name: "too many replicas", file: "replicas: 9\n", wantField: "replicas", wantLine: 1, wantText: []string{"[1, 5]"}},
@@ -206,6 +209,32 @@ func TestClusterSettings(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Errorf("the node's config is invalid: %v", err)
+	}
+}
+
+// max_bytes defaults to the store's budget and is set like max_keys; 0
+// turns the budget off.
+func TestMaxBytes(t *testing.T) {
+	if got, want := DefaultConfig().MaxBytes, cluster.DefaultConfig().Store.MaxBytes; got != want || got == 0 {
+		t.Errorf("default max_bytes %d, want the store's %d", got, want)
+	}
+	for _, tt := range []struct {
+		args []string
+		file string
+		want int64
+	}{
+		{args: []string{"--max-bytes", "0"}, want: 0},
+		{args: []string{"--max-bytes", "16777216"}, want: MinStoreBytes},
+		{file: "max_bytes: 1073741824\n", want: 1 << 30},
+	} {
+		args := append([]string{"--node-name", "n"}, tt.args...)
+		if tt.file != "" {
+			args = append(args, "--config", writeFile(t, tt.file))
+		}
+		c, err := Load(args, envMap(nil), io.Discard)
+		if err != nil || c.MaxBytes != tt.want {
+			t.Errorf("%q %q: max_bytes %d, %v; want %d", tt.args, tt.file, c.MaxBytes, err, tt.want)
+		}
 	}
 }
 

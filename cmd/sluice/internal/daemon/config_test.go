@@ -194,7 +194,7 @@ func TestConfigErrors(t *testing.T) {
 // The cluster settings reach the node's config.
 func TestClusterSettings(t *testing.T) {
 	cfg, err := Load([]string{"--replicas", "3", "--replicate-interval", "10ms", "--leave-timeout", "2s",
-		"--breaker-threshold", "7", "--breaker-cooldown", "3s", "--lease-threshold", "500", "--lease-ttl", "50ms", "--lease-share", "0.25"},
+		"--breaker-threshold", "7", "--breaker-cooldown", "3s", "--lease-threshold", "500", "--lease-ttl", "50ms", "--lease-share", "0.25", "--max-bytes", "33554432"},
 		envMap(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestClusterSettings(t *testing.T) {
 	c := d.clusterConfig()
 	want := cluster.LeaseConfig{Threshold: 500, TTL: 50 * time.Millisecond, Share: 0.25}
 	if c.Replicas != 3 || c.ReplicateInterval != 10*time.Millisecond || c.LeaveTimeout != 2*time.Second ||
-		c.BreakerThreshold != 7 || c.BreakerCooldown != 3*time.Second || c.Lease != want {
+		c.BreakerThreshold != 7 || c.BreakerCooldown != 3*time.Second || c.Lease != want || c.Store.MaxBytes != 32<<20 {
 		t.Errorf("cluster config %+v", c)
 	}
 	if err := c.Validate(); err != nil {

@@ -187,6 +187,7 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.LeaveTimeout = d.cfg.LeaveTimeout
 	c.Lease = d.cfg.Lease
 	c.Store.MaxEntries = d.cfg.MaxKeys
+	c.Store.MaxBytes = d.cfg.MaxBytes
 	c.Logger = d.logger.With("component", "cluster")
 	c.Clock = d.opts.now
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's

@@ -447,9 +447,15 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	if n := srv.streams.Load(); n != 2 {
 		t.Fatalf("%d streams, want 2: the stuck one is replaced", n)
 	}
+	// The Observer sees a batch after its checks have their results.
+	waitFor(t, "the Observer", func() bool {
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		return len(observed) == 3
+	})
 	obsMu.Lock()
 	defer obsMu.Unlock()
-	if len(observed) != 3 || observed[0] != nil || observed[1] == nil || observed[2] != nil {
+	if observed[0] != nil || observed[1] == nil || observed[2] != nil {
 		t.Fatalf("observed %v, want [nil deadline nil]", observed)
 	}
 }

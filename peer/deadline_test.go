@@ -86,21 +86,24 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 		checks     int
 		many       bool // the group is one CheckMany rather than concurrent Checks
 		want       counts
+		got        int      // batches the owner has got
 		wantFailed []string // the groups failed by now, all of their checks
 	}{
-		{at: 0, queue: "held", checks: 1, want: counts{calls: 1, inFlight: 1}},
-		{at: 0, queue: "with the held batch", checks: n, want: counts{calls: 1, inFlight: 1, pending: n}},
-		{at: timeout / 2, queue: "half a timeout later", checks: n, many: true, want: counts{calls: 1, inFlight: 1, pending: 2 * n}},
-		{at: timeout - 1, want: counts{calls: 1, inFlight: 1, pending: 2 * n}},
+		{at: 0, queue: "held", checks: 1, want: counts{calls: 1, inFlight: 1}, got: 1},
+		{at: 0, queue: "with the held batch", checks: n, want: counts{calls: 1, inFlight: 1, pending: n}, got: 1},
+		{at: timeout / 2, queue: "half a timeout later", checks: n, many: true, want: counts{calls: 1, inFlight: 1, pending: 2 * n}, got: 1},
+		{at: timeout - 1, want: counts{calls: 1, inFlight: 1, pending: 2 * n}, got: 1},
 		{
 			at:         timeout,
 			want:       counts{calls: 2, failedCalls: 1, expired: n, inFlight: 1},
+			got:        2, // on a new stream
 			wantFailed: []string{"held", "with the held batch"},
 		},
-		{at: 3*timeout/2 - 1, want: counts{calls: 2, failedCalls: 1, expired: n, inFlight: 1}},
+		{at: 3*timeout/2 - 1, want: counts{calls: 2, failedCalls: 1, expired: n, inFlight: 1}, got: 2},
 		{
 			at:         3 * timeout / 2,
 			want:       counts{calls: 2, failedCalls: 2, expired: n},
+			got:        2,
 			wantFailed: []string{"half a timeout later"},
 		},
 	} {
@@ -128,8 +131,10 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 			}
 		}
 		// The checks just queued, or those the watchdog let go, reach
-		// their place.
-		waitFor(t, fmt.Sprintf("step %d: %+v", i, s.want), func() bool { return countsOf(c.Stats()) == s.want })
+		// their place, and the batches sent reach the owner.
+		waitFor(t, fmt.Sprintf("step %d: %+v, %d batches got", i, s.want, s.got), func() bool {
+			return countsOf(c.Stats()) == s.want && len(o.batchSizes()) == s.got
+		})
 		for _, g := range s.wantFailed {
 			for _, ch := range groups[g] {
 				receiveTimedOut(t, fmt.Sprintf("step %d: a check %s", i, g), ch)

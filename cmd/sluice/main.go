@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
@@ -24,7 +25,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}
+	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, setMemoryLimit: debug.SetMemoryLimit}
 	code := a.exitCode(a.run(ctx, os.Args[1:]))
 	stop()
 	os.Exit(code)
@@ -38,6 +39,10 @@ type app struct {
 	// onReady, when set, is called by serve once the daemon serves (tests
 	// read the bound addresses from it).
 	onReady func(*daemon.Daemon)
+	// setMemoryLimit sets the Go runtime's soft memory limit
+	// (debug.SetMemoryLimit); nil leaves it alone (tests, which share
+	// their process).
+	setMemoryLimit func(int64) int64
 }
 
 // exitError carries a process exit code; err, if set, is printed.
@@ -97,6 +102,10 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return usageError(err)
 	case err != nil:
 		return usageError(nil) // a flag error, printed by the flag package
+	}
+	// GOMEMLIMIT in the environment wins, as the Go runtime has read it.
+	if limit := cfg.SoftMemoryLimit(); limit > 0 && a.setMemoryLimit != nil && a.env("GOMEMLIMIT") == "" {
+		a.setMemoryLimit(limit)
 	}
 	opts := []daemon.Option{daemon.WithLogOutput(a.stderr)}
 	if a.onReady != nil {

@@ -52,6 +52,12 @@ type Config struct {
 	// MaxBytes bounds the memory of the keys this node's store holds, as
 	// limiter.StoreConfig.MaxBytes counts it; 0 means no bound.
 	MaxBytes int64
+	// MemoryLimit is the soft memory limit of the daemon's process
+	// (GOMEMLIMIT), which makes the garbage collector work harder as the
+	// heap nears it rather than let it double: 0 means MaxBytes plus
+	// MemoryHeadroom, or none when MaxBytes is 0. The GOMEMLIMIT
+	// environment variable, when set, wins (GOMEMLIMIT=off for none).
+	MemoryLimit int64
 	// MaxBodyBytes bounds an HTTP request body.
 	MaxBodyBytes int64
 	// MaxBatchItems bounds the items of one POST /v1/check/batch.
@@ -106,8 +112,13 @@ type Config struct {
 
 // Bounds on Config fields.
 const (
-	MinBodyBytes = 1 << 10
-	MaxBodyBytes = 64 << 20
+	// MemoryHeadroom is what the default MemoryLimit allows beside the
+	// store's MaxBytes: connections, batches in flight, the replication
+	// change lists and the runtime.
+	MemoryHeadroom = 96 << 20
+	MinMemoryLimit = 64 << 20
+	MinBodyBytes   = 1 << 10
+	MaxBodyBytes   = 64 << 20
 	// MinStoreBytes is the least max_bytes: 16 MiB gives each of the
 	// store's 128 shards room for limiter.MaxKeyBytes, the most one key
 	// costs.
@@ -296,6 +307,15 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strconv.FormatInt(c.MaxBytes, 10) }},
+	{key: "memory_limit", usage: "soft memory limit of the process in bytes (GOMEMLIMIT); 0: max_bytes plus 96 MiB",
+		parse: func(c *Config, v string) error { return parseInt(&c.MemoryLimit, v) },
+		check: func(c *Config) error {
+			if c.MemoryLimit != 0 && c.MemoryLimit < MinMemoryLimit {
+				return fmt.Errorf("%d is below %d (0 means max_bytes plus %d)", c.MemoryLimit, MinMemoryLimit, MemoryHeadroom)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatInt(c.MemoryLimit, 10) }},
 	{key: "max_body_bytes", usage: "largest HTTP request body",
 		parse: func(c *Config, v string) error { return parseInt(&c.MaxBodyBytes, v) },
 		check: func(c *Config) error {
@@ -820,4 +840,17 @@ func yamlError(err error) (int, string) {
 		return 0, msg
 	}
 	return n, text
+}
+
+// SoftMemoryLimit returns the soft memory limit the daemon's process
+// should run with: MemoryLimit, or MaxBytes plus MemoryHeadroom when that
+// is 0, or 0 for none.
+func (c *Config) SoftMemoryLimit() int64 {
+	switch {
+	case c.MemoryLimit > 0:
+		return c.MemoryLimit
+	case c.MaxBytes > 0:
+		return c.MaxBytes + MemoryHeadroom
+	}
+	return 0
 }

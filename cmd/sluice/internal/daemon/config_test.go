@@ -288,3 +288,28 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// The soft memory limit is memory_limit, or max_bytes plus the headroom,
+// or none without a store budget; below the minimum is refused.
+func TestSoftMemoryLimit(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, DefaultConfig().MaxBytes + MemoryHeadroom},
+		{[]string{"--max-bytes", "33554432"}, 32<<20 + MemoryHeadroom},
+		{[]string{"--max-bytes", "0"}, 0},
+		{[]string{"--memory-limit", "536870912"}, 512 << 20},
+	} {
+		c, err := Load(append([]string{"--node-name", "n"}, tt.args...), envMap(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		if got := c.SoftMemoryLimit(); got != tt.want {
+			t.Errorf("%v: soft memory limit %d, want %d", tt.args, got, tt.want)
+		}
+	}
+	if _, err := Load([]string{"--node-name", "n", "--memory-limit", "1000"}, envMap(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "memory_limit") {
+		t.Errorf("memory_limit 1000: %v, want an error naming memory_limit", err)
+	}
+}

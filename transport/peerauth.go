@@ -109,15 +109,10 @@ func (a *PeerAuth) authorize(ctx context.Context, method string) error {
 }
 
 func (a *PeerAuth) checkIdentity(ctx context.Context) error {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.Unauthenticated, "transport: peer call without a TLS client certificate")
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+	leaf := CallerCertificate(ctx)
+	if leaf == nil {
 		return status.Error(codes.Unauthenticated, "transport: peer call without a verified TLS client certificate")
 	}
-	leaf := info.State.VerifiedChains[0][0]
 	if HasIdentity(leaf, a.Identities) {
 		return nil
 	}
@@ -158,6 +153,27 @@ func (a *PeerAuth) checkProof(ctx context.Context, method string) error {
 		}
 	}
 	return status.Error(codes.PermissionDenied, "transport: peer proof does not match the cluster secret")
+}
+
+// CallerCertificate returns the verified client certificate of the gRPC
+// call of ctx, or nil when the call is not over TLS or its client
+// presented none that verified.
+func CallerCertificate(ctx context.Context) *x509.Certificate {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			return VerifiedLeaf(info.State.VerifiedChains)
+		}
+	}
+	return nil
+}
+
+// VerifiedLeaf returns the leaf certificate of the first of chains, as
+// tls.ConnectionState.VerifiedChains holds them, or nil when there is none.
+func VerifiedLeaf(chains [][]*x509.Certificate) *x509.Certificate {
+	if len(chains) == 0 || len(chains[0]) == 0 {
+		return nil
+	}
+	return chains[0][0]
 }
 
 // HasIdentity reports whether cert names one of ids as a URI or DNS

@@ -10,9 +10,6 @@ import (
 	"os"
 	"strings"
 
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
-
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -37,8 +34,9 @@ const destructive = limiter.Reset | limiter.DrainOverLimit
 var errDestructive = errors.New("reset and drain_over_limit are not permitted to this caller (destructive_behaviors)")
 
 // permit refuses req when it asks for a destructive behavior that the
-// caller, whose verified certificate chains are chains, may not use.
-func (d *Daemon) permit(chains [][]*x509.Certificate, req *limiter.Request) error {
+// caller, whose verified client certificate is cert (nil for none), may
+// not use.
+func (d *Daemon) permit(cert *x509.Certificate, req *limiter.Request) error {
 	if req.Behavior&destructive == 0 {
 		return nil
 	}
@@ -46,7 +44,7 @@ func (d *Daemon) permit(chains [][]*x509.Certificate, req *limiter.Request) erro
 	case DestructiveAllow, "":
 		return nil
 	case DestructiveAdmins:
-		if len(chains) > 0 && len(chains[0]) > 0 && transport.HasIdentity(chains[0][0], d.cfg.AdminIdentities) {
+		if cert != nil && transport.HasIdentity(cert, d.cfg.AdminIdentities) {
 			return nil
 		}
 	}
@@ -55,22 +53,16 @@ func (d *Daemon) permit(chains [][]*x509.Certificate, req *limiter.Request) erro
 
 // permitGRPC is permit for a caller of the public gRPC API.
 func (d *Daemon) permitGRPC(ctx context.Context, req *limiter.Request) error {
-	var chains [][]*x509.Certificate
-	if p, ok := peer.FromContext(ctx); ok {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			chains = info.State.VerifiedChains
-		}
-	}
-	return d.permit(chains, req)
+	return d.permit(transport.CallerCertificate(ctx), req)
 }
 
 // permitHTTP is permit for a caller of the HTTP API.
 func (d *Daemon) permitHTTP(r *http.Request, req *limiter.Request) error {
-	var chains [][]*x509.Certificate
+	var cert *x509.Certificate
 	if r.TLS != nil {
-		chains = r.TLS.VerifiedChains
+		cert = transport.VerifiedLeaf(r.TLS.VerifiedChains)
 	}
-	return d.permit(chains, req)
+	return d.permit(cert, req)
 }
 
 // maxSecretFile bounds the cluster secret file.

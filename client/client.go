@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -44,43 +45,6 @@ const DefaultTimeout = 2 * time.Second
 // splits longer lists.
 const MaxBatchItems = transport.MaxBatchItems
 
-// Policy says how the daemon decides a check whose key's owner it cannot
-// reach.
-type Policy = transport.UnreachablePolicy
-
-// The policies.
-const (
-	// PolicyDefault uses the daemon's configured policy.
-	PolicyDefault = transport.PolicyDefault
-	// PolicyLocal decides on the daemon that received the check, as if it
-	// owned the key.
-	PolicyLocal = transport.PolicyLocal
-	// PolicyAllow admits the check (fail open).
-	PolicyAllow = transport.PolicyAllow
-	// PolicyDeny rejects the check (fail closed).
-	PolicyDeny = transport.PolicyDeny
-)
-
-// ParsePolicy returns the policy named s: "default", "local", "allow" or
-// "deny".
-func ParsePolicy(s string) (Policy, error) { return transport.ParsePolicy(s) }
-
-// Decision is the limiter's decision and where it was made.
-type Decision struct {
-	limiter.Decision
-	// Owner is the name of the node that decided.
-	Owner string
-	// WithoutOwner is true when the key's owner could not be reached and
-	// the decision came from the request's Policy.
-	WithoutOwner bool
-}
-
-// Result is one outcome of CheckMany: a Decision, or that request's error.
-type Result struct {
-	Decision
-	Err error
-}
-
 // Health is a node's answer to a health check.
 type Health struct {
 	// Status is "serving" when the node answers checks.
@@ -100,7 +64,7 @@ type Option func(*options)
 
 type options struct {
 	timeout time.Duration
-	policy  Policy
+	policy  sluice.Policy
 	tls     *tls.Config
 	dial    []grpc.DialOption
 }
@@ -110,8 +74,8 @@ type options struct {
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
 // WithPolicy sets the policy of every check that sets none with
-// OnUnreachable; default PolicyDefault, the daemon's own.
-func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
+// sluice.OnUnreachable; default sluice.PolicyDefault, the daemon's own.
+func WithPolicy(p sluice.Policy) Option { return func(o *options) { o.policy = p } }
 
 // WithTLS dials with TLS configured by cfg instead of an insecure
 // connection.
@@ -123,22 +87,16 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dial = append(o.dial, opts...) }
 }
 
-// CallOption changes one call.
-type CallOption func(*callOptions)
-
-type callOptions struct{ policy Policy }
-
-// OnUnreachable sets the policy of the checks of this call.
-func OnUnreachable(p Policy) CallOption { return func(o *callOptions) { o.policy = p } }
-
 // Client calls one sluice daemon. It is safe for concurrent use.
 type Client struct {
 	conn    *grpc.ClientConn
 	rpc     pb.SluiceClient
 	timeout time.Duration
-	policy  Policy
+	policy  sluice.Policy
 	closed  atomic.Bool
 }
+
+var _ sluice.Limiter = (*Client)(nil)
 
 // New returns a client of the daemon at addr (host:port of its gRPC
 // address, or any gRPC target). It does not connect: the first call does.
@@ -173,9 +131,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 	return &Client{conn: conn, rpc: pb.NewSluiceClient(conn), timeout: o.timeout, policy: o.policy}, nil
 }
 
-func checkPolicy(p Policy) error {
-	if _, err := transport.PolicyFromProto(transport.PolicyToProto(p)); err != nil {
-		return fmt.Errorf("policy %v: %w", p, err)
+func checkPolicy(p sluice.Policy) error {
+	if !p.Valid() {
+		return fmt.Errorf("%w: %w: %v", ErrInvalidArgument, sluice.ErrInvalidPolicy, p)
 	}
 	return nil
 }
@@ -191,19 +149,19 @@ func (c *Client) Close() error {
 
 // Check asks the daemon to decide req. A request that cannot be valid
 // returns its error without a call; see the package comment for the rest.
-func (c *Client) Check(ctx context.Context, req limiter.Request, opts ...CallOption) (Decision, error) {
+func (c *Client) Check(ctx context.Context, req limiter.Request, opts ...sluice.CheckOption) (sluice.Decision, error) {
 	policy, err := c.callPolicy(opts)
 	if err != nil {
-		return Decision{}, err
+		return sluice.Decision{}, err
 	}
-	if err := transport.ValidateRequest(&req); err != nil {
-		return Decision{}, err
+	if err := req.Validate(); err != nil {
+		return sluice.Decision{}, err
 	}
 	if c.closed.Load() {
-		return Decision{}, ErrClosed
+		return sluice.Decision{}, ErrClosed
 	}
 	if ctx == nil {
-		return Decision{}, ErrNilContext
+		return sluice.Decision{}, ErrNilContext
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
@@ -211,34 +169,36 @@ func (c *Client) Check(ctx context.Context, req limiter.Request, opts ...CallOpt
 	m.UnreachablePolicy = transport.PolicyToProto(policy)
 	resp, err := c.rpc.Check(ctx, &pb.CheckRequest{Request: m})
 	if err != nil {
-		return Decision{}, c.callError(ctx, "check", err)
+		return sluice.Decision{}, c.callError(ctx, "check", err)
 	}
-	return fromResult(transport.ResultFromProto(resp.GetResponse()))
+	r := transport.ResultFromProto(resp.GetResponse())
+	if r.Err != nil {
+		return sluice.Decision{}, r.Err
+	}
+	return r.Decision, nil
 }
 
 // CheckMany asks the daemon to decide every request, in order, and returns
 // one Result each. Requests that cannot be valid get their error without
 // being sent. More than MaxBatchItems requests are sent in several calls,
-// one after the other. When a call fails as a whole, CheckMany returns its
-// error, and the requests of that call and of the calls not yet made carry
-// it as their Err; requests of earlier calls were decided.
-func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...CallOption) ([]Result, error) {
+// one after the other. When a call fails as a whole, the requests of that
+// call and of the calls not yet made carry its error as their Err; the
+// requests of earlier calls were decided.
+func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
+	out := make([]sluice.Result, len(reqs))
 	policy, err := c.callPolicy(opts)
+	switch {
+	case err != nil:
+	case c.closed.Load():
+		err = ErrClosed
+	case ctx == nil:
+		err = ErrNilContext
+	}
 	if err != nil {
-		return nil, err
-	}
-	out := make([]Result, len(reqs))
-	if c.closed.Load() {
 		for i := range out {
-			out[i].Err = ErrClosed
+			out[i].Err = err
 		}
-		return out, ErrClosed
-	}
-	if ctx == nil {
-		for i := range out {
-			out[i].Err = ErrNilContext
-		}
-		return out, ErrNilContext
+		return out
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
@@ -259,14 +219,13 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...
 			return c.callError(ctx, "check batch", err)
 		}
 		for j, m := range resp.GetResponses() {
-			d, err := fromResult(transport.ResultFromProto(m))
-			out[idx[j]] = Result{Decision: d, Err: err}
+			out[idx[j]] = transport.ResultFromProto(m)
 		}
 		batch, idx = batch[:0], idx[:0]
 		return nil
 	}
 	for i := range reqs {
-		if err := transport.ValidateRequest(&reqs[i]); err != nil {
+		if err := reqs[i].Validate(); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -279,22 +238,22 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...
 		}
 		if err := flush(); err != nil {
 			failFrom(out, reqs, idx[0], err)
-			return out, err
+			return out
 		}
 	}
 	if err := flush(); err != nil {
 		failFrom(out, reqs, idx[0], err)
-		return out, err
+		return out
 	}
-	return out, nil
+	return out
 }
 
 // failFrom sets err on every result from index from on that has no error
 // of its own.
-func failFrom(out []Result, reqs []limiter.Request, from int, err error) {
+func failFrom(out []sluice.Result, reqs []limiter.Request, from int, err error) {
 	for i := from; i < len(out); i++ {
-		if out[i].Err == nil && transport.ValidateRequest(&reqs[i]) == nil {
-			out[i] = Result{Err: err}
+		if out[i].Err == nil && reqs[i].Validate() == nil {
+			out[i] = sluice.Result{Err: err}
 		}
 	}
 }
@@ -316,15 +275,15 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	return Health{Status: resp.GetStatus(), Members: int(resp.GetMembers()), Node: resp.GetNode()}, nil
 }
 
-func (c *Client) callPolicy(opts []CallOption) (Policy, error) {
-	o := callOptions{policy: c.policy}
-	for _, f := range opts {
-		f(&o)
+func (c *Client) callPolicy(opts []sluice.CheckOption) (sluice.Policy, error) {
+	p := sluice.Options(opts).Unreachable
+	if p == sluice.PolicyDefault {
+		p = c.policy
 	}
-	if err := checkPolicy(o.policy); err != nil {
+	if err := checkPolicy(p); err != nil {
 		return 0, fmt.Errorf("client: %w", err)
 	}
-	return o.policy, nil
+	return p, nil
 }
 
 // withTimeout returns ctx with the client's timeout when it has no
@@ -352,11 +311,4 @@ func (c *Client) callError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("client: %s: %w: %w", op, cerr, err)
 	}
 	return fmt.Errorf("client: %s: %w", op, err)
-}
-
-func fromResult(r transport.Result) (Decision, error) {
-	if r.Err != nil {
-		return Decision{}, r.Err
-	}
-	return Decision{Decision: r.Decision, Owner: r.Owner, WithoutOwner: r.WithoutOwner}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -123,10 +124,7 @@ func TestRequestErrorsKeepTheirSentinel(t *testing.T) {
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Check = %v, want %v", err, tt.want)
 			}
-			rs, err := c.CheckMany(context.Background(), []limiter.Request{req("fine:"+tt.name, 1), tt.req})
-			if err != nil {
-				t.Fatal(err)
-			}
+			rs := c.CheckMany(context.Background(), []limiter.Request{req("fine:"+tt.name, 1), tt.req})
 			if rs[0].Err != nil || !rs[0].Allowed {
 				t.Errorf("valid item: %+v", rs[0])
 			}
@@ -145,10 +143,7 @@ func TestCheckManySplitsLongLists(t *testing.T) {
 		reqs[i] = req("shared", 1500)
 	}
 	reqs[1234].Limit = -1
-	rs, err := c.CheckMany(context.Background(), reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := c.CheckMany(context.Background(), reqs)
 	allowed := 0
 	for i, r := range rs {
 		switch {
@@ -182,12 +177,12 @@ func TestHealth(t *testing.T) {
 // the request's hits as remaining, after waiting for release if set.
 type recorder struct {
 	mu        sync.Mutex
-	policies  []transport.UnreachablePolicy
+	policies  []sluice.Policy
 	deadlines []time.Time
 	release   chan struct{}
 }
 
-func (r *recorder) Route(ctx context.Context, reqs []transport.RoutedRequest) []transport.Result {
+func (r *recorder) Route(ctx context.Context, reqs []transport.RoutedRequest) []sluice.Result {
 	dl, _ := ctx.Deadline()
 	r.mu.Lock()
 	r.deadlines = append(r.deadlines, dl)
@@ -198,38 +193,40 @@ func (r *recorder) Route(ctx context.Context, reqs []transport.RoutedRequest) []
 	if r.release != nil {
 		<-r.release // not ctx: the client's own deadline must end the call
 	}
-	out := make([]transport.Result, len(reqs))
+	out := make([]sluice.Result, len(reqs))
 	for i, q := range reqs {
-		out[i] = transport.Result{Decision: limiter.Decision{Allowed: true, Limit: q.Request.Limit, Remaining: q.Request.Hits}, Owner: "fake", WithoutOwner: true}
+		out[i] = sluice.Result{Decision: sluice.Decision{Decision: limiter.Decision{Allowed: true, Limit: q.Request.Limit, Remaining: q.Request.Hits}, Owner: "fake", WithoutOwner: true}}
 	}
 	return out
 }
 
 func TestPolicyIsSent(t *testing.T) {
 	rec := &recorder{}
-	c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithPolicy(client.PolicyDeny))
+	c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithPolicy(sluice.PolicyDeny))
 	ctx := context.Background()
 	if _, err := c.Check(ctx, req("k", 5)); err != nil {
 		t.Fatal(err)
 	}
-	d, err := c.Check(ctx, req("k", 5), client.OnUnreachable(client.PolicyAllow))
+	d, err := c.Check(ctx, req("k", 5), sluice.OnUnreachable(sluice.PolicyAllow))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d.Owner != "fake" || !d.WithoutOwner {
 		t.Errorf("decision %+v", d)
 	}
-	if _, err := c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 1)}, client.OnUnreachable(client.PolicyLocal)); err != nil {
-		t.Fatal(err)
+	for _, r := range c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 1)}, sluice.OnUnreachable(sluice.PolicyLocal)) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
 	}
-	want := []transport.UnreachablePolicy{transport.PolicyDeny, transport.PolicyAllow, transport.PolicyLocal, transport.PolicyLocal}
+	want := []sluice.Policy{sluice.PolicyDeny, sluice.PolicyAllow, sluice.PolicyLocal, sluice.PolicyLocal}
 	if fmt.Sprint(rec.policies) != fmt.Sprint(want) {
 		t.Errorf("policies %v, want %v", rec.policies, want)
 	}
-	if _, err := c.Check(ctx, req("k", 5), client.OnUnreachable(client.Policy(99))); !errors.Is(err, client.ErrInvalidArgument) {
+	if _, err := c.Check(ctx, req("k", 5), sluice.OnUnreachable(sluice.Policy(99))); !errors.Is(err, client.ErrInvalidArgument) {
 		t.Errorf("unknown policy: %v", err)
 	}
-	if _, err := client.New("localhost:1", client.WithPolicy(client.Policy(99))); !errors.Is(err, client.ErrInvalidOption) {
+	if _, err := client.New("localhost:1", client.WithPolicy(sluice.Policy(99))); !errors.Is(err, client.ErrInvalidOption) {
 		t.Errorf("New with an unknown policy: %v", err)
 	}
 }
@@ -258,8 +255,8 @@ func TestTimeouts(t *testing.T) {
 		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(time.Millisecond))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		defer cancel()
-		if _, err := c.CheckMany(ctx, []limiter.Request{req("k", 1)}); err != nil {
-			t.Fatal(err)
+		if rs := c.CheckMany(ctx, []limiter.Request{req("k", 1)}); rs[0].Err != nil {
+			t.Fatal(rs[0].Err)
 		}
 		rec.mu.Lock()
 		dl := rec.deadlines[0]
@@ -292,10 +289,7 @@ func TestMalformedAnswers(t *testing.T) {
 	if _, err := c.Check(ctx, req("k", 1)); !errors.Is(err, client.ErrMalformedResponse) {
 		t.Errorf("Check = %v, want ErrMalformedResponse", err)
 	}
-	rs, err := c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 0), req("c", 1)})
-	if !errors.Is(err, client.ErrMalformedResponse) {
-		t.Fatalf("CheckMany = %v, want ErrMalformedResponse", err)
-	}
+	rs := c.CheckMany(ctx, []limiter.Request{req("a", 1), req("b", 0), req("c", 1)})
 	if !errors.Is(rs[0].Err, client.ErrMalformedResponse) || !errors.Is(rs[1].Err, limiter.ErrInvalidLimit) || !errors.Is(rs[2].Err, client.ErrMalformedResponse) {
 		t.Errorf("items: %v, %v, %v", rs[0].Err, rs[1].Err, rs[2].Err)
 	}
@@ -334,9 +328,8 @@ func TestClosed(t *testing.T) {
 	if _, err := c.Check(ctx, req("k", 1)); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Check = %v", err)
 	}
-	rs, err := c.CheckMany(ctx, []limiter.Request{req("k", 1)})
-	if !errors.Is(err, client.ErrClosed) || !errors.Is(rs[0].Err, client.ErrClosed) {
-		t.Errorf("CheckMany = %v, %v", err, rs[0].Err)
+	if rs := c.CheckMany(ctx, []limiter.Request{req("k", 1)}); !errors.Is(rs[0].Err, client.ErrClosed) {
+		t.Errorf("CheckMany = %v", rs[0].Err)
 	}
 	if _, err := c.Health(ctx); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Health = %v", err)
@@ -353,9 +346,9 @@ func TestNilContext(t *testing.T) {
 		t.Errorf("Check(nil): %v, want ErrNilContext", err)
 	}
 	//lint:ignore SA1012 a nil context is what is tested
-	res, err := c.CheckMany(nil, []limiter.Request{req}) //nolint:staticcheck
-	if !errors.Is(err, client.ErrNilContext) || len(res) != 1 || !errors.Is(res[0].Err, client.ErrNilContext) {
-		t.Errorf("CheckMany(nil): %+v, %v, want ErrNilContext", res, err)
+	res := c.CheckMany(nil, []limiter.Request{req}) //nolint:staticcheck
+	if len(res) != 1 || !errors.Is(res[0].Err, client.ErrNilContext) {
+		t.Errorf("CheckMany(nil): %+v, want ErrNilContext", res)
 	}
 	//lint:ignore SA1012 a nil context is what is tested
 	if _, err := c.Health(nil); !errors.Is(err, client.ErrNilContext) { //nolint:staticcheck

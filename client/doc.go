@@ -7,7 +7,7 @@
 // in as few calls as the server's batch limit allows, [Client.Health] for the
 // node's state. A [Decision] is the limiter's decision with the node that
 // made it (Owner) and whether that node had to decide without the key's owner
-// (WithoutOwner, under the request's [Policy]).
+// (WithoutOwner, under the request's [sluice.Policy]).
 //
 // Errors come in two kinds. A request the limiter rejects (a Limit of 0, an
 // unknown time zone) is that request's own error, checked before sending when

@@ -7,6 +7,7 @@ import (
 	"log"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -32,7 +33,7 @@ func Example() {
 
 	req := limiter.Request{Name: "login_per_ip", Key: "203.0.113.7", Hits: 1, Limit: 2, Period: time.Minute, Algorithm: limiter.FixedWindow}
 	for range 3 {
-		d, err := c.Check(context.Background(), req, client.OnUnreachable(client.PolicyDeny))
+		d, err := c.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -9,16 +9,19 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
 
+var _ sluice.Limiter = (*Node)(nil)
+
 // Check decides req: on this node's store when it owns the key, otherwise
 // on the owner's. Invalid requests return an error wrapping a limiter
 // sentinel; a cancelled ctx returns ctx's error. An unreachable owner is not
 // an error: the policy decides and Decision.WithoutOwner is set.
-func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...CheckOption) (Decision, error) {
+func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...sluice.CheckOption) (sluice.Decision, error) {
 	if n.metrics == nil {
 		return n.check(ctx, &req, opts)
 	}
@@ -28,12 +31,12 @@ func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...CheckOpti
 	return d, err
 }
 
-func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOption) (Decision, error) {
+func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []sluice.CheckOption) (sluice.Decision, error) {
 	if n.closed.Load() {
-		return Decision{}, ErrClosed
+		return sluice.Decision{}, ErrClosed
 	}
 	if ctx == nil {
-		return Decision{}, ErrNilContext
+		return sluice.Decision{}, ErrNilContext
 	}
 	return n.route(ctx, reqp, n.policy(opts))
 }
@@ -46,7 +49,7 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []CheckOpt
 // the hand-over of a key that moved here is not in, route waits for the
 // ring or the hand-over to move on and tries again, within
 // Config.HandoverTimeout; then policy decides.
-func (n *Node) route(ctx context.Context, req *limiter.Request, policy Policy) (Decision, error) {
+func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Policy) (sluice.Decision, error) {
 	hash := ring.RouteHash(req.Name, req.Key)
 	caller := ctx
 	var deadline time.Time
@@ -69,10 +72,10 @@ func (n *Node) route(ctx context.Context, req *limiter.Request, policy Policy) (
 		}
 		if !n.waitRoute(ctx, deadline, &backoff) {
 			if err := caller.Err(); err != nil {
-				return Decision{}, err
+				return sluice.Decision{}, err
 			}
 			if n.closed.Load() {
-				return Decision{}, ErrClosed
+				return sluice.Decision{}, ErrClosed
 			}
 			n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
 			return n.unreachable(req, policy)
@@ -104,23 +107,23 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 
 // routeOnce makes one attempt at req, where the router says; again is
 // set when route should wait and try again.
-func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy Policy) (d Decision, err error, again bool) {
+func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy) (d sluice.Decision, err error, again bool) {
 	p := n.router.pick(hash)
 	if p.way == wayHere {
 		if d, err, ok := n.decideOwned(req, hash); ok {
 			return d, err, false
 		}
 		if p = n.router.pick(hash); p.way == wayHere {
-			return Decision{}, nil, true // the ring changed under decideOwned
+			return sluice.Decision{}, nil, true // the ring changed under decideOwned
 		}
 	}
 	if n.closed.Load() {
 		n.router.release(&p)
-		return Decision{}, ErrClosed, false
+		return sluice.Decision{}, ErrClosed, false
 	}
 	if err := req.Validate(); err != nil {
 		n.router.release(&p)
-		return Decision{}, err, false
+		return sluice.Decision{}, err, false
 	}
 	if n.leases.on && (p.way == wayOwner || p.way == wayDown) {
 		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
@@ -130,7 +133,7 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 	}
 	switch p.way {
 	case wayWait:
-		return Decision{}, nil, true
+		return sluice.Decision{}, nil, true
 	case wayNotReady, wayDown:
 		d, err := n.unreachable(req, policy)
 		return d, err, false
@@ -139,13 +142,13 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 	fd, err := p.client.Check(ctx, *req)
 	switch n.router.done(&p, err) {
 	case retry:
-		return Decision{}, nil, true
+		return sluice.Decision{}, nil, true
 	case decided:
 		if err == nil {
 			if n.leases.on && !fd.Allowed && p.way == wayOwner {
 				n.leases.noteDenied(req, p.peer, &fd, n.now().UnixNano())
 			}
-			return Decision{Decision: fd, Owner: p.peer}, nil, false
+			return sluice.Decision{Decision: fd, Owner: p.peer}, nil, false
 		}
 	}
 	d, err = n.forwardFailed(ctx, req, policy, err)
@@ -168,12 +171,12 @@ func (n *Node) departing(name string) bool {
 // decide lock shared, this node is the key's settled owner; ok is false
 // when it is not (the ring or the hand-over changed since the caller
 // looked).
-func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err error, ok bool) {
+func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision, err error, ok bool) {
 	mu := n.hand.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
 	if st, _ := n.hand.stateOf(hash); st != owned {
-		return Decision{}, nil, false
+		return sluice.Decision{}, nil, false
 	}
 	if n.grants.active() {
 		if d, err, held := n.decideLeased(req, hash); held {
@@ -194,7 +197,7 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d Decision, err e
 // the lock was released, so a decision that read it as held counts it
 // twice (never too few), and one that read it as settled sees it in the
 // bucket. New grants and returns wait for the decide lock.
-func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err error, held bool) {
+func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d sluice.Decision, err error, held bool) {
 	now := n.now()
 	gm := n.grants.lock(hash)
 	gm.Lock()
@@ -207,10 +210,10 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err 
 	}
 	gm.Unlock()
 	if out == 0 {
-		return Decision{}, nil, false
+		return sluice.Decision{}, nil, false
 	}
 	if err := req.Validate(); err != nil {
-		return Decision{}, err, true
+		return sluice.Decision{}, err, true
 	}
 	r := *req
 	r.Burst = r.Capacity() - out
@@ -219,7 +222,7 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err 
 		// expires (a lower bound: then its hits enter the bucket).
 		wait := time.Duration(earliest - now.UnixNano())
 		n.local.Add(1)
-		return Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: wait, ResetAt: now.Add(wait)}, Owner: n.cfg.NodeName}, nil, true
+		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: wait, ResetAt: now.Add(wait)}, Owner: n.cfg.NodeName}, nil, true
 	}
 	d, err = n.decideLocal(&r)
 	return d, err, true
@@ -228,13 +231,13 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d Decision, err 
 // forwardFailed turns the error of a forwarded check into the caller's
 // answer: the owner's verdict on a bad request, the caller's own context
 // error, or the unreachable policy's decision.
-func (n *Node) forwardFailed(ctx context.Context, req *limiter.Request, policy Policy, err error) (Decision, error) {
+func (n *Node) forwardFailed(ctx context.Context, req *limiter.Request, policy sluice.Policy, err error) (sluice.Decision, error) {
 	switch {
 	case ctx.Err() != nil:
-		return Decision{}, ctx.Err()
+		return sluice.Decision{}, ctx.Err()
 	case !errors.Is(err, transport.ErrUnavailable):
 		// The owner answered: its verdict on this request stands.
-		return Decision{}, err
+		return sluice.Decision{}, err
 	}
 	n.logger.Debug("cluster: owner unreachable", "key", req.Key, "err", err)
 	return n.unreachable(req, policy)
@@ -242,9 +245,9 @@ func (n *Node) forwardFailed(ctx context.Context, req *limiter.Request, policy P
 
 // CheckMany decides every request, in order, one Result each. Requests for
 // one owner travel together.
-func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...CheckOption) []Result {
+func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
 	policy := n.policy(opts)
-	policies := make([]Policy, len(reqs))
+	policies := make([]sluice.Policy, len(reqs))
 	for i := range policies {
 		policies[i] = policy
 	}
@@ -252,7 +255,7 @@ func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...Ch
 }
 
 // recordMany records the metrics of a batch answered together.
-func (n *Node) recordMany(reqs []limiter.Request, out []Result, start time.Time) {
+func (n *Node) recordMany(reqs []limiter.Request, out []sluice.Result, start time.Time) {
 	if n.metrics == nil {
 		return
 	}
@@ -265,8 +268,8 @@ func (n *Node) recordMany(reqs []limiter.Request, out []Result, start time.Time)
 // checkMany is CheckMany with a policy per request. It takes route's
 // steps, batching the forwarded checks of each owner into one call; the
 // requests that route would wait for go through route itself.
-func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []Policy) []Result {
-	out := make([]Result, len(reqs))
+func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []sluice.Policy) []sluice.Result {
+	out := make([]sluice.Result, len(reqs))
 	defer n.recordMany(reqs, out, time.Now())
 	if n.closed.Load() {
 		for i := range out {
@@ -348,9 +351,9 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			for j, i := range g.idx {
 				switch err := rs[j].Err; {
 				case err == nil:
-					out[i].Decision = Decision{Decision: rs[j].Decision, Owner: g.pick.peer}
+					out[i].Decision = sluice.Decision{Decision: rs[j].Decision.Decision, Owner: g.pick.peer}
 					if n.leases.on && !rs[j].Decision.Allowed {
-						n.leases.noteDenied(&reqs[i], g.pick.peer, &rs[j].Decision, n.now().UnixNano())
+						n.leases.noteDenied(&reqs[i], g.pick.peer, &rs[j].Decision.Decision, n.now().UnixNano())
 					}
 				case errors.Is(err, transport.ErrNotOwner),
 					down == retry && errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil:
@@ -379,44 +382,45 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 // isRemote reports whether a decision by owner came from another node.
 func (n *Node) isRemote(owner string) bool { return owner != "" && owner != n.cfg.NodeName }
 
-func (n *Node) policy(opts []CheckOption) Policy {
-	o := checkOptions{policy: n.cfg.Unreachable}
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.policy == PolicyUnset || o.policy >= numPolicies {
+func (n *Node) policy(opts []sluice.CheckOption) sluice.Policy {
+	return n.policyOf(sluice.Options(opts).Unreachable)
+}
+
+// policyOf is p, or Config.Unreachable for PolicyDefault.
+func (n *Node) policyOf(p sluice.Policy) sluice.Policy {
+	if p == sluice.PolicyDefault || !p.Valid() {
 		return n.cfg.Unreachable
 	}
-	return o.policy
+	return p
 }
 
 // decideLocal decides req on this node's store, which validates it: the
 // one validation a locally owned request goes through.
-func (n *Node) decideLocal(req *limiter.Request) (Decision, error) {
+func (n *Node) decideLocal(req *limiter.Request) (sluice.Decision, error) {
 	d, err := n.store.CheckAt(*req, n.now())
 	if err != nil {
-		return Decision{}, err
+		return sluice.Decision{}, err
 	}
 	n.local.Add(1)
-	return Decision{Decision: d, Owner: n.cfg.NodeName}, nil
+	return sluice.Decision{Decision: d, Owner: n.cfg.NodeName}, nil
 }
 
 // unreachable decides a valid request whose owner cannot be reached.
-func (n *Node) unreachable(req *limiter.Request, policy Policy) (Decision, error) {
+func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.Decision, error) {
 	n.withoutOwner.Add(1)
 	n.metrics.unreachable(policy)
-	var d Decision
+	var d sluice.Decision
 	switch policy {
-	case PolicyAllow:
+	case sluice.PolicyAllow:
 		d.Decision = limiter.Decision{Allowed: true, Limit: req.Limit, ResetAt: n.now()}
 		d.Owner = n.cfg.NodeName
-	case PolicyDeny:
+	case sluice.PolicyDeny:
 		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: n.now().Add(n.cfg.DenyRetryAfter)}
 		d.Owner = n.cfg.NodeName
 	default:
 		var err error
 		if d, err = n.decideLocal(req); err != nil {
-			return Decision{}, err
+			return sluice.Decision{}, err
 		}
 	}
 	d.WithoutOwner = true
@@ -432,13 +436,13 @@ type ownerChecker struct{ n *Node }
 
 var _ transport.CheckerInto = ownerChecker{}
 
-func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []transport.Result {
-	out := make([]transport.Result, len(reqs))
+func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []sluice.Result {
+	out := make([]sluice.Result, len(reqs))
 	o.CheckInto(ctx, reqs, out)
 	return out
 }
 
-func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []transport.Result) {
+func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []sluice.Result) {
 	n := o.n
 	for i := range reqs {
 		hash := ring.RouteHash(reqs[i].Name, reqs[i].Key)
@@ -446,7 +450,7 @@ func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out
 		if !ok {
 			err = fmt.Errorf("%w: %s does not decide %s/%s now", transport.ErrNotOwner, n.cfg.NodeName, reqs[i].Name, reqs[i].Key)
 		}
-		out[i] = transport.Result{Decision: d.Decision, Owner: d.Owner, Err: err}
+		out[i] = sluice.Result{Decision: sluice.Decision{Decision: d.Decision, Owner: d.Owner}, Err: err}
 	}
 }
 
@@ -454,17 +458,17 @@ func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out
 // with its own unreachable policy; it also reports health.
 type publicAPI struct{ n *Node }
 
-func (r publicAPI) Route(ctx context.Context, rr []transport.RoutedRequest) []transport.Result {
+func (r publicAPI) Route(ctx context.Context, rr []transport.RoutedRequest) []sluice.Result {
 	reqs := make([]limiter.Request, len(rr))
-	policies := make([]Policy, len(rr))
+	policies := make([]sluice.Policy, len(rr))
 	for i := range rr {
 		reqs[i] = rr[i].Request
-		policies[i] = policyFromTransport(rr[i].Policy, r.n.cfg.Unreachable)
+		policies[i] = r.n.policyOf(rr[i].Policy)
 	}
 	rs := r.n.checkMany(ctx, reqs, policies)
-	out := make([]transport.Result, len(rs))
+	out := make([]sluice.Result, len(rs))
 	for i, res := range rs {
-		out[i] = transport.Result{Decision: res.Decision.Decision, Owner: res.Owner, WithoutOwner: res.WithoutOwner, Err: res.Err}
+		out[i] = res
 	}
 	return out
 }
@@ -475,16 +479,4 @@ func (r publicAPI) Health(ctx context.Context) transport.HealthReport {
 		status = "closed"
 	}
 	return transport.HealthReport{Status: status, Members: r.n.ring.Len(), Node: r.n.cfg.NodeName}
-}
-
-func policyFromTransport(p transport.UnreachablePolicy, def Policy) Policy {
-	switch p {
-	case transport.PolicyLocal:
-		return PolicyLocal
-	case transport.PolicyAllow:
-		return PolicyAllow
-	case transport.PolicyDeny:
-		return PolicyDeny
-	}
-	return def
 }

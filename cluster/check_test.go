@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -87,7 +88,7 @@ func TestCheckManyOwnerStalled(t *testing.T) {
 	}
 
 	st.on.Store(true)
-	results := make(chan []cluster.Result, callers)
+	results := make(chan []sluice.Result, callers)
 	for g := range callers {
 		go func() {
 			results <- caller.CheckMany(context.Background(), reqs[g*perCaller:(g+1)*perCaller])
@@ -109,7 +110,7 @@ func TestCheckManyOwnerStalled(t *testing.T) {
 	}
 	clk.Advance(timeout)
 	for range callers {
-		var rs []cluster.Result
+		var rs []sluice.Result
 		select {
 		case rs = <-results:
 		case <-time.After(20 * time.Second):

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -161,7 +162,7 @@ func TestClusterUnreachablePolicies(t *testing.T) {
 	n := c.Node(0)
 	req := request(limiter.FixedWindow, key, 1)
 	req.Name = "pol"
-	check := func(opts ...cluster.CheckOption) cluster.Decision {
+	check := func(opts ...sluice.CheckOption) sluice.Decision {
 		t.Helper()
 		d, err := n.Check(context.Background(), req, opts...)
 		if err != nil {
@@ -182,10 +183,10 @@ func TestClusterUnreachablePolicies(t *testing.T) {
 	if d := check(); d.Allowed {
 		t.Fatalf("second local decision allowed past the limit of 1: %+v", d)
 	}
-	if d := check(cluster.OnUnreachable(cluster.PolicyAllow)); !d.Allowed {
+	if d := check(sluice.OnUnreachable(sluice.PolicyAllow)); !d.Allowed {
 		t.Fatalf("allow policy denied: %+v", d)
 	}
-	if d := check(cluster.OnUnreachable(cluster.PolicyDeny)); d.Allowed || d.RetryAfter != time.Second {
+	if d := check(sluice.OnUnreachable(sluice.PolicyDeny)); d.Allowed || d.RetryAfter != time.Second {
 		t.Fatalf("deny policy: %+v, want denied with RetryAfter 1s", d)
 	}
 	if got := n.Stats().WithoutOwner; got != 4 {
@@ -311,7 +312,7 @@ func TestConfigValidate(t *testing.T) {
 		"empty name":     func(c *cluster.Config) { c.NodeName = "" },
 		"bad gossip":     func(c *cluster.Config) { c.GossipAddr = "nope" },
 		"bad grpc port":  func(c *cluster.Config) { c.GRPCAddr = "127.0.0.1:xyz" },
-		"unset policy":   func(c *cluster.Config) { c.Unreachable = cluster.PolicyUnset },
+		"unset policy":   func(c *cluster.Config) { c.Unreachable = sluice.PolicyDefault },
 		"zero sweep":     func(c *cluster.Config) { c.SweepInterval = 0 },
 		"1ns replicate":  func(c *cluster.Config) { c.ReplicateInterval = time.Nanosecond },
 		"1µs sweep":      func(c *cluster.Config) { c.SweepInterval = time.Microsecond },

@@ -12,47 +12,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
-
-// Policy says what a node does with a check whose owner cannot be reached.
-type Policy uint8
-
-const (
-	// PolicyUnset in a request means "use the node's Config.Unreachable".
-	PolicyUnset Policy = iota
-	// PolicyLocal decides on this node's own store, as if it owned the key:
-	// the limit holds per node until the owner is back.
-	PolicyLocal
-	// PolicyAllow admits the request (fail open).
-	PolicyAllow
-	// PolicyDeny rejects the request (fail closed).
-	PolicyDeny
-	numPolicies = iota
-)
-
-var policyNames = [...]string{PolicyUnset: "", PolicyLocal: "local", PolicyAllow: "allow", PolicyDeny: "deny"}
-
-func (p Policy) String() string {
-	if p >= numPolicies {
-		return fmt.Sprintf("policy(%d)", uint8(p))
-	}
-	return policyNames[p]
-}
-
-// ParsePolicy returns the policy named s ("local", "allow", "deny"; "" is
-// PolicyUnset).
-func ParsePolicy(s string) (Policy, error) {
-	for p := PolicyUnset; p < numPolicies; p++ {
-		if policyNames[p] == s {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: unknown policy %q (want local, allow or deny)", ErrInvalidConfig, s)
-}
 
 // Profile chooses serf's timings.
 type Profile uint8
@@ -88,7 +53,7 @@ type Config struct {
 	Profile           Profile
 
 	// Unreachable is the policy for requests that do not set their own.
-	Unreachable Policy
+	Unreachable sluice.Policy
 	// DenyRetryAfter is the RetryAfter of a request denied by PolicyDeny.
 	DenyRetryAfter time.Duration
 	// BreakerThreshold consecutive failed calls to a peer open its circuit
@@ -204,7 +169,7 @@ func DefaultConfig() Config {
 		GRPCAddr:          ":7947",
 		RetryJoinInterval: 5 * time.Second,
 		Profile:           ProfileLAN,
-		Unreachable:       PolicyLocal,
+		Unreachable:       sluice.PolicyLocal,
 		DenyRetryAfter:    time.Second,
 		BreakerThreshold:  3,
 		BreakerCooldown:   time.Second,
@@ -262,7 +227,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch {
-	case c.Unreachable == PolicyUnset || c.Unreachable >= numPolicies:
+	case c.Unreachable == sluice.PolicyDefault || !c.Unreachable.Valid():
 		return bad("Unreachable policy %v must be local, allow or deny", c.Unreachable)
 	case c.Profile > ProfileFast:
 		return bad("Profile %d is unknown", c.Profile)

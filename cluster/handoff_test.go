@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -173,7 +174,7 @@ func TestLeaveUnderTraffic(t *testing.T) {
 				default:
 				}
 				req := limiter.Request{Name: "leave", Key: keys[i%len(keys)], Hits: 1, Limit: limit, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
-				d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+				d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 				if err == nil && d.Allowed {
 					allowed.Add(1)
 				}

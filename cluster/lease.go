@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
@@ -405,7 +406,7 @@ func sameLimit(a, b *limiter.Request) bool {
 // when req must be forwarded. On the way it counts the key's checks and,
 // when the key is hot and its lease missing or running low, has the lease
 // loop ask the owner for one.
-func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d Decision, ok bool) {
+func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d sluice.Decision, ok bool) {
 	if req.Hits < 1 || req.Behavior != 0 || !leasable(req.Algorithm) {
 		return d, false
 	}
@@ -446,11 +447,11 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d De
 		h.left -= req.Hits
 		h.usedAt = now
 		t.local.Add(1)
-		d = Decision{Decision: limiter.Decision{Allowed: true, Limit: req.Limit, Remaining: h.left, ResetAt: h.resetAt}, Owner: h.owner}
+		d = sluice.Decision{Decision: limiter.Decision{Allowed: true, Limit: req.Limit, Remaining: h.left, ResetAt: h.resetAt}, Owner: h.owner}
 		ok = true
 	} else if now < h.deniedUntil && sameLimit(&h.req, req) && h.owner == owner {
 		t.denied.Add(1)
-		return Decision{Decision: limiter.Decision{Limit: req.Limit, ResetAt: h.deniedReset, RetryAfter: time.Duration(h.deniedUntil - now)}, Owner: h.owner}, true
+		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, ResetAt: h.deniedReset, RetryAfter: time.Duration(h.deniedUntil - now)}, Owner: h.owner}, true
 	}
 	ttl := int64(t.cfg.TTL)
 	low := h.expires == 0 || h.left*4 <= h.last || now >= h.expires-ttl/4

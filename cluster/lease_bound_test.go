@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -74,7 +75,7 @@ func burstUntilDenied(t *testing.T, nodes []*cluster.Node, req limiter.Request, 
 			nd := nodes[g%len(nodes)]
 			for denied := 0; denied < 5; {
 				now := clk.Now().UnixNano()
-				d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+				d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 				switch {
 				case err != nil:
 					t.Error(err)

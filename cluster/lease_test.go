@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
@@ -25,7 +26,7 @@ func leaseCluster(t *testing.T, n int, ttl time.Duration, share float64) *testcl
 	t.Helper()
 	return testcluster.New(t, n, testcluster.WithConfig(func(_ int, c *cluster.Config) {
 		c.Lease = cluster.LeaseConfig{Threshold: 100, TTL: ttl, Share: share}
-		c.Unreachable = cluster.PolicyDeny
+		c.Unreachable = sluice.PolicyDeny
 	}))
 }
 
@@ -60,7 +61,7 @@ func leaseTotals(nodes []*cluster.Node) (s cluster.LeaseStats, forwarded int64) 
 // until until passes or it has made perCaller checks, and calls seen with
 // every decision. It fails the test on an error or a decision made without
 // the owner.
-func hammer(t *testing.T, nodes []*cluster.Node, req limiter.Request, callers, perCaller int, until time.Time, seen func(cluster.Decision)) {
+func hammer(t *testing.T, nodes []*cluster.Node, req limiter.Request, callers, perCaller int, until time.Time, seen func(sluice.Decision)) {
 	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
@@ -108,7 +109,7 @@ func TestLeaseHotKeyExact(t *testing.T) {
 			var allowed, denied, fromLease atomic.Int64
 			others := nonOwners(c, req.Name, req.Key)
 			start := time.Now()
-			hammer(t, others, req, 64, 1_000_000, start.Add(1500*time.Millisecond), func(d cluster.Decision) {
+			hammer(t, others, req, 64, 1_000_000, start.Add(1500*time.Millisecond), func(d sluice.Decision) {
 				if !d.Allowed {
 					denied.Add(1)
 					return
@@ -176,7 +177,7 @@ func TestLeaseCutsForwarded(t *testing.T) {
 		req := limiter.Request{Name: "hot", Key: "forwarded", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}
 		others := nonOwners(c, req.Name, req.Key)
 		var checks atomic.Int64
-		hammer(t, others, req, callers, perCaller, time.Now().Add(time.Minute), func(d cluster.Decision) {
+		hammer(t, others, req, callers, perCaller, time.Now().Add(time.Minute), func(d sluice.Decision) {
 			if !d.Allowed {
 				t.Error("denied under a limit that is never reached")
 			}
@@ -344,7 +345,7 @@ func TestLeaseRefusal(t *testing.T) {
 	req = limiter.Request{Name: "refuse", Key: "hot-log", Hits: 1, Limit: 1_000_000, Period: time.Second, Algorithm: limiter.SlidingWindowLog}
 	others := nonOwners(c, req.Name, req.Key)
 	before, _ := leaseTotals(others)
-	hammer(t, others, req, 8, 200, time.Now().Add(time.Minute), func(cluster.Decision) {})
+	hammer(t, others, req, 8, 200, time.Now().Add(time.Minute), func(sluice.Decision) {})
 	if after, _ := leaseTotals(others); after.Requested != before.Requested {
 		t.Fatalf("%d leases requested for a sliding window log", after.Requested-before.Requested)
 	}

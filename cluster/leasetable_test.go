@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -58,7 +59,7 @@ func TestLeaseTableSteps(t *testing.T) {
 	owners := &fakeOwners{owner: "o", now: now, retry: 30 * time.Millisecond}
 	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1}) // hot from 10 checks in 100ms
 	req := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1000, Period: time.Second, Algorithm: limiter.TokenBucket}
-	check := func() (Decision, bool) {
+	check := func() (sluice.Decision, bool) {
 		d, ok := tab.decide(&req, owners.ownerOf2(), at.UnixNano())
 		select { // a lease request the check asked for is made at once
 		case f := <-tab.fetches:

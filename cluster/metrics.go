@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -97,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 }
 
 // check records one answered check.
-func (m *metrics) check(req *limiter.Request, d *Decision, err error, forwarded bool, took time.Duration) {
+func (m *metrics) check(req *limiter.Request, d *sluice.Decision, err error, forwarded bool, took time.Duration) {
 	if m == nil {
 		return
 	}
@@ -126,7 +127,7 @@ func (m *metrics) check(req *limiter.Request, d *Decision, err error, forwarded 
 }
 
 // unreachable records a decision made under policy without the owner.
-func (m *metrics) unreachable(policy Policy) {
+func (m *metrics) unreachable(policy sluice.Policy) {
 	if m != nil {
 		m.withoutOwner.WithLabelValues(policy.String()).Inc()
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
@@ -31,33 +32,8 @@ var (
 	// ErrHandoff wraps key states a graceful Leave could not hand off.
 	ErrHandoff = errors.New("cluster: hand-off incomplete")
 	// ErrNilContext is returned for a call made with a nil context.
-	ErrNilContext = transport.ErrNilContext
+	ErrNilContext = sluice.ErrNilContext
 )
-
-// Decision is a limiter decision and where it was made.
-type Decision struct {
-	limiter.Decision
-	// Owner is the name of the node that decided.
-	Owner string
-	// WithoutOwner is true when the key's owner could not be reached and
-	// the decision came from the unreachable policy.
-	WithoutOwner bool
-}
-
-// Result is one outcome of CheckMany: a Decision, or the error of that item.
-type Result struct {
-	Decision
-	Err error
-}
-
-// CheckOption changes how one Check or CheckMany call is made.
-type CheckOption func(*checkOptions)
-
-type checkOptions struct{ policy Policy }
-
-// OnUnreachable sets the policy applied when the owner cannot be reached,
-// overriding Config.Unreachable for this call.
-func OnUnreachable(p Policy) CheckOption { return func(o *checkOptions) { o.policy = p } }
 
 // Stats counts what a node has done.
 type Stats struct {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -250,7 +251,7 @@ func TestBatchErr(t *testing.T) {
 		{"caller left", []error{context.Canceled, context.Canceled}, context.Canceled},
 		{"nothing", nil, nil},
 	} {
-		rs := make([]transport.Result, len(tt.errs))
+		rs := make([]sluice.Result, len(tt.errs))
 		for i, err := range tt.errs {
 			rs[i].Err = err
 		}

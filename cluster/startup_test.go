@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -44,7 +45,7 @@ func TestStartTogetherExact(t *testing.T) {
 					nd := nodes[g%len(nodes)]
 					for j := range 60 {
 						i := (g*7 + j) % len(reqs)
-						d, err := nd.Check(context.Background(), reqs[i], cluster.OnUnreachable(cluster.PolicyDeny))
+						d, err := nd.Check(context.Background(), reqs[i], sluice.OnUnreachable(sluice.PolicyDeny))
 						if err == nil && d.Allowed {
 							allowed[i].Add(1)
 						}
@@ -91,7 +92,7 @@ func TestNotReadyUntilJoined(t *testing.T) {
 		t.Fatal("ready before joining its seed")
 	}
 	req := limiter.Request{Name: "ready", Key: "k", Hits: 1, Limit: 5, Period: time.Hour, Algorithm: limiter.TokenBucket}
-	d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+	d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 	if err != nil || d.Allowed || !d.WithoutOwner {
 		t.Fatalf("check before joining: %+v, %v; want denied without owner", d, err)
 	}
@@ -178,7 +179,7 @@ func TestDuplicateNameRefused(t *testing.T) {
 			continue
 		}
 		for range 3 {
-			d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+			d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 			if err == nil && d.Allowed {
 				admitted++
 			}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -61,7 +62,7 @@ func startTraffic(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, 
 				nd := nodes[rng.IntN(len(nodes))]
 				i := rng.IntN(len(reqs))
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				d, err := nd.Check(ctx, reqs[i], cluster.OnUnreachable(cluster.PolicyDeny))
+				d, err := nd.Check(ctx, reqs[i], sluice.OnUnreachable(sluice.PolicyDeny))
 				cancel()
 				tr.checks.Add(1)
 				switch {
@@ -189,7 +190,7 @@ func TestLeaveDuringJoin(t *testing.T) {
 	again := 0
 	for _, r := range reqs {
 		r.Hits = 1
-		d, err := c.Node(0).Check(context.Background(), r, cluster.OnUnreachable(cluster.PolicyDeny))
+		d, err := c.Node(0).Check(context.Background(), r, sluice.OnUnreachable(sluice.PolicyDeny))
 		if err != nil {
 			t.Fatal(err)
 		}

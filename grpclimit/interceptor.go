@@ -20,20 +20,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/rules"
 )
 
 // Method is the Descriptor.Method of every gRPC call, for rules that
 // match on methods.
 const Method = "grpc"
-
-// Limiter decides many limiter requests at once, one result each, in
-// order. *cluster.Node satisfies it. It must be safe for concurrent use.
-type Limiter interface {
-	CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result
-}
 
 // RuleSource gives the rules in force. Current is called once per call
 // and must be cheap and safe for concurrent use; *rules.Source and
@@ -43,7 +36,6 @@ type RuleSource interface {
 }
 
 var (
-	_ Limiter    = (*cluster.Node)(nil)
 	_ RuleSource = (*rules.Source)(nil)
 	_ RuleSource = (*rules.Watcher)(nil)
 )
@@ -155,7 +147,7 @@ type Interceptor struct {
 
 // New returns an interceptor that checks calls with lim against the rules
 // src gives.
-func New(lim Limiter, src RuleSource, opts ...Option) (*Interceptor, error) {
+func New(lim sluice.Limiter, src RuleSource, opts ...Option) (*Interceptor, error) {
 	if lim == nil || src == nil {
 		return nil, fmt.Errorf("%w: a Limiter and a RuleSource are required", ErrInvalidOption)
 	}

@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,16 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/rules"
 )
-
-// Limiter decides many limiter requests at once, one result each, in
-// order. *cluster.Node satisfies it. It must be safe for concurrent use.
-type Limiter interface {
-	CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result
-}
 
 // RuleSource gives the rules in force. Current is called once per request
 // and must be cheap and safe for concurrent use; *rules.Source and
@@ -31,7 +23,6 @@ type RuleSource interface {
 }
 
 var (
-	_ Limiter    = (*cluster.Node)(nil)
 	_ RuleSource = (*rules.Source)(nil)
 	_ RuleSource = (*rules.Watcher)(nil)
 )
@@ -227,7 +218,7 @@ type Middleware struct {
 
 // New returns a middleware that checks requests with lim against the rules
 // src gives. It fails on an invalid option.
-func New(lim Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
+func New(lim sluice.Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
 	if lim == nil || src == nil {
 		return nil, fmt.Errorf("%w: a Limiter and a RuleSource are required", ErrInvalidOption)
 	}

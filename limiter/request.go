@@ -145,7 +145,49 @@ var (
 	ErrUnknownAlgorithm = errors.New("limiter: unknown Algorithm")
 	ErrInvalidCalendar  = errors.New("limiter: invalid Calendar")
 	ErrInvalidBehavior  = errors.New("limiter: invalid Behavior")
+	// ErrInvalidLocation is a Location that another node could not load
+	// as the same zone. It wraps ErrInvalidCalendar.
+	ErrInvalidLocation error = &childError{"limiter: invalid Location", ErrInvalidCalendar}
 )
+
+// childError is a sentinel that wraps a broader one.
+type childError struct {
+	msg    string
+	parent error
+}
+
+func (e *childError) Error() string { return e.msg }
+func (e *childError) Unwrap() error { return e.parent }
+
+// MaxZoneNameLen bounds a Location's name, in bytes. The longest IANA
+// name is about 32 bytes.
+const MaxZoneNameLen = 64
+
+// CheckZoneName reports whether name can be an IANA time zone name, which
+// every node loads as the same zone, without loading it: at most
+// MaxZoneNameLen bytes of letters, digits, '_', '-', '+' and inner single
+// '/'. "Local" (the zone of each process, which differs from node to node)
+// and "" are refused. Errors wrap ErrInvalidLocation.
+func CheckZoneName(name string) error {
+	switch {
+	case len(name) > MaxZoneNameLen:
+		return fmt.Errorf("%w: zone name is %d bytes, more than the maximum %d", ErrInvalidLocation, len(name), MaxZoneNameLen)
+	case name == "":
+		return fmt.Errorf("%w: the zone has no name; use time.LoadLocation or time.UTC", ErrInvalidLocation)
+	case name == "Local":
+		return fmt.Errorf("%w: %q is the zone of each process, which differs from node to node; name an IANA zone", ErrInvalidLocation, name)
+	}
+	for i := 0; i < len(name); i++ {
+		switch ch := name[i]; {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
+			ch == '_', ch == '-', ch == '+':
+		case ch == '/' && i > 0 && i < len(name)-1 && name[i-1] != '/':
+		default:
+			return fmt.Errorf("%w: %q is not an IANA zone name", ErrInvalidLocation, name)
+		}
+	}
+	return nil
+}
 
 // Request asks for a decision on one key.
 type Request struct {
@@ -167,7 +209,10 @@ type Request struct {
 	Burst     int64
 	Algorithm Algorithm
 	// Calendar aligns FixedWindow windows to calendar units in Location
-	// (nil means UTC). Only FixedWindow accepts a Calendar.
+	// (nil means UTC). Only FixedWindow accepts a Calendar. Location
+	// travels between nodes by name, so it must be time.UTC or a zone
+	// from time.LoadLocation with an IANA name (see CheckZoneName), never
+	// time.Local.
 	Calendar Calendar
 	Location *time.Location
 	Behavior Behavior
@@ -212,6 +257,11 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Behavior %#x has unknown bits", ErrInvalidBehavior, uint8(r.Behavior))
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
+	}
+	if r.Location != nil {
+		if err := CheckZoneName(r.Location.String()); err != nil {
+			return err
+		}
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {

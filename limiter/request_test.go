@@ -9,7 +9,15 @@ import (
 
 var sentinels = []error{
 	ErrInvalidName, ErrInvalidKey, ErrInvalidHits, ErrHitsExceedLimit, ErrInvalidLimit,
-	ErrInvalidPeriod, ErrInvalidBurst, ErrUnknownAlgorithm, ErrInvalidCalendar, ErrInvalidBehavior,
+	ErrInvalidPeriod, ErrInvalidBurst, ErrUnknownAlgorithm, ErrInvalidCalendar, ErrInvalidBehavior, ErrInvalidLocation,
+}
+
+func mustZone(name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		panic(err)
+	}
+	return loc
 }
 
 func validRequest(a Algorithm) Request {
@@ -62,6 +70,14 @@ func TestValidate(t *testing.T) {
 		{"calendar ignores period", func(r *Request) { r.Algorithm, r.Calendar, r.Period = FixedWindow, Month, 0 }, nil, ""},
 		{"gcra faster than 1/ns", func(r *Request) { r.Algorithm, r.Limit, r.Period = GCRA, 1001, time.Microsecond }, ErrInvalidLimit, "Limit"},
 		{"gcra at 1/ns", func(r *Request) { r.Algorithm, r.Limit, r.Period = GCRA, 1000, time.Microsecond }, nil, ""},
+		{"calendar in UTC", func(r *Request) { r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.UTC }, nil, ""},
+		{"calendar in an IANA zone", func(r *Request) { r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, mustZone("Asia/Tokyo") }, nil, ""},
+		{"calendar in time.Local", func(r *Request) { r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.Local }, ErrInvalidLocation, "Local"},
+		{"zone with no name", func(r *Request) { r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("", 3600) }, ErrInvalidLocation, "no name"},
+		{"zone named like no IANA zone", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("my zone", 3600)
+		}, ErrInvalidLocation, "my zone"},
+		{"zone without calendar", func(r *Request) { r.Location = time.Local }, ErrInvalidLocation, "Local"},
 		{"windows ignore burst", func(r *Request) { r.Algorithm, r.Burst, r.Hits = SlidingWindowLog, 20, 11 }, ErrHitsExceedLimit, "Hits"},
 	}
 	for _, tt := range tests {
@@ -79,7 +95,7 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate = %v, want %v", err, tt.want)
 			}
 			for _, s := range sentinels {
-				if s != tt.want && errors.Is(err, s) {
+				if !errors.Is(tt.want, s) && errors.Is(err, s) {
 					t.Errorf("%v also wraps %v", err, s)
 				}
 			}

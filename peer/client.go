@@ -184,7 +184,7 @@ func (c *Client) Stats() Stats {
 }
 
 // Check asks the peer to decide req as its key's owner. It returns the
-// owner's decision or: req's validation error (transport.ValidateRequest)
+// owner's decision or: req's validation error (limiter.Request.Validate)
 // without sending it; the owner's per-item error, which matches the same
 // limiter sentinel; an error wrapping ErrUnavailable when its batch failed;
 // ErrClosed; or ctx.Err() when ctx ends first (the late result, if any, is
@@ -192,7 +192,7 @@ func (c *Client) Stats() Stats {
 // queued, whatever ctx allows: then it fails with an error wrapping
 // ErrUnavailable whose gRPC status is DeadlineExceeded, sent or not.
 func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
-	if err := transport.ValidateRequest(&req); err != nil {
+	if err := req.Validate(); err != nil {
 		return limiter.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -204,7 +204,7 @@ func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decisi
 		return limiter.Decision{}, ErrClosed
 	}
 	r := c.wait(ctx, it)
-	return r.Decision, r.Err
+	return r.Decision.Decision, r.Err
 }
 
 // CheckMany checks every request as Check does and returns one result per
@@ -221,7 +221,7 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request) []transp
 	items := make([]*item, len(reqs))
 	valid := make([]*item, 0, len(reqs))
 	for i := range reqs {
-		if err := transport.ValidateRequest(&reqs[i]); err != nil {
+		if err := reqs[i].Validate(); err != nil {
 			out[i].Err = err
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -81,7 +82,7 @@ func (o *owner) CheckMany(ctx context.Context, reqs []limiter.Request) []transpo
 			d.RetryAfter = r.Period
 		}
 		d.Remaining = r.Limit - o.used[k]
-		out[i].Decision = d
+		out[i].Decision.Decision = d
 	}
 	return out
 }
@@ -608,7 +609,7 @@ type trivial struct{}
 func (trivial) CheckMany(_ context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
 	for i, r := range reqs {
-		out[i] = transport.Result{Owner: "bench", Decision: limiter.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Limit - 1}}
+		out[i] = transport.Result{Decision: sluice.Decision{Owner: "bench", Decision: limiter.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Limit - 1}}}
 	}
 	return out
 }

@@ -119,7 +119,7 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 			ch := make(chan outcome, s.checks)
 			go func() {
 				for _, r := range c.CheckMany(context.Background(), reqs) {
-					ch <- outcome{r.Decision, r.Err}
+					ch <- outcome{r.Decision.Decision, r.Err}
 				}
 			}()
 			for range s.checks {

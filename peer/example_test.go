@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/transport"
@@ -25,7 +26,7 @@ func (o *countingOwner) CheckMany(_ context.Context, reqs []limiter.Request) []t
 			d.Allowed = true
 		}
 		d.Remaining = r.Limit - o.used[r.Key]
-		out[i] = transport.Result{Owner: "node-b", Decision: d}
+		out[i] = transport.Result{Decision: sluice.Decision{Owner: "node-b", Decision: d}}
 	}
 	return out
 }

@@ -6,18 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
-
-// Limiter decides many limiter requests at once, one result each, in
-// order. *cluster.Node satisfies it. Implementations must be safe for
-// concurrent use.
-type Limiter interface {
-	CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result
-}
-
-var _ Limiter = (*cluster.Node)(nil)
 
 // Enforcer applies the rules of a set to one request, all or nothing: the
 // request is admitted only if every enforcing rule that applies admits it,
@@ -35,7 +26,7 @@ var _ Limiter = (*cluster.Node)(nil)
 // them and be rejected although, in the end, it would have fitted. The
 // window is brief and can only make the limiter stricter, never looser.
 type Enforcer struct {
-	Limiter Limiter
+	Limiter sluice.Limiter
 	// Shadow makes every rule a shadow rule: decided, reported, never
 	// blocking.
 	Shadow bool
@@ -76,7 +67,7 @@ type Verdict struct {
 type Limit struct {
 	Rule     *Rule
 	Request  limiter.Request // as consumed: Hits is the request's cost
-	Decision cluster.Decision
+	Decision sluice.Decision
 	// Rejected says this limit does not admit the request: its decision
 	// did not, or a leaky bucket's delay is longer than MaxWait.
 	Rejected bool
@@ -174,8 +165,8 @@ func (e *Enforcer) decide(ctx context.Context, v *Verdict, reqs []limiter.Reques
 // checkMany runs reqs, those of v.Limits[idx[j]] for each j (every limit
 // when idx is nil), through the limiter: one call per unreachable policy,
 // and all limits share one in the usual case.
-func (e *Enforcer) checkMany(ctx context.Context, v *Verdict, idx []int, reqs []limiter.Request) []cluster.Result {
-	policy := func(j int) cluster.Policy {
+func (e *Enforcer) checkMany(ctx context.Context, v *Verdict, idx []int, reqs []limiter.Request) []sluice.Result {
+	policy := func(j int) sluice.Policy {
 		if idx != nil {
 			j = idx[j]
 		}
@@ -188,11 +179,11 @@ func (e *Enforcer) checkMany(ctx context.Context, v *Verdict, idx []int, reqs []
 	if same {
 		return e.Limiter.CheckMany(ctx, reqs, policyOpts(policy(0))...)
 	}
-	groups := map[cluster.Policy][]int{}
+	groups := map[sluice.Policy][]int{}
 	for j := range reqs {
 		groups[policy(j)] = append(groups[policy(j)], j)
 	}
-	out := make([]cluster.Result, len(reqs))
+	out := make([]sluice.Result, len(reqs))
 	var wg sync.WaitGroup
 	for p, js := range groups {
 		wg.Add(1)
@@ -212,11 +203,11 @@ func (e *Enforcer) checkMany(ctx context.Context, v *Verdict, idx []int, reqs []
 	return out
 }
 
-func policyOpts(p cluster.Policy) []cluster.CheckOption {
-	if p == cluster.PolicyUnset {
+func policyOpts(p sluice.Policy) []sluice.CheckOption {
+	if p == sluice.PolicyDefault {
 		return nil
 	}
-	return []cluster.CheckOption{cluster.OnUnreachable(p)}
+	return []sluice.CheckOption{sluice.OnUnreachable(p)}
 }
 
 // Wait waits for v.Delay, the leaky-bucket pacing, or until ctx ends. In

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
@@ -224,7 +225,7 @@ type racer struct {
 	race  func()
 }
 
-func (r *racer) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...cluster.CheckOption) []cluster.Result {
+func (r *racer) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
 	r.mu.Lock()
 	r.calls++
 	if r.calls == 2 && r.race != nil {
@@ -280,8 +281,8 @@ func TestEnforceMixedPolicies(t *testing.T) {
 	clk := newFakeClock()
 	n := newNode(t, clk)
 	s, err := NewSet(
-		Rule{Name: "a", Algorithm: limiter.GCRA, Limit: 2, Period: time.Second, Unreachable: cluster.PolicyDeny},
-		Rule{Name: "b", Algorithm: limiter.GCRA, Limit: 2, Period: time.Second, Unreachable: cluster.PolicyAllow},
+		Rule{Name: "a", Algorithm: limiter.GCRA, Limit: 2, Period: time.Second, Unreachable: sluice.PolicyDeny},
+		Rule{Name: "b", Algorithm: limiter.GCRA, Limit: 2, Period: time.Second, Unreachable: sluice.PolicyAllow},
 		Rule{Name: "c", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second},
 	)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -311,24 +311,23 @@ func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
 			}
 		case "zone":
 			if s, ok := l.str(v, f); ok {
+				if err := limiter.CheckZoneName(s); err != nil {
+					l.errorfCause(v, f, ErrInvalidCalendar, err, "time zone %q is not an IANA zone name such as Europe/Paris", s)
+					break
+				}
 				loc, err := time.LoadLocation(s)
-				if err != nil || s == "" {
+				if err != nil {
 					l.errorfCause(v, f, ErrInvalidCalendar, err, "unknown time zone %q", s)
 				}
 				r.Location = loc
 			}
 		case "unreachable":
 			if s, ok := l.str(v, f); ok {
-				switch s {
-				case "local":
-					r.Unreachable = cluster.PolicyLocal
-				case "allow":
-					r.Unreachable = cluster.PolicyAllow
-				case "deny":
-					r.Unreachable = cluster.PolicyDeny
-				default:
-					l.errorf(v, f, ErrInvalidPolicy, "unreachable %q must be local, allow or deny", s)
+				p, err := sluice.ParsePolicy(s)
+				if err != nil || p == sluice.PolicyDefault {
+					l.errorfCause(v, f, ErrInvalidPolicy, err, "unreachable %q must be local, allow or deny", s)
 				}
+				r.Unreachable = p
 			}
 		case "shadow":
 			r.Shadow, _ = l.bool(v, f)

@@ -12,7 +12,7 @@ import (
 	"time"
 	_ "time/tzdata" // the tests load Europe/Paris wherever they run
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -55,7 +55,7 @@ func TestParseGood(t *testing.T) {
 		t.Fatal("api_per_user missing")
 	}
 	if r.Algorithm != limiter.TokenBucket || r.Limit != 100 || r.Period != time.Minute || r.Burst != 150 ||
-		r.Unreachable != cluster.PolicyDeny || !r.Shadow {
+		r.Unreachable != sluice.PolicyDeny || !r.Shadow {
 		t.Errorf("api_per_user = %+v", r)
 	}
 	if got := strings.Join(r.Key, ","); got != "user,header:x-tenant,descriptor:plan" {

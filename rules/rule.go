@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -40,8 +40,8 @@ type Rule struct {
 	Location *time.Location
 
 	// Unreachable is the policy when the key's owner cannot be reached;
-	// PolicyUnset uses the node's.
-	Unreachable cluster.Policy
+	// PolicyDefault uses the limiter's.
+	Unreachable sluice.Policy
 	// Shadow rules are decided and reported but never block.
 	Shadow bool
 
@@ -195,9 +195,7 @@ func (r *Rule) compile() (*compiled, []fieldError) {
 		seen[kp.tag] = true
 		c.key = append(c.key, kp)
 	}
-	switch r.Unreachable {
-	case cluster.PolicyUnset, cluster.PolicyLocal, cluster.PolicyAllow, cluster.PolicyDeny:
-	default:
+	if !r.Unreachable.Valid() {
 		add("unreachable", ErrInvalidPolicy, nil, "unknown policy %v", r.Unreachable)
 	}
 	errs = append(errs, r.checkRate()...)
@@ -231,6 +229,8 @@ func (r *Rule) checkRate() []fieldError {
 		if r.Burst == 0 {
 			f.field = "period"
 		}
+	case errors.Is(err, limiter.ErrInvalidLocation):
+		f.field, f.err = "zone", ErrInvalidCalendar
 	case errors.Is(err, limiter.ErrInvalidCalendar):
 		f.field, f.err = "calendar", ErrInvalidCalendar
 	case errors.Is(err, limiter.ErrUnknownAlgorithm):

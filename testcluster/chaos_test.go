@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -25,7 +26,7 @@ func chaosRequest(key string, limit int64) limiter.Request {
 	return limiter.Request{Name: "chaos", Key: key, Hits: 1, Limit: limit, Period: time.Hour, Algorithm: limiter.FixedWindow}
 }
 
-func check(t *testing.T, n *cluster.Node, req limiter.Request) cluster.Decision {
+func check(t *testing.T, n *cluster.Node, req limiter.Request) sluice.Decision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
 	defer cancel()

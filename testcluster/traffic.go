@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -41,7 +42,7 @@ func StartTraffic(nodes []*cluster.Node, req limiter.Request, callers int, rate 
 					return
 				case <-tick.C:
 				}
-				d, err := nd.Check(context.Background(), req, cluster.OnUnreachable(cluster.PolicyDeny))
+				d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 				if err == nil && d.Allowed {
 					tr.allowed.Add(1)
 				}

@@ -3,20 +3,19 @@ package transport
 import (
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
 // Bounds on what the codec accepts.
 const (
-	// MaxTimeZoneLen bounds time_zone, in bytes. The longest IANA name is
-	// about 32 bytes.
-	MaxTimeZoneLen = 64
+	// MaxTimeZoneLen bounds time_zone, in bytes.
+	MaxTimeZoneLen = limiter.MaxZoneNameLen
 	// MaxCachedZones bounds the time zones one Codec keeps loaded. Only
 	// names that load are cached, and IANA has about 600.
 	MaxCachedZones = 1024
@@ -100,12 +99,12 @@ func (c *Codec) location(name string) (*time.Location, error) {
 	if v, ok := c.zones.Load(name); ok {
 		return v.(*time.Location), nil
 	}
-	if err := checkZoneName(name); err != nil {
-		return nil, err
+	if err := limiter.CheckZoneName(name); err != nil {
+		return nil, fmt.Errorf("time_zone: %w", err)
 	}
 	loc, err := time.LoadLocation(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: time_zone %q does not load: %v", limiter.ErrInvalidCalendar, name, err)
+		return nil, fmt.Errorf("%w: time_zone %q does not load: %v", limiter.ErrInvalidLocation, name, err)
 	}
 	if c.n.Load() < MaxCachedZones {
 		if _, loaded := c.zones.LoadOrStore(name, loc); !loaded {
@@ -113,44 +112,6 @@ func (c *Codec) location(name string) (*time.Location, error) {
 		}
 	}
 	return loc, nil
-}
-
-// checkZoneName rejects names that cannot be IANA zone names before they
-// reach the file system: too long, odd characters, "." components, or
-// "Local" (the server's own zone, which differs from node to node).
-func checkZoneName(name string) error {
-	if len(name) > MaxTimeZoneLen {
-		return fmt.Errorf("%w: time_zone is %d bytes, more than the maximum %d", limiter.ErrInvalidCalendar, len(name), MaxTimeZoneLen)
-	}
-	if name == "Local" {
-		return fmt.Errorf("%w: time_zone %q is not an IANA zone name", limiter.ErrInvalidCalendar, name)
-	}
-	for i := 0; i < len(name); i++ {
-		switch ch := name[i]; {
-		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
-			ch == '_', ch == '-', ch == '+':
-		case ch == '/' && i > 0 && i < len(name)-1 && name[i-1] != '/':
-		default:
-			return fmt.Errorf("%w: time_zone %q is not an IANA zone name", limiter.ErrInvalidCalendar, name)
-		}
-	}
-	return nil
-}
-
-// ValidateRequest checks r as far as the sender can: r.Validate, and a
-// Location named like a zone the receiver can load (nil, "UTC" or an
-// IANA-like name; not time.Local). It does not load the zone: a name of
-// the right form that the receiver cannot load fails there, in the item's
-// own response. Senders call it so that a request that cannot be encoded
-// never joins a batch.
-func ValidateRequest(r *limiter.Request) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if r.Location != nil {
-		return checkZoneName(r.Location.String())
-	}
-	return nil
 }
 
 // RequestToProto returns r in wire form; see EncodeRequest.
@@ -191,7 +152,7 @@ func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
 // DecisionToProto returns d in wire form, with no owner and no error.
 func DecisionToProto(d limiter.Decision) *pb.RateLimitResponse {
 	m := new(pb.RateLimitResponse)
-	EncodeResult(m, &Result{Decision: d})
+	EncodeResult(m, &Result{Decision: sluice.Decision{Decision: d}})
 	return m
 }
 
@@ -199,7 +160,7 @@ func DecisionToProto(d limiter.Decision) *pb.RateLimitResponse {
 // r.Err is set, zero decision fields and the error (see ErrorToProto). The
 // owner is made valid UTF-8, which proto3 requires.
 func EncodeResult(dst *pb.RateLimitResponse, r *Result) {
-	d := &r.Decision
+	d := &r.Decision.Decision
 	if r.Err != nil {
 		d = &limiter.Decision{}
 	}
@@ -271,7 +232,7 @@ func ResultFromProto(m *pb.RateLimitResponse) Result {
 	if m == nil {
 		return Result{Err: err}
 	}
-	return Result{Decision: d, Owner: m.Owner, WithoutOwner: m.WithoutOwner, Err: err}
+	return Result{Decision: sluice.Decision{Decision: d, Owner: m.Owner, WithoutOwner: m.WithoutOwner}, Err: err}
 }
 
 // The enums of limiter and of the wire are mapped field by field, so that
@@ -343,72 +304,33 @@ func calendarToProto(c limiter.Calendar) pb.Calendar {
 	return calendarsToProto[c]
 }
 
-// UnreachablePolicy says how a check is decided when its key's owner
-// cannot be reached. It travels with public API requests only.
-type UnreachablePolicy uint8
-
-// The policies.
-const (
-	// PolicyDefault uses the receiving node's configured default.
-	PolicyDefault UnreachablePolicy = iota
-	// PolicyLocal decides on the receiving node, as if it owned the key.
-	PolicyLocal
-	// PolicyAllow admits the request.
-	PolicyAllow
-	// PolicyDeny rejects the request.
-	PolicyDeny
-	numPolicies = iota
-)
-
-var policyNames = [...]string{PolicyDefault: "default", PolicyLocal: "local", PolicyAllow: "allow", PolicyDeny: "deny"}
-
-// String returns the policy's name, as ParsePolicy reads it.
-func (p UnreachablePolicy) String() string {
-	if int(p) >= len(policyNames) {
-		return fmt.Sprintf("policy(%d)", uint8(p))
-	}
-	return policyNames[p]
-}
-
-// ParsePolicy returns the policy named s ("default", "local", "allow",
-// "deny"; case does not matter).
-func ParsePolicy(s string) (UnreachablePolicy, error) {
-	n := strings.ToLower(strings.TrimSpace(s))
-	for p := PolicyDefault; p < numPolicies; p++ {
-		if policyNames[p] == n {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: unknown unreachable policy %q", ErrInvalidArgument, s)
-}
-
 // PolicyFromProto converts p; an unknown value gives an error wrapping
 // ErrInvalidArgument.
-func PolicyFromProto(p pb.UnreachablePolicy) (UnreachablePolicy, error) {
+func PolicyFromProto(p pb.UnreachablePolicy) (sluice.Policy, error) {
 	switch p {
 	case pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED:
-		return PolicyDefault, nil
+		return sluice.PolicyDefault, nil
 	case pb.UnreachablePolicy_UNREACHABLE_POLICY_LOCAL:
-		return PolicyLocal, nil
+		return sluice.PolicyLocal, nil
 	case pb.UnreachablePolicy_UNREACHABLE_POLICY_ALLOW:
-		return PolicyAllow, nil
+		return sluice.PolicyAllow, nil
 	case pb.UnreachablePolicy_UNREACHABLE_POLICY_DENY:
-		return PolicyDeny, nil
+		return sluice.PolicyDeny, nil
 	}
 	return 0, fmt.Errorf("%w: unreachable_policy %d", ErrInvalidArgument, int32(p))
 }
 
 // PolicyToProto converts p; an unknown p is sent as its number, which the
 // receiver rejects.
-func PolicyToProto(p UnreachablePolicy) pb.UnreachablePolicy {
+func PolicyToProto(p sluice.Policy) pb.UnreachablePolicy {
 	switch p {
-	case PolicyDefault:
+	case sluice.PolicyDefault:
 		return pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
-	case PolicyLocal:
+	case sluice.PolicyLocal:
 		return pb.UnreachablePolicy_UNREACHABLE_POLICY_LOCAL
-	case PolicyAllow:
+	case sluice.PolicyAllow:
 		return pb.UnreachablePolicy_UNREACHABLE_POLICY_ALLOW
-	case PolicyDeny:
+	case sluice.PolicyDeny:
 		return pb.UnreachablePolicy_UNREACHABLE_POLICY_DENY
 	}
 	return pb.UnreachablePolicy(p)

@@ -10,7 +10,7 @@
 // (CheckStream), each with an id that its answer repeats, or one per call
 // (CheckBatch). Sluice is the
 // public API for clients of the daemon: each check is routed to its key's
-// owner through a [Router], with an [UnreachablePolicy] for when that owner
+// owner through a [Router], with a [sluice.Policy] for when that owner
 // cannot be reached, and Health reports the node's state through [Health].
 // [RegisterPeer] and [RegisterPublic] put the services on a grpc.Server,
 // which should be built with [ServerOptions]; clients of the Peer service

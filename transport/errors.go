@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -33,8 +34,8 @@ var (
 	// the request again once one of the two rings has moved on.
 	ErrNotOwner = errors.New("transport: not the key's owner now")
 	// ErrNilContext is a call made with a nil context.Context, refused
-	// the same way by the cluster and client packages.
-	ErrNilContext = errors.New("sluice: nil context")
+	// the same way by every Limiter.
+	ErrNilContext = sluice.ErrNilContext
 	// ErrInvalidServerLimits is a ServerLimits that Validate refuses.
 	ErrInvalidServerLimits = errors.New("transport: invalid server limits")
 )

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -20,7 +21,7 @@ type allowAll struct{ node string }
 func (a allowAll) CheckMany(_ context.Context, reqs []limiter.Request) []transport.Result {
 	out := make([]transport.Result, len(reqs))
 	for i, r := range reqs {
-		out[i] = transport.Result{Owner: a.node, Decision: limiter.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Limit - r.Hits}}
+		out[i] = transport.Result{Decision: sluice.Decision{Owner: a.node, Decision: limiter.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Limit - r.Hits}}}
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -36,17 +37,8 @@ const (
 )
 
 // Result is the outcome of one request in a batch: a Decision, or Err.
-type Result struct {
-	Decision limiter.Decision
-	// Owner is the name of the node that decided.
-	Owner string
-	// WithoutOwner is true when the owner could not be reached and the
-	// request was decided under its UnreachablePolicy.
-	WithoutOwner bool
-	// Err is the request's own error; the Decision is then meaningless.
-	// Errors that wrap a limiter sentinel keep it across the wire.
-	Err error
-}
+// Errors that wrap a limiter sentinel keep it across the wire.
+type Result = sluice.Result
 
 // Checker decides a batch of requests as the owner of their keys. It
 // returns one Result per request, in order; a request's failure is its
@@ -72,7 +64,7 @@ type CheckerInto interface {
 // its key's owner cannot be reached.
 type RoutedRequest struct {
 	Request limiter.Request
-	Policy  UnreachablePolicy
+	Policy  sluice.Policy
 }
 
 // Router decides requests from API clients: each by its key's owner,
@@ -377,7 +369,7 @@ func (p *publicServer) route(ctx context.Context, items []*pb.RateLimitRequest) 
 	idx := make([]int, 0, len(items))
 	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
-		var pol UnreachablePolicy
+		var pol sluice.Policy
 		if err == nil {
 			pol, err = PolicyFromProto(m.UnreachablePolicy)
 		}

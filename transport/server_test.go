@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -61,18 +62,18 @@ func (e *echoChecker) requests() []limiter.Request {
 func echo(r limiter.Request, owner string) Result {
 	switch r.Key {
 	case "fail:burst":
-		return Result{Owner: owner, Err: fmt.Errorf("%w: Burst 3 is too small for the store", limiter.ErrInvalidBurst)}
+		return Result{Decision: sluice.Decision{Owner: owner}, Err: fmt.Errorf("%w: Burst 3 is too small for the store", limiter.ErrInvalidBurst)}
 	case "fail:down":
-		return Result{Owner: owner, Err: fmt.Errorf("%w: node-z did not answer", ErrUnavailable)}
+		return Result{Decision: sluice.Decision{Owner: owner}, Err: fmt.Errorf("%w: node-z did not answer", ErrUnavailable)}
 	}
-	return Result{Owner: owner, WithoutOwner: r.Behavior&limiter.Reset != 0, Decision: limiter.Decision{
+	return Result{Decision: sluice.Decision{Owner: owner, WithoutOwner: r.Behavior&limiter.Reset != 0, Decision: limiter.Decision{
 		Allowed:    r.Hits%2 == 1,
 		Limit:      r.Limit,
 		Remaining:  r.Limit - r.Hits,
 		ResetAt:    time.Unix(1_700_000_000, int64(r.Period)).UTC(),
 		RetryAfter: r.Period,
 		Delay:      time.Duration(r.Burst),
-	}}
+	}}}
 }
 
 // startServer serves what register registers on 127.0.0.1:0, with the
@@ -353,7 +354,7 @@ func TestNilMessages(t *testing.T) {
 // policyRouter records the policies it is given and echoes the requests.
 type policyRouter struct {
 	mu       sync.Mutex
-	policies []UnreachablePolicy
+	policies []sluice.Policy
 }
 
 func (p *policyRouter) Route(ctx context.Context, reqs []RoutedRequest) []Result {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/limiter"
@@ -78,7 +79,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	if err != nil {
 		return usageError(fmt.Errorf("check: --calendar: %w", err))
 	}
-	policy, err := client.ParsePolicy(*unreachable)
+	policy, err := sluice.ParsePolicy(*unreachable)
 	if err != nil {
 		return usageError(fmt.Errorf("check: --unreachable: %w", err))
 	}
@@ -116,7 +117,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 		return usageError(fmt.Errorf("check: %w", err))
 	}
 	defer c.Close()
-	d, err := c.Check(ctx, req, client.OnUnreachable(policy))
+	d, err := c.Check(ctx, req, sluice.OnUnreachable(policy))
 	if err != nil {
 		return usageError(fmt.Errorf("check: %w", err))
 	}

@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -44,7 +45,7 @@ type Config struct {
 	RetryJoinInterval time.Duration
 	GossipProfile     cluster.Profile
 	// Unreachable is the policy of checks that set none.
-	Unreachable    cluster.Policy
+	Unreachable    sluice.Policy
 	DenyRetryAfter time.Duration
 	PeerTimeout    time.Duration
 	// MaxKeys bounds the keys this node's store holds; 0 means no bound.
@@ -136,7 +137,7 @@ func DefaultConfig() Config {
 		HTTPAddr:          ":8080",
 		RetryJoinInterval: cc.RetryJoinInterval,
 		GossipProfile:     cluster.ProfileLAN,
-		Unreachable:       cluster.PolicyLocal,
+		Unreachable:       sluice.PolicyLocal,
 		DenyRetryAfter:    cc.DenyRetryAfter,
 		PeerTimeout:       cc.Peer.Timeout,
 		BreakerThreshold:  cc.BreakerThreshold,
@@ -266,8 +267,8 @@ var fields = []field{
 		}},
 	{key: "unreachable", usage: "policy when a key's owner is unreachable: local, allow or deny",
 		parse: func(c *Config, v string) error {
-			p, err := cluster.ParsePolicy(v)
-			if err != nil || p == cluster.PolicyUnset {
+			p, err := sluice.ParsePolicy(v)
+			if err != nil || p == sluice.PolicyDefault {
 				return fmt.Errorf("%q is not local, allow or deny", v)
 			}
 			c.Unreachable = p
@@ -275,7 +276,7 @@ var fields = []field{
 		},
 		check: func(c *Config) error {
 			switch c.Unreachable {
-			case cluster.PolicyLocal, cluster.PolicyAllow, cluster.PolicyDeny:
+			case sluice.PolicyLocal, sluice.PolicyAllow, sluice.PolicyDeny:
 				return nil
 			}
 			return fmt.Errorf("policy %d is not local, allow or deny", c.Unreachable)

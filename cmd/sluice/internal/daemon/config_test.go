@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 )
 
@@ -53,12 +54,12 @@ shutdown_timeout: 3s
 			want := DefaultConfig()
 			host, _ := os.Hostname()
 			want.NodeName = host
-			if c.NodeName != host || c.HTTPAddr != want.HTTPAddr || c.GRPCAddr != ":7947" || c.Unreachable != cluster.PolicyLocal || len(c.Join) != 0 || c.LogFormat != "json" {
+			if c.NodeName != host || c.HTTPAddr != want.HTTPAddr || c.GRPCAddr != ":7947" || c.Unreachable != sluice.PolicyLocal || len(c.Join) != 0 || c.LogFormat != "json" {
 				t.Errorf("got %+v, want the defaults with the host name", c)
 			}
 		}},
 		{"file over defaults", []string{"--config", "FILE"}, nil, func(t *testing.T, c Config) {
-			if c.NodeName != "from-file" || c.HTTPAddr != "127.0.0.1:1001" || c.Unreachable != cluster.PolicyDeny ||
+			if c.NodeName != "from-file" || c.HTTPAddr != "127.0.0.1:1001" || c.Unreachable != sluice.PolicyDeny ||
 				!slices.Equal(c.Join, []string{"10.0.0.1:7946", "10.0.0.2:7946"}) || c.ShutdownTimeout != 3*time.Second {
 				t.Errorf("got %+v", c)
 			}
@@ -75,7 +76,7 @@ shutdown_timeout: 3s
 			"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1, b:2", "SLUICE_UNREACHABLE": "allow",
 			"SLUICE_ADVERTISE_HOST": "10.1.1.1", "SLUICE_LOG_LEVEL": "debug", "SLUICE_GOSSIP_PROFILE": "fast",
 		}, func(t *testing.T, c Config) {
-			if c.NodeName != "from-env" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != cluster.PolicyAllow ||
+			if c.NodeName != "from-env" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != sluice.PolicyAllow ||
 				c.AdvertiseHost != "10.1.1.1" || c.LogLevel != slog.LevelDebug || c.GossipProfile != cluster.ProfileFast {
 				t.Errorf("got %+v", c)
 			}
@@ -274,7 +275,7 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range []func(c *Config){
-		func(c *Config) { c.Unreachable = cluster.PolicyUnset },
+		func(c *Config) { c.Unreachable = sluice.PolicyDefault },
 		func(c *Config) { c.GossipProfile = 9 },
 		func(c *Config) { c.MaxBodyBytes = 1 },
 		func(c *Config) { c.ShutdownDelay = -1 },

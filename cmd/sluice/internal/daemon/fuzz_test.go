@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -119,7 +119,7 @@ func FuzzDecodeCheckJSON(f *testing.F) {
 }
 
 // encodeCheck is r in the HTTP API's JSON form.
-func encodeCheck(t *testing.T, r limiter.Request, policy cluster.Policy) []byte {
+func encodeCheck(t *testing.T, r limiter.Request, policy sluice.Policy) []byte {
 	t.Helper()
 	in := CheckRequest{
 		Name: r.Name, Key: r.Key, Hits: &r.Hits, Limit: r.Limit, Period: Duration(r.Period), Burst: r.Burst,

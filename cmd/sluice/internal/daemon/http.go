@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
@@ -222,7 +223,7 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusForbidden, err.Error(), &itemError{Code: "permission_denied", Field: "behavior", Message: err.Error()})
 		return
 	}
-	dec, err := d.node.Check(r.Context(), req, cluster.OnUnreachable(policy))
+	dec, err := d.node.Check(r.Context(), req, sluice.OnUnreachable(policy))
 	if err != nil {
 		ierr := toItemError(err)
 		d.metrics.items.WithLabelValues(resultFor(ierr)).Inc()
@@ -253,7 +254,7 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 	// Valid requests are decided together, one CheckMany per unreachable
 	// policy, the groups in the order their policies first appear.
 	type group struct {
-		policy cluster.Policy
+		policy sluice.Policy
 		idx    []int
 		reqs   []limiter.Request
 	}
@@ -286,7 +287,7 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	now := d.opts.now()
 	for _, g := range groups {
-		for j, res := range d.node.CheckMany(r.Context(), g.reqs, cluster.OnUnreachable(g.policy)) {
+		for j, res := range d.node.CheckMany(r.Context(), g.reqs, sluice.OnUnreachable(g.policy)) {
 			i := g.idx[j]
 			if res.Err != nil {
 				ierr := toItemError(res.Err)
@@ -323,7 +324,7 @@ func (d *Daemon) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 
 // decodeCheck parses and validates one check the way the gRPC API does:
 // through transport's codec, so that both APIs accept the same requests.
-func (d *Daemon) decodeCheck(raw []byte) (limiter.Request, cluster.Policy, *itemError) {
+func (d *Daemon) decodeCheck(raw []byte) (limiter.Request, sluice.Policy, *itemError) {
 	var in CheckRequest
 	if err := decodeStrict(raw, &in); err != nil {
 		return limiter.Request{}, 0, jsonError(err)
@@ -339,9 +340,9 @@ func (d *Daemon) decodeCheck(raw []byte) (limiter.Request, cluster.Policy, *item
 	if err != nil {
 		return limiter.Request{}, 0, &itemError{Code: "invalid_calendar", Field: "calendar", Message: fmt.Sprintf("calendar %q is unknown: want minute, hour, day, week, month or year", in.Calendar)}
 	}
-	policy := cluster.PolicyUnset
+	policy := sluice.PolicyDefault
 	if in.Unreachable != "" && in.Unreachable != "default" {
-		if policy, err = cluster.ParsePolicy(in.Unreachable); err != nil {
+		if policy, err = sluice.ParsePolicy(in.Unreachable); err != nil {
 			return limiter.Request{}, 0, &itemError{Code: "invalid_argument", Field: "unreachable", Message: fmt.Sprintf("unreachable %q is unknown: want default, local, allow or deny", in.Unreachable)}
 		}
 	}

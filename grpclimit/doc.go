@@ -19,7 +19,8 @@
 // response with a body (a rejected call's trailers-only response is one
 // header block).
 //
-// Shadow mode, waiting for leaky-bucket delays (MaxWait), failing open
-// (the default) or closed (codes.Unavailable) and OnDecision work as in
-// package httplimit.
+// The decision is [rules.Guard]'s, as in package httplimit: shadow mode,
+// waiting for leaky-bucket delays (MaxWait), failing open (the default) or
+// closed (codes.Unavailable) are set with [Guard], a cost per call with
+// [Cost], and OnDecision reports every decision.
 package grpclimit

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -28,71 +26,32 @@ import (
 // match on methods.
 const Method = "grpc"
 
-// RuleSource gives the rules in force. Current is called once per call
-// and must be cheap and safe for concurrent use; *rules.Source and
-// *rules.Watcher are RuleSources.
-type RuleSource interface {
-	Current() *rules.Set
-}
-
-var (
-	_ RuleSource = (*rules.Source)(nil)
-	_ RuleSource = (*rules.Watcher)(nil)
-)
+// RuleSource gives the rules in force; *rules.Source and *rules.Watcher
+// are RuleSources.
+type RuleSource = rules.Provider
 
 // ErrInvalidOption wraps the errors of New for a bad option.
 var ErrInvalidOption = errors.New("grpclimit: invalid option")
 
-// Outcome is what the interceptor did with a call.
-type Outcome uint8
+// Stats counts calls by outcome.
+type Stats = rules.Stats
 
-const (
-	Allowed      Outcome = iota + 1 // every rule admitted the call (or none applied)
-	Rejected                        // a rule rejected it: ResourceExhausted
-	Shadowed                        // a shadow rule would have rejected it; it went through
-	FailedOpen                      // the limiter failed and the call went through
-	FailedClosed                    // the limiter failed and the call got Unavailable
-	Abandoned                       // the call ended while it waited for a leaky bucket
-	numOutcomes
-)
-
-var outcomeNames = [...]string{Allowed: "allowed", Rejected: "rejected", Shadowed: "shadowed",
-	FailedOpen: "failed_open", FailedClosed: "failed_closed", Abandoned: "abandoned"}
-
-func (o Outcome) String() string {
-	if o == 0 || o >= numOutcomes {
-		return "outcome(" + strconv.Itoa(int(o)) + ")"
-	}
-	return outcomeNames[o]
-}
-
-// Event describes one decision, for OnDecision.
+// Event describes one decision, for OnDecision: the call's full method
+// and the guard's Ruling (its Outcome, Descriptor and Verdict).
 type Event struct {
 	FullMethod string
-	Descriptor *rules.Descriptor
-	Verdict    *rules.Verdict
-	Outcome    Outcome
-}
-
-// Stats counts calls by outcome.
-type Stats struct {
-	Allowed, Rejected, Shadowed, FailedOpen, FailedClosed, Abandoned int64
-	Waited                                                           int64
+	rules.Ruling
 }
 
 // Option configures an Interceptor.
 type Option func(*config)
 
 type config struct {
+	guard      rules.GuardConfig
 	user       func(ctx context.Context, fullMethod string) (string, bool)
 	values     func(ctx context.Context, fullMethod string) map[string]string
-	shadow     bool
-	maxWait    time.Duration
-	failClosed bool
+	cost       func(ctx context.Context, fullMethod string, req any) int64
 	onDecision func(Event)
-	now        func() time.Time
-	after      func(time.Duration) <-chan time.Time
-	logger     *slog.Logger
 }
 
 // UserFunc sets how the authenticated user of a call is found (from its
@@ -106,82 +65,51 @@ func DescriptorFunc(f func(ctx context.Context, fullMethod string) map[string]st
 	return func(c *config) { c.values = f }
 }
 
-// Shadow turns every rule into a shadow rule: calls are decided, counted
-// and given the metadata, but never rejected.
-func Shadow() Option { return func(c *config) { c.shadow = true } }
+// Cost sets the hits a call costs, a function of the call: req is the
+// request message of a unary call, nil for a stream (checked once, when
+// it starts). Default 1. A cost more than a rule can ever admit is
+// rejected by that rule (ResourceExhausted) without being counted; a
+// negative cost is a limiter failure (see rules.GuardConfig.FailClosed).
+func Cost(f func(ctx context.Context, fullMethod string, req any) int64) Option {
+	return func(c *config) { c.cost = f }
+}
 
-// MaxWait lets a call wait up to d for a leaky-bucket rule's pacing delay
-// instead of being rejected. The wait ends early, and the hits are given
-// back, when the call's context ends.
-func MaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
-
-// FailClosed answers codes.Unavailable when the limiter fails. By default
-// the call goes through and the failure is counted.
-func FailClosed() Option { return func(c *config) { c.failClosed = true } }
+// Guard sets what every adapter of rules.Guard shares: shadow mode,
+// waiting for a leaky bucket (MaxWait), failing closed, the clock, the
+// wait timer and the logger. See rules.GuardConfig.
+func Guard(cfg rules.GuardConfig) Option { return func(c *config) { c.guard = cfg } }
 
 // OnDecision calls f after every decision, on the call's goroutine.
 func OnDecision(f func(Event)) Option { return func(c *config) { c.onDecision = f } }
 
-// Clock sets the time the metadata values are computed at; it should be
-// the limiter's clock. Default time.Now.
-func Clock(now func() time.Time) Option { return func(c *config) { c.now = now } }
-
-// WaitTimer replaces time.After for leaky-bucket waits (for tests).
-func WaitTimer(after func(time.Duration) <-chan time.Time) Option {
-	return func(c *config) { c.after = after }
-}
-
-// Logger sets where limiter failures are logged; default: discarded.
-func Logger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
-
 // Interceptor rate-limits gRPC calls with the rules of a RuleSource. It is
 // safe for concurrent use.
 type Interceptor struct {
-	src    RuleSource
-	enf    rules.Enforcer
-	cfg    config
-	logger *slog.Logger
-
-	allowed, rejected, shadowed, failedOpen, failedClosed, abandoned, waited atomic.Int64
+	guard *rules.Guard
+	cfg   config
 }
 
 // New returns an interceptor that checks calls with lim against the rules
 // src gives.
 func New(lim sluice.Limiter, src RuleSource, opts ...Option) (*Interceptor, error) {
-	if lim == nil || src == nil {
-		return nil, fmt.Errorf("%w: a Limiter and a RuleSource are required", ErrInvalidOption)
-	}
-	i := &Interceptor{src: src}
+	i := &Interceptor{}
 	for _, o := range opts {
 		o(&i.cfg)
 	}
-	if i.cfg.maxWait < 0 {
-		return nil, fmt.Errorf("%w: MaxWait %v is negative", ErrInvalidOption, i.cfg.maxWait)
+	var err error
+	if i.guard, err = rules.NewGuard(lim, src, i.cfg.guard); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	if i.cfg.now == nil {
-		i.cfg.now = time.Now
-	}
-	i.logger = i.cfg.logger
-	if i.logger == nil {
-		i.logger = slog.New(slog.DiscardHandler)
-	}
-	i.enf = rules.Enforcer{Limiter: lim, Shadow: i.cfg.shadow, MaxWait: i.cfg.maxWait, After: i.cfg.after}
 	return i, nil
 }
 
 // Stats returns the interceptor's counters.
-func (i *Interceptor) Stats() Stats {
-	return Stats{
-		Allowed: i.allowed.Load(), Rejected: i.rejected.Load(), Shadowed: i.shadowed.Load(),
-		FailedOpen: i.failedOpen.Load(), FailedClosed: i.failedClosed.Load(), Abandoned: i.abandoned.Load(),
-		Waited: i.waited.Load(),
-	}
-}
+func (i *Interceptor) Stats() Stats { return i.guard.Stats() }
 
 // Unary returns the unary server interceptor.
 func (i *Interceptor) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := i.check(ctx, info.FullMethod)
+		md, err := i.check(ctx, info.FullMethod, req)
 		if err != nil {
 			if md != nil {
 				grpc.SetTrailer(ctx, md)
@@ -199,7 +127,7 @@ func (i *Interceptor) Unary() grpc.UnaryServerInterceptor {
 // checked when it starts.
 func (i *Interceptor) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, err := i.check(ss.Context(), info.FullMethod)
+		md, err := i.check(ss.Context(), info.FullMethod, nil)
 		if err != nil {
 			if md != nil {
 				ss.SetTrailer(md)
@@ -240,66 +168,34 @@ func (i *Interceptor) Descriptor(ctx context.Context, fullMethod string) *rules.
 
 // check decides a call. It returns the rate-limit metadata (nil when no
 // rule applied) and the call's error: nil to proceed.
-func (i *Interceptor) check(ctx context.Context, fullMethod string) (metadata.MD, error) {
-	set := i.src.Current()
-	if set.Len() == 0 {
-		i.allowed.Add(1)
-		return nil, nil
-	}
-	d := i.Descriptor(ctx, fullMethod)
-	v := i.enf.Enforce(ctx, set, d, 1)
-	f, hasFields := v.Fields(i.cfg.now())
+func (i *Interceptor) check(ctx context.Context, fullMethod string, req any) (metadata.MD, error) {
+	ru := i.guard.Decide(ctx, func() (*rules.Descriptor, int64) {
+		return i.Descriptor(ctx, fullMethod), i.cost(ctx, fullMethod, req)
+	})
 	var md metadata.MD
-	if hasFields {
-		md = fieldsMD(&f)
+	if ru.HasFields {
+		md = fieldsMD(&ru.Fields)
 	}
-	var outcome Outcome
-	var err error
-	switch {
-	case v.Err != nil && i.cfg.failClosed:
-		outcome, err = FailedClosed, status.Error(codes.Unavailable, "grpclimit: the rate limiter could not decide on this call")
-	case v.Err != nil:
-		outcome = FailedOpen
-	case !v.Allowed:
-		outcome, err = Rejected, rejection(&f, v.RetryAfter)
-	case v.Delay > 0:
-		i.waited.Add(1)
-		if werr := i.enf.Wait(ctx, v); werr != nil {
-			outcome, err = Abandoned, status.FromContextError(werr).Err()
-			break
-		}
-		fallthrough
-	default:
-		outcome = Allowed
-		if v.ShadowRejected {
-			outcome = Shadowed
-		}
+	if i.cfg.onDecision != nil && ru.Verdict != nil {
+		i.cfg.onDecision(Event{FullMethod: fullMethod, Ruling: ru})
 	}
-	i.count(outcome)
-	if v.Err != nil {
-		i.logger.Warn("grpclimit: limiter failed", "outcome", outcome, "method", fullMethod, "err", v.Err)
+	switch ru.Outcome {
+	case rules.FailedClosed:
+		return md, status.Error(codes.Unavailable, "grpclimit: the rate limiter could not decide on this call")
+	case rules.Rejected:
+		return md, rejection(&ru.Fields, ru.Verdict.RetryAfter)
+	case rules.Abandoned:
+		return md, status.FromContextError(ctx.Err()).Err()
 	}
-	if i.cfg.onDecision != nil {
-		i.cfg.onDecision(Event{FullMethod: fullMethod, Descriptor: d, Verdict: v, Outcome: outcome})
-	}
-	return md, err
+	return md, nil
 }
 
-func (i *Interceptor) count(o Outcome) {
-	switch o {
-	case Allowed:
-		i.allowed.Add(1)
-	case Rejected:
-		i.rejected.Add(1)
-	case Shadowed:
-		i.shadowed.Add(1)
-	case FailedOpen:
-		i.failedOpen.Add(1)
-	case FailedClosed:
-		i.failedClosed.Add(1)
-	case Abandoned:
-		i.abandoned.Add(1)
+// cost is the hits a call costs.
+func (i *Interceptor) cost(ctx context.Context, fullMethod string, req any) int64 {
+	if i.cfg.cost == nil {
+		return 1
 	}
+	return i.cfg.cost(ctx, fullMethod, req)
 }
 
 // rejection is the ResourceExhausted status of a rejected call, with a

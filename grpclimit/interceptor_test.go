@@ -55,6 +55,13 @@ type env struct {
 // 40s into a minute.
 func start(t *testing.T, yaml string, opts ...Option) *env {
 	t.Helper()
+	return startWith(t, yaml, rules.GuardConfig{}, opts...)
+}
+
+// startWith is start with g as the guard's configuration; its clock is
+// the node's.
+func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *env {
+	t.Helper()
 	e := &env{clk: &fakeClock{t: time.Unix(1_700_000_020, 0)}, events: make(chan Event, 64)}
 	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = e.clk.Now }))
 	e.node = c.Node(0)
@@ -62,7 +69,8 @@ func start(t *testing.T, yaml string, opts ...Option) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts = append([]Option{Clock(e.clk.Now), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
+	g.Now = e.clk.Now
+	opts = append([]Option{Guard(g), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
 	if e.ic, err = New(e.node, rules.NewSource(set), opts...); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +156,7 @@ func TestUnary(t *testing.T) {
 	wantMD(t, hdr, "x-ratelimit-limit", "2", "x-ratelimit-remaining", "1", "x-ratelimit-reset", "20",
 		"ratelimit-policy", `"per_method";q=2;w=60`, "ratelimit", `"per_method";r=1;t=20`, "retry-after", "")
 	ev := e.event(t)
-	if ev.Descriptor.IP.String() != "127.0.0.1" || ev.Descriptor.Route != "/grpc.health.v1.Health/Check" || ev.Outcome != Allowed {
+	if ev.Descriptor.IP.String() != "127.0.0.1" || ev.Descriptor.Route != "/grpc.health.v1.Health/Check" || ev.Outcome != rules.Allowed {
 		t.Fatalf("event %+v %+v", ev, ev.Descriptor)
 	}
 	if ev.Verdict.Limits[0].Request.Key != "ip=127.0.0.1|route=/grpc.health.v1.Health/Check" {
@@ -263,7 +271,7 @@ func TestStream(t *testing.T) {
 
 func TestShadowAndFailure(t *testing.T) {
 	t.Run("shadow", func(t *testing.T) {
-		e := start(t, perMethod, Shadow())
+		e := startWith(t, perMethod, rules.GuardConfig{Shadow: true})
 		for range 3 {
 			if _, _, err := e.check(t); err != nil {
 				t.Fatal(err)
@@ -280,12 +288,12 @@ func TestShadowAndFailure(t *testing.T) {
 		if err != nil || len(hdr.Get("x-ratelimit-limit")) != 0 {
 			t.Fatalf("%v %v", err, hdr)
 		}
-		if ev := e.event(t); ev.Outcome != FailedOpen || !errors.Is(ev.Verdict.Err, cluster.ErrClosed) {
+		if ev := e.event(t); ev.Outcome != rules.FailedOpen || !errors.Is(ev.Verdict.Err, cluster.ErrClosed) {
 			t.Fatalf("event %v", ev.Outcome)
 		}
 	})
 	t.Run("fail closed", func(t *testing.T) {
-		e := start(t, perMethod, FailClosed())
+		e := startWith(t, perMethod, rules.GuardConfig{FailClosed: true})
 		e.node.Close()
 		if _, _, err := e.check(t); status.Code(err) != codes.Unavailable {
 			t.Fatalf("%v", err)
@@ -296,16 +304,16 @@ func TestShadowAndFailure(t *testing.T) {
 func TestLeakyBucketWait(t *testing.T) {
 	asked := make(chan time.Duration, 4)
 	fire := make(chan time.Time, 1)
-	e := start(t, `rules:
+	e := startWith(t, `rules:
   - name: paced
     algorithm: leaky_bucket
     limit: 10
     period: 1s
     burst: 5
-`, MaxWait(150*time.Millisecond), WaitTimer(func(d time.Duration) <-chan time.Time {
+`, rules.GuardConfig{MaxWait: 150 * time.Millisecond, After: func(d time.Duration) <-chan time.Time {
 		asked <- d
 		return fire
-	}))
+	}})
 	if _, _, err := e.check(t); err != nil {
 		t.Fatal(err)
 	}

@@ -26,11 +26,15 @@
 // [QuotaExceeded], retry_after and violated-policies; the next handler is
 // not called.
 //
-// Shadow mode (for all rules, or per rule in the set) decides, counts and
-// sets the headers but never blocks. With MaxWait a request waits for a
-// leaky-bucket rule's pacing delay instead of being rejected. When the
-// limiter fails the request goes through and is counted, or gets 503 with
-// FailClosed. OnDecision reports every decision, for metrics and logs.
+// The decision itself is [rules.Guard]'s, which the gRPC interceptor shares;
+// the [Guard] option sets its [rules.GuardConfig]. Shadow mode (for all
+// rules, or per rule in the set) decides, counts and sets the headers but
+// never blocks. With MaxWait a request waits for a leaky-bucket rule's
+// pacing delay instead of being rejected. When the limiter fails the
+// request goes through and is counted, or gets 503 with FailClosed. A
+// request costs one hit unless [Cost] says otherwise; a cost more than a
+// rule can ever admit gets 429. OnDecision reports every decision, for
+// metrics and logs.
 //
 // # Client IP
 //

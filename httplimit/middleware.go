@@ -3,96 +3,45 @@ package httplimit
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/rules"
 )
 
-// RuleSource gives the rules in force. Current is called once per request
-// and must be cheap and safe for concurrent use; *rules.Source and
-// *rules.Watcher are RuleSources.
-type RuleSource interface {
-	Current() *rules.Set
-}
-
-var (
-	_ RuleSource = (*rules.Source)(nil)
-	_ RuleSource = (*rules.Watcher)(nil)
-)
+// RuleSource gives the rules in force; *rules.Source and *rules.Watcher
+// are RuleSources.
+type RuleSource = rules.Provider
 
 // ErrInvalidOption wraps the errors of New for a bad option.
 var ErrInvalidOption = errors.New("httplimit: invalid option")
 
-// Outcome is what the middleware did with a request.
-type Outcome uint8
-
-const (
-	// Allowed: every rule admitted the request (or none applied).
-	Allowed Outcome = iota + 1
-	// Rejected: a rule rejected it with 429.
-	Rejected
-	// Shadowed: a shadow rule (or every rule, in shadow mode) would have
-	// rejected it; it went through.
-	Shadowed
-	// FailedOpen: the limiter failed and the request went through.
-	FailedOpen
-	// FailedClosed: the limiter failed and the request got 503.
-	FailedClosed
-	// Abandoned: the request's context ended while it waited for a
-	// leaky-bucket delay; its hits were given back.
-	Abandoned
-	numOutcomes
-)
-
-var outcomeNames = [...]string{Allowed: "allowed", Rejected: "rejected", Shadowed: "shadowed",
-	FailedOpen: "failed_open", FailedClosed: "failed_closed", Abandoned: "abandoned"}
-
-func (o Outcome) String() string {
-	if o == 0 || o >= numOutcomes {
-		return "outcome(" + strconv.Itoa(int(o)) + ")"
-	}
-	return outcomeNames[o]
-}
-
-// Event describes one decision, for OnDecision.
-type Event struct {
-	Request    *http.Request
-	Descriptor *rules.Descriptor
-	Verdict    *rules.Verdict
-	Outcome    Outcome
-}
-
 // Stats counts requests by outcome.
-type Stats struct {
-	Allowed, Rejected, Shadowed, FailedOpen, FailedClosed, Abandoned int64
-	// Waited counts requests that waited for a leaky-bucket delay.
-	Waited int64
+type Stats = rules.Stats
+
+// Event describes one decision, for OnDecision: the request and the
+// guard's Ruling (its Outcome, Descriptor and Verdict).
+type Event struct {
+	Request *http.Request
+	rules.Ruling
 }
 
 // Option configures a Middleware.
 type Option func(*config)
 
 type config struct {
+	guard      rules.GuardConfig
 	trusted    []string
 	header     string
 	ipHeader   string
 	route      func(*http.Request) string
 	user       func(*http.Request) (string, bool)
 	values     func(*http.Request) map[string]string
-	shadow     bool
-	maxWait    time.Duration
-	failClosed bool
+	cost       func(*http.Request) int64
 	onDecision func(Event)
-	now        func() time.Time
-	after      func(time.Duration) <-chan time.Time
-	logger     *slog.Logger
 }
 
 // TrustedProxies sets the proxies whose forwarding header is believed:
@@ -159,37 +108,21 @@ func DescriptorFunc(f func(*http.Request) map[string]string) Option {
 	return func(c *config) { c.values = f }
 }
 
-// Shadow turns every rule into a shadow rule: requests are decided,
-// counted and given the headers, but never blocked. Rules can also be
-// shadowed one at a time in the rule set.
-func Shadow() Option { return func(c *config) { c.shadow = true } }
+// Cost sets the hits a request costs, a function of the request (its
+// body size, say); default 1. A cost more than a rule can ever admit is
+// rejected by that rule (429) without being counted; a negative cost is a
+// limiter failure (see rules.GuardConfig.FailClosed). 0 checks without consuming.
+func Cost(f func(*http.Request) int64) Option { return func(c *config) { c.cost = f } }
 
-// MaxWait lets a request wait up to d for a leaky-bucket rule's pacing
-// delay instead of being rejected. By default a leaky-bucket rule admits
-// only requests that need no delay. The wait ends early, and the request's
-// hits are given back, when its context ends.
-func MaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
-
-// FailClosed answers 503 when the limiter fails. By default the request
-// goes through and the failure is counted (Stats.FailedOpen).
-func FailClosed() Option { return func(c *config) { c.failClosed = true } }
+// Guard sets what every adapter of rules.Guard shares: shadow mode,
+// waiting for a leaky bucket (MaxWait), failing closed, the clock, the
+// wait timer and the logger. See rules.GuardConfig.
+func Guard(cfg rules.GuardConfig) Option { return func(c *config) { c.guard = cfg } }
 
 // OnDecision calls f after every decision, before the response is written
 // or the next handler called, on the request's goroutine. Use it for
 // metrics and logs; it must not keep the Event's pointers.
 func OnDecision(f func(Event)) Option { return func(c *config) { c.onDecision = f } }
-
-// Clock sets the time the response fields are computed at; it should be
-// the limiter's clock. Default time.Now.
-func Clock(now func() time.Time) Option { return func(c *config) { c.now = now } }
-
-// WaitTimer replaces time.After for leaky-bucket waits (for tests).
-func WaitTimer(after func(time.Duration) <-chan time.Time) Option {
-	return func(c *config) { c.after = after }
-}
-
-// Logger sets where limiter failures are logged; default: discarded.
-func Logger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // MuxPattern returns a RouteFunc that gives the pattern mux would route
 // the request to ("GET /items/{id}"), or the path when none matches, so
@@ -207,22 +140,15 @@ func MuxPattern(mux *http.ServeMux) func(*http.Request) string {
 // Middleware rate-limits HTTP requests with the rules of a RuleSource. It
 // is safe for concurrent use.
 type Middleware struct {
-	src    RuleSource
-	enf    rules.Enforcer
-	ips    clientIPs
-	cfg    config
-	logger *slog.Logger
-
-	allowed, rejected, shadowed, failedOpen, failedClosed, abandoned, waited atomic.Int64
+	guard *rules.Guard
+	ips   clientIPs
+	cfg   config
 }
 
 // New returns a middleware that checks requests with lim against the rules
 // src gives. It fails on an invalid option.
 func New(lim sluice.Limiter, src RuleSource, opts ...Option) (*Middleware, error) {
-	if lim == nil || src == nil {
-		return nil, fmt.Errorf("%w: a Limiter and a RuleSource are required", ErrInvalidOption)
-	}
-	m := &Middleware{src: src}
+	m := &Middleware{}
 	for _, o := range opts {
 		o(&m.cfg)
 	}
@@ -253,20 +179,13 @@ func New(lim sluice.Limiter, src RuleSource, opts ...Option) (*Middleware, error
 		}
 		m.ips.trusted = append(m.ips.trusted, p)
 	}
-	if c.maxWait < 0 {
-		return nil, fmt.Errorf("%w: MaxWait %v is negative", ErrInvalidOption, c.maxWait)
-	}
 	if c.route == nil {
 		c.route = func(r *http.Request) string { return r.URL.Path }
 	}
-	if c.now == nil {
-		c.now = time.Now
+	var err error
+	if m.guard, err = rules.NewGuard(lim, src, c.guard); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	m.logger = c.logger
-	if m.logger == nil {
-		m.logger = slog.New(slog.DiscardHandler)
-	}
-	m.enf = rules.Enforcer{Limiter: lim, Shadow: c.shadow, MaxWait: c.maxWait, After: c.after}
 	return m, nil
 }
 
@@ -299,13 +218,7 @@ func parsePrefix(s string) (netip.Prefix, error) {
 }
 
 // Stats returns the middleware's counters.
-func (m *Middleware) Stats() Stats {
-	return Stats{
-		Allowed: m.allowed.Load(), Rejected: m.rejected.Load(), Shadowed: m.shadowed.Load(),
-		FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load(), Abandoned: m.abandoned.Load(),
-		Waited: m.waited.Load(),
-	}
-}
+func (m *Middleware) Stats() Stats { return m.guard.Stats() }
 
 // Descriptor returns what the rules see of r: route, method, client IP,
 // user, headers and descriptors.
@@ -334,54 +247,20 @@ func (m *Middleware) Descriptor(r *http.Request) *rules.Descriptor {
 // and next is not called.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		set := m.src.Current()
-		if set.Len() == 0 {
-			m.allowed.Add(1)
-			next.ServeHTTP(w, r)
-			return
+		ru := m.guard.Decide(r.Context(), func() (*rules.Descriptor, int64) { return m.Descriptor(r), m.cost(r) })
+		if ru.HasFields {
+			setHeaders(w.Header(), &ru.Fields)
 		}
-		d := m.Descriptor(r)
-		ctx := r.Context()
-		v := m.enf.Enforce(ctx, set, d, 1)
-		f, hasFields := v.Fields(m.cfg.now())
-		if hasFields {
-			setHeaders(w.Header(), &f)
+		if m.cfg.onDecision != nil && ru.Verdict != nil {
+			m.cfg.onDecision(Event{Request: r, Ruling: ru})
 		}
-		var outcome Outcome
-		switch {
-		case v.Err != nil && m.cfg.failClosed:
-			outcome = FailedClosed
-		case v.Err != nil:
-			outcome = FailedOpen
-		case !v.Allowed:
-			outcome = Rejected
-		case v.Delay > 0:
-			m.waited.Add(1)
-			if err := m.enf.Wait(ctx, v); err != nil {
-				outcome = Abandoned
-				break
-			}
-			fallthrough
-		default:
-			outcome = Allowed
-			if v.ShadowRejected {
-				outcome = Shadowed
-			}
-		}
-		m.count(outcome)
-		if v.Err != nil {
-			m.logger.Warn("httplimit: limiter failed", "outcome", outcome, "route", d.Route, "err", v.Err)
-		}
-		if m.cfg.onDecision != nil {
-			m.cfg.onDecision(Event{Request: r, Descriptor: d, Verdict: v, Outcome: outcome})
-		}
-		switch outcome {
-		case Rejected:
-			writeProblem(w, http.StatusTooManyRequests, &f, "")
-		case FailedClosed:
+		switch ru.Outcome {
+		case rules.Rejected:
+			writeProblem(w, http.StatusTooManyRequests, &ru.Fields, "")
+		case rules.FailedClosed:
 			w.Header().Set("Retry-After", "1")
 			writeProblem(w, http.StatusServiceUnavailable, nil, "The rate limiter could not decide on this request.")
-		case Abandoned:
+		case rules.Abandoned:
 			writeProblem(w, http.StatusServiceUnavailable, nil, "The request ended while it waited for its turn.")
 		default:
 			next.ServeHTTP(w, r)
@@ -389,21 +268,12 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-func (m *Middleware) count(o Outcome) {
-	switch o {
-	case Allowed:
-		m.allowed.Add(1)
-	case Rejected:
-		m.rejected.Add(1)
-	case Shadowed:
-		m.shadowed.Add(1)
-	case FailedOpen:
-		m.failedOpen.Add(1)
-	case FailedClosed:
-		m.failedClosed.Add(1)
-	case Abandoned:
-		m.abandoned.Add(1)
+// cost is the hits r costs.
+func (m *Middleware) cost(r *http.Request) int64 {
+	if m.cfg.cost == nil {
+		return 1
 	}
+	return m.cfg.cost(r)
 }
 
 // setHeaders writes the rate-limit fields.

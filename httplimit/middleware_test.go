@@ -47,6 +47,7 @@ type env struct {
 	node   *cluster.Node
 	clk    *fakeClock
 	mw     *Middleware
+	src    *rules.Source
 	srv    *httptest.Server
 	calls  atomic.Int64
 	events chan Event
@@ -56,6 +57,13 @@ type env struct {
 // 40s into a minute.
 func start(t *testing.T, yaml string, opts ...Option) *env {
 	t.Helper()
+	return startWith(t, yaml, rules.GuardConfig{}, opts...)
+}
+
+// startWith is start with g as the guard's configuration; its clock is
+// the node's.
+func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *env {
+	t.Helper()
 	e := &env{clk: &fakeClock{t: time.Unix(1_700_000_020, 0)}, events: make(chan Event, 256)}
 	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = e.clk.Now }))
 	e.node = c.Node(0)
@@ -64,7 +72,9 @@ func start(t *testing.T, yaml string, opts ...Option) *env {
 		t.Fatal(err)
 	}
 	src := rules.NewSource(set)
-	opts = append([]Option{Clock(e.clk.Now), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
+	e.src = src
+	g.Now = e.clk.Now
+	opts = append([]Option{Guard(g), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
 	if e.mw, err = New(e.node, src, opts...); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +283,7 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 	if ok.Load() != 7 || limited.Load() != 53 {
 		t.Fatalf("%d admitted, %d limited; want 7 and 53", ok.Load(), limited.Load())
 	}
-	set := e.mw.src.Current()
+	set := e.src.Current()
 	wide, _ := set.Rule("wide")
 	req, _ := wide.Request(&rules.Descriptor{}, 0)
 	d, err := e.node.Check(context.Background(), req)
@@ -440,7 +450,7 @@ func TestSpoofedHeadersIgnored(t *testing.T) {
 
 func TestShadow(t *testing.T) {
 	t.Run("global", func(t *testing.T) {
-		e := start(t, perIP, Shadow())
+		e := startWith(t, perIP, rules.GuardConfig{Shadow: true})
 		for i, want := range []string{"1", "0", "0"} {
 			r := e.do(t, "GET", "/")
 			if r.status != 200 {
@@ -491,10 +501,10 @@ const paced = `rules:
 func TestLeakyBucketWait(t *testing.T) {
 	asked := make(chan time.Duration, 4)
 	fire := make(chan time.Time)
-	e := start(t, paced, MaxWait(150*time.Millisecond), WaitTimer(func(d time.Duration) <-chan time.Time {
+	e := startWith(t, paced, rules.GuardConfig{MaxWait: 150 * time.Millisecond, After: func(d time.Duration) <-chan time.Time {
 		asked <- d
 		return fire
-	}))
+	}})
 	if r := e.do(t, "GET", "/"); r.status != 200 {
 		t.Fatalf("first: %d", r.status)
 	}
@@ -532,10 +542,10 @@ func TestLeakyBucketWait(t *testing.T) {
 // A request whose client goes away while it waits gives its hit back.
 func TestLeakyBucketWaitAbandoned(t *testing.T) {
 	asked := make(chan time.Duration, 4)
-	e := start(t, paced, MaxWait(time.Second), WaitTimer(func(d time.Duration) <-chan time.Time {
+	e := startWith(t, paced, rules.GuardConfig{MaxWait: time.Second, After: func(d time.Duration) <-chan time.Time {
 		asked <- d
 		return make(chan time.Time) // never fires
-	}))
+	}})
 	e.do(t, "GET", "/")
 	e.event(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -547,11 +557,11 @@ func TestLeakyBucketWaitAbandoned(t *testing.T) {
 		t.Fatal("no wait")
 	}
 	cancel()
-	if ev := e.event(t); ev.Outcome != Abandoned || !ev.Verdict.Refunded {
+	if ev := e.event(t); ev.Outcome != rules.Abandoned || !ev.Verdict.Refunded {
 		t.Fatalf("outcome %v, verdict %+v", ev.Outcome, ev.Verdict)
 	}
 	<-done
-	rule, _ := e.mw.src.Current().Rule("paced")
+	rule, _ := e.src.Current().Rule("paced")
 	req, _ := rule.Request(&rules.Descriptor{}, 0)
 	if d, err := e.node.Check(context.Background(), req); err != nil || d.Remaining != 4 {
 		t.Fatalf("remaining %d (%v) after the abandoned wait, want 4", d.Remaining, err)
@@ -570,7 +580,7 @@ func TestLimiterFailure(t *testing.T) {
 			t.Fatalf("%d %q", r.status, r.body)
 		}
 		wantHeaders(t, r, "X-RateLimit-Limit", "", "Retry-After", "")
-		if ev := e.event(t); ev.Outcome != FailedOpen || !errors.Is(ev.Verdict.Err, cluster.ErrClosed) {
+		if ev := e.event(t); ev.Outcome != rules.FailedOpen || !errors.Is(ev.Verdict.Err, cluster.ErrClosed) {
 			t.Fatalf("event %v %v", ev.Outcome, ev.Verdict.Err)
 		}
 		if st := e.mw.Stats(); st.FailedOpen != 1 {
@@ -578,7 +588,7 @@ func TestLimiterFailure(t *testing.T) {
 		}
 	})
 	t.Run("fail closed", func(t *testing.T) {
-		e := start(t, perIP, FailClosed())
+		e := startWith(t, perIP, rules.GuardConfig{FailClosed: true})
 		e.node.Close()
 		r := e.do(t, "GET", "/")
 		if r.status != 503 || e.calls.Load() != 0 {
@@ -656,7 +666,7 @@ func TestNew(t *testing.T) {
 	if _, err := New(c.Node(0), src, ClientIPHeader("x-real-ip"), TrustedProxies("10.0.0.0/8")); err != nil {
 		t.Errorf("ClientIPHeader(x-real-ip): %v", err)
 	}
-	if _, err := New(c.Node(0), src, MaxWait(-time.Second)); !errors.Is(err, ErrInvalidOption) {
+	if _, err := New(c.Node(0), src, Guard(rules.GuardConfig{MaxWait: -time.Second})); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("negative wait: %v", err)
 	}
 	if _, err := New(nil, src); !errors.Is(err, ErrInvalidOption) {

@@ -68,6 +68,11 @@ type Limit struct {
 	Rule     *Rule
 	Request  limiter.Request // as consumed: Hits is the request's cost
 	Decision sluice.Decision
+	// OverCapacity says the request's cost is more than this limit can
+	// ever admit (its burst, or Limit for the windows): the limit rejects
+	// it without counting it, and Request.Hits is 0 (a peek, for the
+	// fields).
+	OverCapacity bool
 	// Rejected says this limit does not admit the request: its decision
 	// did not, or a leaky bucket's delay is longer than MaxWait.
 	Rejected bool
@@ -95,6 +100,11 @@ func (e *Enforcer) Enforce(ctx context.Context, set *Set, d *Descriptor, hits in
 	}
 	if len(v.Limits) == 0 {
 		return v
+	}
+	for i := range v.Limits {
+		if l := &v.Limits[i]; l.Request.Hits > l.Request.Capacity() {
+			l.OverCapacity, l.Request.Hits = true, 0
+		}
 	}
 	// One limit that cannot delay needs no peek: a rejection consumes
 	// nothing by itself.
@@ -141,6 +151,8 @@ func (e *Enforcer) decide(ctx context.Context, v *Verdict, reqs []limiter.Reques
 		dec := &l.Decision.Decision
 		l.Consumed = consume && dec.Allowed && l.Request.Hits > 0
 		switch {
+		case l.OverCapacity:
+			l.Rejected, l.RetryAfter = true, 0
 		case !dec.Allowed:
 			l.Rejected, l.RetryAfter = true, dec.RetryAfter
 		case l.Request.Algorithm == limiter.LeakyBucket && dec.Delay > e.MaxWait:

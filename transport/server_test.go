@@ -84,9 +84,10 @@ func startServer(t *testing.T, register func(s *grpc.Server)) *grpc.ClientConn {
 	return dial(t, serve(t, DefaultServerLimits(), register), grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-// serve serves what register registers on 127.0.0.1:0, with limits l, and
-// returns its address. The server stops at the end of the test.
-func serve(t *testing.T, l ServerLimits, register func(s *grpc.Server)) string {
+// serve serves what register registers on 127.0.0.1:0, with limits l and
+// the extra options, and returns its address. The server stops at the end
+// of the test.
+func serve(t *testing.T, l ServerLimits, register func(s *grpc.Server), extra ...grpc.ServerOption) string {
 	t.Helper()
 	opts, err := l.ServerOptions()
 	if err != nil {
@@ -96,7 +97,7 @@ func serve(t *testing.T, l ServerLimits, register func(s *grpc.Server)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(opts...)
+	s := grpc.NewServer(append(opts, extra...)...)
 	register(s)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(lis) }()

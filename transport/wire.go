@@ -26,6 +26,14 @@ import (
 // padTo is also above grpc-go's buffer pooling threshold (mem, 1 KiB of
 // DATA frame payload): the receiver reads a frame of that size into a
 // pooled buffer, where a smaller one costs a fresh allocation per message.
+//
+// Both are internals of grpc-go (v1.77.0): the yield is loopyWriter.run's
+// runtime.Gosched while its writer holds less than minBatchSize bytes
+// (internal/transport/controlbuf.go), the pooling framer.readDataFrame's
+// test of mem.IsBelowBufferPoolingThreshold (internal/transport/
+// http_util.go). TestPaddingMatchesGrpc (wire_test.go) runs both through a
+// Peer stream and fails when grpc-go no longer holds small writes back,
+// holds back a padded message too, or reads one unpooled.
 const (
 	padTo       = 9 + 1024 + 16 // frame header, pooling threshold, a margin
 	frameHeader = 9 + 5

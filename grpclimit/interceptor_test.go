@@ -333,3 +333,49 @@ func TestLeakyBucketWait(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestCost charges each unary call the length of its request's service
+// name: a cost counts that many hits, and a cost above what the rule can
+// ever admit is refused with ResourceExhausted and counts nothing (it does
+// not fail open).
+func TestCost(t *testing.T) {
+	e := start(t, `rules:
+  - name: per_method
+    key: [ip, route]
+    algorithm: fixed_window
+    limit: 5
+    period: 1m
+`, Cost(func(_ context.Context, _ string, req any) int64 {
+		if r, ok := req.(*healthpb.HealthCheckRequest); ok {
+			return int64(len(r.GetService()))
+		}
+		return 1
+	}))
+	for _, step := range []struct {
+		service   string
+		code      codes.Code // NotFound: admitted, and the health server knows no such service
+		remaining string
+		outcome   rules.Outcome
+	}{
+		{"abc", codes.NotFound, "2", rules.Allowed},
+		{"abcdef", codes.ResourceExhausted, "2", rules.Rejected}, // never admissible: not counted
+		{"abc", codes.ResourceExhausted, "2", rules.Rejected},
+		{"ab", codes.NotFound, "0", rules.Allowed},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		var hdr, trl metadata.MD
+		_, err := e.client.Check(ctx, &healthpb.HealthCheckRequest{Service: step.service}, grpc.Header(&hdr), grpc.Trailer(&trl))
+		cancel()
+		if code := status.Code(err); code != step.code {
+			t.Fatalf("cost %d: %v, want %v", len(step.service), err, step.code)
+		}
+		md := hdr
+		if step.code == codes.ResourceExhausted {
+			md = trl
+		}
+		wantMD(t, md, "x-ratelimit-remaining", step.remaining)
+		if ev := e.event(t); ev.Outcome != step.outcome {
+			t.Fatalf("cost %d: outcome %v, want %v", len(step.service), ev.Outcome, step.outcome)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -686,5 +687,57 @@ func TestNew(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || res.Header.Get("RateLimit") != "" {
 		t.Fatalf("%d %v", res.StatusCode, res.Header)
+	}
+}
+
+// TestCost charges each request the hits its X-Cost header names: a cost
+// counts that many hits, a cost above what the rule can ever admit is
+// rejected with 429 and counts nothing (it does not fail open), and a
+// negative cost is a limiter failure.
+func TestCost(t *testing.T) {
+	const fiveAMinute = `rules:
+  - name: per_ip
+    key: [ip]
+    algorithm: fixed_window
+    limit: 5
+    period: 1m
+`
+	cost := Cost(func(r *http.Request) int64 {
+		n, err := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
+		if err != nil {
+			return 1
+		}
+		return n
+	})
+	e := start(t, fiveAMinute, cost)
+	for _, step := range []struct {
+		cost      string
+		status    int
+		remaining string
+		outcome   rules.Outcome
+	}{
+		{"3", 200, "2", rules.Allowed},
+		{"6", 429, "2", rules.Rejected}, // never admissible: not counted
+		{"", 200, "1", rules.Allowed},   // the default cost, 1
+		{"2", 429, "1", rules.Rejected},
+		{"0", 200, "1", rules.Allowed}, // a peek
+		{"1", 200, "0", rules.Allowed},
+		{"-1", 200, "", rules.FailedOpen},
+	} {
+		var hdr []string
+		if step.cost != "" {
+			hdr = []string{"X-Cost", step.cost}
+		}
+		r := e.do(t, "GET", "/", hdr...)
+		if r.status != step.status {
+			t.Fatalf("cost %q: status %d, want %d (%s)", step.cost, r.status, step.status, r.body)
+		}
+		wantHeaders(t, r, "X-RateLimit-Remaining", step.remaining)
+		if ev := e.event(t); ev.Outcome != step.outcome {
+			t.Fatalf("cost %q: outcome %v, want %v", step.cost, ev.Outcome, step.outcome)
+		}
+	}
+	if st := e.mw.Stats(); st.Allowed != 4 || st.Rejected != 2 || st.FailedOpen != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }

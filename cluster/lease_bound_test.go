@@ -11,21 +11,16 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 )
 
-// clock is a time every node of a test reads, moved only by the test.
-type clock struct{ ns atomic.Int64 }
-
-func newClock() *clock {
-	c := &clock{}
-	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
+// newClock returns a time every node of a test reads, moved only by the
+// test.
+func newClock() *fakeclock.Clock {
+	return fakeclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 }
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // admissions records when (on the test's clock) each admitted hit was
 // admitted.
@@ -64,7 +59,7 @@ func (a *admissions) worst(burst int64, rate float64) (over float64, from, to in
 
 // burstUntilDenied checks req on every node at once, deny streaks of 5
 // ending each caller, and records the admissions at the clock's time.
-func burstUntilDenied(t *testing.T, nodes []*cluster.Node, req limiter.Request, clk *clock, adm *admissions) int {
+func burstUntilDenied(t *testing.T, nodes []*cluster.Node, req limiter.Request, clk *fakeclock.Clock, adm *admissions) int {
 	t.Helper()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup

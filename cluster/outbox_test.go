@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -57,7 +59,7 @@ func (f *fakeCalls) log() []string {
 // waitCalls waits until the calls made are want.
 func (f *fakeCalls) waitCalls(t *testing.T, want ...string) {
 	t.Helper()
-	if err := waitUntil(5*time.Second, func() error {
+	if err := testwait.Until(5*time.Second, func() error {
 		if got := f.log(); fmt.Sprint(got) != fmt.Sprint(want) {
 			return fmt.Errorf("calls %q, want %q", got, want)
 		}
@@ -75,8 +77,7 @@ type testOutbox struct {
 	givenUp atomicInt
 	orphMu  sync.Mutex
 	orphans int // states given to orphan
-	mu      sync.Mutex
-	now     time.Time
+	clk     *fakeclock.Clock
 	cancel  context.CancelFunc
 	tick    chan time.Time // ends a backoff
 }
@@ -84,9 +85,9 @@ type testOutbox struct {
 func newTestOutbox(t *testing.T) *testOutbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	var h, r, f atomicInt
-	to := &testOutbox{calls: &fakeCalls{}, now: time.Unix(1000, 0), cancel: cancel, tick: make(chan time.Time)}
+	to := &testOutbox{calls: &fakeCalls{}, clk: fakeclock.New(time.Unix(1000, 0)), cancel: cancel, tick: make(chan time.Time)}
 	counts := outboxCounts{handedOff: &h.Int64, replicated: &r.Int64, failures: &f.Int64, givenUp: &to.givenUp.Int64}
-	to.outbox = newOutbox(ctx, to.calls, counts, to.clock, outboxGiveUp, func(s []limiter.Snapshot) {
+	to.outbox = newOutbox(ctx, to.calls, counts, to.clk.Now, outboxGiveUp, func(s []limiter.Snapshot) {
 		to.orphMu.Lock()
 		to.orphans += len(s)
 		to.orphMu.Unlock()
@@ -97,18 +98,6 @@ func newTestOutbox(t *testing.T) *testOutbox {
 		to.close()
 	})
 	return to
-}
-
-func (to *testOutbox) clock() time.Time {
-	to.mu.Lock()
-	defer to.mu.Unlock()
-	return to.now
-}
-
-func (to *testOutbox) advance(d time.Duration) {
-	to.mu.Lock()
-	to.now = to.now.Add(d)
-	to.mu.Unlock()
 }
 
 // endBackoff lets a worker waiting out a backoff go on.
@@ -167,10 +156,10 @@ func TestOutboxGivesUp(t *testing.T) {
 		t.Fatalf("%d hand-off states queued, want 3", n)
 	}
 	cancel()
-	o.advance(outboxGiveUp - time.Second)
+	o.clk.Advance(outboxGiveUp - time.Second)
 	o.handOff("b", states(2)) // younger: not given up with the 3
 	o.confirmTo("b", 2)
-	o.advance(time.Second + time.Nanosecond)
+	o.clk.Advance(time.Second + time.Nanosecond)
 	o.calls.setDown("b", false)
 	o.endBackoff(t)
 	// The 3 are given up and counted; the confirmation queued after them
@@ -234,19 +223,3 @@ func TestOutboxHandOffRacesRetain(t *testing.T) {
 }
 
 type atomicInt struct{ atomic.Int64 }
-
-// waitUntil polls cond until it returns nil or d has passed, and returns
-// its last error then (testcluster.WaitFor, which this package's own tests
-// cannot import).
-func waitUntil(d time.Duration, cond func() error) error {
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		<-tick.C
-	}
-}

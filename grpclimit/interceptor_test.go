@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,34 +17,18 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/testcluster"
 )
 
 const waitTimeout = 10 * time.Second
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // env is a real node, and a real gRPC server with the health service
 // behind the interceptors, on 127.0.0.1, with a real client.
 type env struct {
 	node   *cluster.Node
-	clk    *fakeClock
+	clk    *fakeclock.Clock
 	ic     *Interceptor
 	client healthpb.HealthClient
 	events chan Event
@@ -62,7 +45,7 @@ func start(t *testing.T, yaml string, opts ...Option) *env {
 // the node's.
 func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *env {
 	t.Helper()
-	e := &env{clk: &fakeClock{t: time.Unix(1_700_000_020, 0)}, events: make(chan Event, 64)}
+	e := &env{clk: fakeclock.New(time.Unix(1_700_000_020, 0)), events: make(chan Event, 64)}
 	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = e.clk.Now }))
 	e.node = c.Node(0)
 	set, err := rules.Parse("test.yaml", []byte(yaml))

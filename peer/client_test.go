@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -157,20 +159,6 @@ func newTestClient(t testing.TB, addr string, cfg Config) *Client {
 	return c
 }
 
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
-}
-
 // receive returns the value from ch, failing the test after 10 s.
 func receive[T any](t testing.TB, what string, ch <-chan T) T {
 	t.Helper()
@@ -207,7 +195,7 @@ func req(key string) limiter.Request {
 func holdOneCall(t *testing.T, c *Client, o *owner) <-chan outcome {
 	t.Helper()
 	held := goCheck(context.Background(), c, req("hold"))
-	waitFor(t, "the held call to reach the owner", func() bool { return o.inside() == 1 })
+	testwait.For(t, "the held call to reach the owner", func() bool { return o.inside() == 1 })
 	return held
 }
 
@@ -248,14 +236,14 @@ func TestMaxInFlightBatchesGoOutAtOnce(t *testing.T) {
 	// decides a stream's batches in order, so it waits there instead).
 	held := holdOneCall(t, c, o)
 	second := goCheck(context.Background(), c, req("x"))
-	waitFor(t, "the second batch to be sent", func() bool {
+	testwait.For(t, "the second batch to be sent", func() bool {
 		s := c.Stats()
 		return s.Calls == 2 && s.InFlight == 2 && s.Pending == 0
 	})
 	// Both slots are taken: the next checks wait, and go out together.
 	third := goCheck(context.Background(), c, req("y"))
 	fourth := goCheck(context.Background(), c, req("z"))
-	waitFor(t, "the checks to queue", func() bool { return c.Stats().Pending == 2 })
+	testwait.For(t, "the checks to queue", func() bool { return c.Stats().Pending == 2 })
 	if s := c.Stats(); s.Calls != 2 {
 		t.Fatalf("stats %+v, want 2 calls while both slots are taken", s)
 	}
@@ -268,7 +256,7 @@ func TestMaxInFlightBatchesGoOutAtOnce(t *testing.T) {
 	if got := o.batchSizes(); !slices.Equal(got, []int{1, 1, 2}) {
 		t.Fatalf("batch sizes %v, want [1 1 2]", got)
 	}
-	waitFor(t, "the client to go idle", func() bool { return c.Stats().InFlight == 0 })
+	testwait.For(t, "the client to go idle", func() bool { return c.Stats().InFlight == 0 })
 	if s := c.Stats(); s.Calls != 3 || s.Items != 4 || s.MaxBatchSize != 2 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -286,7 +274,7 @@ func gather(t *testing.T, c *Client, o *owner, n int) []outcome {
 	for i := range waiting {
 		waiting[i] = goCheck(context.Background(), c, req(fmt.Sprint("k", i)))
 	}
-	waitFor(t, "the checks to queue", func() bool { return c.Stats().Pending == n })
+	testwait.For(t, "the checks to queue", func() bool { return c.Stats().Pending == n })
 	o.release()
 	if out := receive(t, "the held check", held); out.err != nil {
 		t.Fatal(out.err)
@@ -371,11 +359,11 @@ func TestCallerCancellation(t *testing.T) {
 	// The held check's own caller gives up while its call is in flight.
 	heldCtx, cancelHeld := context.WithCancel(context.Background())
 	held := goCheck(heldCtx, c, req("hold"))
-	waitFor(t, "the held call", func() bool { return o.inside() == 1 })
+	testwait.For(t, "the held call", func() bool { return o.inside() == 1 })
 	// A second check waits behind it, and its caller gives up too.
 	ctx, cancel := context.WithCancel(context.Background())
 	queued := goCheck(ctx, c, req("x"))
-	waitFor(t, "the check to queue", func() bool { return c.Stats().Pending == 1 })
+	testwait.For(t, "the check to queue", func() bool { return c.Stats().Pending == 1 })
 
 	cancel()
 	if out := receive(t, "the canceled queued check", queued); !errors.Is(out.err, context.Canceled) {
@@ -391,7 +379,7 @@ func TestCallerCancellation(t *testing.T) {
 		t.Fatalf("stats %+v, want the call still in flight", s)
 	}
 	o.release()
-	waitFor(t, "the client to go idle", func() bool {
+	testwait.For(t, "the client to go idle", func() bool {
 		s := c.Stats()
 		return s.InFlight == 0 && s.Pending == 0
 	})
@@ -411,9 +399,9 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	o := newOwner("node-b")
 	srv := startServer(t, o)
 	t.Cleanup(func() { close(o.unhang) }) // runs before the server stops
-	var clk testClock
+	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.Clock = time.Second, clk.now
+	cfg.Timeout, cfg.Clock = time.Second, clk.Now
 	var observed []error
 	var obsMu sync.Mutex
 	cfg.Observer = func(peer string, items int, _ time.Duration, err error) {
@@ -430,14 +418,14 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	}
 
 	hung := goCheck(context.Background(), c, req("hang"))
-	waitFor(t, "the hung batch", func() bool { return o.inside() == 1 })
+	testwait.For(t, "the hung batch", func() bool { return o.inside() == 1 })
 	// A check made half a timeout later waits for the only slot; when the
 	// hung batch times out, its stream is torn down and this check goes
 	// out on a new one, with half its time left.
-	clk.set(cfg.Timeout / 2)
+	clk.Set(clockStart.Add(cfg.Timeout / 2))
 	ok := goCheck(context.Background(), c, req("ok"))
-	waitFor(t, "the check to queue", func() bool { return c.Stats().Pending == 1 })
-	expireAt(c, &clk, cfg.Timeout)
+	testwait.For(t, "the check to queue", func() bool { return c.Stats().Pending == 1 })
+	expireAt(c, clk, cfg.Timeout)
 	receiveTimedOut(t, "the hung check", hung)
 	if out := receive(t, "the check after the hung one", ok); out.err != nil || !out.d.Allowed {
 		t.Fatalf("check after the hung one: %+v", out)
@@ -449,7 +437,7 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 		t.Fatalf("%d streams, want 2: the stuck one is replaced", n)
 	}
 	// The Observer sees a batch after its checks have their results.
-	waitFor(t, "the Observer", func() bool {
+	testwait.For(t, "the Observer", func() bool {
 		obsMu.Lock()
 		defer obsMu.Unlock()
 		return len(observed) == 3
@@ -518,7 +506,7 @@ func TestCloseFailsWaitingChecks(t *testing.T) {
 	for i := range waiting {
 		waiting[i] = goCheck(context.Background(), c, req("x"))
 	}
-	waitFor(t, "the checks to queue", func() bool { return c.Stats().Pending == len(waiting) })
+	testwait.For(t, "the checks to queue", func() bool { return c.Stats().Pending == len(waiting) })
 
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()

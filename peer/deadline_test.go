@@ -5,27 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 )
 
-// testClock is a Config.Clock that stands still until the test sets it.
-// The zero value reads clockStart.
-type testClock struct{ sinceStart atomic.Int64 }
-
+// clockStart is where the tests' clocks start; their steps say how far
+// after it they are.
 var clockStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-
-func (c *testClock) now() time.Time { return clockStart.Add(time.Duration(c.sinceStart.Load())) }
-
-// set moves the clock to d after clockStart.
-func (c *testClock) set(d time.Duration) { c.sinceStart.Store(int64(d)) }
 
 // counts are the counters of Stats that say where the checks are.
 type counts struct {
@@ -52,10 +46,10 @@ func receiveTimedOut(t *testing.T, what string, ch <-chan outcome) {
 	}
 }
 
-// expireAt sets clk to at and has c's watchdog look at once.
-func expireAt(c *Client, clk *testClock, at time.Duration) {
-	clk.set(at)
-	c.expire(clk.now())
+// expireAt sets clk to at after clockStart and has c's watchdog look at once.
+func expireAt(c *Client, clk *fakeclock.Clock, at time.Duration) {
+	clk.Set(clockStart.Add(at))
+	c.expire(clk.Now())
 }
 
 // A forwarded check waits at most Timeout from when it was queued. The
@@ -72,9 +66,9 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 	const timeout = time.Second
 	o := newOwner("node-b")
 	srv := startServer(t, o)
-	var clk testClock
+	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.MaxInFlight, cfg.Clock = timeout, 1, clk.now
+	cfg.Timeout, cfg.MaxInFlight, cfg.Clock = timeout, 1, clk.Now
 	c := newTestClient(t, srv.addr, cfg)
 
 	const n = 40 // checks in each group but the first
@@ -107,10 +101,10 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 			wantFailed: []string{"half a timeout later"},
 		},
 	} {
-		clk.set(s.at)
+		clk.Set(clockStart.Add(s.at))
 		switch {
 		case s.queue == "":
-			c.expire(clk.now())
+			c.expire(clk.Now())
 		case s.many:
 			reqs := make([]limiter.Request, s.checks)
 			for j := range reqs {
@@ -132,7 +126,7 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 		}
 		// The checks just queued, or those the watchdog let go, reach
 		// their place, and the batches sent reach the owner.
-		waitFor(t, fmt.Sprintf("step %d: %+v, %d batches got", i, s.want, s.got), func() bool {
+		testwait.For(t, fmt.Sprintf("step %d: %+v, %d batches got", i, s.want, s.got), func() bool {
 			return countsOf(c.Stats()) == s.want && len(o.batchSizes()) == s.got
 		})
 		for _, g := range s.wantFailed {
@@ -164,9 +158,9 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 func TestCheckManyRestFailsWithItsFirstBatch(t *testing.T) {
 	o := newOwner("node-b")
 	srv := startServer(t, o)
-	var clk testClock
+	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.MaxInFlight, cfg.MaxBatch, cfg.Clock = time.Second, 1, 2, clk.now
+	cfg.Timeout, cfg.MaxInFlight, cfg.MaxBatch, cfg.Clock = time.Second, 1, 2, clk.Now
 	c := newTestClient(t, srv.addr, cfg)
 
 	// Three checks in one CheckMany, MaxBatch 2: a batch of two is held,
@@ -175,10 +169,10 @@ func TestCheckManyRestFailsWithItsFirstBatch(t *testing.T) {
 	go func() {
 		res <- c.CheckMany(context.Background(), []limiter.Request{req("hold"), req("hold"), req("hold")})
 	}()
-	waitFor(t, "a batch in flight and one check queued", func() bool {
+	testwait.For(t, "a batch in flight and one check queued", func() bool {
 		return countsOf(c.Stats()) == counts{calls: 1, inFlight: 1, pending: 1}
 	})
-	expireAt(c, &clk, time.Second)
+	expireAt(c, clk, time.Second)
 	for i, r := range receive(t, "CheckMany", res) {
 		if !timedOut(r.Err) {
 			t.Fatalf("check %d: %v, want ErrUnavailable with DeadlineExceeded", i, r.Err)

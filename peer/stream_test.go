@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -255,7 +257,7 @@ func TestAnswersAreMatchedByID(t *testing.T) {
 	cfg.MaxInFlight = 2
 	c := newTestClient(t, addr, cfg)
 	first := goCheck(context.Background(), c, req("a"))
-	waitFor(t, "the first batch", func() bool { return c.Stats().Calls == 1 })
+	testwait.For(t, "the first batch", func() bool { return c.Stats().Calls == 1 })
 	r := req("b")
 	r.Limit = 5
 	second := goCheck(context.Background(), c, r)
@@ -371,32 +373,32 @@ func TestCloseDuringOpen(t *testing.T) {
 			cn.Close()
 		}
 	})
-	var clk testClock
+	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.Clock = time.Second, clk.now
+	cfg.Timeout, cfg.Clock = time.Second, clk.Now
 	c, err := NewClient("node-b", lis.Addr().String(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The deadline covers opening the stream.
 	first := goCheck(context.Background(), c, req("x"))
-	waitFor(t, "the batch to be sent", func() bool { return c.Stats().InFlight == 1 })
-	expireAt(c, &clk, cfg.Timeout)
+	testwait.For(t, "the batch to be sent", func() bool { return c.Stats().InFlight == 1 })
+	expireAt(c, clk, cfg.Timeout)
 	receiveTimedOut(t, "the check of a silent peer", first)
 	// The caller's context ends its wait at once; its batch stays in
 	// flight until its deadline.
 	ctx, cancel := context.WithCancel(context.Background())
 	waiting := goCheck(ctx, c, req("x"))
-	waitFor(t, "the batch to be sent", func() bool { return c.Stats().Calls == 2 && c.Stats().InFlight == 1 })
+	testwait.For(t, "the batch to be sent", func() bool { return c.Stats().Calls == 2 && c.Stats().InFlight == 1 })
 	cancel()
 	if out := receive(t, "the canceled check", waiting); !errors.Is(out.err, context.Canceled) {
 		t.Fatalf("canceled check: %v", out.err)
 	}
-	expireAt(c, &clk, 2*cfg.Timeout)
+	expireAt(c, clk, 2*cfg.Timeout)
 	// Close fails what is in flight and stops every goroutine (TestMain
 	// checks for leaks).
 	inFlight := goCheck(context.Background(), c, req("y"))
-	waitFor(t, "the batch to be sent", func() bool { return c.Stats().Calls == 3 })
+	testwait.For(t, "the batch to be sent", func() bool { return c.Stats().Calls == 3 })
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -11,34 +11,17 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 )
 
-// fakeClock is the time of a test node and of the fields computed from
-// its decisions.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-// newFakeClock starts 40s into a minute (Unix time 1_700_000_020).
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_020, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+// newFakeClock returns the time of a test node and of the fields computed
+// from its decisions, starting 40s into a minute (Unix time 1_700_000_020).
+func newFakeClock() *fakeclock.Clock { return fakeclock.New(time.Unix(1_700_000_020, 0)) }
 
 // newNode starts a real single node on loopback whose decisions use clk.
-func newNode(t *testing.T, clk *fakeClock) *cluster.Node {
+func newNode(t *testing.T, clk *fakeclock.Clock) *cluster.Node {
 	t.Helper()
 	cfg := cluster.TestConfig("rules-test")
 	cfg.Clock = clk.Now
@@ -75,7 +58,7 @@ type step struct {
 	remaining   map[string]int64 // rule name -> remaining after the step
 }
 
-func runSteps(t *testing.T, e *Enforcer, n *cluster.Node, clk *fakeClock, s *Set, d *Descriptor, steps []step) {
+func runSteps(t *testing.T, e *Enforcer, n *cluster.Node, clk *fakeclock.Clock, s *Set, d *Descriptor, steps []step) {
 	t.Helper()
 	for i, st := range steps {
 		clk.Advance(st.advance)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/testcluster"
@@ -181,19 +182,6 @@ func has(nodes []*cluster.Node, name string) bool {
 	return false
 }
 
-// fakeClock is a node's Config.Clock that moves only when told: the
-// circuit breaker's cooldown passes when the test says so.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := new(fakeClock)
-	c.ns.Store(time.Now().UnixNano())
-	return c
-}
-
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // A check forwarded to a slow owner gives up after the peer timeout and is
 // decided by the unreachable policy; after BreakerThreshold such checks the
 // breaker opens and checks no longer try the owner. Once the owner is fast
@@ -203,7 +191,7 @@ func TestSlowOwnerOpensBreaker(t *testing.T) {
 		timeout  = 100 * time.Millisecond // the peer timeout
 		slowness = time.Minute            // held far beyond checkTimeout
 	)
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Now()) // the breaker's cooldown passes when the test says so
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.Peer.Timeout = timeout
 		cfg.Clock = clock.Now

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // DefaultWait bounds how long New, Add and WaitConverged wait for gossip.
@@ -276,19 +277,7 @@ func (c *Cluster) converged() error {
 // cond's last error in the second case. It is how tests wait on a cluster:
 // on a condition with a deadline, never on a fixed sleep.
 func WaitFor(d time.Duration, cond func() error) error {
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("still waiting after %v: %w", d, err)
-		}
-		<-tick.C
-	}
+	return testwait.Until(d, cond)
 }
 
 // Close closes every node (New registers it with t.Cleanup).

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -239,11 +240,9 @@ func TestConnectionsBeyondTheCapAreClosed(t *testing.T) {
 		checkWorks(t, conn)
 	}
 	held[0].Close()
-	for deadline := time.Now().Add(30 * time.Second); !served(t, addr, settings); {
-		if time.Now().After(deadline) {
-			t.Fatal("the slot of a closed connection was not given back")
-		}
-	}
+	testwait.ForTimeout(t, 30*time.Second, "the slot of a closed connection to be given back", func() bool {
+		return served(t, addr, settings)
+	})
 	checkWorks(t, conn)
 }
 

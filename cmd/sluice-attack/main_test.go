@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -14,12 +15,13 @@ import (
 )
 
 // TestMain lets the test binary serve as the child process of
-// rules-alias-bomb, as the command does.
+// rules-alias-bomb, as the command does, and otherwise fails the run when
+// a test leaves a goroutine behind.
 func TestMain(m *testing.M) {
 	if code, ok := childMain(os.Stdout); ok {
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // The program runs a few attacks, scaled down, against a daemon it built,

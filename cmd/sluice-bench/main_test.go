@@ -4,7 +4,12 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain fails the run when a test leaves a goroutine behind.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // Every duration falls in a bucket that holds it and is at most 1/64 of
 // it wide, and buckets follow each other without gaps.

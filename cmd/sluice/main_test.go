@@ -19,8 +19,8 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/testpki"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/testcluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -44,20 +44,6 @@ func (s *syncBuffer) String() string {
 }
 
 func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-// waitFor polls cond until it holds, failing the test after 20s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := testcluster.WaitFor(20*time.Second, func() error {
-		if !cond() {
-			return fmt.Errorf("%s", what)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("timed out: %v", err)
-	}
-}
 
 // served is a `sluice serve` running in this process.
 type served struct {
@@ -173,8 +159,8 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	nodes = append(nodes, serve(t, "e2e-1", append(slow, "--join", nodes[0].GossipAddr())...))
 	nodes = append(nodes, serve(t, "e2e-2", append(slow, "--join", nodes[0].GossipAddr())...))
 	for _, n := range nodes {
-		waitFor(t, n.Config().NodeName+" to route to 3 members", func() bool { return len(n.Node().RingMembers()) == 3 })
-		waitFor(t, n.Config().NodeName+" to be ready", func() bool { s, _ := httpGet(t, n.base+"/readyz"); return s == http.StatusOK })
+		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to route to 3 members", func() bool { return len(n.Node().RingMembers()) == 3 })
+		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to be ready", func() bool { s, _ := httpGet(t, n.base+"/readyz"); return s == http.StatusOK })
 	}
 	clients := make([]*client.Client, len(nodes))
 	for i, n := range nodes {
@@ -276,7 +262,7 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	}
 	for i, n := range nodes[1:] {
 		c := clients[i+1]
-		waitFor(t, n.Config().NodeName+" to see e2e-0 leave", func() bool {
+		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to see e2e-0 leave", func() bool {
 			h, err := c.Health(context.Background())
 			if err != nil || h.Members != 2 {
 				return false

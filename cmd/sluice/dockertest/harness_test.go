@@ -19,7 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/testcluster"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // label marks every container, network and image the tests create; its
@@ -68,6 +70,13 @@ func TestMain(m *testing.M) {
 			if code == 0 {
 				code = 1
 			}
+		}
+	}
+	// As goleak.VerifyTestMain, but after the teardown.
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "dockertest: a test left goroutines behind:", err)
+			code = 1
 		}
 	}
 	os.Exit(code)
@@ -324,12 +333,12 @@ func loopbackURL(out string) (string, error) {
 	return "", fmt.Errorf("docker port gave no loopback address: %q", out)
 }
 
-// waitFor waits until cond returns nil, through testcluster.WaitFor, and
-// fails the test with cond's last error if that does not happen within
+// waitFor waits until cond returns nil, through testwait.Until, and fails
+// the test with cond's last error if that does not happen within
 // convergeWait.
 func (c *cluster) waitFor(what string, cond func() error) {
 	c.t.Helper()
-	if err := testcluster.WaitFor(convergeWait, cond); err != nil {
+	if err := testwait.Until(convergeWait, cond); err != nil {
 		c.t.Fatalf("waiting for %s: %v", what, err)
 	}
 }

@@ -19,8 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/testcluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -76,20 +76,6 @@ func do(t *testing.T, method, url, body string) response {
 		t.Fatal(err)
 	}
 	return response{resp.StatusCode, resp.Header.Get("Content-Type"), b}
-}
-
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := testcluster.WaitFor(10*time.Second, func() error {
-		if !cond() {
-			return fmt.Errorf("%s", what)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("timed out: %v", err)
-	}
 }
 
 // gauge returns the value of the unlabelled gauge name in d's registry.
@@ -412,7 +398,7 @@ func TestReadyzWaitsForTheJoin(t *testing.T) {
 	cfg = testConfig("joiner")
 	cfg.Join = []string{seed.GossipAddr()}
 	joiner := start(t, cfg)
-	waitFor(t, "the joiner to be ready", func() bool {
+	testwait.For(t, "the joiner to be ready", func() bool {
 		return do(t, http.MethodGet, "http://"+joiner.HTTPAddr()+"/readyz", "").status == http.StatusOK
 	})
 	if lonely.Ready() {
@@ -454,7 +440,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if _, err := io.WriteString(pw, `{"name":"drain","key":"k",`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the check to be in flight", func() bool { return gauge(t, d, "sluice_http_requests_in_flight") == 1 })
+	testwait.For(t, "the check to be in flight", func() bool { return gauge(t, d, "sluice_http_requests_in_flight") == 1 })
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- d.Shutdown(context.Background()) }()
@@ -468,7 +454,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	close(release)
 	// Then it stops accepting, while the check in flight goes on.
-	waitFor(t, "the listener to close", func() bool {
+	testwait.For(t, "the listener to close", func() bool {
 		resp, err := probe.Get(base + "/healthz")
 		if err == nil {
 			resp.Body.Close()
@@ -549,7 +535,7 @@ func TestShutdownWithIncompleteHandoff(t *testing.T) {
 		}
 		ds = append(ds, start(t, cfg, opts...))
 	}
-	waitFor(t, "three members", func() bool {
+	testwait.For(t, "three members", func() bool {
 		for _, d := range ds {
 			if len(d.Node().RingMembers()) != 3 {
 				return false

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -46,7 +47,7 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 		}
 		ds = append(ds, start(t, cfg))
 	}
-	waitFor(t, "both daemons to be ready", func() bool {
+	testwait.For(t, "both daemons to be ready", func() bool {
 		return ds[0].Node().Ready() && ds[1].Node().Ready() && len(ds[1].Node().RingMembers()) == 2
 	})
 

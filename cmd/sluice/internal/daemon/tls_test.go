@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -36,7 +37,7 @@ func tlsDaemons(t *testing.T) (*testpki.CA, string, []*Daemon) {
 		}
 		ds = append(ds, start(t, cfg))
 	}
-	waitFor(t, "both daemons to see each other", func() bool {
+	testwait.For(t, "both daemons to see each other", func() bool {
 		return len(ds[0].Node().RingMembers()) == 2 && len(ds[1].Node().RingMembers()) == 2
 	})
 	return ca, dir, ds

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
@@ -78,6 +79,64 @@ func ExampleEnforcer() {
 	// POST allowed: true
 	// POST allowed: false
 	// GET allowed: true remaining: 1
+}
+
+// A Guard is the core of an adapter: here one for a job queue, which
+// describes each job to the rules and runs it or puts it back by the
+// Outcome. The limiter is a single process's (sluice.NewLocal), on a fixed
+// clock so that the output does not depend on when the example runs.
+func ExampleGuard_Decide() {
+	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
+	if err != nil {
+		panic(err)
+	}
+	now := func() time.Time { return time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC) }
+	set, err := rules.Parse("limits.yaml", []byte(`
+rules:
+  - name: jobs_per_tenant
+    key: [descriptor:tenant]
+    algorithm: token_bucket
+    limit: 3
+    period: 1h
+  - name: exports_per_tenant    # trying out a tighter limit on exports
+    match: {descriptors: {kind: export}}
+    key: [descriptor:tenant]
+    algorithm: token_bucket
+    limit: 1
+    period: 1h
+    shadow: true
+`))
+	if err != nil {
+		panic(err)
+	}
+	g, err := rules.NewGuard(sluice.NewLocal(store, now), rules.NewSource(set), rules.GuardConfig{Now: now})
+	if err != nil {
+		panic(err)
+	}
+	jobs := []struct{ tenant, kind string }{
+		{"acme", "report"}, {"acme", "export"}, {"acme", "export"}, {"acme", "report"}, {"globex", "export"},
+	}
+	for _, job := range jobs {
+		ru := g.Decide(context.Background(), func() (*rules.Descriptor, int64) {
+			d := &rules.Descriptor{Route: "jobs/" + job.kind, Method: "job",
+				Values: map[string]string{"tenant": job.tenant, "kind": job.kind}}
+			return d, 1
+		})
+		switch ru.Outcome {
+		case rules.Rejected, rules.FailedClosed: // put the job back for later
+			fmt.Printf("%s %s %v: retry in %ds\n", job.tenant, job.kind, ru.Outcome, ru.Fields.RetryAfter)
+		default: // run it
+			fmt.Println(job.tenant, job.kind, ru.Outcome)
+		}
+	}
+	fmt.Printf("%+v\n", g.Stats())
+	// Output:
+	// acme report allowed
+	// acme export allowed
+	// acme export shadowed
+	// acme report rejected: retry in 1200s
+	// globex export allowed
+	// {Allowed:3 Rejected:1 Shadowed:1 FailedOpen:0 FailedClosed:0 Abandoned:0 Waited:0}
 }
 
 func ExampleWatch() {

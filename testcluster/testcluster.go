@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -13,6 +12,17 @@ import (
 
 // DefaultWait bounds how long New, Add and WaitConverged wait for gossip.
 const DefaultWait = 20 * time.Second
+
+// T is what a Cluster needs of the test it serves: to mark its helpers,
+// run its Close when the test ends, and report failures. It is satisfied by
+// *testing.T and *testing.B (and testing.TB). Fatalf must not return: it
+// stops the goroutine, as testing's does with runtime.Goexit, or panics.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
 
 // Option changes how the cluster's nodes are configured.
 type Option func(*options)
@@ -34,7 +44,7 @@ func WithWait(d time.Duration) Option { return func(o *options) { o.wait = d } }
 // Cluster is a set of real nodes in this process. Its methods are safe for
 // concurrent use; they report failures through the test's t.
 type Cluster struct {
-	t    testing.TB
+	t    T
 	opts options
 	net  *network // partitions and slow nodes (chaos.go)
 
@@ -45,8 +55,8 @@ type Cluster struct {
 }
 
 // New starts n nodes, joins them into one cluster, waits until every node
-// sees all n alive, and closes them all when the test ends.
-func New(t testing.TB, n int, opts ...Option) *Cluster {
+// sees all n alive, and closes them all when the test ends (t.Cleanup).
+func New(t T, n int, opts ...Option) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, opts: options{wait: DefaultWait}, net: newNetwork()}
 	for _, o := range opts {

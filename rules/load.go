@@ -317,7 +317,8 @@ func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
 				}
 				loc, err := time.LoadLocation(s)
 				if err != nil {
-					l.errorfCause(v, f, ErrInvalidCalendar, err, "unknown time zone %q", s)
+					// As transport's codec refuses a time_zone that does not load.
+					l.errorfCause(v, f, ErrInvalidCalendar, fmt.Errorf("%w: %w", limiter.ErrInvalidLocation, err), "unknown time zone %q", s)
 				}
 				r.Location = loc
 			}

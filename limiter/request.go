@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -163,6 +165,37 @@ func (e *childError) Unwrap() error { return e.parent }
 // name is about 32 bytes.
 const MaxZoneNameLen = 64
 
+// loadableZones holds the names of the zones that checkZone has seen
+// load, at most maxLoadableZones of them (IANA has about 600), so that the
+// zone database is read once per name, not once per request.
+var (
+	loadableZones    sync.Map // name -> struct{}
+	numLoadable      atomic.Int64
+	maxLoadableZones = int64(1024)
+)
+
+// checkZone reports whether a Location named name travels between nodes
+// as the same zone: its name is an IANA name (CheckZoneName) that
+// time.LoadLocation loads. A zone built with time.FixedZone under a name
+// that loads is not told apart from the zone of that name.
+func checkZone(name string) error {
+	if _, ok := loadableZones.Load(name); ok {
+		return nil
+	}
+	if err := CheckZoneName(name); err != nil {
+		return err
+	}
+	if _, err := time.LoadLocation(name); err != nil {
+		return fmt.Errorf("%w: zone %q does not load, so no other node could read it: %v", ErrInvalidLocation, name, err)
+	}
+	if numLoadable.Load() < maxLoadableZones {
+		if _, loaded := loadableZones.LoadOrStore(name, struct{}{}); !loaded {
+			numLoadable.Add(1)
+		}
+	}
+	return nil
+}
+
 // CheckZoneName reports whether name can be an IANA time zone name, which
 // every node loads as the same zone, without loading it: at most
 // MaxZoneNameLen bytes of letters, digits, '_', '-', '+' and inner single
@@ -258,8 +291,8 @@ func (r *Request) Validate() error {
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
 	}
-	if r.Location != nil {
-		if err := CheckZoneName(r.Location.String()); err != nil {
+	if r.Location != nil && r.Location != time.UTC {
+		if err := checkZone(r.Location.String()); err != nil {
 			return err
 		}
 	}

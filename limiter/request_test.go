@@ -77,6 +77,9 @@ func TestValidate(t *testing.T) {
 		{"zone named like no IANA zone", func(r *Request) {
 			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("my zone", 3600)
 		}, ErrInvalidLocation, "my zone"},
+		{"zone that does not load", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("UTC+1", 3600)
+		}, ErrInvalidLocation, "UTC+1"},
 		{"zone without calendar", func(r *Request) { r.Location = time.Local }, ErrInvalidLocation, "Local"},
 		{"windows ignore burst", func(r *Request) { r.Algorithm, r.Burst, r.Hits = SlidingWindowLog, 20, 11 }, ErrHitsExceedLimit, "Hits"},
 	}

@@ -23,11 +23,6 @@ import (
 )
 
 func Example() {
-	node, err := cluster.New(cluster.TestConfig("example"))
-	if err != nil {
-		panic(err)
-	}
-	defer node.Close()
 	set, err := rules.Parse("limits.yaml", []byte(`
 rules:
   - name: health_checks
@@ -40,6 +35,11 @@ rules:
 	if err != nil {
 		panic(err)
 	}
+	node, err := cluster.New(cluster.TestConfig("example"))
+	if err != nil {
+		panic(err)
+	}
+	defer node.Close()
 	ic, err := grpclimit.New(node, rules.NewSource(set))
 	if err != nil {
 		panic(err)
@@ -75,23 +75,20 @@ rules:
 // process's (sluice.NewLocal), on a fixed clock so that the output does
 // not depend on when the example runs.
 func ExampleCost() {
+	// The rule is built in code here; rules.Parse reads the same from YAML.
+	src, err := rules.NewStatic(rules.Rule{
+		Name: "bytes_per_ip", Key: []string{"ip"},
+		Algorithm: limiter.TokenBucket, Limit: 40, Period: time.Hour,
+	})
+	if err != nil {
+		panic(err)
+	}
 	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
 	if err != nil {
 		panic(err)
 	}
 	now := func() time.Time { return time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC) }
-	set, err := rules.Parse("limits.yaml", []byte(`
-rules:
-  - name: bytes_per_ip
-    key: [ip]
-    algorithm: token_bucket
-    limit: 40
-    period: 1h
-`))
-	if err != nil {
-		panic(err)
-	}
-	ic, err := grpclimit.New(sluice.NewLocal(store, now), rules.NewSource(set),
+	ic, err := grpclimit.New(sluice.NewLocal(store, now), src,
 		grpclimit.Guard(rules.GuardConfig{Now: now}),
 		grpclimit.Cost(func(_ context.Context, _ string, req any) int64 {
 			m, ok := req.(proto.Message)

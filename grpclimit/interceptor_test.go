@@ -18,8 +18,8 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/ruletest"
 	"github.com/sluicehq/sluice/rules"
-	"github.com/sluicehq/sluice/testcluster"
 )
 
 const waitTimeout = 10 * time.Second
@@ -34,29 +34,19 @@ type env struct {
 	events chan Event
 }
 
-// start serves yaml's rules through a single real node whose clock starts
-// 40s into a minute.
-func start(t *testing.T, yaml string, opts ...Option) *env {
-	t.Helper()
-	return startWith(t, yaml, rules.GuardConfig{}, opts...)
-}
-
-// startWith is start with g as the guard's configuration; its clock is
-// the node's.
+// startWith serves yaml's rules through ruletest's node, whose clock
+// starts 40s into a minute, with g as the guard's configuration (its
+// clock the node's), behind a real gRPC health server.
 func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *env {
 	t.Helper()
-	e := &env{clk: fakeclock.New(time.Unix(1_700_000_020, 0)), events: make(chan Event, 64)}
-	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = e.clk.Now }))
-	e.node = c.Node(0)
-	set, err := rules.Parse("test.yaml", []byte(yaml))
+	b := ruletest.New(t, yaml)
+	g.Now = b.Clock.Now
+	e := &env{clk: b.Clock, node: b.Node, events: make(chan Event, 64)}
+	ic, err := New(b.Node, b.Source, append([]Option{OnDecision(func(ev Event) { e.events <- ev }), Guard(g)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.Now = e.clk.Now
-	opts = append([]Option{Guard(g), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
-	if e.ic, err = New(e.node, rules.NewSource(set), opts...); err != nil {
-		t.Fatal(err)
-	}
+	e.ic = ic
 	srv := grpc.NewServer(grpc.UnaryInterceptor(e.ic.Unary()), grpc.StreamInterceptor(e.ic.Stream()))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
@@ -83,15 +73,15 @@ func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *
 	return e
 }
 
+// start is startWith with the guard's defaults.
+func start(t *testing.T, yaml string, opts ...Option) *env {
+	t.Helper()
+	return startWith(t, yaml, rules.GuardConfig{}, opts...)
+}
+
 func (e *env) event(t *testing.T) Event {
 	t.Helper()
-	select {
-	case ev := <-e.events:
-		return ev
-	case <-time.After(waitTimeout):
-		t.Fatal("no decision reported")
-	}
-	return Event{}
+	return ruletest.Next(t, e.events)
 }
 
 // check calls Health/Check with metadata kv and returns the header and

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/ruletest"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/testcluster"
 )
@@ -48,18 +49,12 @@ func start(t *testing.T, yaml string, opts ...Option) *env {
 // the node's.
 func startWith(t *testing.T, yaml string, g rules.GuardConfig, opts ...Option) *env {
 	t.Helper()
-	e := &env{clk: fakeclock.New(time.Unix(1_700_000_020, 0)), events: make(chan Event, 256)}
-	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = e.clk.Now }))
-	e.node = c.Node(0)
-	set, err := rules.Parse("test.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := rules.NewSource(set)
-	e.src = src
+	b := ruletest.New(t, yaml)
+	e := &env{clk: b.Clock, node: b.Node, src: b.Source, events: make(chan Event, 256)}
 	g.Now = e.clk.Now
 	opts = append([]Option{Guard(g), OnDecision(func(ev Event) { e.events <- ev })}, opts...)
-	if e.mw, err = New(e.node, src, opts...); err != nil {
+	var err error
+	if e.mw, err = New(e.node, e.src, opts...); err != nil {
 		t.Fatal(err)
 	}
 	e.srv = httptest.NewServer(e.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -102,13 +97,7 @@ func (e *env) doCtx(t *testing.T, ctx context.Context, method, path string, hdr 
 
 func (e *env) event(t *testing.T) Event {
 	t.Helper()
-	select {
-	case ev := <-e.events:
-		return ev
-	case <-time.After(waitTimeout):
-		t.Fatal("no decision reported")
-	}
-	return Event{}
+	return ruletest.Next(t, e.events)
 }
 
 // wantHeaders checks header values exactly; "" means absent.

@@ -47,8 +47,9 @@ type transfers struct {
 	// prev is the ring membership the last hand-off pass planned against;
 	// only the hand-off loop touches it.
 	prev []ring.Member
-	// out carries hand-off states, copies and confirmations to each peer.
-	out *outbox
+	// outbox carries hand-off states, copies and confirmations to each
+	// peer.
+	outbox *outbox
 
 	// foreign holds hand-off states received for keys this node's ring
 	// gives another node (a leaving node's ring was older than this
@@ -73,9 +74,9 @@ func newTransfers() transfers {
 
 // wakeHandoff tells the hand-off loop that the ring changed. It never
 // blocks.
-func (x *transfers) wakeHandoff() {
+func (t *transfers) wakeHandoff() {
 	select {
-	case x.wake <- struct{}{}:
+	case t.wake <- struct{}{}:
 	default: // a pass is already pending and will see this change
 	}
 }
@@ -93,19 +94,19 @@ type foreignState struct {
 // addForeign keeps states for the hand-off loop to pass on, and wakes it
 // when wake is set. States beyond maxForeign are dropped: the receiver
 // merged them, and its ring may yet give it their keys.
-func (x *transfers) addForeign(states []foreignState, wake bool) {
-	x.foreignMu.Lock()
-	k := min(len(states), maxForeign-len(x.foreign))
-	x.foreign = append(x.foreign, states[:max(k, 0)]...)
-	x.foreignMu.Unlock()
+func (t *transfers) addForeign(states []foreignState, wake bool) {
+	t.foreignMu.Lock()
+	k := min(len(states), maxForeign-len(t.foreign))
+	t.foreign = append(t.foreign, states[:max(k, 0)]...)
+	t.foreignMu.Unlock()
 	if wake {
-		x.wakeHandoff()
+		t.wakeHandoff()
 	}
 }
 
 // holdOrphans keeps hand-off states the outbox could not give to a member
 // that left, for the hand-off loop to send to their keys' owners now.
-func (x *transfers) holdOrphans(states []limiter.Snapshot, wake bool) {
+func (t *transfers) holdOrphans(states []limiter.Snapshot, wake bool) {
 	if len(states) == 0 {
 		return
 	}
@@ -113,15 +114,15 @@ func (x *transfers) holdOrphans(states []limiter.Snapshot, wake bool) {
 	for i, s := range states {
 		held[i] = foreignState{state: s}
 	}
-	x.addForeign(held, wake)
+	t.addForeign(held, wake)
 }
 
 // takeForeign returns the states held for other nodes and forgets them.
-func (x *transfers) takeForeign() []foreignState {
-	x.foreignMu.Lock()
-	defer x.foreignMu.Unlock()
-	f := x.foreign
-	x.foreign = nil
+func (t *transfers) takeForeign() []foreignState {
+	t.foreignMu.Lock()
+	defer t.foreignMu.Unlock()
+	f := t.foreign
+	t.foreign = nil
 	return f
 }
 
@@ -132,7 +133,7 @@ func (x *transfers) takeForeign() []foreignState {
 func (n *Node) foreignToSend() []limiter.Snapshot {
 	var send []limiter.Snapshot
 	var stay []foreignState
-	for _, f := range n.xfer.takeForeign() {
+	for _, f := range n.transfers.takeForeign() {
 		switch o, ok := n.ring.Owner(f.state.Name, f.state.Key); {
 		case !ok || o.Name == n.cfg.NodeName:
 		case o.Name == f.from:
@@ -142,20 +143,20 @@ func (n *Node) foreignToSend() []limiter.Snapshot {
 		}
 	}
 	if len(stay) > 0 {
-		n.xfer.addForeign(stay, false)
+		n.transfers.addForeign(stay, false)
 	}
 	return send
 }
 
-func (x *transfers) stats() TransferStats {
+func (t *transfers) stats() TransferStats {
 	return TransferStats{
-		HandedOff:     x.handedOff.Load(),
-		Replicated:    x.replicated.Load(),
-		Failures:      x.failures.Load(),
-		GivenUp:       x.givenUp.Load(),
-		Merged:        x.merged.Load(),
-		Rejected:      x.rejected.Load(),
-		HandoffPasses: x.passes.Load(),
+		HandedOff:     t.handedOff.Load(),
+		Replicated:    t.replicated.Load(),
+		Failures:      t.failures.Load(),
+		GivenUp:       t.givenUp.Load(),
+		Merged:        t.merged.Load(),
+		Rejected:      t.rejected.Load(),
+		HandoffPasses: t.passes.Load(),
 	}
 }
 
@@ -182,8 +183,8 @@ func (n *Node) handoffLoop() {
 		select {
 		case <-n.shutdown:
 			return
-		case <-n.xfer.wake:
-			if !n.xfer.leaving.Load() { // Leave hands off on its own
+		case <-n.transfers.wake:
+			if !n.transfers.leaving.Load() { // Leave hands off on its own
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
@@ -229,17 +230,17 @@ func (n *Node) byOwner(states []limiter.Snapshot) (out map[string][]limiter.Snap
 // states it reads hold everything this node admitted as their owner.
 func (n *Node) handoffPass(received []limiter.Snapshot) {
 	cur := n.ring.Members()
-	prev := n.xfer.prev
+	prev := n.transfers.prev
 	handoff, later := n.byOwner(received)
 	n.holdFor(later)
 	if slices.Equal(prev, cur) {
 		for to, states := range handoff {
-			n.xfer.out.handOff(to, states)
+			n.transfers.outbox.handOff(to, states)
 		}
 		return
 	}
-	n.xfer.prev = cur
-	defer n.xfer.passes.Add(1)
+	n.transfers.prev = cur
+	defer n.transfers.passes.Add(1)
 	n.hand.barrier()
 	n.grants.flush(n.hand, n.store, n.now())
 	if len(prev) > 0 && len(cur) > 0 {
@@ -256,15 +257,15 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
-				n.xfer.out.replicate(to, states)
+				n.transfers.outbox.replicate(to, states)
 			}
 		}
 	}
 	fp := ring.Fingerprint(cur)
 	for _, m := range cur {
 		if m.Name != n.cfg.NodeName {
-			n.xfer.out.handOff(m.Name, handoff[m.Name])
-			n.xfer.out.confirmTo(m.Name, fp)
+			n.transfers.outbox.handOff(m.Name, handoff[m.Name])
+			n.transfers.outbox.confirmTo(m.Name, fp)
 		}
 	}
 }
@@ -281,7 +282,7 @@ func (n *Node) holdFor(states []limiter.Snapshot) {
 			held = append(held, foreignState{from: o.Name, state: s})
 		}
 	}
-	n.xfer.addForeign(held, false)
+	n.transfers.addForeign(held, false)
 }
 
 // ringOf builds a ring over members with the node's ring config.
@@ -402,17 +403,17 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
 // this node after its gRPC server stopped, which their senders decide
 // under their unreachable policy.
 func (n *Node) leaveHandoff() error {
-	ctx, cancel := context.WithTimeout(n.xfer.ctx, n.cfg.LeaveTimeout)
+	ctx, cancel := context.WithTimeout(n.transfers.ctx, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
-	n.xfer.changedMu.Lock()
-	n.xfer.leaving.Store(true)
+	n.transfers.changedMu.Lock()
+	n.transfers.leaving.Store(true)
 	if track {
 		n.store.Changed(n.now(), func(limiter.Snapshot) {}) // pass 1 covers these
 	}
-	n.xfer.changedMu.Unlock()
+	n.transfers.changedMu.Unlock()
 
-	givenUp := n.xfer.givenUp.Load()
+	givenUp := n.transfers.givenUp.Load()
 	var lost int
 	// Each pass sends to the owners on the ring of the members other than
 	// this node at that time: one that left meanwhile gets nothing.
@@ -438,9 +439,9 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 		for to, states := range batches {
-			n.xfer.out.handOff(to, states)
+			n.transfers.outbox.handOff(to, states)
 		}
-		lost = n.xfer.out.waitHandedOff(ctx)
+		lost = n.transfers.outbox.waitHandedOff(ctx)
 	}
 	n.grants.flush(n.hand, n.store, n.now())
 	all := func(f func(limiter.Snapshot)) {
@@ -456,8 +457,8 @@ func (n *Node) leaveHandoff() error {
 	n.grants.flush(n.hand, n.store, n.now())
 	if track {
 		pass(func(f func(limiter.Snapshot)) {
-			n.xfer.changedMu.Lock()
-			defer n.xfer.changedMu.Unlock()
+			n.transfers.changedMu.Lock()
+			defer n.transfers.changedMu.Unlock()
 			n.store.Changed(n.now(), f)
 		})
 	} else {
@@ -467,7 +468,7 @@ func (n *Node) leaveHandoff() error {
 	// states held for other nodes, go to their owners on the target ring
 	// too; what is still held when LeaveTimeout ends is lost.
 	for ctx.Err() == nil {
-		held := n.xfer.takeForeign()
+		held := n.transfers.takeForeign()
 		if len(held) == 0 {
 			break
 		}
@@ -477,7 +478,7 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 	}
-	lost += len(n.xfer.takeForeign()) + unrouted + int(n.xfer.givenUp.Load()-givenUp)
+	lost += len(n.transfers.takeForeign()) + unrouted + int(n.transfers.givenUp.Load()-givenUp)
 	err := n.serf.Leave()
 	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {
@@ -515,8 +516,8 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 		}
 		merged += k
 	}
-	s.n.xfer.merged.Add(int64(merged))
-	s.n.xfer.rejected.Add(int64(rejected))
+	s.n.transfers.merged.Add(int64(merged))
+	s.n.transfers.rejected.Add(int64(rejected))
 	if reason == transport.Handoff {
 		var foreign []foreignState
 		for _, st := range states {
@@ -525,7 +526,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 			}
 		}
 		if len(foreign) > 0 {
-			s.n.xfer.addForeign(foreign, true)
+			s.n.transfers.addForeign(foreign, true)
 		}
 	}
 	if rejected > 0 {

@@ -82,10 +82,10 @@ type handover struct {
 	// under mu, read without it.
 	ready atomic.Bool
 
-	mu       sync.Mutex // guards the fields below
-	r        *ring.Ring // the node's ring
-	fp       uint64     // fingerprint of the membership r routes over
-	waiting  map[string]bool
+	mu       sync.Mutex        // guards the fields below
+	r        *ring.Ring        // the node's ring
+	fp       uint64            // fingerprint of the membership r routes over
+	awaited  map[string]bool   // members whose confirmation of fp this node still waits for
 	lastDone map[string]uint64 // the latest fingerprint each member confirmed
 	changeAt time.Time         // when fp was adopted
 	// before is the ring before the last change of membership, and
@@ -210,7 +210,7 @@ func (h *handover) adopt(members []ring.Member, now time.Time) error {
 func (h *handover) adoptLocked(prev []ring.Member, now time.Time) {
 	members := h.r.Members()
 	fp := ring.Fingerprint(members)
-	if fp == h.fp && h.waiting != nil {
+	if fp == h.fp && h.awaited != nil {
 		return
 	}
 	h.fp, h.changeAt = fp, now
@@ -222,11 +222,11 @@ func (h *handover) adoptLocked(prev []ring.Member, now time.Time) {
 			delete(h.lastDone, name)
 		}
 	}
-	h.waiting = map[string]bool{}
+	h.awaited = map[string]bool{}
 	others := slices.DeleteFunc(slices.Clone(members), func(m ring.Member) bool { return m.Name == h.self })
 	for _, m := range others {
 		if h.lastDone[m.Name] != fp {
-			h.waiting[m.Name] = true
+			h.awaited[m.Name] = true
 		}
 	}
 	h.without, h.before = h.ringOf(others), nil
@@ -267,9 +267,9 @@ func (h *handover) confirm(from string, fp uint64) {
 		}
 	}
 	h.lastDone[from] = fp
-	if fp == h.fp && h.waiting[from] {
-		delete(h.waiting, from)
-		if len(h.waiting) == 0 {
+	if fp == h.fp && h.awaited[from] {
+		delete(h.awaited, from)
+		if len(h.awaited) == 0 {
 			h.publishLocked(true)
 		}
 	}
@@ -281,16 +281,16 @@ func (h *handover) confirm(from string, fp uint64) {
 func (h *handover) expire(now time.Time) time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.waiting) == 0 || !h.ready.Load() {
+	if len(h.awaited) == 0 || !h.ready.Load() {
 		return time.Time{}
 	}
 	at := h.changeAt.Add(h.timeout)
 	if now.Before(at) {
 		return at
 	}
-	names := slices.Sorted(maps.Keys(h.waiting))
+	names := slices.Sorted(maps.Keys(h.awaited))
 	h.logger.Warn("cluster: deciding moved keys without the hand-over confirmation of some members", "members", names, "after", h.timeout)
-	clear(h.waiting)
+	clear(h.awaited)
 	h.publishLocked(true)
 	return time.Time{}
 }
@@ -305,7 +305,7 @@ func (h *handover) publishLocked(keep bool) {
 	version := h.r.Version()
 	bits := make([]uint64, len(old.bits))
 	if h.ready.Load() {
-		all := len(h.waiting) == 0
+		all := len(h.awaited) == 0
 		parts := h.r.Config().PartitionCount
 		for p := range parts {
 			m, ok := h.r.OwnerOfHash(uint64(p))
@@ -327,7 +327,7 @@ func (h *handover) publishLocked(keep bool) {
 func (h *handover) unconfirmed() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return slices.Sorted(maps.Keys(h.waiting))
+	return slices.Sorted(maps.Keys(h.awaited))
 }
 
 // fingerprint returns the fingerprint of the membership the node routes

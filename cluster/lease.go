@@ -266,12 +266,12 @@ type leaseTable struct {
 	seed        maphash.Seed
 	shards      [leaseShards]leaseShard
 
-	fetches chan leaseFetch // to the lease loop; never blocks the hot path
-	kick    chan struct{}   // wakes the lease loop to send returns
-	sending atomic.Bool     // a goroutine is sending returns
+	fetches        chan leaseFetch // to the lease loop; never blocks the hot path
+	kick           chan struct{}   // wakes the lease loop to send returns
+	sendingReturns atomic.Bool     // a goroutine is sending returns
 
-	retMu   sync.Mutex // guards returns
-	returns []leaseReturn
+	returnsMu sync.Mutex // guards returns
+	returns   []leaseReturn
 
 	requested, granted, hitsLeased, local, denied, returned, served atomic.Int64
 }
@@ -309,7 +309,7 @@ type hotKey struct {
 
 // leaseFetch is one lease request for the lease loop to make.
 type leaseFetch struct {
-	h     *hotKey
+	hot   *hotKey
 	hash  uint64
 	owner string
 	req   limiter.Request
@@ -456,7 +456,7 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d sl
 	ttl := int64(t.cfg.TTL)
 	low := h.expires == 0 || h.left*4 <= h.last || now >= h.expires-ttl/4
 	if low && !h.asking && now >= h.notBefore {
-		f := leaseFetch{h: h, hash: hash, owner: owner, req: *req, want: t.wantLocked(sh, h, req, now)}
+		f := leaseFetch{hot: h, hash: hash, owner: owner, req: *req, want: t.wantLocked(sh, h, req, now)}
 		f.req.Hits = 0
 		select {
 		case t.fetches <- f:
@@ -550,11 +550,11 @@ func (t *leaseTable) retireLocked(h *hotKey, now int64, giveBack bool) {
 // queueReturn queues r and wakes the lease loop. Returns beyond maxReturns
 // are dropped: those hits stay consumed, which never over-admits.
 func (t *leaseTable) queueReturn(r leaseReturn) {
-	t.retMu.Lock()
+	t.returnsMu.Lock()
 	if len(t.returns) < maxReturns {
 		t.returns = append(t.returns, r)
 	}
-	t.retMu.Unlock()
+	t.returnsMu.Unlock()
 	select {
 	case t.kick <- struct{}{}:
 	default:
@@ -567,7 +567,7 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	h := sh.hot[f.hash]
-	if h != f.h { // forgotten meanwhile: give the hits back
+	if h != f.hot { // forgotten meanwhile: give the hits back
 		if err == nil && l.Granted > 0 {
 			h = &hotKey{owner: f.owner, req: f.req, left: l.Granted, expires: 1, resetAt: l.Decision.ResetAt}
 			t.retireLocked(h, now, true)
@@ -639,11 +639,11 @@ func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, now func() t
 	tick := time.NewTicker(max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
 	sendReturns := func() {
-		if t.sending.CompareAndSwap(false, true) {
+		if t.sendingReturns.CompareAndSwap(false, true) {
 			work.Add(1)
 			go func() {
 				defer work.Done()
-				defer t.sending.Store(false)
+				defer t.sendingReturns.Store(false)
 				t.sendReturns(ctx, owners)
 			}()
 		}
@@ -715,10 +715,10 @@ func (t *leaseTable) sweep(now int64, owners leaseOwners) {
 // sendReturns gives the queued returns back to their owners, one call
 // each, the owners in parallel.
 func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) {
-	t.retMu.Lock()
+	t.returnsMu.Lock()
 	rs := t.returns
 	t.returns = nil
-	t.retMu.Unlock()
+	t.returnsMu.Unlock()
 	byOwner := make(map[string][]limiter.Request)
 	for _, r := range rs {
 		byOwner[r.owner] = append(byOwner[r.owner], r.req)

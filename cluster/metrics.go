@@ -89,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		Help: "Keys dropped because their state had returned to fresh.",
 	}, func() float64 { return float64(n.store.Stats().Expired) })
 	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, entries, evictions, expired}
-	for _, c := range append(cs, transferCollectors(&n.xfer)...) {
+	for _, c := range append(cs, transferCollectors(&n.transfers)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -162,17 +162,17 @@ func (m *metrics) peerCall(peer string, items int, took time.Duration, err error
 }
 
 // transferCollectors reads the hand-off and replication counters.
-func transferCollectors(x *transfers) []prometheus.Collector {
+func transferCollectors(t *transfers) []prometheus.Collector {
 	counter := func(name, help string, labels prometheus.Labels, v func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return float64(v()) })
 	}
 	const received = "Key states received from other nodes, by result: merged (changed the store) or rejected (invalid)."
 	return []prometheus.Collector{
-		counter("sluice_handoff_keys_total", "Key states handed off to their new owner after a membership change.", nil, x.handedOff.Load),
-		counter("sluice_replicated_keys_total", "Key states copied to replicas.", nil, x.replicated.Load),
-		counter("sluice_transfer_failures_total", "Transfer calls to other nodes that failed.", nil, x.failures.Load),
-		counter("sluice_received_states_total", received, prometheus.Labels{"result": "merged"}, x.merged.Load),
-		counter("sluice_received_states_total", received, prometheus.Labels{"result": "rejected"}, x.rejected.Load),
+		counter("sluice_handoff_keys_total", "Key states handed off to their new owner after a membership change.", nil, t.handedOff.Load),
+		counter("sluice_replicated_keys_total", "Key states copied to replicas.", nil, t.replicated.Load),
+		counter("sluice_transfer_failures_total", "Transfer calls to other nodes that failed.", nil, t.failures.Load),
+		counter("sluice_received_states_total", received, prometheus.Labels{"result": "merged"}, t.merged.Load),
+		counter("sluice_received_states_total", received, prometheus.Labels{"result": "rejected"}, t.rejected.Load),
 	}
 }

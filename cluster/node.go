@@ -73,9 +73,9 @@ type Node struct {
 	closeOnce  sync.Once
 	closed     atomic.Bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
-	xfer       transfers  // hand-off and replication (handoff.go)
+	transfers  transfers  // hand-off and replication (handoff.go)
 
-	local, forwarded, withoutOwner, dropped atomic.Int64
+	local, forwarded, withoutOwner, droppedEvents atomic.Int64
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -92,7 +92,7 @@ func New(cfg Config) (n *Node, err error) {
 		now:        cfg.Clock,
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
-		xfer:       newTransfers(),
+		transfers:  newTransfers(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -143,10 +143,10 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.router.peers = n.peers
-	x := &n.xfer
+	x := &n.transfers
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
 	orphan := func(states []limiter.Snapshot) { x.holdOrphans(states, true) }
-	x.out = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
+	x.outbox = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func (n *Node) joined() {
 	}
 	n.rebuild(0)
 	n.hand.setReady(true, n.now())
-	n.xfer.wakeHandoff() // arms the hand-over's timeout
+	n.transfers.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())
 }
 
@@ -344,8 +344,8 @@ func (n *Node) Stats() Stats {
 		Local:         n.local.Load(),
 		Forwarded:     n.forwarded.Load(),
 		WithoutOwner:  n.withoutOwner.Load(),
-		DroppedEvents: n.dropped.Load(),
-		Transfers:     n.xfer.stats(),
+		DroppedEvents: n.droppedEvents.Load(),
+		Transfers:     n.transfers.stats(),
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
 	}
@@ -388,10 +388,10 @@ func (n *Node) Close() error {
 			n.gossip.Shutdown()
 		}
 		close(n.shutdown)
-		n.xfer.cancel() // ends transfers in flight
+		n.transfers.cancel() // ends transfers in flight
 		n.wg.Wait()
-		if n.xfer.out != nil {
-			n.xfer.out.close()
+		if n.transfers.outbox != nil {
+			n.transfers.outbox.close()
 		}
 		if n.peers != nil {
 			n.peers.Close()
@@ -450,12 +450,12 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	}
 	// Clients first, so that a new owner is reachable once routed to.
 	n.peers.Update(addrs)
-	n.xfer.holdOrphans(n.xfer.out.retain(addrs), false) // the pass this rebuild wakes sends them
+	n.transfers.holdOrphans(n.transfers.outbox.retain(addrs), false) // the pass this rebuild wakes sends them
 	n.router.breakers.forget(addrs)
 	if err := n.hand.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
-	n.xfer.wakeHandoff()
+	n.transfers.wakeHandoff()
 	if kind == 0 || n.cfg.Events == nil {
 		return
 	}
@@ -466,7 +466,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	select {
 	case n.cfg.Events <- ev:
 	default:
-		n.dropped.Add(1)
+		n.droppedEvents.Add(1)
 	}
 }
 

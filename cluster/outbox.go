@@ -94,7 +94,7 @@ type peerQueue struct {
 
 	mu         sync.Mutex // guards the fields below
 	dead       bool       // retain or close stopped it: it takes nothing
-	gen        int        // counts the times the queue was cut under a call
+	cuts       int        // counts the times the queue was cut under a call
 	handoff    []handoffBatch
 	replica    []limiter.Snapshot
 	attempts   int    // failed calls of the copies at the queue's head
@@ -184,7 +184,7 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 	q.replica = append(q.replica, states...)
 	if over := len(q.replica) - maxQueuedCopies; over > 0 {
 		q.replica = slices.Clone(q.replica[over:])
-		q.gen++ // a call in flight must not drop what it did not send
+		q.cuts++ // a call in flight must not drop what it did not send
 	}
 	q.mu.Unlock()
 	q.wake()
@@ -226,7 +226,7 @@ func (o *outbox) retain(keep map[string]string) []limiter.Snapshot {
 			left = append(left, b.states...)
 		}
 		q.handoff, q.replica, q.hasConfirm, q.dead = nil, nil, false, true
-		q.gen++
+		q.cuts++
 		q.mu.Unlock()
 	}
 	o.signalDrained()
@@ -335,7 +335,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 		}
 		o.counts.givenUp.Add(int64(pendingStates(q.handoff[:k])))
 		q.handoff = slices.Delete(q.handoff, 0, k)
-		q.hasConfirm, q.gen, drained = false, q.gen+1, len(q.handoff) == 0
+		q.hasConfirm, q.cuts, drained = false, q.cuts+1, len(q.handoff) == 0
 	}
 	var (
 		reason = transport.Handoff
@@ -357,7 +357,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 		}
 		return false, false
 	}
-	confirming, gen := chunk == nil, q.gen
+	confirming, cutsBefore := chunk == nil, q.cuts
 	q.mu.Unlock()
 	if drained {
 		o.signalDrained()
@@ -383,7 +383,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	case reason == transport.Handoff:
 		// Unless the queue was cut meanwhile, what was sent is still at
 		// its head.
-		if err == nil && q.gen == gen {
+		if err == nil && q.cuts == cutsBefore {
 			o.counts.handedOff.Add(int64(len(chunk)))
 			if head := &q.handoff[0]; len(head.states) > len(chunk) {
 				head.states = head.states[len(chunk):]
@@ -401,7 +401,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 			o.counts.replicated.Add(int64(len(chunk)))
 		}
 		q.attempts = 0
-		if q.gen == gen {
+		if q.cuts == cutsBefore {
 			q.replica = q.replica[len(chunk):]
 		}
 	}

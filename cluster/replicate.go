@@ -45,9 +45,9 @@ func (n *Node) replicateLoop() {
 // calls: the next change sends the key again).
 func (n *Node) replicate(owners *ownersCache) {
 	batches := map[string][]limiter.Snapshot{}
-	n.xfer.changedMu.Lock()
-	if n.xfer.leaving.Load() {
-		n.xfer.changedMu.Unlock()
+	n.transfers.changedMu.Lock()
+	if n.transfers.leaving.Load() {
+		n.transfers.changedMu.Unlock()
 		return
 	}
 	self := n.cfg.NodeName
@@ -60,10 +60,10 @@ func (n *Node) replicate(owners *ownersCache) {
 			batches[m.Name] = append(batches[m.Name], s)
 		}
 	})
-	n.xfer.changedMu.Unlock()
+	n.transfers.changedMu.Unlock()
 	for to, states := range batches {
 		if _, ok := n.peers.Get(to); ok { // a member gone is no replica
-			n.xfer.out.replicate(to, states)
+			n.transfers.outbox.replicate(to, states)
 		}
 	}
 }

@@ -49,11 +49,11 @@ const (
 
 // pick is the router's answer for one key.
 type pick struct {
-	way    way
-	peer   string       // the node forwarded to, with wayOwner and wayPrevious
-	client *peer.Client // its client
-	br     *breaker     // its breaker
-	probe  bool         // the pick took its breaker's half-open probe
+	way     way
+	peer    string       // the node forwarded to, with wayOwner and wayPrevious
+	client  *peer.Client // its client
+	breaker *breaker     // its breaker
+	probe   bool         // the pick took its breaker's half-open probe
 }
 
 // router picks where checks go. Safe for concurrent use.
@@ -97,7 +97,7 @@ func (r *router) pick(hash uint64) pick {
 	}
 	switch {
 	case may:
-		return pick{way: w, peer: target, client: c, br: br, probe: probe}
+		return pick{way: w, peer: target, client: c, breaker: br, probe: probe}
 	case w == wayPrevious:
 		return pick{way: wayWait}
 	case !ok && r.departing(target):
@@ -112,7 +112,7 @@ func (r *router) pick(hash uint64) pick {
 func (r *router) release(p *pick) {
 	if p.probe {
 		p.probe = false
-		p.br.giveBack()
+		p.breaker.giveBack()
 	}
 }
 
@@ -139,7 +139,7 @@ func (r *router) done(p *pick, err error) outcome {
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
 	if !down && callerGone(err) {
 		if probe {
-			p.br.giveBack()
+			p.breaker.giveBack()
 		}
 		return decided
 	}
@@ -147,7 +147,7 @@ func (r *router) done(p *pick, err error) outcome {
 	if down {
 		now = r.now().UnixNano()
 	}
-	p.br.done(probe, !down, now, r.threshold, r.cooldown)
+	p.breaker.done(probe, !down, now, r.threshold, r.cooldown)
 	switch {
 	case err == nil:
 		return decided

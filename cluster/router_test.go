@@ -85,7 +85,7 @@ func TestRouterSteps(t *testing.T) {
 		r.peers = fakePeers{"b": s.client}
 		r.departing = func(string) bool { return s.departing }
 		if s.callMade {
-			p := pick{way: wayOwner, peer: "b", br: r.breakers.get("b")}
+			p := pick{way: wayOwner, peer: "b", breaker: r.breakers.get("b")}
 			if got := r.done(&p, s.call); got != s.wantDone {
 				t.Fatalf("step %d: done(%v) = %d, want %d", i, s.call, got, s.wantDone)
 			}
@@ -135,7 +135,7 @@ func TestRouterHandover(t *testing.T) {
 	if p := r.pick(gained); p.way != wayWait {
 		t.Fatalf("a key settling here, previous owner without a client: %v, want wait", p.way)
 	}
-	p := pick{way: wayPrevious, peer: prev, br: r.breakers.get(prev)}
+	p := pick{way: wayPrevious, peer: prev, breaker: r.breakers.get(prev)}
 	if got := r.done(&p, transport.ErrUnavailable); got != retry {
 		t.Fatalf("the previous owner unreachable: %d, want retry", got)
 	}

@@ -38,14 +38,15 @@ func (s *Snapshot) checkTimes(now int64) error {
 	if err := future("ExpireAt", s.ExpireAt, last, MaxStateLife+MaxClockSkew); err != nil {
 		return err
 	}
-	w := s.Words
+	var st state
+	st.setSnapshotWords(s.Words)
 	switch s.Algorithm {
 	case TokenBucket, LeakyBucket:
-		return future("level time (Words[1])", w[1], late, MaxClockSkew)
+		return future("level time (Words[1])", st.levelTime(), late, MaxClockSkew)
 	case FixedWindow, SlidingWindowCounter:
-		return future("window start (Words[0])", w[0], late, MaxClockSkew)
+		return future("window start (Words[0])", st.windowStart(), late, MaxClockSkew)
 	case GCRA:
-		return future("TAT (Words[0])", w[0], last, MaxStateLife+MaxClockSkew)
+		return future("TAT (Words[0])", st.tat(), last, MaxStateLife+MaxClockSkew)
 	case SlidingWindowLog:
 		if n := len(s.Log); n > 0 { // in time order: the last is the latest
 			return future(fmt.Sprintf("Log[%d].At", n-1), s.Log[n-1].At, late, MaxClockSkew)
@@ -98,7 +99,7 @@ func clampReceived(st *state, lg *windowLog, req *Request, now int64) {
 			lg.clampReceived(now, int64(req.Period), req.Limit)
 		}
 	}
-	st.w[2] &^= receivedBit
+	st.clearReceived()
 }
 
 // clampReceived moves the entries after now to now, drops those outside

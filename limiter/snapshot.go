@@ -56,36 +56,41 @@ func (s *Snapshot) Validate() error {
 	case len(s.Log) > MaxSnapshotLog:
 		return bad("log of %d entries, more than %d", len(s.Log), MaxSnapshotLog)
 	}
-	w := s.Words
+	// The words read as the state reads them, but for the third, which is
+	// checked whole: a tag bit set in it makes it negative or above
+	// MaxLimit.
+	var st state
+	st.setSnapshotWords(s.Words)
+	third := s.Words[2]
 	switch s.Algorithm {
 	case TokenBucket, LeakyBucket:
-		level := math.Float64frombits(uint64(w[0]))
+		level := st.level()
 		if math.IsNaN(level) || level < 0 || level > MaxLimit {
 			return bad("bucket level %v is outside [0, %d]", level, int64(MaxLimit))
 		}
-		if w[2] != 0 {
-			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		if third != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, third)
 		}
 	case FixedWindow:
-		if w[1] < 0 || w[1] > MaxLimit {
-			return bad("window count %d is outside [0, %d]", w[1], int64(MaxLimit))
+		if hits := st.windowHits(); hits < 0 || hits > MaxLimit {
+			return bad("window count %d is outside [0, %d]", hits, int64(MaxLimit))
 		}
-		if w[2] != 0 {
-			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		if third != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, third)
 		}
 	case SlidingWindowCounter:
-		if w[1] < 0 || w[1] > MaxLimit || w[2] < 0 || w[2] > MaxLimit {
-			return bad("window counts %d and %d are outside [0, %d]", w[1], w[2], int64(MaxLimit))
+		if hits := st.windowHits(); hits < 0 || hits > MaxLimit || third < 0 || third > MaxLimit {
+			return bad("window counts %d and %d are outside [0, %d]", hits, third, int64(MaxLimit))
 		}
 	case GCRA:
-		if w[1] < 1 || w[1] > int64(MaxPeriod) {
-			return bad("GCRA interval %d is outside [1, %d]", w[1], int64(MaxPeriod))
+		if t := st.interval(); t < 1 || t > int64(MaxPeriod) {
+			return bad("GCRA interval %d is outside [1, %d]", t, int64(MaxPeriod))
 		}
-		if w[2] != 0 {
-			return bad("%s word 2 is %d, want 0", s.Algorithm, w[2])
+		if third != 0 {
+			return bad("%s word 2 is %d, want 0", s.Algorithm, third)
 		}
 	case SlidingWindowLog:
-		if w != [3]int64{} {
+		if s.Words != [3]int64{} {
 			return bad("%s has state words", s.Algorithm)
 		}
 		var total int64
@@ -107,8 +112,7 @@ func (s *Snapshot) Validate() error {
 // snapshotLocked exports e; its shard's lock must be held.
 func (sh *shard) snapshotLocked(e *entry) Snapshot {
 	name, key := splitStoreKey(e.key)
-	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.w}
-	s.Words[2] = e.prevWindowHits()
+	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords()}
 	if s.Algorithm == SlidingWindowLog {
 		s.Words = [3]int64{}
 		if lg := sh.logs[e.key]; lg != nil {
@@ -285,9 +289,11 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 		// Another algorithm's live state that lasts longer: keep it.
 		return false
 	} else {
-		flags := e.w[2] & changedBit
+		wasChanged := e.isChanged()
 		e.state = snapshotState(sn)
-		e.w[2] |= flags
+		if wasChanged {
+			e.setChanged()
+		}
 		if lg = snapshotLog(sn); lg != nil {
 			sh.logs[e.key] = lg
 		} else if before != 0 {
@@ -304,7 +310,6 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 // mergeInto merges sn into st, both live at now and of sn's algorithm, and
 // reports whether st changed. lg is st's log for the sliding window log.
 func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
-	w := sn.Words
 	switch sn.Algorithm {
 	case TokenBucket, LeakyBucket, GCRA:
 		// Both drain at the same rate, so the level (or TAT) that lasts
@@ -312,21 +317,22 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 		if sn.ExpireAt <= st.expireAt {
 			return false
 		}
-		flags := st.w[2] &^ lowBits
-		st.expireAt, st.w = sn.ExpireAt, w
-		st.w[2] |= flags
+		st.expireAt = sn.ExpireAt
+		st.setSnapshotWords(sn.Words)
 	case FixedWindow:
-		switch {
-		case w[0] < st.windowStart(), w[0] == st.windowStart() && w[1] <= st.windowHits():
+		theirs := snapshotState(sn)
+		start, hits := theirs.windowStart(), theirs.windowHits()
+		if start < st.windowStart() || start == st.windowStart() && hits <= st.windowHits() {
 			return false
 		}
-		st.setWindow(w[0], w[1])
+		st.setWindow(start, hits)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowCounter:
 		// Align both to the later window: a count one window older
 		// becomes that window's previous count, older ones are over.
-		start := max(w[0], st.windowStart())
-		cur, prev := alignCounter(w[0], w[1], w[2], sn.ExpireAt, start)
+		theirs := snapshotState(sn)
+		start := max(theirs.windowStart(), st.windowStart())
+		cur, prev := alignCounter(theirs.windowStart(), theirs.windowHits(), theirs.prevWindowHits(), theirs.expireAt, start)
 		mine, minePrev := alignCounter(st.windowStart(), st.windowHits(), st.prevWindowHits(), st.expireAt, start)
 		nc, np := max(cur, mine), max(prev, minePrev)
 		if start == st.windowStart() && nc == st.windowHits() && np == st.prevWindowHits() {
@@ -396,8 +402,10 @@ func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 
 // snapshotState is the state a snapshot describes, marked received.
 func snapshotState(sn *Snapshot) state {
-	st := state{expireAt: sn.ExpireAt, w: sn.Words}
-	st.w[2] = sn.Words[2] | int64(sn.Algorithm)<<algoShift | receivedBit
+	st := freshState(sn.Algorithm)
+	st.expireAt = sn.ExpireAt
+	st.setSnapshotWords(sn.Words)
+	st.setReceived()
 	return st
 }
 

@@ -2,9 +2,10 @@ package limiter
 
 import "math"
 
-// state is one key's state for any algorithm, in four words: expireAt and
-// the three words of w, which the accessors below name. The sliding window
-// log keeps its entries beside it (see windowLog). The words per algorithm:
+// state is one key's state for any algorithm: expireAt and three words,
+// which no code but the accessors below reads or writes. The sliding
+// window log keeps its entries beside it (see windowLog). The words per
+// algorithm:
 //
 //	TokenBucket, LeakyBucket: level (float64 bits: tokens consumed, or hits
 //	                          queued) and levelTime, when it was that level
@@ -13,60 +14,85 @@ import "math"
 //	GCRA:                     tat, the theoretical arrival time, and the
 //	                          interval (ns per hit) it was computed with
 //
-// The top 8 bits of the third word hold the Algorithm the state belongs to
-// (bits 56-61), the changed mark of Store.Changed (bit 62) and the received
-// mark of a state merged from another node (bit 63), which keeps an entry
-// at 64 bytes; prevWindowHits uses the low 56. The zero value is the fresh
-// state of every algorithm. Snapshots carry the words as they are (see
-// Snapshot).
+// The top 8 bits of the third word are the state's tag: the Algorithm it
+// belongs to (bits 56-61), the changed mark of Store.Changed (bit 62) and
+// the received mark of a state merged from another node (bit 63), which
+// keeps an entry at 64 bytes; prevWindowHits uses the low 56. The zero
+// value is the fresh state of every algorithm. Snapshots carry the words
+// without the tag (see snapshotWords).
 type state struct {
 	// expireAt is the time (Unix ns) from which the state is equivalent to
 	// fresh under the parameters of the last request; dropping it then
 	// changes no future decision.
 	expireAt int64
-	w        [3]int64
+	words    [3]int64
 }
 
+// The layout of the third word.
 const (
-	algoShift = 56
-	lowBits   = 1<<algoShift - 1
-	// changedBit, above the algorithm, marks an entry listed for
-	// Store.Changed.
-	changedBit = 1 << 62
-	// receivedBit marks a state that Store.Merge took from another node
-	// and that no decision has bounded yet (see clampReceived).
-	receivedBit = math.MinInt64 // bit 63
+	tagShift     = 56              // the tag is the bits from here up
+	prevHitsMask = 1<<tagShift - 1 // below the tag: prevWindowHits
+	algoMask     = 0x3f            // the tag's low 6 bits: the Algorithm
+	changedMark  = 1 << 62         // listed for Store.Changed
+	receivedMark = math.MinInt64   // bit 63; see clampReceived
 )
 
-func (st *state) algo() Algorithm { return Algorithm(uint64(st.w[2]) >> algoShift & 0x3f) }
+// freshState is the fresh state of a.
+func freshState(a Algorithm) state {
+	return state{words: [3]int64{2: int64(a) << tagShift}}
+}
 
-func (st *state) isChanged() bool { return st.w[2]&changedBit != 0 }
-func (st *state) setChanged()     { st.w[2] |= changedBit }
-func (st *state) clearChanged()   { st.w[2] &^= changedBit }
+// tag is the third word's top bits: the Algorithm and the marks.
+func (st *state) tag() int64      { return st.words[2] &^ prevHitsMask }
+func (st *state) algo() Algorithm { return Algorithm(uint64(st.words[2]) >> tagShift & algoMask) }
 
-func (st *state) isReceived() bool { return st.w[2]&receivedBit != 0 }
-func (st *state) setReceived()     { st.w[2] |= receivedBit }
+// The changed mark: the state is listed for Store.Changed.
+func (st *state) isChanged() bool { return st.words[2]&changedMark != 0 }
+func (st *state) setChanged()     { st.words[2] |= changedMark }
+func (st *state) clearChanged()   { st.words[2] &^= changedMark }
+
+// The received mark: Store.Merge took the state from another node and no
+// decision has bounded it yet (see clampReceived).
+func (st *state) isReceived() bool { return st.words[2]&receivedMark != 0 }
+func (st *state) setReceived()     { st.words[2] |= receivedMark }
+func (st *state) clearReceived()   { st.words[2] &^= receivedMark }
+
+// snapshotWords returns the words as Snapshot.Words carries them: the
+// third without the tag.
+func (st *state) snapshotWords() [3]int64 {
+	w := st.words
+	w[2] &= prevHitsMask
+	return w
+}
+
+// setSnapshotWords sets the words to w, a Snapshot's, keeping the tag. w's
+// third word must have no tag bits, as Snapshot.Validate checks.
+func (st *state) setSnapshotWords(w [3]int64) {
+	tag := st.tag()
+	st.words = w
+	st.words[2] |= tag
+}
 
 // The buckets' words.
-func (st *state) level() float64   { return math.Float64frombits(uint64(st.w[0])) }
-func (st *state) levelTime() int64 { return st.w[1] }
+func (st *state) level() float64   { return math.Float64frombits(uint64(st.words[0])) }
+func (st *state) levelTime() int64 { return st.words[1] }
 func (st *state) setLevel(level float64, at int64) {
-	st.w[0], st.w[1] = int64(math.Float64bits(level)), at
+	st.words[0], st.words[1] = int64(math.Float64bits(level)), at
 }
 
 // GCRA's words. An interval of 0 marks the fresh state.
-func (st *state) tat() int64                 { return st.w[0] }
-func (st *state) interval() int64            { return st.w[1] }
-func (st *state) setTAT(tat, interval int64) { st.w[0], st.w[1] = tat, interval }
+func (st *state) tat() int64                 { return st.words[0] }
+func (st *state) interval() int64            { return st.words[1] }
+func (st *state) setTAT(tat, interval int64) { st.words[0], st.words[1] = tat, interval }
 
 // The windows' words. prevWindowHits is below 2^56: counts are at most
 // MaxLimit.
-func (st *state) windowStart() int64          { return st.w[0] }
-func (st *state) windowHits() int64           { return st.w[1] }
-func (st *state) prevWindowHits() int64       { return st.w[2] & lowBits }
-func (st *state) setWindow(start, hits int64) { st.w[0], st.w[1] = start, hits }
+func (st *state) windowStart() int64          { return st.words[0] }
+func (st *state) windowHits() int64           { return st.words[1] }
+func (st *state) prevWindowHits() int64       { return st.words[2] & prevHitsMask }
+func (st *state) setWindow(start, hits int64) { st.words[0], st.words[1] = start, hits }
 func (st *state) setPrevWindowHits(hits int64) {
-	st.w[2] = hits | st.w[2]&^lowBits
+	st.words[2] = hits | st.tag()
 }
 
 // decide applies req (already validated) to st at now (Unix ns) and returns
@@ -74,7 +100,7 @@ func (st *state) setPrevWindowHits(hits int64) {
 // sliding window log, used and allocated only by SlidingWindowLog.
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 	if st.algo() != req.Algorithm || st.expireAt <= now || req.Behavior&Reset != 0 {
-		*st = state{w: [3]int64{2: int64(req.Algorithm) << algoShift}}
+		*st = freshState(req.Algorithm)
 		if *lg != nil {
 			(*lg).clear()
 		}

@@ -61,17 +61,17 @@ type Client struct {
 	timer  *time.Timer   // the watchdog's: fires at timerAt
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex // guards the fields below and the streams' shared fields
-	pending  []*item    // checks waiting for a batch, in the order queued
-	closed   bool
-	sending  bool      // the send token is taken (see stream.go)
-	cur      *stream   // where new batches go; nil until opened, and once it fails or drains
-	streams  []*stream // streams that have not failed, cur among them
-	draining []*stream // streams whose sending side the sender must close
-	inFlight int       // batches sent and not yet answered or failed, on every stream
-	seq      uint64    // id of the last batch taken
-	timerAt  time.Time // when timer fires; zero when stopped or fired
-	free     []*batch  // batches to reuse
+	mu        sync.Mutex // guards the fields below and the streams' shared fields
+	pending   []*item    // checks waiting for a batch, in the order queued
+	closed    bool
+	sendToken sendToken // see stream.go
+	cur       *stream   // where new batches go; nil until opened, and once it fails or drains
+	streams   []*stream // streams that have not failed, cur among them
+	draining  []*stream // streams whose sending side the sender must close
+	inFlight  int       // batches sent and not yet answered or failed, on every stream
+	seq       uint64    // id of the last batch taken
+	timerAt   time.Time // when timer fires; zero when stopped or fired
+	free      []*batch  // batches to reuse
 
 	enc *encoder // the send token's
 

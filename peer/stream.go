@@ -17,7 +17,7 @@ import (
 )
 
 // How batches go out. One goroutine at a time holds the send token
-// (Client.sending): it takes a batch from the pending checks, encodes it,
+// (Client.sendToken): it takes a batch from the pending checks, encodes it,
 // puts it in flight on a stream and sends it. Usually that is the stream's
 // receiver, after an answer (it holds the token while the callers it woke
 // run, see receive), or the caller of a check made while nothing is in
@@ -35,10 +35,10 @@ const maxInlineChecks = 16
 // fails it first (receiver, sender, watchdog) fails the batches in flight
 // on it and cancels it.
 type stream struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	cs     pb.Peer_CheckStreamClient // set once open; used by the send token's holder
-	named  bool                      // Config.Self has been sent on it; send token
+	ctx      context.Context
+	cancel   context.CancelFunc
+	cs       pb.Peer_CheckStreamClient // set once open; used by the send token's holder
+	selfSent bool                      // Config.Self went out on it; used by the send token's holder
 
 	// Guarded by Client.mu.
 	inFlight []*batch // in the order sent
@@ -59,6 +59,30 @@ type batch struct {
 	sent     time.Time // when it was taken from the pending checks, to be sent
 	deadline time.Time // its earliest check's: it fails then if not answered
 }
+
+// sendToken is the right to send: to take a batch of pending checks,
+// encode it with Client.enc and send it, or to close the sending side of
+// the streams that drain. One goroutine at a time holds it. Client.mu
+// guards it.
+type sendToken struct{ taken bool }
+
+// free reports whether no one holds the token.
+func (t *sendToken) free() bool { return !t.taken }
+
+// take takes the token, which must be free.
+func (t *sendToken) take() { t.taken = true }
+
+// tryTake takes the token if it is free, and reports whether it did.
+func (t *sendToken) tryTake() bool {
+	if t.taken {
+		return false
+	}
+	t.taken = true
+	return true
+}
+
+// giveBack gives back the token its caller holds.
+func (t *sendToken) giveBack() { t.taken = false }
 
 // encoder is the send token's reusable message buffers.
 type encoder struct {
@@ -93,7 +117,7 @@ func (e *encoder) reset() {
 // canSendLocked reports whether a batch may go out now and no one holds
 // the send token. c.mu must be held.
 func (c *Client) canSendLocked() bool {
-	return !c.closed && !c.sending && c.inFlight < c.cfg.MaxInFlight && len(c.pending) > 0
+	return !c.closed && c.sendToken.free() && c.inFlight < c.cfg.MaxInFlight && len(c.pending) > 0
 }
 
 // beginSendLocked takes the send token and a batch of pending checks at
@@ -102,7 +126,7 @@ func (c *Client) canSendLocked() bool {
 func (c *Client) beginSendLocked(now time.Time) *batch {
 	for c.canSendLocked() {
 		if b := c.takeLocked(now); b != nil {
-			c.sending = true
+			c.sendToken.take()
 			return b
 		}
 	}
@@ -113,7 +137,7 @@ func (c *Client) beginSendLocked(now time.Time) *batch {
 // there is more for it to do.
 func (c *Client) endSend() {
 	c.mu.Lock()
-	c.sending = false
+	c.sendToken.giveBack()
 	more := c.canSendLocked() || len(c.draining) > 0
 	c.mu.Unlock()
 	if more {
@@ -244,7 +268,7 @@ func (c *Client) sendBatches() {
 		}
 		c.enc.reset()
 		c.mu.Lock()
-		c.sending = false // the loop takes it again if it may
+		c.sendToken.giveBack() // the loop takes it again if it may
 		c.mu.Unlock()
 	}
 }
@@ -299,8 +323,8 @@ func (c *Client) sendInline(s *stream, b *batch) {
 // transmit sends the encoded batch seq on s; the send token must be held.
 func (c *Client) transmit(s *stream, seq uint64) {
 	c.enc.req.From = ""
-	if !s.named {
-		c.enc.req.From, s.named = c.cfg.Self, true
+	if !s.selfSent {
+		c.enc.req.From, s.selfSent = c.cfg.Self, true
 	}
 	if err := s.cs.Send(&c.enc.req); err != nil && err != io.EOF {
 		// io.EOF: the stream has ended, and the receiver gets its error.
@@ -342,19 +366,16 @@ func (c *Client) receive(s *stream, cs pb.Peer_CheckStreamClient) {
 		// The send token, when free, is held from here to the next batch:
 		// the callers that finish wakes add their checks to the pending
 		// ones rather than send them themselves.
-		hold := !c.sending && c.usableLocked(s) && len(s.inFlight) == 0
-		if hold {
-			c.sending = true
-		}
+		gatherWoken := c.usableLocked(s) && len(s.inFlight) == 0 && c.sendToken.tryTake()
 		c.mu.Unlock()
 		c.finish(b, resp, nil)
-		if hold {
+		if gatherWoken {
 			runtime.Gosched()
 		}
 		now := c.now()
 		c.mu.Lock()
-		if hold {
-			c.sending = false
+		if gatherWoken {
+			c.sendToken.giveBack()
 		}
 		var next *batch
 		if c.usableLocked(s) && len(s.inFlight) == 0 {
@@ -599,11 +620,10 @@ func (c *Client) drain() {
 // endSend wakes the sender goroutine again.
 func (c *Client) closeDraining() {
 	c.mu.Lock()
-	if c.sending || len(c.draining) == 0 {
+	if len(c.draining) == 0 || !c.sendToken.tryTake() {
 		c.mu.Unlock()
 		return
 	}
-	c.sending = true
 	ds := c.draining
 	c.draining = nil
 	c.mu.Unlock()

@@ -30,9 +30,9 @@ type Ring struct {
 	// previous one stored. Lookups never take it.
 	mu sync.Mutex
 
-	// tab is the current snapshot; never nil after New. It is replaced
-	// whole, never modified.
-	tab atomic.Pointer[table]
+	// current is the snapshot lookups read; never nil after New. It is
+	// replaced whole, never modified.
+	current atomic.Pointer[table]
 }
 
 // table is an immutable snapshot of the ring for one member list.
@@ -42,9 +42,9 @@ type table struct {
 	// owners maps a partition to its owner's index in members. It is empty
 	// when members is.
 	owners []uint32
-	// c built owners and answers Owners. Nil when members is empty. Only
-	// its read methods are called once the table is published.
-	c *consistent.Consistent
+	// hashRing built owners and answers Owners. Nil when members is empty.
+	// Only its read methods are called once the table is published.
+	hashRing *consistent.Consistent
 }
 
 // node is a Member as the consistent library sees it: String returns the
@@ -64,7 +64,7 @@ func New(cfg Config) (*Ring, error) {
 		return nil, err
 	}
 	r := &Ring{cfg: cfg}
-	r.tab.Store(&table{})
+	r.current.Store(&table{})
 	return r, nil
 }
 
@@ -98,11 +98,11 @@ func (r *Ring) SetMembers(ms []Member) error {
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, err := buildTable(r.cfg, sorted, r.tab.Load().version+1)
+	t, err := buildTable(r.cfg, sorted, r.current.Load().version+1)
 	if err != nil {
 		return err
 	}
-	r.tab.Store(t)
+	r.current.Store(t)
 	return nil
 }
 
@@ -141,7 +141,7 @@ func buildTable(cfg Config, members []Member, version uint64) (t *table, err err
 		}
 		owners[p] = uint32(n.idx)
 	}
-	return &table{version: version, members: members, owners: owners, c: c}, nil
+	return &table{version: version, members: members, owners: owners, hashRing: c}, nil
 }
 
 // Owner returns the member that owns the key of the limit called name, and
@@ -154,7 +154,7 @@ func (r *Ring) Owner(name, key string) (Member, bool) {
 // PartitionCount), and false if the ring has no members. With h from
 // [RouteHash] it is [Ring.Owner].
 func (r *Ring) OwnerOfHash(h uint64) (Member, bool) {
-	t := r.tab.Load()
+	t := r.current.Load()
 	if len(t.members) == 0 {
 		return Member{}, false
 	}
@@ -164,7 +164,7 @@ func (r *Ring) OwnerOfHash(h uint64) (Member, bool) {
 // OwnerAndVersion is [Ring.OwnerOfHash] together with the [Ring.Version]
 // of the assignment that answered, read from one snapshot.
 func (r *Ring) OwnerAndVersion(h uint64) (Member, uint64, bool) {
-	t := r.tab.Load()
+	t := r.current.Load()
 	if len(t.members) == 0 {
 		return Member{}, t.version, false
 	}
@@ -203,7 +203,7 @@ func (r *Ring) Owners(name, key string, n int) []Member {
 
 // OwnersOfHash is [Ring.Owners] for a hash from [RouteHash].
 func (r *Ring) OwnersOfHash(h uint64, n int) []Member {
-	t := r.tab.Load()
+	t := r.current.Load()
 	if n < 1 || len(t.members) == 0 {
 		return nil
 	}
@@ -222,7 +222,7 @@ func (r *Ring) OwnersOfHash(h uint64, n int) []Member {
 		// The library's list starts with the same owner. It can only fall
 		// short or repeat itself if two member names collide in 64-bit
 		// xxhash; the loop below then completes the list in name order.
-		closest, err := t.c.GetClosestNForPartition(p, n)
+		closest, err := t.hashRing.GetClosestNForPartition(p, n)
 		if err == nil {
 			for _, m := range closest {
 				if nd, ok := m.(node); ok {
@@ -239,13 +239,13 @@ func (r *Ring) OwnersOfHash(h uint64, n int) []Member {
 
 // Members returns a copy of the current members, sorted by Name.
 func (r *Ring) Members() []Member {
-	return slices.Clone(r.tab.Load().members)
+	return slices.Clone(r.current.Load().members)
 }
 
 // Len returns the number of members.
-func (r *Ring) Len() int { return len(r.tab.Load().members) }
+func (r *Ring) Len() int { return len(r.current.Load().members) }
 
 // Version returns the number of successful SetMembers calls so far: it
 // increases by one each time a new assignment is published (even one equal
 // to the previous). A new ring is at version 0.
-func (r *Ring) Version() uint64 { return r.tab.Load().version }
+func (r *Ring) Version() uint64 { return r.current.Load().version }

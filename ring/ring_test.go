@@ -119,7 +119,7 @@ func TestOrderDoesNotMatter(t *testing.T) {
 		rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
 		r2 := mustNew(t, DefaultConfig())
 		mustSet(t, r2, shuffled)
-		if !slices.Equal(r1.tab.Load().owners, r2.tab.Load().owners) {
+		if !slices.Equal(r1.current.Load().owners, r2.current.Load().owners) {
 			t.Fatalf("trial %d: partition tables differ for the same members in another order", trial)
 		}
 		for _, k := range keys {
@@ -150,7 +150,7 @@ func cmpName(a, b Member) int {
 func TestOwnerMatchesConsistent(t *testing.T) {
 	r := mustNew(t, DefaultConfig())
 	mustSet(t, r, testMembers("node-", 7))
-	c := r.tab.Load().c
+	c := r.current.Load().hashRing
 	for _, k := range testKeys(10000) {
 		got, _ := r.Owner("api", k)
 		want := c.LocateKey(routeBytes("api", k)).String()

@@ -27,8 +27,8 @@ const (
 // concurrent use and must not be copied after first use. Each server owns
 // one unless given one with WithCodec.
 type Codec struct {
-	zones sync.Map     // zone name -> *time.Location, only names that loaded
-	n     atomic.Int64 // entries in zones, about: a race may add a few more
+	zones     sync.Map     // zone name -> *time.Location, only names that loaded
+	zoneCount atomic.Int64 // entries in zones, about: a race may add a few more
 }
 
 // RequestFromProto converts and validates a request received from the
@@ -106,9 +106,9 @@ func (c *Codec) location(name string) (*time.Location, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: time_zone %q does not load: %v", limiter.ErrInvalidLocation, name, err)
 	}
-	if c.n.Load() < MaxCachedZones {
+	if c.zoneCount.Load() < MaxCachedZones {
 		if _, loaded := c.zones.LoadOrStore(name, loc); !loaded {
-			c.n.Add(1)
+			c.zoneCount.Add(1)
 		}
 	}
 	return loc, nil

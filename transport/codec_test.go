@@ -184,7 +184,7 @@ func TestRequestFromProtoErrors(t *testing.T) {
 	if _, err := c.RequestFromProto(nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("nil message: err = %v, want ErrInvalidArgument", err)
 	}
-	if n := c.n.Load(); n != 0 {
+	if n := c.zoneCount.Load(); n != 0 {
 		t.Fatalf("%d zones cached after only invalid ones", n)
 	}
 }
@@ -204,7 +204,7 @@ func TestCodecCachesZones(t *testing.T) {
 	if a.Location != b.Location || a.Location.String() != "America/New_York" {
 		t.Fatalf("locations %p %v and %p %v, want one cached America/New_York", a.Location, a.Location, b.Location, b.Location)
 	}
-	if n := c.n.Load(); n != 1 {
+	if n := c.zoneCount.Load(); n != 1 {
 		t.Fatalf("%d zones cached, want 1", n)
 	}
 	// A zone with no calendar is still checked.

@@ -99,7 +99,7 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 		return false
 	case <-n.shutdown:
 		return false
-	case <-n.hand.wake():
+	case <-n.handover.wake():
 	case <-t.C:
 	}
 	return true
@@ -125,7 +125,7 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 		n.router.release(&p)
 		return sluice.Decision{}, err, false
 	}
-	if n.leases.on && (p.way == wayOwner || p.way == wayDown) {
+	if n.leases.enabled && (p.way == wayOwner || p.way == wayDown) {
 		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
 			n.router.release(&p)
 			return d, nil, false
@@ -145,7 +145,7 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 		return sluice.Decision{}, nil, true
 	case decided:
 		if err == nil {
-			if n.leases.on && !fd.Allowed && p.way == wayOwner {
+			if n.leases.enabled && !fd.Allowed && p.way == wayOwner {
 				n.leases.noteDenied(req, p.peer, &fd, n.now().UnixNano())
 			}
 			return sluice.Decision{Decision: fd, Owner: p.peer}, nil, false
@@ -172,10 +172,10 @@ func (n *Node) departing(name string) bool {
 // when it is not (the ring or the hand-over changed since the caller
 // looked).
 func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision, err error, ok bool) {
-	mu := n.hand.lock(hash)
+	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
-	if st, _ := n.hand.stateOf(hash); st != owned {
+	if st, _ := n.handover.stateOf(hash); st != owned {
 		return sluice.Decision{}, nil, false
 	}
 	if n.grants.active() {
@@ -313,7 +313,7 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			out[i].Err = err
 			continue
 		}
-		if n.leases.on {
+		if n.leases.enabled {
 			if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
 				n.router.release(&p)
 				out[i].Decision = d
@@ -352,7 +352,7 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 				switch err := rs[j].Err; {
 				case err == nil:
 					out[i].Decision = sluice.Decision{Decision: rs[j].Decision.Decision, Owner: g.pick.peer}
-					if n.leases.on && !rs[j].Decision.Allowed {
+					if n.leases.enabled && !rs[j].Decision.Allowed {
 						n.leases.noteDenied(&reqs[i], g.pick.peer, &rs[j].Decision.Decision, n.now().UnixNano())
 					}
 				case errors.Is(err, transport.ErrNotOwner),

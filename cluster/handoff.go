@@ -175,7 +175,7 @@ func (n *Node) handoffLoop() {
 	defer expire.Stop()
 	armExpire := func() {
 		expire.Stop()
-		if at := n.hand.expire(time.Now()); !at.IsZero() {
+		if at := n.handover.expire(time.Now()); !at.IsZero() {
 			expire.Reset(time.Until(at))
 		}
 	}
@@ -241,8 +241,8 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 	}
 	n.transfers.prev = cur
 	defer n.transfers.passes.Add(1)
-	n.hand.barrier()
-	n.grants.flush(n.hand, n.store, n.now())
+	n.handover.barrier()
+	n.grants.flush(n.handover, n.store, n.now())
 	if len(prev) > 0 && len(cur) > 0 {
 		oldR, err := n.ringOf(prev)
 		var newR *ring.Ring
@@ -443,7 +443,7 @@ func (n *Node) leaveHandoff() error {
 		}
 		lost = n.transfers.outbox.waitHandedOff(ctx)
 	}
-	n.grants.flush(n.hand, n.store, n.now())
+	n.grants.flush(n.handover, n.store, n.now())
 	all := func(f func(limiter.Snapshot)) {
 		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
 	}
@@ -452,9 +452,9 @@ func (n *Node) leaveHandoff() error {
 	// ErrNotOwner, so that their senders route them again once their
 	// rings have dropped this node, to owners that hold its states.
 	n.closed.Store(true)
-	n.hand.setReady(false, n.now())
-	n.hand.barrier()
-	n.grants.flush(n.hand, n.store, n.now())
+	n.handover.setReady(false, n.now())
+	n.handover.barrier()
+	n.grants.flush(n.handover, n.store, n.now())
 	if track {
 		pass(func(f func(limiter.Snapshot)) {
 			n.transfers.changedMu.Lock()
@@ -498,7 +498,7 @@ var (
 
 // HandoffDone records a member's hand-over confirmation (handover.go).
 func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64) {
-	s.n.hand.confirm(from, fp)
+	s.n.handover.confirm(from, fp)
 }
 
 // TakeStates merges states into the store at the node's time, one at a

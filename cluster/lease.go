@@ -174,9 +174,9 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 // unlock.
 func (n *Node) lockOwnedKey(req *limiter.Request) (hash uint64, now time.Time, unlock func(), err error) {
 	hash = ring.RouteHash(req.Name, req.Key)
-	mu := n.hand.lock(hash)
+	mu := n.handover.lock(hash)
 	mu.Lock()
-	if st, o := n.hand.stateOf(hash); st != owned {
+	if st, o := n.handover.stateOf(hash); st != owned {
 		mu.Unlock()
 		return 0, time.Time{}, nil, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
 	}
@@ -260,7 +260,7 @@ const (
 // leaseTable is a node's side of leasing: the rate of every key it
 // forwards, the hot keys and their leases. Safe for concurrent use.
 type leaseTable struct {
-	on          bool // Config.Lease.Threshold > 0
+	enabled     bool // Config.Lease.Threshold > 0
 	cfg         LeaseConfig
 	perInterval int64 // checks in one interval that make a key hot
 	seed        maphash.Seed
@@ -323,8 +323,8 @@ type leaseReturn struct {
 }
 
 func newLeaseTable(cfg LeaseConfig) *leaseTable {
-	t := &leaseTable{on: cfg.Threshold > 0, cfg: cfg, seed: maphash.MakeSeed()}
-	if !t.on {
+	t := &leaseTable{enabled: cfg.Threshold > 0, cfg: cfg, seed: maphash.MakeSeed()}
+	if !t.enabled {
 		return t
 	}
 	t.perInterval = max(1, int64(math.Ceil(float64(cfg.Threshold)*leaseInterval.Seconds())))
@@ -362,7 +362,7 @@ func (n *Node) startLeases() error {
 			}
 		}
 	}
-	if n.leases.on {
+	if n.leases.enabled {
 		t, stop, now, timeout, logger := n.leases, n.shutdown, n.now, n.cfg.Peer.Timeout, n.logger
 		n.goFunc(func() { t.loop(stop, leaseCalls{n}, now, timeout, logger) })
 	}

@@ -56,11 +56,11 @@ type Node struct {
 	ring  *ring.Ring
 	peers *peer.Pool
 
-	metrics *metrics    // nil without Config.Registerer
-	router  *router     // where checks go; owns the breakers
-	hand    *handover   // which keys this node decides as owner
-	grants  grantTable  // leases this node granted as owner (grants.go)
-	leases  *leaseTable // see lease.go
+	metrics  *metrics    // nil without Config.Registerer
+	router   *router     // where checks go; owns the breakers
+	handover *handover   // which keys this node decides as owner
+	grants   grantTable  // leases this node granted as owner (grants.go)
+	leases   *leaseTable // see lease.go
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -115,8 +115,8 @@ func New(cfg Config) (n *Node, err error) {
 	if n.ring, err = ring.New(cfg.Ring); err != nil {
 		return nil, err
 	}
-	n.hand = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
-	n.router = &router{self: cfg.NodeName, hand: n.hand, now: n.now, departing: n.departing,
+	n.handover = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
+	n.router = &router{self: cfg.NodeName, hand: n.handover, now: n.now, departing: n.departing,
 		threshold: int32(cfg.BreakerThreshold), cooldown: cfg.BreakerCooldown}
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
@@ -205,7 +205,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
 	if len(cfg.Seeds) == 0 {
-		n.hand.setReady(true, n.now())
+		n.handover.setReady(true, n.now())
 	} else if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
 		n.logger.Warn("cluster: join failed; not ready, retrying: until it joins, the node decides no key as owner and checks get the unreachable policy",
 			"seeds", cfg.Seeds, "retry", cfg.RetryJoinInterval, "err", jerr)
@@ -224,7 +224,7 @@ func (n *Node) joined() {
 		return
 	}
 	n.rebuild(0)
-	n.hand.setReady(true, n.now())
+	n.handover.setReady(true, n.now())
 	n.transfers.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())
 }
@@ -239,7 +239,7 @@ func (n *Node) watchSerf() {
 		if n.closed.Load() {
 			return
 		}
-		n.hand.setReady(false, n.now())
+		n.handover.setReady(false, n.now())
 		n.logger.Error("cluster: serf stopped while the node runs (another node has its name?): the node decides no key as owner any more and reports not ready; restart it with a unique name",
 			"name", n.cfg.NodeName)
 	}
@@ -249,13 +249,13 @@ func (n *Node) watchSerf() {
 // the cluster of its seeds (at once when it has none), serf runs, and it
 // is neither closed nor leaving. Until then every check it is asked about
 // a key it would own gets the unreachable policy, with WithoutOwner set.
-func (n *Node) Ready() bool { return !n.closed.Load() && n.hand.ready.Load() }
+func (n *Node) Ready() bool { return !n.closed.Load() && n.handover.ready.Load() }
 
 // Unconfirmed returns the members whose hand-over confirmation of this
 // node's current membership it still waits for: while any are listed, keys
 // that moved to this node are decided by their previous owner or wait
 // (see Config.HandoverTimeout). It is empty once the membership settled.
-func (n *Node) Unconfirmed() []string { return n.hand.unconfirmed() }
+func (n *Node) Unconfirmed() []string { return n.handover.unconfirmed() }
 
 // WaitReady waits until the node is ready or ctx ends, and returns ctx's
 // error in the second case, or ErrClosed when the node closes first.
@@ -264,7 +264,7 @@ func (n *Node) WaitReady(ctx context.Context) error {
 		return ErrNilContext
 	}
 	for {
-		wake := n.hand.wake()
+		wake := n.handover.wake()
 		if n.Ready() {
 			return nil
 		}
@@ -452,7 +452,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.peers.Update(addrs)
 	n.transfers.holdOrphans(n.transfers.outbox.retain(addrs), false) // the pass this rebuild wakes sends them
 	n.router.breakers.forget(addrs)
-	if err := n.hand.adopt(members, n.now()); err != nil {
+	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
 	n.transfers.wakeHandoff()
@@ -478,7 +478,7 @@ func (n *Node) sweepLoop() {
 		case <-n.shutdown:
 			return
 		case <-t.C:
-			n.grants.sweep(n.hand, n.store, n.now().UnixNano())
+			n.grants.sweep(n.handover, n.store, n.now().UnixNano())
 			n.store.Sweep(n.now())
 		}
 	}

@@ -291,11 +291,6 @@ func (r *Request) Validate() error {
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
 	}
-	if r.Location != nil && r.Location != time.UTC {
-		if err := checkZone(r.Location.String()); err != nil {
-			return err
-		}
-	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {
 			return fmt.Errorf("%w: Calendar %d", ErrInvalidCalendar, uint8(r.Calendar))
@@ -318,6 +313,9 @@ func (r *Request) Validate() error {
 	}
 	if c := r.burst(); r.Hits > c {
 		return fmt.Errorf("%w: Hits %d, but %s with Limit %d and Burst %d admits at most %d at once", ErrHitsExceedLimit, r.Hits, r.Algorithm, r.Limit, r.Burst, c)
+	}
+	if r.Location != nil && r.Location != time.UTC {
+		return checkZone(r.Location.String())
 	}
 	return nil
 }

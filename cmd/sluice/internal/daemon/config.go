@@ -63,6 +63,13 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBatchItems bounds the items of one POST /v1/check/batch.
 	MaxBatchItems int
+	// RulesFile is a rule file in the rules package's format. With one,
+	// POST /v1/rules/check checks requests described by their route,
+	// user, descriptors and so on against the rules it holds; the file is
+	// loaded at start (an invalid file fails New) and reloaded as it
+	// changes, an invalid version leaving the previous rules in force.
+	// Empty: no rules, and POST /v1/rules/check answers 404.
+	RulesFile string
 	// ShutdownDelay is how long the daemon reports not ready before it
 	// stops accepting requests, so that load balancers notice first.
 	ShutdownDelay time.Duration
@@ -335,6 +342,9 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strconv.Itoa(c.MaxBatchItems) }},
+	{key: "rules_file", usage: "YAML rule file (the rules package's format) for POST /v1/rules/check; reloaded as it changes",
+		parse: func(c *Config, v string) error { c.RulesFile = v; return nil },
+		show:  func(c *Config) string { return c.RulesFile }},
 	{key: "shutdown_delay", usage: "how long to report not ready before refusing requests on shutdown",
 		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownDelay, v) },
 		check: func(c *Config) error { return nonNegative(c.ShutdownDelay) },

@@ -43,6 +43,7 @@ join:
   - 10.0.0.1:7946
   - 10.0.0.2:7946
 shutdown_timeout: 3s
+rules_file: file-rules.yaml
 `
 	tests := []struct {
 		name  string
@@ -63,6 +64,9 @@ shutdown_timeout: 3s
 				!slices.Equal(c.Join, []string{"10.0.0.1:7946", "10.0.0.2:7946"}) || c.ShutdownTimeout != 3*time.Second {
 				t.Errorf("got %+v", c)
 			}
+			if c.RulesFile != "file-rules.yaml" {
+				t.Errorf("rules file %q", c.RulesFile)
+			}
 			if c.LogLevel != slog.LevelInfo || c.MaxBatchItems != 1000 {
 				t.Errorf("fields the file does not set changed: %+v", c)
 			}
@@ -75,8 +79,9 @@ shutdown_timeout: 3s
 		{"env over file", []string{"--config", "FILE"}, map[string]string{
 			"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1, b:2", "SLUICE_UNREACHABLE": "allow",
 			"SLUICE_ADVERTISE_HOST": "10.1.1.1", "SLUICE_LOG_LEVEL": "debug", "SLUICE_GOSSIP_PROFILE": "fast",
+			"SLUICE_RULES_FILE": "env-rules.yaml",
 		}, func(t *testing.T, c Config) {
-			if c.NodeName != "from-env" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != sluice.PolicyAllow ||
+			if c.NodeName != "from-env" || c.RulesFile != "env-rules.yaml" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != sluice.PolicyAllow ||
 				c.AdvertiseHost != "10.1.1.1" || c.LogLevel != slog.LevelDebug || c.GossipProfile != cluster.ProfileFast {
 				t.Errorf("got %+v", c)
 			}
@@ -84,10 +89,10 @@ shutdown_timeout: 3s
 				t.Errorf("http addr %q, want the file's", c.HTTPAddr)
 			}
 		}},
-		{"flags over env", []string{"--config", "FILE", "--node-name", "from-flag", "--join", "c:3", "--join=d:4,e:5", "--http-addr=127.0.0.1:0", "--log-format", "text"},
-			map[string]string{"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1", "SLUICE_HTTP_ADDR": "127.0.0.1:9"},
+		{"flags over env", []string{"--config", "FILE", "--node-name", "from-flag", "--join", "c:3", "--join=d:4,e:5", "--http-addr=127.0.0.1:0", "--log-format", "text", "--rules-file", "flag-rules.yaml"},
+			map[string]string{"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1", "SLUICE_HTTP_ADDR": "127.0.0.1:9", "SLUICE_RULES_FILE": "env-rules.yaml"},
 			func(t *testing.T, c Config) {
-				if c.NodeName != "from-flag" || !slices.Equal(c.Join, []string{"c:3", "d:4", "e:5"}) || c.HTTPAddr != "127.0.0.1:0" || c.LogFormat != "text" {
+				if c.NodeName != "from-flag" || c.RulesFile != "flag-rules.yaml" || !slices.Equal(c.Join, []string{"c:3", "d:4", "e:5"}) || c.HTTPAddr != "127.0.0.1:0" || c.LogFormat != "text" {
 					t.Errorf("got %+v", c)
 				}
 				if c.GRPCAddr != "127.0.0.1:2001" {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -31,6 +32,7 @@ type options struct {
 	now       func() time.Time
 	sleep     func(ctx context.Context, d time.Duration)
 	ready     func(*Daemon)
+	rulesCfg  func(*rules.WatchConfig)
 }
 
 // WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
@@ -50,6 +52,13 @@ func WithSleep(sleep func(ctx context.Context, d time.Duration)) Option {
 	return func(o *options) { o.sleep = sleep }
 }
 
+// WithRulesWatch lets f change how Config.RulesFile is watched, from
+// rules.DefaultWatchConfig with the daemon's logger: tests poll more
+// often, or on their own ticks.
+func WithRulesWatch(f func(*rules.WatchConfig)) Option {
+	return func(o *options) { o.rulesCfg = f }
+}
+
 // WithReady makes Run call f once the daemon serves, with its bound
 // addresses known. f must not block for long.
 func WithReady(f func(*Daemon)) Option { return func(o *options) { o.ready = f } }
@@ -66,11 +75,15 @@ type Daemon struct {
 	metrics *httpMetrics
 	codec   transport.Codec
 
-	node    *cluster.Node
-	lis     net.Listener
-	srv     *http.Server
-	served  chan struct{} // closed when srv.Serve has returned
-	serveMu sync.Mutex    // guards serveErr
+	node *cluster.Node
+	// rules keeps Config.RulesFile current; nil without one. enforcer
+	// applies its rules for POST /v1/rules/check.
+	rules    *rules.Watcher
+	enforcer rules.Enforcer
+	lis      net.Listener
+	srv      *http.Server
+	served   chan struct{} // closed when srv.Serve has returned
+	serveMu  sync.Mutex    // guards serveErr
 	// serveErr is srv.Serve's error other than http.ErrServerClosed.
 	serveErr error
 
@@ -114,6 +127,19 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The rules are read first: an invalid file fails the daemon before
+	// it starts anything.
+	if cfg.RulesFile != "" {
+		if err := d.watchRules(); err != nil {
+			return nil, err
+		}
+		w := d.rules // d is nil once a failure is returned
+		defer func() {
+			if err != nil {
+				w.Close()
+			}
+		}()
+	}
 	cc := d.clusterConfig()
 	cc.TLS = tlsCfg
 	if cc.GossipKeys, err = decodeGossipKeys(cfg.GossipKeys); err != nil {
@@ -145,6 +171,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		d.lis.Close()
 		return nil, fmt.Errorf("daemon: start node: %w", err)
 	}
+	d.enforcer = rules.Enforcer{Limiter: d.node, MaxWait: maxRulesWait}
 	d.srv = &http.Server{
 		Handler:           d.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -192,6 +219,38 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Clock = d.opts.now
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's
 	return c
+}
+
+// watchRules loads Config.RulesFile and keeps it current, and exports
+// the watcher's counters.
+func (d *Daemon) watchRules() error {
+	wc := rules.DefaultWatchConfig()
+	wc.Logger = d.logger.With("component", "rules")
+	if d.opts.rulesCfg != nil {
+		d.opts.rulesCfg(&wc)
+	}
+	w, err := rules.Watch(d.cfg.RulesFile, wc)
+	if err != nil {
+		// rules' errors name the file, line and column already.
+		return &ConfigError{Field: "rules_file", Err: err}
+	}
+	d.rules = w
+	d.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_rules",
+			Help: "Rules in force, from rules_file.",
+		}, func() float64 { return float64(w.Current().Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_rules_reloads_total",
+			Help: "Changes of rules_file made current after the first load.",
+		}, func() float64 { return float64(w.Stats().Reloads) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_rules_reload_errors_total",
+			Help: "Reloads of rules_file that failed; the previous rules stayed in force.",
+		}, func() float64 { return float64(w.Stats().Errors) }),
+	)
+	d.logger.Info("sluice: rules loaded", "file", d.cfg.RulesFile, "rules", w.Current().Len())
+	return nil
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
@@ -279,9 +338,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 // Shutdown stops the daemon gracefully: /readyz fails at once; after
 // Config.ShutdownDelay the HTTP server stops accepting and waits up to
 // Config.ShutdownTimeout (or until ctx ends) for in-flight requests, then
-// closes the rest; last the node leaves the cluster, telling the other
-// members, and stops its gRPC server. Later calls return the first call's
-// result.
+// closes the rest, and stops watching the rule file; last the node leaves
+// the cluster, telling the other members, and stops its gRPC server. Later
+// calls return the first call's result.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.shutdownOnce.Do(func() { d.shutdownErr = d.shutdown(ctx) })
 	return d.shutdownErr
@@ -301,6 +360,7 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.srv.Close()
 	}
 	<-d.served
+	d.closeRules()
 	switch err := d.node.Leave(); {
 	case err == nil, errors.Is(err, cluster.ErrClosed):
 	case errors.Is(err, cluster.ErrHandoff):
@@ -315,13 +375,22 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close stops the daemon at once: the HTTP server and the node, without
-// leaving the cluster (other members see it fail). Safe after Shutdown.
+// Close stops the daemon at once: the HTTP server, the rule watcher and
+// the node, without leaving the cluster (other members see it fail). Safe after Shutdown.
 func (d *Daemon) Close() error {
 	d.shuttingDown.Store(true)
 	d.srv.Close()
 	<-d.served
+	d.closeRules()
 	return d.node.Close()
+}
+
+// closeRules stops watching Config.RulesFile, once no request uses the
+// rules any more.
+func (d *Daemon) closeRules() {
+	if d.rules != nil {
+		d.rules.Close() // only the notifier's close can fail: nothing to do about it
+	}
 }
 
 // Run builds a daemon from cfg and runs it until ctx ends; see New and

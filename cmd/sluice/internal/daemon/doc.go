@@ -18,6 +18,10 @@
 //	POST /v1/check/batch  {"requests": [CheckRequest...]}; 200 with one item
 //	                      per request, each a Decision or {"error": {code,
 //	                      field, message}}
+//	POST /v1/rules/check  a request described as the rules see it (route,
+//	                      method, ip, user, headers, descriptors) and its
+//	                      hits; 200 with a RulesDecision: allowed, and each
+//	                      applied rule's decision; 404 without rules_file
 //	GET  /healthz         200 while the process serves
 //	GET  /readyz          200 once the node is ready (cluster.Node.Ready):
 //	                      up and, when given addresses to join, joined; 503
@@ -31,6 +35,17 @@
 // UTF-8, or a \u escape of a lone UTF-16 surrogate such as "\ud800") is
 // refused with 400 naming the field that holds it, so that distinct keys
 // never share a counter.
+//
+// With Config.RulesFile the daemon holds a rule set (package rules), loaded
+// at start, where an invalid file fails New with its file and line, and
+// kept current by a rules.Watcher, which keeps the last good set when an
+// edit is invalid. POST /v1/rules/check maps its body onto a
+// rules.Descriptor, bounded before anything is built from it
+// (MaxRulesDescriptors, MaxRulesHeaders, limiter.MaxNameLen and
+// MaxKeyLen), and enforces every rule that applies through a
+// rules.Enforcer over the node, all or nothing: a rejected request
+// consumes from none of them.
+//
 // Everything a Daemon owns hangs off it: several run in one process, as the
 // tests do.
 package daemon

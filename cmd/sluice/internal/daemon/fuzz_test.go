@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
+	"net/http"
 	"os"
 	"reflect"
 	"regexp"
@@ -219,4 +221,90 @@ func TestLeaseSettingsCheckedWhileOff(t *testing.T) {
 	if err := applyYAML(&cfg, "sluice.yaml", []byte("lease_share: 0.5\nlease_ttl: 20ms\n")); err != nil || cfg.Lease.Threshold != 0 {
 		t.Errorf("good settings while off: %v", err)
 	}
+}
+
+// FuzzDecodeRulesCheck decodes arbitrary bytes as a POST /v1/rules/check
+// body. Decoding must never panic; a refusal names a code and says why;
+// an accepted request stays within the bounds, holds no U+FFFD the body
+// did not write, gives back the headers and descriptors the body holds,
+// and comes back the same from its JSON form.
+func FuzzDecodeRulesCheck(f *testing.F) {
+	for _, b := range exampleBodies(f) {
+		f.Add(b)
+	}
+	for _, s := range []string{
+		`{"user":"u1","descriptors":{"plan":"free","org":"o1"},"hits":2}`,
+		`{"route":"/login","method":"POST","ip":"::ffff:192.0.2.7","headers":{"x-client":"app","X-Tenant":"acme"}}`,
+		`{"ip":"fe80::1%eth0","hits":0,"descriptors":null,"headers":{}}`,
+		`{"descriptors":{"plan":"free","plan":"pro"}}`,
+		`{"headers":{"x-a":"1","X-A":"2"}}`,
+		`{"descriptors":{"\ud800":"x"}}`,
+		`{"descriptors":{"k":"a` + "\xff" + `"}}`,
+		`{"descriptors":{"k":{"a":"b"}},"hits":-1}`,
+		`{"descriptors":["a"],"route":5}`,
+		`{"HEADERS":{"a":"b"},"Descriptors":{"c":"\ufffd"}}`,
+		`[]`, `null`, `{"user":`, `{}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		desc, hits, ierr := decodeRulesCheck(body)
+		if ierr != nil {
+			if ierr.Code == "" || ierr.Message == "" {
+				t.Fatalf("refusal without a code or message: %+v", ierr)
+			}
+			return
+		}
+		switch {
+		case hits < 0, len(desc.Route) > limiter.MaxKeyLen, len(desc.User) > limiter.MaxKeyLen,
+			len(desc.Method) > limiter.MaxNameLen, len(desc.Values) > MaxRulesDescriptors:
+			t.Fatalf("accepted out of bounds: %+v, hits %d", desc, hits)
+		}
+		for name, v := range desc.Values {
+			if name == "" || len(name) > limiter.MaxNameLen || len(v) > limiter.MaxKeyLen {
+				t.Fatalf("accepted descriptor %q=%q", name, v)
+			}
+		}
+		for _, s := range []string{desc.Route, desc.User, desc.Method} {
+			if n := strings.Count(s, "\uFFFD"); n > replacementsIn(body) {
+				t.Fatalf("%q holds %d U+FFFD, the body writes %d", s, n, replacementsIn(body))
+			}
+		}
+		// What encoding/json makes of the same body.
+		var in struct {
+			Headers     map[string]string `json:"headers"`
+			Descriptors map[string]string `json:"descriptors"`
+		}
+		if err := json.Unmarshal(body, &in); err != nil {
+			t.Fatalf("accepted a body encoding/json refuses: %v", err)
+		}
+		if len(in.Headers) > MaxRulesHeaders || len(in.Headers) > 0 && desc.Header == nil {
+			t.Fatalf("headers %v, accepted as %v", in.Headers, desc.Header != nil)
+		}
+		for name, v := range in.Headers {
+			if got, ok := desc.Header(http.CanonicalHeaderKey(name)); !ok || got != v {
+				t.Fatalf("header %q: %q %v, want %q", name, got, ok, v)
+			}
+		}
+		if !maps.Equal(in.Descriptors, desc.Values) {
+			t.Fatalf("descriptors %v, want %v", desc.Values, in.Descriptors)
+		}
+		out := map[string]any{"route": desc.Route, "method": desc.Method, "user": desc.User,
+			"hits": hits, "headers": in.Headers, "descriptors": desc.Values}
+		if desc.IP.IsValid() {
+			out["ip"] = desc.IP.String()
+		}
+		b, err := json.Marshal(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, hits2, ierr := decodeRulesCheck(b)
+		if ierr != nil {
+			t.Fatalf("the JSON form %s of an accepted request is refused: %+v", b, ierr)
+		}
+		if again.Route != desc.Route || again.Method != desc.Method || again.User != desc.User || again.IP != desc.IP ||
+			hits2 != hits || !maps.Equal(again.Values, desc.Values) {
+			t.Fatalf("round trip: %+v %d, want %+v %d", again, hits2, desc, hits)
+		}
+	})
 }

@@ -161,6 +161,7 @@ type problem struct {
 //
 //	POST /v1/check        one check
 //	POST /v1/check/batch  {"requests": [...]}, per-item errors
+//	POST /v1/rules/check  a request described for the rules of rules_file
 //	GET  /healthz         liveness
 //	GET  /readyz          readiness
 //	GET  /metrics         Prometheus
@@ -168,6 +169,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", d.requireClientCert(d.handleCheck))
 	mux.HandleFunc("POST /v1/check/batch", d.requireClientCert(d.handleBatch))
+	mux.HandleFunc("POST /v1/rules/check", d.requireClientCert(d.handleRulesCheck))
 	mux.HandleFunc("GET /healthz", d.handleHealthz)
 	mux.HandleFunc("GET /readyz", d.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))

@@ -84,7 +84,15 @@ func TestMutualTLS(t *testing.T) {
 	if code, err := post(noCert, ds[0]); err != nil || code != http.StatusUnauthorized {
 		t.Errorf("check without a client certificate: %d, %v; want 401", code, err)
 	}
-	resp, err := noCert.Get("https://" + ds[0].HTTPAddr() + "/healthz")
+	resp, err := noCert.Post("https://"+ds[0].HTTPAddr()+"/v1/rules/check", "application/json", strings.NewReader(`{"user":"u"}`))
+	if err != nil {
+		t.Fatalf("rules check without a client certificate: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("rules check without a client certificate: %d, want 401", resp.StatusCode)
+	}
+	resp, err = noCert.Get("https://" + ds[0].HTTPAddr() + "/healthz")
 	if err != nil {
 		t.Fatalf("healthz without a client certificate: %v", err)
 	}

@@ -42,7 +42,7 @@
 // edit is invalid. POST /v1/rules/check maps its body onto a
 // rules.Descriptor, bounded before anything is built from it
 // (MaxRulesDescriptors, MaxRulesHeaders, limiter.MaxNameLen and
-// MaxKeyLen), and enforces every rule that applies through a
+// limiter.MaxKeyLen), and enforces every rule that applies through a
 // rules.Enforcer over the node, all or nothing: a rejected request
 // consumes from none of them.
 //

@@ -168,7 +168,7 @@ func decodeRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
 		if len(in.IP) > maxIPLen || err != nil {
 			return nil, 0, invalidf("ip", "ip is not an IPv4 or IPv6 address")
 		}
-		desc.IP = ip
+		desc.IP = ip.WithZone("") // a zone means nothing off its host: one client, one counter
 	}
 	headers, ierr := decodeEntries(in.Headers, "headers", MaxRulesHeaders, true)
 	if ierr != nil {

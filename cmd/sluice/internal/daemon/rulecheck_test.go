@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -201,6 +202,10 @@ func TestRulesCheckEndpoint(t *testing.T) {
 			"allowed; login_per_ip[ip=192.0.2.7] ok r=0 t=3600000 shadow"},
 		{"a shadow rule rejects, the request is allowed", login("::ffff:192.0.2.7", "POST"),
 			"allowed; login_per_ip[ip=192.0.2.7] no r=0 t=3600000 retry=3600000 shadow"},
+		{"an IPv6 client's zone is dropped", login("fe80::1%eth0", "POST"),
+			"allowed; login_per_ip[ip=fe80::1] ok r=0 t=3600000 shadow"},
+		{"another zone is the same client", login("fe80::1%eth1", "POST"),
+			"allowed; login_per_ip[ip=fe80::1] no r=0 t=3600000 retry=3600000 shadow"},
 		{"another method matches no rule", login("192.0.2.7", "GET"), "allowed"},
 		{"no header matches no rule", `{"route":"/login","method":"POST","ip":"192.0.2.7"}`, "allowed"},
 	}
@@ -218,7 +223,7 @@ func TestRulesCheckEndpoint(t *testing.T) {
 	m := scrape(t, base)
 	for series, want := range map[string]float64{
 		`sluice_http_requests_total{code="200",endpoint="/v1/rules/check"}`: float64(len(steps)),
-		`sluice_http_check_items_total{result="allowed"}`:                   11,
+		`sluice_http_check_items_total{result="allowed"}`:                   13,
 		`sluice_http_check_items_total{result="limited"}`:                   4,
 		`sluice_rules`:                     3,
 		`sluice_rules_reloads_total`:       0,
@@ -473,5 +478,24 @@ func TestRulesLimitAcrossCluster(t *testing.T) {
 		if sum := summary(v); !strings.Contains(sum, "per_user[user=c] ok r=3 t=0") || !strings.Contains(sum, "per_org[descriptor:org=org-1] no r=0") {
 			t.Errorf("%s: c after the org was spent: %s", d.Config().NodeName, sum)
 		}
+	}
+}
+
+// The example rule files, examples/daemon/rules.yaml and the one in its
+// README, are valid.
+func TestExampleRules(t *testing.T) {
+	if _, err := rules.Load("../../../../examples/daemon/rules.yaml"); err != nil {
+		t.Error(err)
+	}
+	readme, err := os.ReadFile("../../../../examples/daemon/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(# rules.yaml\n.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("no rules.yaml block in the README")
+	}
+	if set, err := rules.Parse("README.md", m[1]); err != nil || set.Len() != 2 {
+		t.Errorf("the README's rules: %d rules, %v", set.Len(), err)
 	}
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds cmd/sluice, starts three daemons on loopback that form one cluster,
 # sends JSON checks of one limit to all three with curl to show that they
-# share it, asks one over gRPC with `sluice check`, and stops them.
+# share it, checks requests described by descriptors against the rules of
+# rules.yaml, asks one over gRPC with `sluice check`, and stops them.
 #
 #   examples/daemon/run.sh            # ports 18081-18083 (HTTP), 17081-17083
 #   PORT_OFFSET=100 examples/daemon/run.sh   # (gRPC), 16081-16083 (gossip), +100
@@ -36,6 +37,7 @@ for i in 1 2 3; do
 	join=""
 	if [ "$i" -gt 1 ]; then join="127.0.0.1:$(gossip_port 1)"; fi
 	SLUICE_NODE_NAME="node-$i" SLUICE_JOIN="$join" SLUICE_CONFIG=examples/daemon/sluice.yaml \
+		SLUICE_RULES_FILE=examples/daemon/rules.yaml \
 		"$work/sluice" serve \
 		--http-addr "127.0.0.1:$(http_port "$i")" \
 		--grpc-addr "127.0.0.1:$(grpc_port "$i")" \
@@ -71,6 +73,16 @@ for n in $(seq 1 9); do
 	if echo "$resp" | grep -q '"allowed":true'; then allowed=$((allowed + 1)); fi
 done
 echo "admitted $allowed of 9 (the limit is 5, shared by the cluster)"
+echo
+
+echo "rules.yaml's per_user (3 a minute on the free plan), 4 requests of user 42 described by descriptors:"
+for n in $(seq 1 4); do
+	i=$(((n - 1) % 3 + 1))
+	resp=$(curl -fsS -X POST "http://127.0.0.1:$(http_port "$i")/v1/rules/check" \
+		-H 'Content-Type: application/json' \
+		-d '{"route":"/api/export","user":"42","descriptors":{"plan":"free","org":"acme"}}')
+	echo "  request $n via node-$i: $resp"
+done
 echo
 
 echo "a batch, with a mistake in its second item:"

@@ -257,7 +257,7 @@ func TestTracingOffSendsNoContext(t *testing.T) {
 
 // Without a TracerProvider, a check decided locally allocates what it did
 // before tracing existed; with one, spans are made.
-func TestTracingOffAllocatesNothing(t *testing.T) {
+func TestTracingOffAddsNoAllocation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measures allocations")
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/serf/serf"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
@@ -22,12 +23,21 @@ var _ sluice.Limiter = (*Node)(nil)
 // sentinel; a cancelled ctx returns ctx's error. An unreachable owner is not
 // an error: the policy decides and Decision.WithoutOwner is set.
 func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...sluice.CheckOption) (sluice.Decision, error) {
-	if n.metrics == nil {
+	if n.metrics == nil && n.tracing == nil {
 		return n.check(ctx, &req, opts)
 	}
 	start := time.Now()
+	var span trace.Span
+	if n.tracing != nil && ctx != nil {
+		ctx, span = n.tracing.startCheck(ctx, &req)
+	}
 	d, err := n.check(ctx, &req, opts)
-	n.metrics.check(&req, &d, err, n.isRemote(d.Owner), time.Since(start))
+	if span != nil {
+		n.tracing.endCheck(span, &d, err)
+	}
+	if n.metrics != nil {
+		n.metrics.check(&req, &d, err, n.isRemote(d.Owner), time.Since(start))
+	}
 	return d, err
 }
 
@@ -271,6 +281,11 @@ func (n *Node) recordMany(reqs []limiter.Request, out []sluice.Result, start tim
 func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []sluice.Policy) []sluice.Result {
 	out := make([]sluice.Result, len(reqs))
 	defer n.recordMany(reqs, out, time.Now())
+	if n.tracing != nil && ctx != nil {
+		var span trace.Span
+		ctx, span = n.tracing.startMany(ctx, len(reqs))
+		defer n.tracing.endMany(span, reqs, out)
+	}
 	if n.closed.Load() {
 		for i := range out {
 			out[i].Err = ErrClosed
@@ -444,13 +459,32 @@ func (o ownerChecker) CheckMany(ctx context.Context, reqs []limiter.Request) []s
 
 func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out []sluice.Result) {
 	n := o.n
+	var (
+		parents []string // the requests' traceparents, when traced
+		from    string
+	)
+	if n.tracing != nil {
+		parents = transport.TraceParents(ctx)
+		from, _ = transport.PeerFromContext(ctx)
+	}
 	for i := range reqs {
+		var span trace.Span
+		if n.tracing != nil {
+			parent := ""
+			if i < len(parents) {
+				parent = parents[i]
+			}
+			span = n.tracing.startDecide(ctx, &reqs[i], from, parent)
+		}
 		hash := ring.RouteHash(reqs[i].Name, reqs[i].Key)
 		d, err, ok := n.decideOwned(&reqs[i], hash)
 		if !ok {
 			err = fmt.Errorf("%w: %s does not decide %s/%s now", transport.ErrNotOwner, n.cfg.NodeName, reqs[i].Name, reqs[i].Key)
 		}
 		out[i] = sluice.Result{Decision: sluice.Decision{Decision: d.Decision, Owner: d.Owner}, Err: err}
+		if span != nil {
+			n.tracing.endDecide(span, &out[i])
+		}
 	}
 }
 

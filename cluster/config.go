@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
@@ -154,6 +155,18 @@ type Config struct {
 	// (sluice_checks_total and friends; see metrics.go). Use a registry per
 	// node when several nodes share a process.
 	Registerer prometheus.Registerer
+	// TracerProvider, when set, traces checks with OpenTelemetry: a span
+	// per Check and CheckMany call, a client span per call forwarded to an
+	// owner, and the owner's span of its decision, all in the caller's
+	// trace (trace.go; the W3C traceparent of each forwarded check travels
+	// in its item of the peer batch). Unless Peer.TracerProvider is set,
+	// the clients to peers use it too. nil: no spans, and nothing added to
+	// the path of a check.
+	TracerProvider trace.TracerProvider
+	// TraceKeys adds the client key of each check to its spans (attribute
+	// sluice.key). Off by default: keys are personal data in many
+	// deployments (user ids, IP addresses).
+	TraceKeys bool
 	// Logger receives the node's logs, serf's and memberlist's included;
 	// nil discards them.
 	Logger *slog.Logger

@@ -57,6 +57,7 @@ type Node struct {
 	peers *peer.Pool
 
 	metrics  *metrics    // nil without Config.Registerer
+	tracing  *tracing    // nil without Config.TracerProvider
 	router   *router     // where checks go; owns the breakers
 	handover *handover   // which keys this node decides as owner
 	grants   grantTable  // leases this node granted as owner (grants.go)
@@ -138,6 +139,10 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if n.metrics != nil && pcfg.Observer == nil {
 		pcfg.Observer = n.metrics.peerCall
+	}
+	n.tracing = newTracing(&cfg)
+	if pcfg.TracerProvider == nil {
+		pcfg.TracerProvider = cfg.TracerProvider
 	}
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err

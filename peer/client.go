@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -75,6 +76,8 @@ type Client struct {
 
 	enc *encoder // the send token's
 
+	tracer trace.Tracer // Config.TracerProvider's; nil when it is nil: no spans
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -85,11 +88,12 @@ type Client struct {
 // goroutine that delivers it writes res and then sends on done, once.
 // Items are pooled; one whose caller gave up is left to the collector.
 type item struct {
-	req      limiter.Request
-	res      transport.Result
-	deadline time.Time     // Config.Timeout after it was queued: it fails then if not answered
-	done     chan struct{} // cap 1
-	canceled atomic.Bool   // the caller stopped waiting
+	req         limiter.Request
+	traceparent string // of the call's forwarding span; "" when not traced
+	res         transport.Result
+	deadline    time.Time     // Config.Timeout after it was queued: it fails then if not answered
+	done        chan struct{} // cap 1
+	canceled    atomic.Bool   // the caller stopped waiting
 }
 
 var itemPool = sync.Pool{New: func() any { return &item{done: make(chan struct{}, 1)} }}
@@ -102,6 +106,7 @@ func getItem(req *limiter.Request) *item {
 
 func putItem(it *item) {
 	it.req = limiter.Request{}
+	it.traceparent = ""
 	it.res = transport.Result{}
 	itemPool.Put(it)
 }
@@ -136,6 +141,9 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 	c.timer.Stop()
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if cfg.TracerProvider != nil {
+		c.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.goFunc(c.sender)
@@ -199,11 +207,20 @@ func (c *Client) Check(ctx context.Context, req limiter.Request) (limiter.Decisi
 		return limiter.Decision{}, err
 	}
 	it := getItem(&req)
-	if !c.enqueue(it) {
-		putItem(it)
-		return limiter.Decision{}, ErrClosed
+	var span trace.Span
+	if c.tracer != nil {
+		ctx, span, it.traceparent = c.startForward(ctx, 1)
 	}
-	r := c.wait(ctx, it)
+	var r transport.Result
+	if c.enqueue(it) {
+		r = c.wait(ctx, it)
+	} else {
+		putItem(it)
+		r.Err = ErrClosed
+	}
+	if span != nil {
+		endForward(span, r)
+	}
 	return r.Decision.Decision, r.Err
 }
 
@@ -220,12 +237,21 @@ func (c *Client) CheckMany(ctx context.Context, reqs []limiter.Request) []transp
 	}
 	items := make([]*item, len(reqs))
 	valid := make([]*item, 0, len(reqs))
+	var (
+		span        trace.Span
+		traceparent string
+	)
+	if c.tracer != nil {
+		ctx, span, traceparent = c.startForward(ctx, len(reqs))
+		defer func() { endForward(span, out...) }()
+	}
 	for i := range reqs {
 		if err := reqs[i].Validate(); err != nil {
 			out[i].Err = err
 			continue
 		}
 		items[i] = getItem(&reqs[i])
+		items[i].traceparent = traceparent
 		valid = append(valid, items[i])
 	}
 	if !c.enqueue(valid...) {

@@ -5,6 +5,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/transport"
@@ -57,6 +58,12 @@ type Config struct {
 	// deadlines on the system's clock. Tests set it to move time by hand.
 	// Default nil: time.Now.
 	Clock func() time.Time
+	// TracerProvider, when set, traces forwarded checks: each Check and
+	// CheckMany is a client span ("sluice.peer.Forward") under the
+	// caller's context, and each check carries its W3C traceparent to the
+	// owner, in its own item of the batch (see trace.go). Default nil: no
+	// spans, no traceparent, nothing added to the path of a check.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the default configuration.

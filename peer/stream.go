@@ -99,6 +99,7 @@ func newEncoder(n int) *encoder {
 func (e *encoder) encode(b *batch) {
 	for i, it := range b.items {
 		transport.EncodeRequest(&e.msgs[i], &it.req)
+		e.msgs[i].Traceparent = it.traceparent
 		e.ptrs[i] = &e.msgs[i]
 	}
 	e.req.Items = e.ptrs[:len(b.items)]
@@ -108,7 +109,7 @@ func (e *encoder) encode(b *batch) {
 // reset drops e's references to the callers' strings.
 func (e *encoder) reset() {
 	for i := range e.req.Items {
-		e.msgs[i].Name, e.msgs[i].Key = "", ""
+		e.msgs[i].Name, e.msgs[i].Key, e.msgs[i].Traceparent = "", "", ""
 		e.ptrs[i] = nil
 	}
 	e.req.Items = nil

@@ -16,6 +16,9 @@ import (
 const (
 	// MaxTimeZoneLen bounds time_zone, in bytes.
 	MaxTimeZoneLen = limiter.MaxZoneNameLen
+	// TraceParentLen is the length of a W3C traceparent of version 00,
+	// the only one the Peer service carries (RateLimitRequest.traceparent).
+	TraceParentLen = 55
 	// MaxCachedZones bounds the time zones one Codec keeps loaded. Only
 	// names that load are cached, and IANA has about 600.
 	MaxCachedZones = 1024

@@ -285,6 +285,8 @@ func decodeRequestItem(r *reader, m *pb.RateLimitRequest, sp *requestSpace, i in
 			m.UnreachablePolicy = pb.UnreachablePolicy(v)
 		case 13:
 			m.Refund, ok = r.bool(typ)
+		case 14:
+			m.Traceparent, ok = r.str(typ)
 		default:
 			return false
 		}
@@ -464,7 +466,7 @@ func sizePeerRequest(m *pb.PeerCheckRequest) (int, bool) {
 	}
 	n := sizeLen(len(m.From)) + sizeVarint(m.Seq)
 	for _, it := range m.Items {
-		if it == nil || len(it.ProtoReflect().GetUnknown()) > 0 || !validStrings(it.Name, it.Key, it.TimeZone) {
+		if it == nil || len(it.ProtoReflect().GetUnknown()) > 0 || !validStrings(it.Name, it.Key, it.TimeZone, it.Traceparent) {
 			return 0, false
 		}
 		n += 1 + protowire.SizeBytes(sizeRequestItem(it))
@@ -476,7 +478,8 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 	n := sizeLen(len(m.Name)) + sizeLen(len(m.Key)) +
 		sizeInt(m.Limit) + sizeInt(m.PeriodNanos) + sizeInt(m.Burst) +
 		sizeInt(int64(m.Algorithm)) + sizeInt(int64(m.Calendar)) + sizeLen(len(m.TimeZone)) +
-		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund)
+		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund) +
+		sizeLen(len(m.Traceparent))
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
@@ -504,6 +507,7 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendBool(b, 11, it.DrainOverLimit)
 		b = appendInt(b, 12, int64(it.UnreachablePolicy))
 		b = appendBool(b, 13, it.Refund)
+		b = appendString(b, 14, it.Traceparent)
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)
 }

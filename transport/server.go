@@ -23,10 +23,10 @@ const (
 	// MaxMessageSize is the largest message a server accepts, in bytes,
 	// and a larger one is refused with ResourceExhausted before it is
 	// read: the largest batch, of MaxBatchItems requests with name, key
-	// and time zone at their longest and every number at its longest
-	// encoding (1,338,142 bytes; size.go). Padding (wire.go) only brings
-	// small messages up to about 1 KiB. A Transfer is sent in calls that
-	// fit (TransferSplit).
+	// and time zone at their longest, a traceparent, and every number at
+	// its longest encoding (1,396,142 bytes; size.go). Padding (wire.go)
+	// only brings small messages up to about 1 KiB. A Transfer is sent in
+	// calls that fit (TransferSplit).
 	MaxMessageSize = max(maxPeerRequest, maxBatchRequest, maxPeerResponse, maxBatchResponse)
 	// WindowSize is the HTTP/2 flow-control window, per stream and per
 	// connection, that ServerOptions sets and peer clients use. gRPC's
@@ -256,17 +256,32 @@ func (p *peerServer) authorize(ctx context.Context) error {
 
 // decide converts items, decides the valid ones with the local Checker and
 // writes one response per item to out, which has len(items) messages.
+// When an item carries a traceparent, the Checker finds them all with
+// TraceParents.
 func (p *peerServer) decide(ctx context.Context, items []*pb.RateLimitRequest, out []*pb.RateLimitResponse, buf *decideBuffers) {
 	reqs := buf.reqs[:0]
 	idx := buf.idx[:0] // reqs[j] is items[idx[j]]
+	traced := false    // an item has a traceparent: then traces[j] is reqs[j]'s
+	var traces []string
 	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
 		if err != nil {
 			EncodeResult(out[i], &Result{Err: err})
 			continue
 		}
+		if m.Traceparent != "" && !traced {
+			traced = true
+			traces = append(buf.traces.parents[:0], make([]string, len(reqs))...)
+		}
 		reqs = append(reqs, r)
 		idx = append(idx, i)
+		if traced {
+			traces = append(traces, m.Traceparent)
+		}
+	}
+	if traced {
+		buf.traces.parents = traces
+		ctx = context.WithValue(ctx, itemTracesKey{}, &buf.traces)
 	}
 	if len(reqs) > 0 && p.into != nil {
 		res := buf.res[:0]
@@ -280,6 +295,10 @@ func (p *peerServer) decide(ctx context.Context, items []*pb.RateLimitRequest, o
 	}
 	clear(reqs) // keep no references to this batch's strings
 	buf.reqs, buf.idx = reqs[:0], idx[:0]
+	if traced {
+		clear(traces)
+		buf.traces.parents = traces[:0]
+	}
 }
 
 // decideBuffers are decide's scratch slices, reused by a stream from one
@@ -288,6 +307,8 @@ type decideBuffers struct {
 	reqs []limiter.Request
 	idx  []int
 	res  []Result // for a CheckerInto
+	// traces are the requests' traceparents, when one has one.
+	traces itemTraces
 }
 
 // streamBuffers are the buffers of one CheckStream handler.

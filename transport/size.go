@@ -25,10 +25,10 @@ const (
 	varintField = 1 + binary.MaxVarintLen64 // any integer, enum or bool
 	lenField    = 1 + 2                     // the tag and length of a string or an item
 
-	// A RateLimitRequest with name, key and time_zone at their longest
-	// and every number at its longest varint.
+	// A RateLimitRequest with name, key and time_zone at their longest,
+	// a traceparent and every number at its longest varint.
 	maxRequestItem = lenField + limiter.MaxNameLen + lenField + limiter.MaxKeyLen +
-		lenField + MaxTimeZoneLen + 10*varintField
+		lenField + MaxTimeZoneLen + lenField + TraceParentLen + 10*varintField
 	maxPeerRequest  = lenField + limiter.MaxNameLen + MaxBatchItems*(lenField+maxRequestItem) + varintField
 	maxBatchRequest = MaxBatchItems * (lenField + maxRequestItem)
 

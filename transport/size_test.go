@@ -56,6 +56,7 @@ func largest[M proto.Message](t *testing.T, m M, maxLen map[protoreflect.Name]in
 func largestBatches(t *testing.T) (*pb.PeerCheckRequest, *pb.BatchCheckRequest) {
 	item := largest(t, new(pb.RateLimitRequest), map[protoreflect.Name]int{
 		"name": limiter.MaxNameLen, "key": limiter.MaxKeyLen, "time_zone": MaxTimeZoneLen,
+		"traceparent": TraceParentLen,
 	})
 	peer := largest(t, new(pb.PeerCheckRequest), map[protoreflect.Name]int{"from": limiter.MaxNameLen})
 	public := new(pb.BatchCheckRequest)
@@ -101,8 +102,8 @@ func TestMessageSizeBounds(t *testing.T) {
 	if MaxMessageSize != maxPeerRequest || padTo > MaxMessageSize {
 		t.Errorf("MaxMessageSize %d, want the largest peer request %d (and above padTo %d)", MaxMessageSize, maxPeerRequest, padTo)
 	}
-	if size := MaxMessageSize; size != 1_338_142 {
-		t.Errorf("MaxMessageSize %d, and its doc says 1,338,142", size)
+	if size := MaxMessageSize; size != 1_396_142 {
+		t.Errorf("MaxMessageSize %d, and its doc says 1,396,142", size)
 	}
 }
 
@@ -211,7 +212,7 @@ func TestTransferSplit(t *testing.T) {
 	}{
 		{"none", nil, 0, false},
 		{"small states", small, 3, false},
-		{"full logs", fullStates(40), 4, false}, // 13 per call: bounded by size
+		{"full logs", fullStates(40), 3, false}, // 14 per call: bounded by size
 		{"a state over the limits goes alone", huge, 1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -410,7 +410,13 @@ type RateLimitRequest struct {
 	// Public API only; see UnreachablePolicy.
 	UnreachablePolicy UnreachablePolicy `protobuf:"varint,12,opt,name=unreachable_policy,json=unreachablePolicy,proto3,enum=sluice.v1.UnreachablePolicy" json:"unreachable_policy,omitempty"`
 	// Give hits back instead of consuming them (limiter.Refund).
-	Refund        bool `protobuf:"varint,13,opt,name=refund,proto3" json:"refund,omitempty"`
+	Refund bool `protobuf:"varint,13,opt,name=refund,proto3" json:"refund,omitempty"`
+	// Peer service only: the W3C traceparent (version 00, 55 characters) of
+	// the span that forwarded the check, so that the owner's span of its
+	// decision joins the caller's trace. Empty when the sender does not
+	// trace; ignored by the Sluice service, and by an owner that does not
+	// trace or cannot parse it. tracestate is not carried.
+	Traceparent   string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -534,6 +540,13 @@ func (x *RateLimitRequest) GetRefund() bool {
 		return x.Refund
 	}
 	return false
+}
+
+func (x *RateLimitRequest) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
@@ -1517,7 +1530,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xd0\x03\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xf2\x03\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -1532,7 +1545,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	" \x01(\bR\x05reset\x12(\n" +
 	"\x10drain_over_limit\x18\v \x01(\bR\x0edrainOverLimit\x12K\n" +
 	"\x12unreachable_policy\x18\f \x01(\x0e2\x1c.sluice.v1.UnreachablePolicyR\x11unreachablePolicy\x12\x16\n" +
-	"\x06refund\x18\r \x01(\bR\x06refundB\a\n" +
+	"\x06refund\x18\r \x01(\bR\x06refund\x12 \n" +
+	"\vtraceparent\x18\x0e \x01(\tR\vtraceparentB\a\n" +
 	"\x05_hits\"\xf0\x02\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +

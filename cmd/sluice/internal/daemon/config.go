@@ -116,6 +116,21 @@ type Config struct {
 	// Lease configures token leases for hot keys (cluster.LeaseConfig);
 	// a Threshold of 0 turns them off.
 	Lease cluster.LeaseConfig
+
+	// TracingEndpoint, host:port of an OTLP/gRPC collector, turns on
+	// tracing (cluster.Config.TracerProvider): spans are batched and sent
+	// there. Empty, the default: no tracing.
+	TracingEndpoint string
+	// TracingInsecure sends spans without TLS (a collector on the same
+	// host or a trusted network); otherwise TLS verified by the system's
+	// roots.
+	TracingInsecure bool
+	// TracingSampleRatio is the share of checks without a sampled parent
+	// that are traced, in [0, 1]; a check whose caller's trace is sampled
+	// is traced whatever it is.
+	TracingSampleRatio float64
+	// TracingKeys adds client keys to spans (cluster.Config.TraceKeys).
+	TracingKeys bool
 }
 
 // Bounds on Config fields.
@@ -161,6 +176,8 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   10 * time.Second,
 		LogFormat:         "json",
 		LogLevel:          slog.LevelInfo,
+
+		TracingSampleRatio: 0.01,
 	}
 }
 
@@ -456,6 +473,37 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.AdminIdentities = splitList(v); return nil },
 		check: func(c *Config) error { return checkIdentities(c.AdminIdentities) },
 		show:  func(c *Config) string { return strings.Join(c.AdminIdentities, ",") }},
+	{key: "tracing_endpoint", usage: "OTLP/gRPC collector that receives traces, host:port; empty: no tracing",
+		parse: func(c *Config, v string) error { c.TracingEndpoint = v; return nil },
+		check: func(c *Config) error {
+			if c.TracingEndpoint == "" {
+				return nil
+			}
+			return checkEndpoint(c.TracingEndpoint)
+		},
+		show: func(c *Config) string { return c.TracingEndpoint }},
+	{key: "tracing_insecure", usage: "send traces to tracing_endpoint without TLS",
+		parse: func(c *Config, v string) error { return parseBool(&c.TracingInsecure, v) },
+		show:  func(c *Config) string { return strconv.FormatBool(c.TracingInsecure) }},
+	{key: "tracing_sample_ratio", usage: "share of checks traced when their caller's trace says nothing, in [0, 1]",
+		parse: func(c *Config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", v)
+			}
+			c.TracingSampleRatio = f
+			return nil
+		},
+		check: func(c *Config) error {
+			if !(c.TracingSampleRatio >= 0 && c.TracingSampleRatio <= 1) {
+				return fmt.Errorf("%v is outside [0, 1]", c.TracingSampleRatio)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatFloat(c.TracingSampleRatio, 'g', -1, 64) }},
+	{key: "tracing_keys", usage: "record client keys in spans (personal data in many deployments)",
+		parse: func(c *Config, v string) error { return parseBool(&c.TracingKeys, v) },
+		show:  func(c *Config) string { return strconv.FormatBool(c.TracingKeys) }},
 }
 
 // checkIdentities checks a list of certificate identities.
@@ -609,6 +657,18 @@ func checkAddr(a string) error {
 	return checkHost(host)
 }
 
+// checkEndpoint accepts host:port of a server to call: a host, and a
+// port in [1, 65535].
+func checkEndpoint(a string) error {
+	if err := checkAddr(a); err != nil {
+		return err
+	}
+	if host, port, _ := net.SplitHostPort(a); host == "" || port == "0" {
+		return fmt.Errorf("%q needs a host and a port other than 0", a)
+	}
+	return nil
+}
+
 func checkHost(h string) error {
 	if strings.IndexFunc(h, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == '/' }) >= 0 {
 		return fmt.Errorf("%q is not a host name or address", h)
@@ -625,6 +685,15 @@ func splitList(v string) []string {
 		parts[i] = strings.TrimSpace(parts[i])
 	}
 	return parts
+}
+
+func parseBool(dst *bool, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", v)
+	}
+	*dst = b
+	return nil
 }
 
 func parseDuration(dst *time.Duration, v string) error {

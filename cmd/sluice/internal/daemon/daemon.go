@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rules"
@@ -75,7 +76,8 @@ type Daemon struct {
 	metrics *httpMetrics
 	codec   transport.Codec
 
-	node *cluster.Node
+	node   *cluster.Node
+	tracer *sdktrace.TracerProvider // nil without Config.TracingEndpoint
 	// rules keeps Config.RulesFile current; nil without one. enforcer
 	// applies its rules for POST /v1/rules/check.
 	rules    *rules.Watcher
@@ -167,8 +169,17 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}
 		d.lis = tls.NewListener(d.lis, h)
 	}
+	if d.tracer, err = newTracerProvider(&cfg); err != nil {
+		d.lis.Close()
+		return nil, err
+	}
+	if d.tracer != nil {
+		cc.TracerProvider = d.tracer
+		cc.TraceKeys = cfg.TracingKeys
+	}
 	if d.node, err = cluster.New(cc); err != nil {
 		d.lis.Close()
+		d.stopTracing(context.Background())
 		return nil, fmt.Errorf("daemon: start node: %w", err)
 	}
 	d.enforcer = rules.Enforcer{Limiter: d.node, MaxWait: maxRulesWait}
@@ -371,6 +382,12 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	default:
 		errs = append(errs, fmt.Errorf("daemon: leave: %w", err))
 	}
+	// Last, so that the spans of the hand-off go out too.
+	tctx, cancel := context.WithTimeout(ctx, exportTimeout)
+	if err := d.stopTracing(tctx); err != nil {
+		d.logger.Warn("sluice: traces not exported", "err", err)
+	}
+	cancel()
 	d.logger.Info("sluice: daemon stopped", "node", d.cfg.NodeName)
 	return errors.Join(errs...)
 }
@@ -382,7 +399,11 @@ func (d *Daemon) Close() error {
 	d.srv.Close()
 	<-d.served
 	d.closeRules()
-	return d.node.Close()
+	err := d.node.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), exportTimeout)
+	defer cancel()
+	d.stopTracing(ctx) // spans that do not go out in time are lost
+	return err
 }
 
 // closeRules stops watching Config.RulesFile, once no request uses the

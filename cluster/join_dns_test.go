@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -136,5 +137,26 @@ func TestJoinThroughDNSName(t *testing.T) {
 	k, err := joiner.Join(cfg.Seeds...)
 	if err != nil || k != 2 {
 		t.Fatalf("Join(%s) = %d, %v; want the 2 other nodes", cfg.Seeds[0], k, err)
+	}
+}
+
+// A node bound to every interface answers at addresses other than the one
+// it advertises: a seed naming one of them reaches the node itself, which
+// is no join.
+func TestJoinReachingOnlyItself(t *testing.T) {
+	port := freePortOn(t, "0.0.0.0", "127.0.0.2")
+	cfg := cluster.TestConfig("self-joiner")
+	cfg.GossipAddr = net.JoinHostPort("0.0.0.0", port)
+	cfg.AdvertiseHost = "127.0.0.1"
+	cfg.Seeds = []string{net.JoinHostPort("127.0.0.2", port)}
+	nd := startNode(t, cfg)
+	if nd.Ready() {
+		t.Fatal("ready after joining only itself")
+	}
+	if _, err := nd.Join(cfg.Seeds...); !errors.Is(err, cluster.ErrJoin) {
+		t.Fatalf("Join of its own other address: %v, want ErrJoin", err)
+	}
+	if nd.Ready() {
+		t.Fatal("ready after joining only itself")
 	}
 }

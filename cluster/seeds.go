@@ -92,6 +92,14 @@ func resolveSeeds(ctx context.Context, r Resolver, seeds []string, self netip.Ad
 // address but this node's, so that a node whose seeds' DNS name answers
 // with its own address alone, as a headless service does while the other
 // pods start, keeps retrying rather than join itself.
+//
+// serf hands memberlist addresses only. memberlist (v0.7.0, resolveAddr)
+// would resolve a name too, to all its addresses, but not through an
+// injectable resolver (a TCP query of type ANY to the first server of
+// /etc/resolv.conf for names with a dot, then net.LookupIP), and it joins
+// every address it finds, its own included: a push-pull with itself
+// succeeds, so a name answering with this node alone would count as a
+// join, and the node would be ready alone and stop retrying.
 func (n *Node) join(seeds []string) (int, error) {
 	ctx, cancel := context.WithTimeout(n.transfers.ctx, resolveTimeout)
 	defer cancel()
@@ -109,11 +117,29 @@ func (n *Node) join(seeds []string) (int, error) {
 	if n.serf.State() != serf.SerfAlive {
 		return k, fmt.Errorf("%w: serf stopped (another node has the name %q?)", ErrJoin, n.cfg.NodeName)
 	}
+	if !n.knowsAnotherMember() {
+		// Only this node answered, at an address other than the one it
+		// advertises (bound to every interface, say).
+		return k, fmt.Errorf("%w: %w", ErrJoin, errOnlySelf)
+	}
 	if rerr != nil {
 		n.logger.Warn("cluster: joined, but some seeds did not resolve", "err", rerr)
 	}
 	n.joined()
 	return k, nil
+}
+
+// knowsAnotherMember reports whether serf lists a member other than this
+// node, in any state: a join that reached another node has merged its
+// member list before Join returned. Members it saw fail before (a join
+// that heals a partition) may be listed failed until they refute it.
+func (n *Node) knowsAnotherMember() bool {
+	for _, m := range n.serf.Members() {
+		if m.Name != n.cfg.NodeName {
+			return true
+		}
+	}
+	return false
 }
 
 // selfGossip returns the gossip address this node advertises.

@@ -47,9 +47,16 @@ type Config struct {
 	// the bind host, or the address serf advertises when bound to all
 	// interfaces.
 	AdvertiseHost string
-	// Seeds are gossip addresses of existing members to join. A node whose
-	// seeds do not answer starts alone and retries every RetryJoinInterval.
-	Seeds             []string
+	// Seeds are gossip addresses, host:port, of existing members to join.
+	// A host name stands for every address (A and AAAA) it resolves to at
+	// each attempt, such as a Kubernetes headless Service's pods; this
+	// node's own address is left out. A node whose seeds do not answer,
+	// or resolve to no address but its own, starts not ready and retries,
+	// resolving them again, every RetryJoinInterval.
+	Seeds []string
+	// Resolver resolves the host names of Seeds; nil is
+	// net.DefaultResolver.
+	Resolver          Resolver
 	RetryJoinInterval time.Duration
 	Profile           Profile
 

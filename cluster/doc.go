@@ -43,6 +43,8 @@
 //     the owner's side;
 //   - outbox.go: one queue and worker per peer, one retry policy, for
 //     hand-off states, copies and hand-over confirmations;
+//   - seeds.go: the one join path, which resolves seeds' host names to
+//     every address but this node's at each attempt;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on
 //     membership changes, built on those; node.go: lifecycle and wiring.
 //

@@ -48,9 +48,10 @@ type Stats struct {
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
 type Node struct {
-	cfg    Config
-	logger *slog.Logger
-	now    func() time.Time
+	cfg      Config
+	logger   *slog.Logger
+	now      func() time.Time
+	resolver Resolver // resolves the host names of seeds
 
 	store *limiter.Store
 	ring  *ring.Ring
@@ -100,6 +101,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if n.now == nil {
 		n.now = time.Now
+	}
+	if n.resolver = cfg.Resolver; n.resolver == nil {
+		n.resolver = net.DefaultResolver
 	}
 	node := n // n is nil once a failing return has run; Close needs the node
 	defer func() {
@@ -211,12 +215,10 @@ func New(cfg Config) (n *Node, err error) {
 	n.startTransfers()
 	if len(cfg.Seeds) == 0 {
 		n.handover.setReady(true, n.now())
-	} else if _, jerr := n.serf.Join(cfg.Seeds, true); jerr != nil {
+	} else if _, jerr := n.join(cfg.Seeds); jerr != nil {
 		n.logger.Warn("cluster: join failed; not ready, retrying: until it joins, the node decides no key as owner and checks get the unreachable policy",
 			"seeds", cfg.Seeds, "retry", cfg.RetryJoinInterval, "err", jerr)
 		n.goFunc(n.retryJoinLoop)
-	} else {
-		n.joined()
 	}
 	n.logger.Info("cluster: node started", "name", cfg.NodeName, "gossip", n.GossipAddr(), "grpc", grpcAddr)
 	return n, nil
@@ -307,21 +309,14 @@ func (n *Node) GossipAddr() string {
 // GRPCAddr returns the address the node serves gRPC on, as advertised.
 func (n *Node) GRPCAddr() string { return n.serf.LocalMember().Tags[grpcTag] }
 
-// Join joins the cluster through any of the given gossip addresses and
+// Join joins the cluster through any of the given gossip addresses, host
+// names resolved to all their addresses and this node's own left out, and
 // returns how many it reached.
 func (n *Node) Join(seeds ...string) (int, error) {
 	if n.closed.Load() {
 		return 0, ErrClosed
 	}
-	k, err := n.serf.Join(seeds, true)
-	if err != nil {
-		return k, fmt.Errorf("%w: %w", ErrJoin, err)
-	}
-	if n.serf.State() != serf.SerfAlive {
-		return k, fmt.Errorf("%w: serf stopped (another node has the name %q?)", ErrJoin, n.cfg.NodeName)
-	}
-	n.joined()
-	return k, nil
+	return n.join(seeds)
 }
 
 // Members returns every member serf knows, alive or not.
@@ -497,11 +492,10 @@ func (n *Node) retryJoinLoop() {
 		case <-n.shutdown:
 			return
 		case <-t.C:
-			// memberlist resolves host names on every Join: a headless
-			// service's new addresses are found.
-			k, err := n.serf.Join(n.cfg.Seeds, true)
-			if err == nil && k > 0 {
-				n.joined()
+			// join resolves the seeds again: a headless service's
+			// pods that started since are found.
+			_, err := n.join(n.cfg.Seeds)
+			if err == nil {
 				return
 			}
 			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", n.cfg.Seeds, "err", err)

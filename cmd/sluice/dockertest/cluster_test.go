@@ -1,10 +1,8 @@
 package dockertest
 
 import (
-	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 )
 
@@ -18,50 +16,7 @@ func TestExactLimitAcrossContainers(t *testing.T) {
 	c := startCluster(t, 3)
 	const limit, sent, workers = 100, 300, 6
 	req := checkRequest{Name: "dockertest", Key: "exact", Limit: limit, Period: longPeriod, Algorithm: "fixed_window"}
-
-	jobs := make(chan int)
-	var (
-		mu      sync.Mutex // guards allowed, owners and errs
-		allowed int
-		owners  = map[string]int{}
-		errs    []error
-	)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range jobs {
-				d, err := c.check(c.nodes[i%len(c.nodes)], req)
-				mu.Lock()
-				switch {
-				case err != nil:
-					errs = append(errs, err)
-				case d.WithoutOwner:
-					errs = append(errs, fmt.Errorf("check %d decided without its owner: %+v", i, d))
-				default:
-					owners[d.Owner]++
-					if d.Allowed {
-						allowed++
-					}
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for i := range sent {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	if len(owners) != 1 {
-		t.Errorf("checks of one key were decided by %v, want one owner", owners)
-	}
-	if allowed != limit {
-		t.Errorf("admitted %d of %d checks over 3 containers, want exactly %d", allowed, sent, limit)
-	}
+	c.checkExact(req, sent, workers)
 }
 
 // TestKillOwner kills the container that owns a key: the other two keep

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -37,14 +38,6 @@ const (
 	convergeWait  = 60 * time.Second
 	httpTimeout   = 10 * time.Second // one HTTP request to a daemon
 )
-
-// dockerfile is the image: the static binary and nothing else.
-const dockerfile = `FROM scratch
-COPY sluice /sluice
-USER 65534:65534
-EXPOSE 7946/tcp 7946/udp 7947/tcp 8080/tcp
-ENTRYPOINT ["/sluice"]
-`
 
 // env is what every test shares: the image and the network, built once.
 type env struct {
@@ -128,6 +121,10 @@ func newEnv() (e *env, err error) {
 		return e, fmt.Errorf("dockertest: %w", err)
 	}
 	if err := buildBinary(filepath.Join(e.dir, "sluice")); err != nil {
+		return e, err
+	}
+	dockerfile, err := imageDockerfile()
+	if err != nil {
 		return e, err
 	}
 	if err := os.WriteFile(filepath.Join(e.dir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
@@ -217,13 +214,14 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// cluster is a set of sluice daemons, one per container. Node 0 is the
-// seed: it starts with no join address and the others join it.
+// cluster is a set of sluice daemons, one per container.
 type cluster struct {
 	t      *testing.T
 	env    *env
 	nodes  []*node
 	client *http.Client
+	join   joinPlan
+	args   []string // serve flags of every node
 }
 
 // node is one container. Its name is also the daemon's node name and its
@@ -233,13 +231,47 @@ type node struct {
 	base string // http://127.0.0.1:port of its published HTTP port
 }
 
-// startCluster starts n containers and waits until each is ready and
-// routes to all n. The containers are removed when the test ends, after
-// their logs are written to the test log if it failed.
+// joinPlan returns how node i of c joins the others: options of its
+// docker run, and flags of its sluice serve.
+type joinPlan func(c *cluster, i int) (runOpts, serveArgs []string)
+
+// joinFirst makes node 0 the seed: it starts with no join address and the
+// others join it by its container name.
+func joinFirst(c *cluster, i int) (runOpts, serveArgs []string) {
+	if i == 0 {
+		return nil, nil
+	}
+	return nil, []string{"--join", c.nodes[0].name + ":7946"}
+}
+
+// joinAlias gives every node the network alias alias and makes it join
+// alias alone: Docker's DNS answers the alias with every container that
+// carries it, as a Kubernetes headless Service's name does with its pods.
+func joinAlias(alias string) joinPlan {
+	return func(*cluster, int) (runOpts, serveArgs []string) {
+		return []string{"--network-alias", alias}, []string{"--join", alias + ":7946"}
+	}
+}
+
+// startCluster starts n containers, node 0 the seed (joinFirst), and
+// waits until each is ready and routes to all n.
 func startCluster(t *testing.T, n int, serveArgs ...string) *cluster {
 	t.Helper()
+	c := newCluster(t, n, joinFirst, serveArgs...)
+	for _, nd := range c.nodes {
+		c.start(nd)
+	}
+	c.waitMembers(c.nodes, n)
+	return c
+}
+
+// newCluster names n containers, which join as plan says, and starts
+// none. The containers are removed when the test ends, after their logs
+// are written to the test log if it failed.
+func newCluster(t *testing.T, n int, plan joinPlan, serveArgs ...string) *cluster {
+	t.Helper()
 	e := setup(t)
-	c := &cluster{t: t, env: e, client: &http.Client{
+	c := &cluster{t: t, env: e, join: plan, args: serveArgs, client: &http.Client{
 		Timeout: httpTimeout,
 		// Only loopback addresses are ever dialled (see publishedPort);
 		// no proxy from the environment may take the requests elsewhere.
@@ -250,31 +282,33 @@ func startCluster(t *testing.T, n int, serveArgs ...string) *cluster {
 		c.nodes = append(c.nodes, &node{name: fmt.Sprintf("sluice-%s-%s-%d", e.run, short, i+1)})
 	}
 	t.Cleanup(c.remove)
-	for i, nd := range c.nodes {
-		args := []string{"run", "--detach", "--name", nd.name, "--hostname", nd.name,
-			"--network", e.network, "--label", label + "=" + e.run,
-			"--publish", "127.0.0.1::8080",
-			e.image, "serve",
-			"--node-name", nd.name,
-			"--gossip-addr", ":7946", "--grpc-addr", ":7947", "--http-addr", ":8080",
-			"--gossip-profile", "fast",
-			"--unreachable", "local",
-			"--retry-join-interval", "500ms",
-			"--log-format", "text", "--log-level", "info",
-		}
-		args = append(args, serveArgs...)
-		if i > 0 {
-			args = append(args, "--join", c.nodes[0].name+":7946")
-		}
-		if _, err := docker(dockerTimeout, args...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, nd := range c.nodes {
-		c.findPort(nd)
-	}
-	c.waitMembers(c.nodes, n)
 	return c
+}
+
+// start runs nd's container, which runs the image's entrypoint,
+// `sluice serve`, and waits until Docker publishes its HTTP port.
+func (c *cluster) start(nd *node) {
+	c.t.Helper()
+	runOpts, joinArgs := c.join(c, slices.Index(c.nodes, nd))
+	args := []string{"run", "--detach", "--name", nd.name, "--hostname", nd.name,
+		"--network", c.env.network, "--label", label + "=" + c.env.run,
+		"--publish", "127.0.0.1::8080",
+	}
+	args = append(args, runOpts...)
+	args = append(args, c.env.image,
+		"--node-name", nd.name,
+		"--gossip-addr", ":7946", "--grpc-addr", ":7947", "--http-addr", ":8080",
+		"--gossip-profile", "fast",
+		"--unreachable", "local",
+		"--retry-join-interval", "500ms",
+		"--log-format", "text", "--log-level", "info",
+	)
+	args = append(args, c.args...)
+	args = append(args, joinArgs...)
+	if _, err := docker(dockerTimeout, args...); err != nil {
+		c.t.Fatal(err)
+	}
+	c.findPort(nd)
 }
 
 // remove dumps the logs of a failed test and removes the containers.
@@ -463,6 +497,63 @@ func (c *cluster) check(nd *node, req checkRequest) (decision, error) {
 		return d, fmt.Errorf("%s: decoding %q: %w", nd.name, b, err)
 	}
 	return d, nil
+}
+
+// checkExact spreads sent checks of req over every node (spread) and
+// fails the test unless one owner decided them all and exactly req.Limit
+// were allowed.
+func (c *cluster) checkExact(req checkRequest, sent, workers int) {
+	c.t.Helper()
+	allowed, owners, err := c.spread(c.nodes, req, sent, workers)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if len(owners) != 1 {
+		c.t.Errorf("checks of one key were decided by %v, want one owner", owners)
+	}
+	if allowed != int(req.Limit) {
+		c.t.Errorf("admitted %d of %d checks over %d containers, want exactly %d", allowed, sent, len(c.nodes), req.Limit)
+	}
+}
+
+// spread sends sent checks of req from workers goroutines at once, the
+// i-th to nodes[i%len(nodes)], and returns how many were allowed and how
+// many each owner decided; a failed check, or one decided without its
+// owner, is an error.
+func (c *cluster) spread(nodes []*node, req checkRequest, sent, workers int) (allowed int, owners map[string]int, err error) {
+	jobs := make(chan int)
+	var (
+		mu   sync.Mutex // guards allowed, owners and errs
+		errs []error
+	)
+	owners = map[string]int{}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range jobs {
+				d, err := c.check(nodes[i%len(nodes)], req)
+				mu.Lock()
+				switch {
+				case err != nil:
+					errs = append(errs, err)
+				case d.WithoutOwner:
+					errs = append(errs, fmt.Errorf("check %d decided without its owner: %+v", i, d))
+				default:
+					owners[d.Owner]++
+					if d.Allowed {
+						allowed++
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range sent {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	return allowed, owners, errors.Join(errs...)
 }
 
 // agreedOwner checks req on every node of nodes and returns the owner they

@@ -39,8 +39,11 @@ type Config struct {
 	// AdvertiseHost is the host other nodes reach this one at; empty means
 	// the bind host.
 	AdvertiseHost string
-	// Join are gossip addresses of members to join. Empty starts a new
-	// cluster.
+	// Join are gossip addresses, host:port, of members to join. A host
+	// name stands for every address it resolves to, looked up again at
+	// each attempt (every RetryJoinInterval until one answers), with this
+	// node's own left out: one Kubernetes headless Service name finds
+	// every pod. Empty starts a new cluster.
 	Join              []string
 	RetryJoinInterval time.Duration
 	GossipProfile     cluster.Profile
@@ -256,7 +259,7 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.AdvertiseHost = v; return nil },
 		check: func(c *Config) error { return checkHost(c.AdvertiseHost) },
 		show:  func(c *Config) string { return c.AdvertiseHost }},
-	{key: "join", list: true, usage: "gossip addresses of members to join, comma-separated",
+	{key: "join", list: true, usage: "gossip addresses of members to join, comma-separated; a host name means all its addresses, resolved at each attempt",
 		parse: func(c *Config, v string) error { c.Join = splitList(v); return nil },
 		check: func(c *Config) error {
 			for i, a := range c.Join {

@@ -70,3 +70,11 @@ func (s *Store) Forget(name, key string) (held bool) {
 	})
 	return held
 }
+
+// ResetRequest returns the request that resets (name, key) to fresh,
+// whatever the algorithm and parameters of its state, and consumes
+// nothing: Hits 0 and Behavior Reset, with parameters (a token bucket of 1
+// hit per second) that only shape the decision on the fresh state.
+func ResetRequest(name, key string) Request {
+	return Request{Name: name, Key: key, Hits: 0, Limit: 1, Period: time.Second, Algorithm: TokenBucket, Behavior: Reset}
+}

@@ -88,3 +88,26 @@ func TestStoreForget(t *testing.T) {
 		t.Errorf("the first check after Forget: %+v, %v; want the whole limit admitted", d, err)
 	}
 }
+
+// ResetRequest resets a key of every algorithm: no live state is left,
+// and the next request is decided as on a fresh key.
+func TestResetRequest(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	for _, a := range Algorithms {
+		s := newTestStore(t)
+		req := Request{Name: "api", Key: "k", Hits: 10, Limit: 10, Period: time.Minute, Algorithm: a}
+		if _, err := s.CheckAt(req, t0); err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.CheckAt(ResetRequest("api", "k"), t0.Add(time.Second))
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: reset: %+v, %v", a, d, err)
+		}
+		if sn, ok := s.Snapshot("api", "k", t0.Add(time.Second)); ok {
+			t.Errorf("%s: live state after the reset: %+v", a, sn)
+		}
+		if d, err := s.CheckAt(req, t0.Add(time.Second)); err != nil || !d.Allowed {
+			t.Errorf("%s: the limit after the reset: %+v, %v", a, d, err)
+		}
+	}
+}

@@ -44,7 +44,10 @@
 //   - outbox.go: one queue and worker per peer, one retry policy, for
 //     hand-off states, copies and hand-over confirmations;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on
-//     membership changes, built on those; node.go: lifecycle and wiring.
+//     membership changes, built on those; node.go: lifecycle and wiring;
+//   - inspect.go: [Node.Inspect], a key's state read where a check would
+//     be decided, and the reset of a key's replicas when its owner resets
+//     it.
 //
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every

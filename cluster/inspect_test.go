@@ -133,3 +133,23 @@ func TestInspectRejects(t *testing.T) {
 		t.Errorf("closed: %v", err)
 	}
 }
+
+// A reset clears a key's state on its owner while a lease of the key
+// holds every hit left: the leased hits are the holder's until the lease
+// ends, the state on the owner is fresh.
+func TestResetWithLeaseOut(t *testing.T) {
+	c := leaseCluster(t, 3, 10*time.Second, 1)
+	req := limiter.Request{Name: "hot", Key: "reset", Hits: 1, Limit: 1000, Period: 1000 * time.Hour, Algorithm: limiter.TokenBucket}
+	nd := nonOwners(c, req.Name, req.Key)[0]
+	checkUntilLeased(t, nd, req)
+	owner := c.Owner(req.Name, req.Key)
+	if ins, err := nd.Inspect(context.Background(), req.Name, req.Key); err != nil || !ins.Found || ins.Owner != owner.Name() {
+		t.Fatalf("before the reset: %+v, %v; want the owner's state", ins, err)
+	}
+	if d, err := nd.Check(context.Background(), limiter.ResetRequest(req.Name, req.Key)); err != nil || d.Owner != owner.Name() {
+		t.Fatalf("reset: %+v, %v", d, err)
+	}
+	if ins, err := nd.Inspect(context.Background(), req.Name, req.Key); err != nil || ins.Found {
+		t.Fatalf("after the reset: %+v, %v; want the key fresh on its owner", ins, err)
+	}
+}

@@ -73,8 +73,10 @@ func (s *Store) Forget(name, key string) (held bool) {
 
 // ResetRequest returns the request that resets (name, key) to fresh,
 // whatever the algorithm and parameters of its state, and consumes
-// nothing: Hits 0 and Behavior Reset, with parameters (a token bucket of 1
-// hit per second) that only shape the decision on the fresh state.
+// nothing: Hits 0 and Behavior Reset, with parameters (a fixed window of 1
+// hit per second) that only shape the decision on the fresh state. The
+// fixed window holds no hits apart from its state, as a cluster's leases
+// of a bucket do, so the reset clears the whole state.
 func ResetRequest(name, key string) Request {
-	return Request{Name: name, Key: key, Hits: 0, Limit: 1, Period: time.Second, Algorithm: TokenBucket, Behavior: Reset}
+	return Request{Name: name, Key: key, Hits: 0, Limit: 1, Period: time.Second, Algorithm: FixedWindow, Behavior: Reset}
 }

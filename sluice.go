@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -46,6 +47,26 @@ type Decision struct {
 type Result struct {
 	Decision
 	Err error
+}
+
+// Inspection is one key's state as its owner holds it, for operators: what
+// an admin's inspect returns. Reading it changes nothing.
+type Inspection struct {
+	// State is the key's state when Found; Found is false when the owner
+	// holds no live state, so that the key is fresh.
+	State limiter.Snapshot
+	Found bool
+	// Owner names the node whose store was read: the key's owner, or the
+	// node asked when WithoutOwner is set.
+	Owner string
+	// Replicas names the nodes that hold copies of the key's state, in
+	// ring order after the owner; empty without replication.
+	Replicas []string
+	// WithoutOwner is true when the owner could not be reached and the
+	// state is the one the node asked holds.
+	WithoutOwner bool
+	// At is when the state was read, on the reading node's clock.
+	At time.Time
 }
 
 // Policy says how a check is decided when its key's owner cannot be

@@ -275,6 +275,45 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	return Health{Status: resp.GetStatus(), Members: int(resp.GetMembers()), Node: resp.GetNode()}, nil
 }
 
+// Inspect asks the daemon for the state of (name, key) as the key's owner
+// holds it, with the owner and the nodes that hold copies. Reading it
+// changes nothing. A daemon may keep it to some callers: its refusal
+// carries gRPC's PermissionDenied.
+func (c *Client) Inspect(ctx context.Context, name, key string) (sluice.Inspection, error) {
+	if err := limiter.ValidateKey(name, key); err != nil {
+		return sluice.Inspection{}, err
+	}
+	if c.closed.Load() {
+		return sluice.Inspection{}, ErrClosed
+	}
+	if ctx == nil {
+		return sluice.Inspection{}, ErrNilContext
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	resp, err := c.rpc.Inspect(ctx, &pb.InspectRequest{Name: name, Key: key})
+	if err != nil {
+		return sluice.Inspection{}, c.callError(ctx, "inspect", err)
+	}
+	return transport.InspectionFromProto(resp, name, key)
+}
+
+// Reset asks the daemon to reset (name, key) to fresh on its owner, with
+// limiter.ResetRequest, and returns the owner's name. A reset is a
+// destructive behavior, which a daemon may refuse (PermissionDenied). When
+// the owner cannot be reached nothing is reset and the error wraps
+// transport.ErrUnavailable.
+func (c *Client) Reset(ctx context.Context, name, key string) (string, error) {
+	d, err := c.Check(ctx, limiter.ResetRequest(name, key), sluice.OnUnreachable(sluice.PolicyDeny))
+	if err != nil {
+		return "", err
+	}
+	if d.WithoutOwner {
+		return "", fmt.Errorf("client: reset: %w: nothing was reset", transport.ErrUnavailable)
+	}
+	return d.Owner, nil
+}
+
 func (c *Client) callPolicy(opts []sluice.CheckOption) (sluice.Policy, error) {
 	p := sluice.Options(opts).Unreachable
 	if p == sluice.PolicyDefault {

@@ -61,20 +61,36 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []sluice.C
 // Config.HandoverTimeout; then policy decides.
 func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Policy) (sluice.Decision, error) {
 	hash := ring.RouteHash(req.Name, req.Key)
+	var d sluice.Decision
+	err, timedOut := n.retryRoute(ctx, func(ctx context.Context) (err error, again bool) {
+		d, err, again = n.routeOnce(ctx, req, hash, policy)
+		return err, again
+	})
+	if timedOut {
+		n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
+		return n.unreachable(req, policy)
+	}
+	return d, err
+}
+
+// retryRoute makes attempts with once until one says not to try again,
+// and returns its error. Between attempts it waits for the ring or the
+// hand-over to move on, within Config.HandoverTimeout, which also ends
+// the calls of the later attempts; when that passes, it returns timedOut,
+// or the caller's context error, or ErrClosed.
+func (n *Node) retryRoute(ctx context.Context, once func(ctx context.Context) (err error, again bool)) (err error, timedOut bool) {
 	caller := ctx
 	var deadline time.Time
 	backoff := time.Millisecond
 	for {
-		d, err, again := n.routeOnce(ctx, req, hash, policy)
+		err, again := once(ctx)
 		if !again && err != nil && ctx.Err() != nil && caller.Err() == nil {
-			again = true // route's own deadline ended the attempt
+			again = true // retryRoute's own deadline ended the attempt
 		}
 		if !again {
-			return d, err
+			return err, false
 		}
 		if deadline.IsZero() {
-			// The attempts that follow, calls included, end by the
-			// deadline.
 			deadline = time.Now().Add(n.cfg.HandoverTimeout)
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, deadline)
@@ -82,13 +98,12 @@ func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Po
 		}
 		if !n.waitRoute(ctx, deadline, &backoff) {
 			if err := caller.Err(); err != nil {
-				return sluice.Decision{}, err
+				return err, false
 			}
 			if n.closed.Load() {
-				return sluice.Decision{}, ErrClosed
+				return ErrClosed, false
 			}
-			n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
-			return n.unreachable(req, policy)
+			return nil, true
 		}
 	}
 }
@@ -188,12 +203,16 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	if st, _ := n.handover.stateOf(hash); st != owned {
 		return sluice.Decision{}, nil, false
 	}
+	held := false
 	if n.grants.active() {
-		if d, err, held := n.decideLeased(req, hash); held {
-			return d, err, true
-		}
+		d, err, held = n.decideLeased(req, hash)
 	}
-	d, err = n.decideLocal(req)
+	if !held {
+		d, err = n.decideLocal(req)
+	}
+	if err == nil {
+		n.resetReplicas(req)
+	}
 	return d, err, true
 }
 

@@ -138,6 +138,10 @@ type Config struct {
 	// API before it is routed (transport.Permit); the daemon restricts
 	// destructive behaviors with it.
 	PublicPermit transport.Permit
+	// PublicInspectPermit, when set, is asked before every Inspect of the
+	// public API (transport.InspectPermit): inspecting reveals a key's
+	// usage.
+	PublicInspectPermit transport.InspectPermit
 
 	// GossipTransport, when set, wraps the transport serf gossips over:
 	// the node binds memberlist's NetTransport on GossipAddr and hands it

@@ -46,7 +46,10 @@
 //   - seeds.go: the one join path, which resolves seeds' host names to
 //     every address but this node's at each attempt;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on
-//     membership changes, built on those; node.go: lifecycle and wiring.
+//     membership changes, built on those; node.go: lifecycle and wiring;
+//   - inspect.go: [Node.Inspect], a key's state read where a check would
+//     be decided, and the reset of a key's replicas when its owner resets
+//     it.
 //
 // A Node with no peers is a complete single-node limiter. [Node.Leave] leaves
 // the cluster gracefully; [Node.Close] stops at once. Either stops every

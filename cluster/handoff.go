@@ -503,7 +503,16 @@ func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64) {
 
 // TakeStates merges states into the store at the node's time, one at a
 // time so that every invalid one is counted.
+//
+// With reason Reset, the sender reset the keys as their owner: this
+// node's states of them are dropped, whatever its ring says now. A reset
+// delayed past a ring change that made this node the owner also drops
+// what it admitted since; keeping the copy would bring back the state the
+// reset cleared.
 func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int) {
+	if reason == transport.Reset {
+		return s.n.dropCopies(states), 0
+	}
 	now := s.n.now()
 	var firstErr error
 	for i := range states {

@@ -172,9 +172,11 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
-	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n), transport.WithPeerAuth(auth))
+	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
+		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth))
 	if cfg.ServePublicAPI {
-		transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n}, transport.WithPermit(cfg.PublicPermit))
+		transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n}, transport.WithPermit(cfg.PublicPermit),
+			transport.WithInspector(publicAPI{n}), transport.WithInspectPermit(cfg.PublicInspectPermit))
 	}
 	if auth.Open() {
 		n.logger.Warn("cluster: peer calls are open to every caller that reaches GRPCAddr: set TLS with PeerIdentities, or ClusterSecret (or GossipKeys), to admit only cluster members",

@@ -12,17 +12,21 @@ import (
 )
 
 // The outbox carries a node's background traffic to each other node: the
-// states it hands off, the copies it replicates, and its hand-over
-// confirmations. Each peer has one queue and one worker, with its own
-// trigger and stop (raft's followerReplication is the model), which sends
-// in order: hand-off states, then copies, then the confirmation. So a
+// states it hands off, the resets and copies it replicates, and its
+// hand-over confirmations. Each peer has one queue and one worker, with its
+// own trigger and stop (raft's followerReplication is the model), which
+// sends in order: hand-off states, then resets, then copies, then the
+// confirmation. So a
 // confirmation goes out only once every hand-off state queued for the peer
 // before it has been delivered. A failed call is retried after a backoff
 // that doubles from outboxBackoff to outboxMaxBackoff: hand-off states for
 // the outbox's give-up time since they were queued (then they are counted
 // as given up, and the confirmation queued after them is dropped with
 // them), copies for replicaAttempts calls (the next copies supersede
-// them). Only members have queues: states for a node that is not, or no
+// them), resets until the peer is no member (nothing supersedes a reset).
+// Queuing a key's reset drops the copies of the key queued before it,
+// which hold the state the reset cleared; copies queued after it wait
+// for it. Only members have queues: states for a node that is not, or no
 // longer, a member go back to the node (orphan), to be sent to their keys'
 // owners now.
 
@@ -97,8 +101,9 @@ type peerQueue struct {
 	cuts       int        // counts the times the queue was cut under a call
 	handoff    []handoffBatch
 	replica    []limiter.Snapshot
-	attempts   int    // failed calls of the copies at the queue's head
-	confirm    uint64 // the confirmation to send, when hasConfirm
+	resets     []limiter.Snapshot // keys reset by their owner: Name and Key only
+	attempts   int                // failed calls of the copies at the queue's head
+	confirm    uint64             // the confirmation to send, when hasConfirm
 	hasConfirm bool
 }
 
@@ -172,6 +177,18 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 	if len(states) == 0 {
 		return
 	}
+	o.enqueue(to, func(q *peerQueue) {
+		q.replica = append(q.replica, states...)
+		if over := len(q.replica) - maxQueuedCopies; over > 0 {
+			q.replica = slices.Clone(q.replica[over:])
+			q.cuts++ // a call in flight must not drop what it did not send
+		}
+	})
+}
+
+// enqueue calls add with the queue of the peer named to, locked, unless
+// the peer is no member or the outbox is closed, and wakes its worker.
+func (o *outbox) enqueue(to string, add func(q *peerQueue)) {
 	q := o.queue(to)
 	if q == nil {
 		return
@@ -181,13 +198,24 @@ func (o *outbox) replicate(to string, states []limiter.Snapshot) {
 		q.mu.Unlock()
 		return
 	}
-	q.replica = append(q.replica, states...)
-	if over := len(q.replica) - maxQueuedCopies; over > 0 {
-		q.replica = slices.Clone(q.replica[over:])
-		q.cuts++ // a call in flight must not drop what it did not send
-	}
+	add(q)
 	q.mu.Unlock()
 	q.wake()
+}
+
+// reset queues the reset of (name, key) for the peer named to, a replica
+// of the key, and drops the copies of the key queued for it.
+func (o *outbox) reset(to, name, key string) {
+	stale := func(s limiter.Snapshot) bool { return s.Name == name && s.Key == key }
+	o.enqueue(to, func(q *peerQueue) {
+		if slices.ContainsFunc(q.replica, stale) {
+			q.replica = slices.DeleteFunc(slices.Clone(q.replica), stale)
+			q.cuts++ // a call in flight must not drop what it did not send
+		}
+		if len(q.resets) < maxQueuedCopies {
+			q.resets = append(q.resets, limiter.Snapshot{Name: name, Key: key})
+		}
+	})
 }
 
 // confirmTo queues the confirmation of the membership of fingerprint fp
@@ -225,7 +253,7 @@ func (o *outbox) retain(keep map[string]string) []limiter.Snapshot {
 		for _, b := range q.handoff {
 			left = append(left, b.states...)
 		}
-		q.handoff, q.replica, q.hasConfirm, q.dead = nil, nil, false, true
+		q.handoff, q.replica, q.resets, q.hasConfirm, q.dead = nil, nil, nil, false, true
 		q.cuts++
 		q.mu.Unlock()
 	}
@@ -320,7 +348,7 @@ func (o *outbox) work(q *peerQueue) {
 }
 
 // sendOne makes q's next call: a chunk of hand-off states, else a chunk of
-// copies, else the confirmation. sent says it succeeded; more that q held
+// resets, else a chunk of copies, else the confirmation. sent says it succeeded; more that q held
 // something to send.
 func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	now := o.now()
@@ -346,6 +374,8 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	case len(q.handoff) > 0:
 		b := q.handoff[0].states
 		chunk = b[:min(len(b), transport.MaxTransferStates)]
+	case len(q.resets) > 0:
+		reason, chunk = transport.Reset, q.resets[:min(len(q.resets), transport.MaxTransferStates)]
 	case len(q.replica) > 0:
 		reason, chunk = transport.Replica, q.replica[:min(len(q.replica), transport.MaxTransferStates)]
 	case q.hasConfirm:
@@ -391,6 +421,13 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 				q.handoff = slices.Delete(q.handoff, 0, 1)
 			}
 			drained = len(q.handoff) == 0
+		}
+	case reason == transport.Reset:
+		// Only this function takes resets from the queue's head, and
+		// the queue is cut by retain and close alone, which empty it.
+		if err == nil && len(q.resets) >= len(chunk) {
+			o.counts.replicated.Add(int64(len(chunk)))
+			q.resets = q.resets[len(chunk):]
 		}
 	default:
 		if err != nil {

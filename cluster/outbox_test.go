@@ -137,6 +137,32 @@ func TestOutboxOrderAndRetry(t *testing.T) {
 	}
 }
 
+// A key's reset drops the copies of the key queued before it, goes before
+// the copies queued after it, and is retried past replicaAttempts.
+func TestOutboxReset(t *testing.T) {
+	o := newTestOutbox(t)
+	o.calls.setDown("b", true)
+	o.replicate("b", states(3)) // keys 0, 1, 2
+	o.calls.waitCalls(t, "b failed replica 3")
+	o.reset("b", "n", "1")
+	o.replicate("b", states(1)) // key 0 again
+	for range replicaAttempts {
+		o.endBackoff(t)
+	}
+	o.calls.waitCalls(t, "b failed replica 3", "b failed reset 1", "b failed reset 1", "b failed reset 1")
+	o.calls.setDown("b", false)
+	o.endBackoff(t)
+	o.calls.waitCalls(t, "b failed replica 3", "b failed reset 1", "b failed reset 1", "b failed reset 1", "b reset 1", "b replica 3")
+	o.mu.Lock()
+	q := o.peers["b"]
+	o.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.resets) != 0 || len(q.replica) != 0 {
+		t.Fatalf("queued after delivery: %d resets, %d copies", len(q.resets), len(q.replica))
+	}
+}
+
 // Copies are given up after replicaAttempts failed calls, hand-off states
 // and confirmations only outboxGiveUp after they were queued.
 func TestOutboxGivesUp(t *testing.T) {

@@ -264,22 +264,33 @@ func (r *Request) burst() int64 {
 // for the bucket algorithms and GCRA, Limit for the windows.
 func (r *Request) Capacity() int64 { return r.burst() }
 
+// ValidateKey checks a limit's name and a client key as Validate does,
+// returning nil or an error wrapping ErrInvalidName or ErrInvalidKey.
+func ValidateKey(name, key string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: Name is empty", ErrInvalidName)
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%w: Name is %d bytes, more than the maximum %d", ErrInvalidName, len(name), MaxNameLen)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%w: Name is not valid UTF-8", ErrInvalidName)
+	case key == "":
+		return fmt.Errorf("%w: Key is empty", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: Key is %d bytes, more than the maximum %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: Key is not valid UTF-8", ErrInvalidKey)
+	}
+	return nil
+}
+
 // Validate checks every field and returns nil or an error wrapping one of the
 // Err* sentinels. It does not allocate when the request is valid.
 func (r *Request) Validate() error {
+	if err := ValidateKey(r.Name, r.Key); err != nil {
+		return err
+	}
 	switch {
-	case r.Name == "":
-		return fmt.Errorf("%w: Name is empty", ErrInvalidName)
-	case len(r.Name) > MaxNameLen:
-		return fmt.Errorf("%w: Name is %d bytes, more than the maximum %d", ErrInvalidName, len(r.Name), MaxNameLen)
-	case !utf8.ValidString(r.Name):
-		return fmt.Errorf("%w: Name is not valid UTF-8", ErrInvalidName)
-	case r.Key == "":
-		return fmt.Errorf("%w: Key is empty", ErrInvalidKey)
-	case len(r.Key) > MaxKeyLen:
-		return fmt.Errorf("%w: Key is %d bytes, more than the maximum %d", ErrInvalidKey, len(r.Key), MaxKeyLen)
-	case !utf8.ValidString(r.Key):
-		return fmt.Errorf("%w: Key is not valid UTF-8", ErrInvalidKey)
 	case !r.Algorithm.Valid():
 		return fmt.Errorf("%w: Algorithm %d", ErrUnknownAlgorithm, uint8(r.Algorithm))
 	case r.Limit < 1 || r.Limit > MaxLimit:

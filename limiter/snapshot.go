@@ -142,20 +142,30 @@ func splitStoreKey(k string) (name, key string) {
 
 // Snapshot returns the state of (name, key), and false when the store holds
 // none that is live at now.
-func (s *Store) Snapshot(name, key string, now time.Time) (Snapshot, bool) {
+// It changes nothing, not even the key's place in the LRU order.
+func (s *Store) Snapshot(name, key string, now time.Time) (sn Snapshot, ok bool) {
+	s.withEntry(name, key, func(sh *shard, e *entry) {
+		if ok = e.expireAt > now.UnixNano(); ok {
+			sn = sh.snapshotLocked(e)
+		}
+	})
+	return sn, ok
+}
+
+// withEntry calls fn with the entry of (name, key) and its shard, locked,
+// when the store holds one.
+func (s *Store) withEntry(name, key string, fn func(sh *shard, e *entry)) {
 	if name == "" || len(name) > MaxNameLen {
-		return Snapshot{}, false
+		return
 	}
 	var buf [96]byte
 	k := appendStoreKey(buf[:0], name, key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[string(k)]
-	if !ok || e.expireAt <= now.UnixNano() {
-		return Snapshot{}, false
+	if e, ok := sh.m[string(k)]; ok {
+		fn(sh, e)
 	}
-	return sh.snapshotLocked(e), true
 }
 
 // Range calls fn with the snapshot of every key whose state is live at now,

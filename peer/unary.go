@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -83,6 +84,29 @@ func (c *Client) ReturnLease(ctx context.Context, req limiter.Request, hits int6
 		_, err := c.rpc.Lease(ctx, in, transport.CallOptions()...)
 		return err
 	})
+}
+
+// Inspect asks the peer, the owner of (name, key), for the key's state.
+// The error wraps transport.ErrNotOwner when the peer does not decide the
+// key now, ErrUnavailable when it could not be reached, and is ErrClosed
+// after Close.
+func (c *Client) Inspect(ctx context.Context, name, key string) (sluice.Inspection, error) {
+	if err := limiter.ValidateKey(name, key); err != nil {
+		return sluice.Inspection{}, err
+	}
+	in := &pb.InspectRequest{From: c.cfg.Self, Name: name, Key: key}
+	var out *pb.InspectResponse
+	err := c.unary(ctx, func(ctx context.Context) (err error) {
+		out, err = c.rpc.Inspect(ctx, in, transport.CallOptions()...)
+		if status.Code(err) == codes.Aborted {
+			err = fmt.Errorf("%w: %w", transport.ErrNotOwner, err)
+		}
+		return err
+	})
+	if err != nil {
+		return sluice.Inspection{}, err
+	}
+	return transport.InspectionFromProto(out, name, key)
 }
 
 // unary makes one call with the client's Timeout and turns its failure into

@@ -12,6 +12,10 @@
 // public API for clients of the daemon: each check is routed to its key's
 // owner through a [Router], with a [sluice.Policy] for when that owner
 // cannot be reached, and Health reports the node's state through [Health].
+// Both services answer Inspect, a key's state read without changing it,
+// through an [Inspector] ([WithInspector]): on Peer the owner reads its own
+// store, on Sluice the node finds the owner; [WithInspectPermit] says who
+// may call the public one.
 // [RegisterPeer] and [RegisterPublic] put the services on a grpc.Server,
 // which should be built with [ServerOptions]; clients of the Peer service
 // call with [CallOptions]. Both give the codec that pads small Peer messages

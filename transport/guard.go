@@ -55,6 +55,10 @@ var (
 		{name: "KeyState.log", num: 6, typ: protowire.BytesType, max: limiter.MaxSnapshotLog, total: MaxTransferLogEntries},
 	}
 	transferRequestLimits = []countLimit{{name: "TransferRequest.states", num: 3, typ: protowire.BytesType, max: MaxTransferStates, each: keyStateLimits}}
+	inspectResponseLimits = []countLimit{
+		{name: "InspectResponse.states", num: 1, typ: protowire.BytesType, max: 1, each: keyStateLimits},
+		{name: "InspectResponse.replicas", num: 3, typ: protowire.BytesType, max: MaxInspectReplicas},
+	}
 )
 
 // countLimits returns the limits of the message type named msg: none for
@@ -73,6 +77,8 @@ func countLimits(msg protoreflect.FullName) []countLimit {
 		return transferRequestLimits
 	case "sluice.v1.KeyState":
 		return keyStateLimits
+	case "sluice.v1.InspectResponse":
+		return inspectResponseLimits
 	}
 	return nil
 }

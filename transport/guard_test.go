@@ -53,7 +53,7 @@ func TestCountLimitsCoverEveryRepeatedField(t *testing.T) {
 			l := limits[k]
 			want := protowire.BytesType
 			switch fd.Kind() {
-			case protoreflect.MessageKind:
+			case protoreflect.MessageKind, protoreflect.StringKind, protoreflect.BytesKind:
 			case protoreflect.Int64Kind, protoreflect.Int32Kind, protoreflect.Uint64Kind, protoreflect.Uint32Kind,
 				protoreflect.Sint64Kind, protoreflect.Sint32Kind, protoreflect.BoolKind, protoreflect.EnumKind:
 				want = protowire.VarintType

@@ -102,6 +102,10 @@ type serverConfig struct {
 	leaser   Leaser    // Peer.Lease; nil: Unimplemented
 	auth     *PeerAuth // who may call the Peer service; nil: anyone
 	permit   Permit    // Sluice service: who may make which request; nil: anyone
+	// inspector serves Inspect; nil: Unimplemented.
+	inspector Inspector
+	// inspectPermit: who may call the Sluice service's Inspect; nil: anyone.
+	inspectPermit InspectPermit
 }
 
 // Permit decides whether the caller of ctx may make req, a request of the

@@ -27,6 +27,9 @@ const (
 	// and handed the receiver every key it decided that the membership
 	// gives the receiver (see HandoverSink).
 	HandoffDone
+	// Reset: the sender owns the keys and has reset them; the receiver
+	// drops its copies. The states carry only Name and Key.
+	Reset
 )
 
 func (r TransferReason) String() string {
@@ -37,13 +40,16 @@ func (r TransferReason) String() string {
 		return "replica"
 	case HandoffDone:
 		return "handoff-done"
+	case Reset:
+		return "reset"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
 // StateSink takes key states sent to this node. The states have been
-// converted but not validated: Store.Merge validates each. Safe for
-// concurrent use.
+// converted but not validated: Store.Merge validates each. With reason
+// Reset they carry only a name and a key, both valid: the keys whose
+// copies to drop. Safe for concurrent use.
 type StateSink interface {
 	TakeStates(ctx context.Context, from string, reason TransferReason, states []limiter.Snapshot) (merged, rejected int)
 }
@@ -148,6 +154,18 @@ func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	return s, nil
 }
 
+// resetKeyFromProto reads the name and key of m, a key that its owner
+// reset, and checks them (limiter.ValidateKey).
+func resetKeyFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
+	if m == nil {
+		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
+	}
+	if err := limiter.ValidateKey(m.Name, m.Key); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	return limiter.Snapshot{Name: m.Name, Key: m.Key}, nil
+}
+
 func reasonFromProto(r pb.TransferReason) (TransferReason, bool) {
 	switch r {
 	case pb.TransferReason_TRANSFER_REASON_HANDOFF:
@@ -156,6 +174,8 @@ func reasonFromProto(r pb.TransferReason) (TransferReason, bool) {
 		return Replica, true
 	case pb.TransferReason_TRANSFER_REASON_HANDOFF_DONE:
 		return HandoffDone, true
+	case pb.TransferReason_TRANSFER_REASON_RESET:
+		return Reset, true
 	}
 	return 0, false
 }
@@ -169,6 +189,8 @@ func ReasonToProto(r TransferReason) pb.TransferReason {
 		return pb.TransferReason_TRANSFER_REASON_REPLICA
 	case HandoffDone:
 		return pb.TransferReason_TRANSFER_REASON_HANDOFF_DONE
+	case Reset:
+		return pb.TransferReason_TRANSFER_REASON_RESET
 	}
 	return pb.TransferReason_TRANSFER_REASON_UNSPECIFIED
 }
@@ -207,6 +229,9 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	rejected := 0
 	for _, m := range in.States {
 		s, err := SnapshotFromProto(m)
+		if reason == Reset {
+			s, err = resetKeyFromProto(m)
+		}
 		if err != nil {
 			rejected++
 			continue

@@ -27,7 +27,7 @@ var errLimited = &exitError{code: 1}
 func (a *app) check(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sluice check", flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
-	addr := fs.String("addr", "127.0.0.1:7947", "gRPC address of a sluice node, host:port (env SLUICE_ADDR)")
+	conn := addConnFlags(fs)
 	name := fs.String("name", "", "limit name (required)")
 	key := fs.String("key", "", "key the limit applies to (required)")
 	limit := fs.Int64("limit", 0, "hits admitted per period (required)")
@@ -40,35 +40,13 @@ func (a *app) check(ctx context.Context, args []string) error {
 	reset := fs.Bool("reset", false, "forget the key's state first")
 	drain := fs.Bool("drain-over-limit", false, "consume what remains when limited")
 	unreachable := fs.String("unreachable", "default", "when the key's owner is unreachable: default, local, allow or deny")
-	timeout := fs.Duration("timeout", client.DefaultTimeout, "deadline of the call")
 	asJSON := fs.Bool("json", false, "print the decision as JSON, as the HTTP API does")
-	tlsCert := fs.String("tls-cert", "", "PEM client certificate, for a node with mutual TLS (with --tls-key)")
-	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
-	tlsCA := fs.String("tls-ca", "", "PEM CA bundle verifying the node; setting any --tls flag turns TLS on")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: sluice check --name N --key K --limit L --period P [flags]\n\nAsks a sluice node for a decision and prints it. Exit status: 0 allowed, 1 limited, 2 error.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return usageError(nil) // the flag package printed the error
-	}
-	if fs.NArg() > 0 {
-		return usageError(fmt.Errorf("check: unexpected argument %q", fs.Arg(0)))
-	}
-	setFlags := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
-	if !setFlags["addr"] {
-		if v := a.env("SLUICE_ADDR"); v != "" {
-			*addr = v
-		}
-	}
-	for _, f := range []string{"name", "key", "limit"} {
-		if !setFlags[f] {
-			return usageError(fmt.Errorf("check: --%s is required", f))
-		}
+	if stop, err := parseFlags(fs, args, "name", "key", "limit"); stop {
+		return err
 	}
 
 	alg, err := limiter.ParseAlgorithm(*algorithm)
@@ -82,9 +60,6 @@ func (a *app) check(ctx context.Context, args []string) error {
 	policy, err := sluice.ParsePolicy(*unreachable)
 	if err != nil {
 		return usageError(fmt.Errorf("check: --unreachable: %w", err))
-	}
-	if *timeout <= 0 {
-		return usageError(fmt.Errorf("check: --timeout %v must be positive", *timeout))
 	}
 	req := limiter.Request{
 		Name: *name, Key: *key, Hits: *hits, Limit: *limit, Period: *period, Burst: *burst,
@@ -104,17 +79,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 		req.Location = loc
 	}
 
-	copts := []client.Option{client.WithTimeout(*timeout)}
-	if *tlsCert != "" || *tlsKey != "" || *tlsCA != "" {
-		tc, err := clientTLS(*tlsCert, *tlsKey, *tlsCA)
-		if err != nil {
-			return usageError(fmt.Errorf("check: %w", err))
-		}
-		copts = append(copts, client.WithTLS(tc))
-	}
-	c, err := client.New(*addr, copts...)
+	c, err := conn.dial(a, "check")
 	if err != nil {
-		return usageError(fmt.Errorf("check: %w", err))
+		return err
 	}
 	defer c.Close()
 	d, err := c.Check(ctx, req, sluice.OnUnreachable(policy))
@@ -161,7 +128,78 @@ func formatDecision(d daemon.Decision) string {
 	return b.String()
 }
 
-// clientTLS builds the TLS config of check from its flags.
+// connFlags are the flags of the commands that call a node over gRPC.
+type connFlags struct {
+	fs                     *flag.FlagSet
+	addr                   *string
+	timeout                *time.Duration
+	tlsCert, tlsKey, tlsCA *string
+}
+
+// addConnFlags defines the connection flags on fs.
+func addConnFlags(fs *flag.FlagSet) *connFlags {
+	return &connFlags{
+		fs:      fs,
+		addr:    fs.String("addr", "127.0.0.1:7947", "gRPC address of a sluice node, host:port (env SLUICE_ADDR)"),
+		timeout: fs.Duration("timeout", client.DefaultTimeout, "deadline of the call"),
+		tlsCert: fs.String("tls-cert", "", "PEM client certificate, for a node with mutual TLS (with --tls-key)"),
+		tlsKey:  fs.String("tls-key", "", "PEM private key of --tls-cert"),
+		tlsCA:   fs.String("tls-ca", "", "PEM CA bundle verifying the node; setting any --tls flag turns TLS on"),
+	}
+}
+
+// parseFlags parses args into fs, refusing arguments after the flags and
+// a missing required flag. stop says the command ends now, with err: nil
+// after -h, which printed the usage, or an error of exit status 2.
+func parseFlags(fs *flag.FlagSet, args []string, required ...string) (stop bool, err error) {
+	cmd := strings.TrimPrefix(fs.Name(), "sluice ")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, nil
+		}
+		return true, usageError(nil) // the flag package printed the error
+	}
+	if fs.NArg() > 0 {
+		return true, usageError(fmt.Errorf("%s: unexpected argument %q", cmd, fs.Arg(0)))
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, f := range required {
+		if !set[f] {
+			return true, usageError(fmt.Errorf("%s: --%s is required", cmd, f))
+		}
+	}
+	return false, nil
+}
+
+// dial connects to the node of the flags: --addr, or SLUICE_ADDR when
+// --addr is not set. Errors exit with status 2.
+func (c *connFlags) dial(a *app, cmd string) (*client.Client, error) {
+	addr := *c.addr
+	set := false
+	c.fs.Visit(func(f *flag.Flag) { set = set || f.Name == "addr" })
+	if v := a.env("SLUICE_ADDR"); !set && v != "" {
+		addr = v
+	}
+	if *c.timeout <= 0 {
+		return nil, usageError(fmt.Errorf("%s: --timeout %v must be positive", cmd, *c.timeout))
+	}
+	opts := []client.Option{client.WithTimeout(*c.timeout)}
+	if *c.tlsCert != "" || *c.tlsKey != "" || *c.tlsCA != "" {
+		tc, err := clientTLS(*c.tlsCert, *c.tlsKey, *c.tlsCA)
+		if err != nil {
+			return nil, usageError(fmt.Errorf("%s: %w", cmd, err))
+		}
+		opts = append(opts, client.WithTLS(tc))
+	}
+	cl, err := client.New(addr, opts...)
+	if err != nil {
+		return nil, usageError(fmt.Errorf("%s: %w", cmd, err))
+	}
+	return cl, nil
+}
+
+// clientTLS builds the TLS config of the connection flags.
 func clientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if (certFile == "") != (keyFile == "") {

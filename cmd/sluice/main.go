@@ -3,8 +3,10 @@
 //
 //	sluice serve [flags]   run a node: gossip, gRPC API and HTTP/JSON API
 //	sluice check [flags]   ask a running node for a decision over gRPC
+//	sluice inspect [flags] print a key's state on its owner, over gRPC
+//	sluice reset [flags]   reset a key to fresh on its owner, over gRPC
 //
-// Run `sluice serve -h` and `sluice check -h` for the flags. serve also reads
+// Run `sluice <command> -h` for the flags. serve also reads
 // SLUICE_* environment variables and a YAML file (--config); see the
 // internal/daemon package for the HTTP API.
 package main
@@ -68,6 +70,8 @@ const usage = `Usage: sluice <command> [flags]
 Commands:
   serve   run a sluice node (cluster member, gRPC API, HTTP/JSON API)
   check   ask a running node for a decision; exit 0 allowed, 1 limited, 2 error
+  inspect print a key's state as its owner holds it; changes nothing
+  reset   reset a key to fresh on its owner (destructive_behaviors applies)
 
 Run "sluice <command> -h" for the flags of a command.
 `
@@ -84,6 +88,10 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.serve(ctx, args[1:])
 	case "check":
 		return a.check(ctx, args[1:])
+	case "inspect":
+		return a.inspect(ctx, args[1:])
+	case "reset":
+		return a.reset(ctx, args[1:])
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(a.stdout, usage)
 		return nil

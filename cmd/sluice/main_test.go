@@ -292,9 +292,15 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 // output.
 func runCheck(t *testing.T, env map[string]string, args ...string) (int, string, string) {
 	t.Helper()
+	return runCommand(t, env, append([]string{"check"}, args...)...)
+}
+
+// runCommand runs `sluice` with args and returns its exit code and output.
+func runCommand(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	a := &app{env: envMap(env), stdout: &stdout, stderr: &stderr}
-	code := a.exitCode(a.run(context.Background(), append([]string{"check"}, args...)))
+	code := a.exitCode(a.run(context.Background(), args))
 	return code, stdout.String(), stderr.String()
 }
 
@@ -388,5 +394,61 @@ func TestCheckCommandMutualTLS(t *testing.T) {
 		if code != tt.wantCode || !strings.Contains(stdout+stderr, tt.wantOutput) {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d with %q", tt.name, code, stdout, stderr, tt.wantCode, tt.wantOutput)
 		}
+	}
+}
+
+// TestInspectAndResetCommands runs `sluice inspect` and `sluice reset`
+// against a daemon: the state a check left, the same twice, as JSON, then
+// fresh after a reset; and a daemon that denies destructive behaviors
+// refuses the reset but not the inspection.
+func TestInspectAndResetCommands(t *testing.T) {
+	s := serve(t, "admin-cli")
+	addr := s.GRPCAddr()
+	key := []string{"--addr", addr, "--name", "cli", "--key", "user:1"}
+	if code, _, stderr := runCheck(t, nil, append(key, "--limit", "5", "--period", "1h", "--algorithm", "fixed_window", "--hits", "3")...); code != 0 {
+		t.Fatalf("check: exit %d: %s", code, stderr)
+	}
+	steps := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{"inspect", append([]string{"inspect"}, key...), 0, "fixed_window window_start=", ""},
+		{"inspect shows the hits", append([]string{"inspect"}, key...), 0, "window_hits=3 expire_at=", ""},
+		{"inspect names the owner", append([]string{"inspect"}, key...), 0, "owner=admin-cli replicas=", ""},
+		{"inspect as JSON", append([]string{"inspect", "--json"}, key...), 0, `"window_hits":3`, ""},
+		{"inspect a fresh key", []string{"inspect", "--addr", addr, "--name", "cli", "--key", "nobody"}, 0, "fresh owner=admin-cli", ""},
+		{"inspect without a key", []string{"inspect", "--addr", addr, "--name", "cli"}, 2, "", "inspect: --key is required"},
+		{"inspect an invalid name", []string{"inspect", "--addr", addr, "--name", strings.Repeat("n", limiter.MaxNameLen+1), "--key", "k"}, 2, "", "Name is 129 bytes"},
+		{"inspect help", []string{"inspect", "-h"}, 0, "", "Changes nothing"},
+		{"reset", append([]string{"reset"}, key...), 0, "reset owner=admin-cli", ""},
+		{"fresh after the reset", append([]string{"inspect"}, key...), 0, "fresh owner=admin-cli", ""},
+		{"reset without a name", []string{"reset", "--addr", addr, "--key", "k"}, 2, "", "reset: --name is required"},
+		{"reset help", []string{"reset", "-h"}, 0, "", "destructive_behaviors"},
+	}
+	for _, st := range steps {
+		code, stdout, stderr := runCommand(t, nil, st.args...)
+		if code != st.wantCode || !strings.Contains(stdout, st.wantStdout) || !strings.Contains(stderr, st.wantStderr) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+				st.name, code, stdout, stderr, st.wantCode, st.wantStdout, st.wantStderr)
+		}
+	}
+	// The state is the same when inspected twice.
+	_, first, _ := runCommand(t, nil, "inspect", "--json", "--addr", addr, "--name", "cli", "--key", "user:1")
+	_, second, _ := runCommand(t, nil, "inspect", "--json", "--addr", addr, "--name", "cli", "--key", "user:1")
+	drop := func(s string) string { return s[:max(strings.Index(s, `"read_at"`), 0)] }
+	if drop(first) != drop(second) {
+		t.Errorf("inspected twice: %s then %s", first, second)
+	}
+
+	denied := serve(t, "admin-cli-deny", "--destructive-behaviors", "deny")
+	code, _, stderr := runCommand(t, nil, "reset", "--addr", denied.GRPCAddr(), "--name", "cli", "--key", "k")
+	if code != 2 || !strings.Contains(stderr, "PermissionDenied") || !strings.Contains(stderr, "destructive_behaviors") {
+		t.Errorf("reset under deny: exit %d, stderr %q; want 2 and PermissionDenied naming destructive_behaviors", code, stderr)
+	}
+	if code, stdout, stderr := runCommand(t, nil, "inspect", "--addr", denied.GRPCAddr(), "--name", "cli", "--key", "k"); code != 0 || !strings.Contains(stdout, "fresh") {
+		t.Errorf("inspect under deny: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

@@ -340,6 +340,10 @@ const (
 	// has handed the receiver every key it decided that the membership gives
 	// the receiver.
 	TransferReason_TRANSFER_REASON_HANDOFF_DONE TransferReason = 3
+	// The sender owns these keys and has reset them: the receiver, which
+	// held copies of them, drops its states of them. Only the name and key
+	// of each state are read.
+	TransferReason_TRANSFER_REASON_RESET TransferReason = 4
 )
 
 // Enum value maps for TransferReason.
@@ -349,12 +353,14 @@ var (
 		1: "TRANSFER_REASON_HANDOFF",
 		2: "TRANSFER_REASON_REPLICA",
 		3: "TRANSFER_REASON_HANDOFF_DONE",
+		4: "TRANSFER_REASON_RESET",
 	}
 	TransferReason_value = map[string]int32{
 		"TRANSFER_REASON_UNSPECIFIED":  0,
 		"TRANSFER_REASON_HANDOFF":      1,
 		"TRANSFER_REASON_REPLICA":      2,
 		"TRANSFER_REASON_HANDOFF_DONE": 3,
+		"TRANSFER_REASON_RESET":        4,
 	}
 )
 
@@ -1249,6 +1255,157 @@ func (x *LeaseResponse) GetDecision() *RateLimitResponse {
 	return nil
 }
 
+// InspectRequest asks for one key's state as its owner holds it.
+type InspectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the sending node (Peer service only).
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// The limit's name and the client key, as in RateLimitRequest.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectRequest) Reset() {
+	*x = InspectRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectRequest) ProtoMessage() {}
+
+func (x *InspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
+func (*InspectRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *InspectRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *InspectRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InspectRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// InspectResponse is one key's state as its owner holds it. Reading it
+// changes nothing.
+type InspectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key's state: one when the owner holds a live state, none when the
+	// key is fresh.
+	States []*KeyState `protobuf:"bytes,1,rep,name=states,proto3" json:"states,omitempty"`
+	// The node whose store was read: the key's owner, or the node asked
+	// when without_owner is set.
+	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Sluice service only: the nodes that hold copies of the key's state,
+	// in ring order after the owner; none without replication. At most 4.
+	Replicas []string `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// Sluice service only: the owner could not be reached, and the state is
+	// the one the node asked holds.
+	WithoutOwner bool `protobuf:"varint,4,opt,name=without_owner,json=withoutOwner,proto3" json:"without_owner,omitempty"`
+	// When the state was read, on the reading node's clock, in nanoseconds
+	// since the Unix epoch.
+	AtUnixNano    int64 `protobuf:"varint,5,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectResponse) Reset() {
+	*x = InspectResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectResponse) ProtoMessage() {}
+
+func (x *InspectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
+func (*InspectResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *InspectResponse) GetStates() []*KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *InspectResponse) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *InspectResponse) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *InspectResponse) GetWithoutOwner() bool {
+	if x != nil {
+		return x.WithoutOwner
+	}
+	return false
+}
+
+func (x *InspectResponse) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
 type CheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Request       *RateLimitRequest      `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -1258,7 +1415,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1427,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1440,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -1302,7 +1459,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1471,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1484,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -1347,7 +1504,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1516,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1529,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -1392,7 +1549,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1561,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1574,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -1435,7 +1592,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1604,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1617,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 type HealthResponse struct {
@@ -1477,7 +1634,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1646,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1659,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1600,7 +1757,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rLeaseResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\x03R\agranted\x12/\n" +
 	"\x14expires_at_unix_nano\x18\x02 \x01(\x03R\x11expiresAtUnixNano\x128\n" +
-	"\bdecision\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\bdecision\"E\n" +
+	"\bdecision\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\bdecision\"J\n" +
+	"\x0eInspectRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"\xb7\x01\n" +
+	"\x0fInspectResponse\x12+\n" +
+	"\x06states\x18\x01 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1a\n" +
+	"\breplicas\x18\x03 \x03(\tR\breplicas\x12#\n" +
+	"\rwithout_owner\x18\x04 \x01(\bR\fwithoutOwner\x12 \n" +
+	"\fat_unix_nano\x18\x05 \x01(\x03R\n" +
+	"atUnixNano\"E\n" +
 	"\fCheckRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"I\n" +
 	"\rCheckResponse\x128\n" +
@@ -1653,23 +1821,26 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16ERROR_CODE_UNAVAILABLE\x10\r\x12 \n" +
 	"\x1cERROR_CODE_DEADLINE_EXCEEDED\x10\x0e\x12\x17\n" +
 	"\x13ERROR_CODE_CANCELED\x10\x0f\x12\x18\n" +
-	"\x14ERROR_CODE_NOT_OWNER\x10\x10*\x8d\x01\n" +
+	"\x14ERROR_CODE_NOT_OWNER\x10\x10*\xa8\x01\n" +
 	"\x0eTransferReason\x12\x1f\n" +
 	"\x1bTRANSFER_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TRANSFER_REASON_HANDOFF\x10\x01\x12\x1b\n" +
 	"\x17TRANSFER_REASON_REPLICA\x10\x02\x12 \n" +
-	"\x1cTRANSFER_REASON_HANDOFF_DONE\x10\x032\x9e\x02\n" +
+	"\x1cTRANSFER_REASON_HANDOFF_DONE\x10\x03\x12\x19\n" +
+	"\x15TRANSFER_REASON_RESET\x10\x042\xe0\x02\n" +
 	"\x04Peer\x12G\n" +
 	"\n" +
 	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse\x12L\n" +
 	"\vCheckStream\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse(\x010\x01\x12C\n" +
 	"\bTransfer\x12\x1a.sluice.v1.TransferRequest\x1a\x1b.sluice.v1.TransferResponse\x12:\n" +
-	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse2\xce\x01\n" +
+	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse\x12@\n" +
+	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponse2\x90\x02\n" +
 	"\x06Sluice\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12I\n" +
 	"\n" +
 	"CheckBatch\x12\x1c.sluice.v1.BatchCheckRequest\x1a\x1d.sluice.v1.BatchCheckResponse\x12=\n" +
-	"\x06Health\x12\x18.sluice.v1.HealthRequest\x1a\x19.sluice.v1.HealthResponseB8Z6github.com/sluicehq/sluice/transport/sluicev1;sluicev1b\x06proto3"
+	"\x06Health\x12\x18.sluice.v1.HealthRequest\x1a\x19.sluice.v1.HealthResponse\x12@\n" +
+	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponseB8Z6github.com/sluicehq/sluice/transport/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -1684,7 +1855,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -1701,12 +1872,14 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*TransferResponse)(nil),   // 12: sluice.v1.TransferResponse
 	(*LeaseRequest)(nil),       // 13: sluice.v1.LeaseRequest
 	(*LeaseResponse)(nil),      // 14: sluice.v1.LeaseResponse
-	(*CheckRequest)(nil),       // 15: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 16: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 17: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 18: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 19: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 20: sluice.v1.HealthResponse
+	(*InspectRequest)(nil),     // 15: sluice.v1.InspectRequest
+	(*InspectResponse)(nil),    // 16: sluice.v1.InspectResponse
+	(*CheckRequest)(nil),       // 17: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 18: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 19: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 20: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 21: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 22: sluice.v1.HealthResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -1721,29 +1894,34 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	9,  // 9: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
 	5,  // 10: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
 	6,  // 11: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
-	5,  // 12: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 13: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	5,  // 14: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 15: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	7,  // 16: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 17: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	11, // 18: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	13, // 19: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	15, // 20: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	17, // 21: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	19, // 22: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	8,  // 23: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 24: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	12, // 25: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	14, // 26: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	16, // 27: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	18, // 28: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	20, // 29: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	9,  // 12: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
+	5,  // 13: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 14: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 15: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 16: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	7,  // 17: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 18: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	11, // 19: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	13, // 20: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	15, // 21: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	17, // 22: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	19, // 23: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	21, // 24: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	15, // 25: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	8,  // 26: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 27: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	12, // 28: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	14, // 29: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	16, // 30: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	18, // 31: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	20, // 32: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	22, // 33: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	16, // 34: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1758,7 +1936,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -38,6 +38,7 @@ const (
 	Peer_CheckStream_FullMethodName = "/sluice.v1.Peer/CheckStream"
 	Peer_Transfer_FullMethodName    = "/sluice.v1.Peer/Transfer"
 	Peer_Lease_FullMethodName       = "/sluice.v1.Peer/Lease"
+	Peer_Inspect_FullMethodName     = "/sluice.v1.Peer/Inspect"
 )
 
 // PeerClient is the client API for Peer service.
@@ -63,6 +64,9 @@ type PeerClient interface {
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// A lease of hits of a hot key, taken from the receiver's counter.
 	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+	// The state of a key the receiver decides as its owner, read without
+	// changing it; ABORTED when the receiver does not decide the key now.
+	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
 }
 
 type peerClient struct {
@@ -116,6 +120,16 @@ func (c *peerClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *peerClient) Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InspectResponse)
+	err := c.cc.Invoke(ctx, Peer_Inspect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -139,6 +153,9 @@ type PeerServer interface {
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// A lease of hits of a hot key, taken from the receiver's counter.
 	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
+	// The state of a key the receiver decides as its owner, read without
+	// changing it; ABORTED when the receiver does not decide the key now.
+	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -160,6 +177,9 @@ func (UnimplementedPeerServer) Transfer(context.Context, *TransferRequest) (*Tra
 }
 func (UnimplementedPeerServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Lease not implemented")
+}
+func (UnimplementedPeerServer) Inspect(context.Context, *InspectRequest) (*InspectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -243,6 +263,24 @@ func _Peer_Lease_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Inspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Inspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Inspect(ctx, req.(*InspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -262,6 +300,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Lease",
 			Handler:    _Peer_Lease_Handler,
 		},
+		{
+			MethodName: "Inspect",
+			Handler:    _Peer_Inspect_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -278,6 +320,7 @@ const (
 	Sluice_Check_FullMethodName      = "/sluice.v1.Sluice/Check"
 	Sluice_CheckBatch_FullMethodName = "/sluice.v1.Sluice/CheckBatch"
 	Sluice_Health_FullMethodName     = "/sluice.v1.Sluice/Health"
+	Sluice_Inspect_FullMethodName    = "/sluice.v1.Sluice/Inspect"
 )
 
 // SluiceClient is the client API for Sluice service.
@@ -291,6 +334,11 @@ type SluiceClient interface {
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	CheckBatch(ctx context.Context, in *BatchCheckRequest, opts ...grpc.CallOption) (*BatchCheckResponse, error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// The state of a key as its owner holds it, with the owner and the
+	// nodes holding copies; reading it changes nothing. The receiving node
+	// asks the owner. A node may restrict it to some callers
+	// (PERMISSION_DENIED); an invalid name or key is INVALID_ARGUMENT.
+	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
 }
 
 type sluiceClient struct {
@@ -331,6 +379,16 @@ func (c *sluiceClient) Health(ctx context.Context, in *HealthRequest, opts ...gr
 	return out, nil
 }
 
+func (c *sluiceClient) Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InspectResponse)
+	err := c.cc.Invoke(ctx, Sluice_Inspect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SluiceServer is the server API for Sluice service.
 // All implementations must embed UnimplementedSluiceServer
 // for forward compatibility.
@@ -342,6 +400,11 @@ type SluiceServer interface {
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	CheckBatch(context.Context, *BatchCheckRequest) (*BatchCheckResponse, error)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
+	// The state of a key as its owner holds it, with the owner and the
+	// nodes holding copies; reading it changes nothing. The receiving node
+	// asks the owner. A node may restrict it to some callers
+	// (PERMISSION_DENIED); an invalid name or key is INVALID_ARGUMENT.
+	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
 	mustEmbedUnimplementedSluiceServer()
 }
 
@@ -360,6 +423,9 @@ func (UnimplementedSluiceServer) CheckBatch(context.Context, *BatchCheckRequest)
 }
 func (UnimplementedSluiceServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedSluiceServer) Inspect(context.Context, *InspectRequest) (*InspectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
 }
 func (UnimplementedSluiceServer) mustEmbedUnimplementedSluiceServer() {}
 func (UnimplementedSluiceServer) testEmbeddedByValue()                {}
@@ -436,6 +502,24 @@ func _Sluice_Health_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Sluice_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SluiceServer).Inspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sluice_Inspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SluiceServer).Inspect(ctx, req.(*InspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Sluice_ServiceDesc is the grpc.ServiceDesc for Sluice service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -454,6 +538,10 @@ var Sluice_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Health",
 			Handler:    _Sluice_Health_Handler,
+		},
+		{
+			MethodName: "Inspect",
+			Handler:    _Sluice_Inspect_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -100,9 +100,10 @@ type Config struct {
 	// GossipKeys: the secret is derived from the gossip keys.
 	ClusterSecretFile string
 	// Destructive says who may use reset and drain_over_limit, on the HTTP
-	// and gRPC APIs: DestructiveAllow, DestructiveDeny or
-	// DestructiveAdmins (callers whose certificate names one of
-	// AdminIdentities).
+	// and gRPC APIs, the admin API's reset included: DestructiveAllow,
+	// DestructiveDeny or DestructiveAdmins (callers whose certificate
+	// names one of AdminIdentities). Under DestructiveAdmins, inspecting
+	// keys (the admin API's inspect) is for admins only too.
 	Destructive     string
 	AdminIdentities []string
 
@@ -462,7 +463,7 @@ var fields = []field{
 	{key: "cluster_secret_file", usage: "file holding a secret (16 bytes or more) that every peer call proves (default: derived from gossip_keys)",
 		parse: func(c *Config, v string) error { c.ClusterSecretFile = v; return nil },
 		show:  func(c *Config) string { return c.ClusterSecretFile }},
-	{key: "destructive_behaviors", usage: "who may use reset and drain_over_limit: allow, deny, or admins (certificates naming an admin_identities entry)",
+	{key: "destructive_behaviors", usage: "who may use reset and drain_over_limit (and the admin API's reset): allow, deny, or admins (certificates naming an admin_identities entry; the admin API's inspect is then for admins only too)",
 		parse: func(c *Config, v string) error {
 			switch v {
 			case DestructiveAllow, DestructiveDeny, DestructiveAdmins:

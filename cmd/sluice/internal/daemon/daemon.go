@@ -155,6 +155,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	cc.PeerIdentities = cfg.PeerIdentities
 	cc.ServePublicAPI = true
 	cc.PublicPermit = d.permitGRPC
+	cc.PublicInspectPermit = d.permitInspectGRPC
 	// Listen for HTTP before the node starts, so that a taken port fails
 	// the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {

@@ -162,6 +162,8 @@ type problem struct {
 //	POST /v1/check        one check
 //	POST /v1/check/batch  {"requests": [...]}, per-item errors
 //	POST /v1/rules/check  a request described for the rules of rules_file
+//	GET  /v1/admin/keys   a key's state on its owner (admin.go)
+//	POST /v1/admin/keys/reset  {"name": N, "key": K}: the key is fresh
 //	GET  /healthz         liveness
 //	GET  /readyz          readiness
 //	GET  /metrics         Prometheus
@@ -170,6 +172,8 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/check", d.requireClientCert(d.handleCheck))
 	mux.HandleFunc("POST /v1/check/batch", d.requireClientCert(d.handleBatch))
 	mux.HandleFunc("POST /v1/rules/check", d.requireClientCert(d.handleRulesCheck))
+	mux.HandleFunc("GET /v1/admin/keys", d.requireClientCert(d.handleInspect))
+	mux.HandleFunc("POST /v1/admin/keys/reset", d.requireClientCert(d.handleReset))
 	mux.HandleFunc("GET /healthz", d.handleHealthz)
 	mux.HandleFunc("GET /readyz", d.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
@@ -331,6 +335,11 @@ func (d *Daemon) decodeCheck(raw []byte) (limiter.Request, sluice.Policy, *itemE
 	if err := decodeStrict(raw, &in); err != nil {
 		return limiter.Request{}, 0, jsonError(err)
 	}
+	return d.checkRequest(&in)
+}
+
+// checkRequest validates in, a check as the HTTP API takes it.
+func (d *Daemon) checkRequest(in *CheckRequest) (limiter.Request, sluice.Policy, *itemError) {
 	if in.Algorithm == "" {
 		return limiter.Request{}, 0, &itemError{Code: "unknown_algorithm", Field: "algorithm", Message: "algorithm is required: " + algorithmList()}
 	}

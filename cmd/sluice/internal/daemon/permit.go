@@ -58,11 +58,15 @@ func (d *Daemon) permitGRPC(ctx context.Context, req *limiter.Request) error {
 
 // permitHTTP is permit for a caller of the HTTP API.
 func (d *Daemon) permitHTTP(r *http.Request, req *limiter.Request) error {
-	var cert *x509.Certificate
-	if r.TLS != nil {
-		cert = transport.VerifiedLeaf(r.TLS.VerifiedChains)
+	return d.permit(callerCert(r), req)
+}
+
+// callerCert returns the verified client certificate of r, or nil.
+func callerCert(r *http.Request) *x509.Certificate {
+	if r.TLS == nil {
+		return nil
 	}
-	return d.permit(cert, req)
+	return transport.VerifiedLeaf(r.TLS.VerifiedChains)
 }
 
 // maxSecretFile bounds the cluster secret file.

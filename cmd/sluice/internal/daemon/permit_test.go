@@ -28,8 +28,9 @@ const (
 // TestDestructiveBehaviorsForAdmins runs two daemons under mutual TLS
 // whose peers carry a peer identity and that allow reset and
 // drain_over_limit to admins only: an ordinary client is refused them on
-// HTTP (single and batch) and gRPC, an admin is served, and checks without
-// them are served to both.
+// HTTP (single and batch) and gRPC, and so are the admin API's inspect
+// and reset; an admin is served, and checks without them are served to
+// both.
 func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 	dir := t.TempDir()
 	ca := testpki.NewCA(t, "sluice test CA")
@@ -57,7 +58,15 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 	user, admin := as(ca.Issue(t, "user")), as(ca.IssueWith(t, "admin", adminID))
 	post := func(tc *tls.Config, path, body string) int {
 		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
-		resp, err := c.Post("https://"+ds[1].HTTPAddr()+path, "application/json", strings.NewReader(body))
+		method := "POST"
+		if body == "" {
+			method = "GET"
+		}
+		req, err := http.NewRequest(method, "https://"+ds[1].HTTPAddr()+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,6 +86,11 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 		{"user", user, "/v1/check/batch", `{"requests":[` + check + `},` + check + `,"reset":true}]}`, 403},
 		{"admin", admin, "/v1/check", check + `,"reset":true}`, 200},
 		{"admin", admin, "/v1/check/batch", `{"requests":[` + check + `,"drain_over_limit":true}]}`, 200},
+		// Inspecting (GET, no body) is for admins too under admins.
+		{"user", user, "/v1/admin/keys?name=api&key=k", "", 403},
+		{"user", user, "/v1/admin/keys/reset", `{"name":"api","key":"k"}`, 403},
+		{"admin", admin, "/v1/admin/keys?name=api&key=k", "", 200},
+		{"admin", admin, "/v1/admin/keys/reset", `{"name":"api","key":"k"}`, 200},
 	} {
 		if got := post(tc.tls, tc.path, tc.body); got != tc.want {
 			t.Errorf("%s: POST %s %s: %d, want %d", tc.who, tc.path, tc.body, got, tc.want)
@@ -104,6 +118,25 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 		c.Close()
 		if got := status.Code(err); got != tc.want {
 			t.Errorf("%s: gRPC check with behavior %v: %v, want %v", tc.who, tc.behavior, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		who  string
+		tls  *tls.Config
+		want codes.Code
+	}{
+		{"user", user, codes.PermissionDenied},
+		{"admin", admin, codes.OK},
+	} {
+		c, err := client.New(ds[0].GRPCAddr(), client.WithTLS(tc.tls))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ierr := c.Inspect(context.Background(), "api", "grpc")
+		_, rerr := c.Reset(context.Background(), "api", "grpc")
+		c.Close()
+		if status.Code(ierr) != tc.want || status.Code(rerr) != tc.want {
+			t.Errorf("%s: gRPC inspect: %v, reset: %v; want %v", tc.who, ierr, rerr, tc.want)
 		}
 	}
 }

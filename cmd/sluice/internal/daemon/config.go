@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/yamlfile"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -764,7 +765,7 @@ func applyYAML(cfg *Config, name string, data []byte) error {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
 		}
-		line, msg := yamlError(err)
+		line, msg := yamlfile.ErrorLine(err)
 		return fail(line, "", fmt.Errorf("not valid YAML: %s", msg))
 	}
 	var extra yaml.Node
@@ -835,22 +836,6 @@ func yamlText(f *field, v *yaml.Node) (string, error) {
 		return strings.Join(items, ","), nil
 	}
 	return "", errors.New("want a single value, not a mapping")
-}
-
-// yamlError splits a yaml.v3 error ("yaml: line 3: did not find...") into
-// its line (0 when it names none) and the rest of its text.
-func yamlError(err error) (int, string) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	rest, ok := strings.CutPrefix(msg, "line ")
-	if !ok {
-		return 0, msg
-	}
-	num, text, ok := strings.Cut(rest, ": ")
-	n, err := strconv.Atoi(num)
-	if !ok || err != nil {
-		return 0, msg
-	}
-	return n, text
 }
 
 // SoftMemoryLimit returns the soft memory limit the daemon's process

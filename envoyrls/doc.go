@@ -10,7 +10,8 @@
 // rate_limit (unit, requests_per_unit, unlimited, name, replaces),
 // shadow_mode, quota_mode, detailed_metric, value_to_metric,
 // share_threshold and nested descriptors. Every problem of a file is a
-// [*ConfigError] naming the file and line.
+// [*ConfigError] naming the file and line. A [Watcher] keeps a directory's
+// [Rules] current, keeping the last good version while an edit is invalid.
 //
 // A request names a domain and lists descriptors, each a list of key/value
 // entries. Each descriptor is matched against the domain's tree as

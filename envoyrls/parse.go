@@ -333,6 +333,11 @@ func LoadDir(dir string) (*Rules, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseFiles(files)
+}
+
+// parseFiles parses the files of a directory into its rules.
+func parseFiles(files []configFile) (*Rules, error) {
 	domains := make([]*Domain, 0, len(files))
 	for _, f := range files {
 		d, err := ParseDomain(f.path, f.data)

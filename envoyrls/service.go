@@ -22,6 +22,7 @@ import (
 
 // RulesSource gives the rules in force. Current is called once per
 // request and must be safe for concurrent use; a nil result is no rules.
+// A *Watcher is one.
 type RulesSource interface {
 	Current() *Rules
 }
@@ -88,7 +89,8 @@ type Config struct {
 	// Limiter counts the hits: a cluster.Node counts them exactly across
 	// its cluster.
 	Limiter sluice.Limiter
-	// Rules gives the configuration.
+	// Rules gives the configuration; a *Watcher keeps a directory's
+	// current.
 	Rules RulesSource
 	// Headers, when set, adds the limit closest to being reached to each
 	// response's response_headers_to_add under these names.

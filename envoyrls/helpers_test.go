@@ -24,7 +24,7 @@ var testStart = time.Unix(1_700_000_000, 0)
 // env is a Service over a local limiter whose clock the test moves, and
 // the hits it reported.
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	clk *fakeclock.Clock
 	svc *Service
 
@@ -34,7 +34,7 @@ type env struct {
 
 // newEnv serves the configuration files texts (one domain each) with the
 // config DefaultConfig gives, changed by mods.
-func newEnv(t *testing.T, texts []string, mods ...func(*Config)) *env {
+func newEnv(t testing.TB, texts []string, mods ...func(*Config)) *env {
 	t.Helper()
 	var domains []*Domain
 	for i, text := range texts {

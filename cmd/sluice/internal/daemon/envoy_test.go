@@ -75,7 +75,7 @@ func envoyDir(t *testing.T) string {
 
 // rlsClient is go-control-plane's client of Envoy's rate limit service,
 // connected to addr.
-func rlsClient(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
+func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -259,5 +259,34 @@ func TestEnvoyServiceOff(t *testing.T) {
 	_, err := rlsClient(t, d.GRPCAddr()).ShouldRateLimit(context.Background(), rlsRequest("api", []string{"user=u"}))
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("ShouldRateLimit: %v, want Unimplemented", err)
+	}
+}
+
+// The README's Envoy example is valid: its daemon settings load, and its
+// configuration file parses.
+func TestEnvoyReadmeExample(t *testing.T) {
+	readme, err := os.ReadFile("../../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := func(first string) string {
+		t.Helper()
+		_, rest, ok := strings.Cut(string(readme), "```yaml\n"+first+"\n")
+		if !ok {
+			t.Fatalf("no yaml block starting %q in the README", first)
+		}
+		text, _, _ := strings.Cut(rest, "```")
+		return text
+	}
+	cfg := DefaultConfig()
+	if err := applyYAML(&cfg, "README.md", []byte(block("# sluice.yaml, beside the settings above"))); err != nil || cfg.EnvoyConfigDir == "" || cfg.EnvoyResponseHeaders != EnvoyHeadersDraft {
+		t.Errorf("the README's settings: %+v, %v", cfg, err)
+	}
+	d, err := envoyrls.ParseDomain("README.md", []byte(block("# /etc/sluice/envoy/edge.yaml: 10 requests a second per client address")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := d.Match([]envoyrls.Entry{{Key: "remote_address", Value: "192.0.2.1"}}); m.Descriptor == nil || m.Descriptor.RateLimit.RequestsPerUnit != 10 {
+		t.Errorf("the README's edge domain: %+v", m.Descriptor)
 	}
 }

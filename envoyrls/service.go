@@ -213,7 +213,7 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 	}
 	domain, _ := s.cfg.Rules.Current().Domain(req.Domain)
 	items := make([]item, len(req.Descriptors))
-	replaced := make(map[string]bool)
+	var replaced map[string]bool
 	for i, d := range req.Descriptors {
 		it, err := s.resolve(req, d, domain)
 		if err != nil {
@@ -221,6 +221,9 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 		if it.limit != nil {
 			for _, r := range it.limit.Replaces {
+				if replaced == nil {
+					replaced = make(map[string]bool)
+				}
 				replaced[r] = true
 			}
 		}

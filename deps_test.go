@@ -16,6 +16,7 @@ func TestAdaptersPullInNoCluster(t *testing.T) {
 	for pkg, banned := range map[string][]string{
 		"./httplimit": {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
 		"./rules":     {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
+		"./envoyrls":  {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/peer"},
 		"./grpclimit": {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/peer"},
 		".":           {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
 	} {

@@ -157,6 +157,14 @@ type Config struct {
 	// messages this way). Credentials come from TLS: do not set them here.
 	// Dial options of the clients to peers are in Peer.DialOptions.
 	ServerOptions []grpc.ServerOption
+	// RegisterServices, when set, is called once by New with the node's
+	// gRPC server and the node, before the server serves, to serve more
+	// services on GRPCAddr beside the node's own under the same TLS and
+	// limits (the daemon adds Envoy's rate limit service, which checks
+	// through the node). It must only register services: the node is not
+	// running yet, and calls that reach it before New returns are decided
+	// as checks made before the node is ready. An error fails New.
+	RegisterServices func(s grpc.ServiceRegistrar, n *Node) error
 
 	// Events, when set, receives a MemberEvent for every membership change
 	// the node applies. Sends never block: when the channel is full the

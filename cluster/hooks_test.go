@@ -1,15 +1,21 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/testcluster"
@@ -73,5 +79,39 @@ func TestGossipTransportNil(t *testing.T) {
 			n.Close()
 		}
 		t.Fatalf("New: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// Config.RegisterServices adds services to the node's gRPC server, given
+// the node, and they answer on its gRPC address.
+func TestRegisterServices(t *testing.T) {
+	cfg := cluster.TestConfig("services")
+	var given *cluster.Node
+	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *cluster.Node) error {
+		given = n
+		hs := health.NewServer()
+		hs.SetServingStatus("extra", healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(s, hs)
+		return nil
+	}
+	n := startNode(t, cfg)
+	if given != n {
+		t.Fatalf("RegisterServices got node %p, want %p", given, n)
+	}
+	conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "extra"})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("the registered service: %v, %v", resp, err)
+	}
+
+	// An error fails New, which stops what it started.
+	cfg = cluster.TestConfig("services-fail")
+	cfg.RegisterServices = func(grpc.ServiceRegistrar, *cluster.Node) error { return errors.New("no") }
+	if _, err := cluster.New(cfg); err == nil || !strings.Contains(err.Error(), "register services: no") {
+		t.Errorf("a failing RegisterServices: %v", err)
 	}
 }

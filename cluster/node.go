@@ -178,6 +178,11 @@ func New(cfg Config) (n *Node, err error) {
 		transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n}, transport.WithPermit(cfg.PublicPermit),
 			transport.WithInspector(publicAPI{n}), transport.WithInspectPermit(cfg.PublicInspectPermit))
 	}
+	if cfg.RegisterServices != nil {
+		if err = cfg.RegisterServices(n.grpc, n); err != nil {
+			return nil, fmt.Errorf("cluster: register services: %w", err)
+		}
+	}
 	if auth.Open() {
 		n.logger.Warn("cluster: peer calls are open to every caller that reaches GRPCAddr: set TLS with PeerIdentities, or ClusterSecret (or GossipKeys), to admit only cluster members",
 			"grpc", cfg.GRPCAddr)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlfile"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -46,16 +46,11 @@ func Load(path string) (*Set, error) {
 // readFile reads the rule file at path, refusing one longer than
 // MaxFileBytes without reading the rest of it.
 func readFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
+	data, tooLarge, err := yamlfile.Read(path, MaxFileBytes)
+	switch {
+	case err != nil:
 		return nil, fmt.Errorf("rules: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("rules: %w", err)
-	}
-	if len(data) > MaxFileBytes {
+	case tooLarge:
 		return nil, errFileTooLarge(path)
 	}
 	return data, nil

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/yamlfile"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -73,6 +75,23 @@ type Config struct {
 	// changes, an invalid version leaving the previous rules in force.
 	// Empty: no rules, and POST /v1/rules/check answers 404.
 	RulesFile string
+	// EnvoyConfigDir is a directory of configuration files in
+	// envoyproxy/ratelimit's format, one domain per *.yaml file. With
+	// one, the gRPC port also serves Envoy's rate limit service
+	// (envoy.service.ratelimit.v3.RateLimitService), counting each
+	// descriptor through the cluster; the directory is loaded at start
+	// (an invalid file fails New) and reloaded as it changes, an invalid
+	// version leaving the previous configuration in force.
+	EnvoyConfigDir string
+	// EnvoyResponseHeaders adds the limit closest to being reached to
+	// the rate limit service's responses: EnvoyHeadersOff, EnvoyHeadersDraft
+	// (RateLimit-Limit, -Remaining, -Reset) or EnvoyHeadersX
+	// (X-RateLimit-Limit, -Remaining, -Reset).
+	EnvoyResponseHeaders string
+	// EnvoyWindowAlignment places the windows of weeks, months and years:
+	// EnvoyAlignCalendar (the UTC calendar's) or EnvoyAlignEpoch (blocks of
+	// 7, 30 and 365 days since the Unix epoch, as envoyproxy/ratelimit).
+	EnvoyWindowAlignment string
 	// ShutdownDelay is how long the daemon reports not ready before it
 	// stops accepting requests, so that load balancers notice first.
 	ShutdownDelay time.Duration
@@ -158,28 +177,30 @@ const (
 func DefaultConfig() Config {
 	cc := cluster.DefaultConfig()
 	return Config{
-		GossipAddr:        cc.GossipAddr,
-		GRPCAddr:          cc.GRPCAddr,
-		HTTPAddr:          ":8080",
-		RetryJoinInterval: cc.RetryJoinInterval,
-		GossipProfile:     cluster.ProfileLAN,
-		Unreachable:       sluice.PolicyLocal,
-		DenyRetryAfter:    cc.DenyRetryAfter,
-		PeerTimeout:       cc.Peer.Timeout,
-		BreakerThreshold:  cc.BreakerThreshold,
-		BreakerCooldown:   cc.BreakerCooldown,
-		Replicas:          cc.Replicas,
-		ReplicateInterval: cc.ReplicateInterval,
-		LeaveTimeout:      cc.LeaveTimeout,
-		Lease:             cc.Lease,
-		MaxKeys:           cc.Store.MaxEntries,
-		MaxBytes:          cc.Store.MaxBytes,
-		Destructive:       DestructiveAllow,
-		MaxBodyBytes:      1 << 20,
-		MaxBatchItems:     transport.MaxBatchItems,
-		ShutdownTimeout:   10 * time.Second,
-		LogFormat:         "json",
-		LogLevel:          slog.LevelInfo,
+		GossipAddr:           cc.GossipAddr,
+		GRPCAddr:             cc.GRPCAddr,
+		HTTPAddr:             ":8080",
+		RetryJoinInterval:    cc.RetryJoinInterval,
+		GossipProfile:        cluster.ProfileLAN,
+		Unreachable:          sluice.PolicyLocal,
+		DenyRetryAfter:       cc.DenyRetryAfter,
+		PeerTimeout:          cc.Peer.Timeout,
+		BreakerThreshold:     cc.BreakerThreshold,
+		BreakerCooldown:      cc.BreakerCooldown,
+		Replicas:             cc.Replicas,
+		ReplicateInterval:    cc.ReplicateInterval,
+		LeaveTimeout:         cc.LeaveTimeout,
+		Lease:                cc.Lease,
+		MaxKeys:              cc.Store.MaxEntries,
+		MaxBytes:             cc.Store.MaxBytes,
+		Destructive:          DestructiveAllow,
+		MaxBodyBytes:         1 << 20,
+		EnvoyResponseHeaders: EnvoyHeadersOff,
+		EnvoyWindowAlignment: EnvoyAlignCalendar,
+		MaxBatchItems:        transport.MaxBatchItems,
+		ShutdownTimeout:      10 * time.Second,
+		LogFormat:            "json",
+		LogLevel:             slog.LevelInfo,
 
 		TracingSampleRatio: 0.01,
 	}
@@ -366,6 +387,19 @@ var fields = []field{
 	{key: "rules_file", usage: "YAML rule file (the rules package's format) for POST /v1/rules/check; reloaded as it changes",
 		parse: func(c *Config, v string) error { c.RulesFile = v; return nil },
 		show:  func(c *Config) string { return c.RulesFile }},
+	{key: "envoy_config_dir", usage: "directory of envoyproxy/ratelimit configuration files (one domain per *.yaml) for Envoy's rate limit service on grpc_addr; reloaded as they change",
+		parse: func(c *Config, v string) error { c.EnvoyConfigDir = v; return nil },
+		show:  func(c *Config) string { return c.EnvoyConfigDir }},
+	{key: "envoy_response_headers", usage: "response headers of Envoy's rate limit service: off, draft (RateLimit-Limit, -Remaining, -Reset) or x-ratelimit (X-RateLimit-*)",
+		parse: func(c *Config, v string) error { c.EnvoyResponseHeaders = v; return nil },
+		check: func(c *Config) error {
+			return oneOf(c.EnvoyResponseHeaders, EnvoyHeadersOff, EnvoyHeadersDraft, EnvoyHeadersX)
+		},
+		show: func(c *Config) string { return c.EnvoyResponseHeaders }},
+	{key: "envoy_window_alignment", usage: "windows of Envoy week, month and year limits: calendar (UTC) or epoch (7, 30 and 365 days since 1970, as envoyproxy/ratelimit)",
+		parse: func(c *Config, v string) error { c.EnvoyWindowAlignment = v; return nil },
+		check: func(c *Config) error { return oneOf(c.EnvoyWindowAlignment, EnvoyAlignCalendar, EnvoyAlignEpoch) },
+		show:  func(c *Config) string { return c.EnvoyWindowAlignment }},
 	{key: "shutdown_delay", usage: "how long to report not ready before refusing requests on shutdown",
 		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownDelay, v) },
 		check: func(c *Config) error { return nonNegative(c.ShutdownDelay) },
@@ -508,6 +542,23 @@ var fields = []field{
 	{key: "tracing_keys", usage: "record client keys in spans (personal data in many deployments)",
 		parse: func(c *Config, v string) error { return parseBool(&c.TracingKeys, v) },
 		show:  func(c *Config) string { return strconv.FormatBool(c.TracingKeys) }},
+}
+
+// The values of Config.EnvoyResponseHeaders and EnvoyWindowAlignment.
+const (
+	EnvoyHeadersOff    = "off"
+	EnvoyHeadersDraft  = "draft"
+	EnvoyHeadersX      = "x-ratelimit"
+	EnvoyAlignCalendar = "calendar"
+	EnvoyAlignEpoch    = "epoch"
+)
+
+// oneOf checks that v is one of the options.
+func oneOf(v string, options ...string) error {
+	if slices.Contains(options, v) {
+		return nil
+	}
+	return fmt.Errorf("%q is not %s or %s", v, strings.Join(options[:len(options)-1], ", "), options[len(options)-1])
 }
 
 // checkIdentities checks a list of certificate identities.
@@ -837,7 +888,7 @@ func applyYAML(cfg *Config, name string, data []byte) error {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
 		}
-		line, msg := yamlError(err)
+		line, msg := yamlfile.ErrorLine(err)
 		return fail(line, "", fmt.Errorf("not valid YAML: %s", msg))
 	}
 	var extra yaml.Node
@@ -908,22 +959,6 @@ func yamlText(f *field, v *yaml.Node) (string, error) {
 		return strings.Join(items, ","), nil
 	}
 	return "", errors.New("want a single value, not a mapping")
-}
-
-// yamlError splits a yaml.v3 error ("yaml: line 3: did not find...") into
-// its line (0 when it names none) and the rest of its text.
-func yamlError(err error) (int, string) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	rest, ok := strings.CutPrefix(msg, "line ")
-	if !ok {
-		return 0, msg
-	}
-	num, text, ok := strings.Cut(rest, ": ")
-	n, err := strconv.Atoi(num)
-	if !ok || err != nil {
-		return 0, msg
-	}
-	return n, text
 }
 
 // SoftMemoryLimit returns the soft memory limit the daemon's process

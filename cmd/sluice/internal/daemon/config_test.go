@@ -44,6 +44,8 @@ join:
   - 10.0.0.2:7946
 shutdown_timeout: 3s
 rules_file: file-rules.yaml
+envoy_config_dir: /etc/ratelimit
+envoy_response_headers: draft
 `
 	tests := []struct {
 		name  string
@@ -67,6 +69,9 @@ rules_file: file-rules.yaml
 			if c.RulesFile != "file-rules.yaml" {
 				t.Errorf("rules file %q", c.RulesFile)
 			}
+			if c.EnvoyConfigDir != "/etc/ratelimit" || c.EnvoyResponseHeaders != EnvoyHeadersDraft || c.EnvoyWindowAlignment != EnvoyAlignCalendar {
+				t.Errorf("envoy settings %q %q %q", c.EnvoyConfigDir, c.EnvoyResponseHeaders, c.EnvoyWindowAlignment)
+			}
 			if c.LogLevel != slog.LevelInfo || c.MaxBatchItems != 1000 {
 				t.Errorf("fields the file does not set changed: %+v", c)
 			}
@@ -79,8 +84,11 @@ rules_file: file-rules.yaml
 		{"env over file", []string{"--config", "FILE"}, map[string]string{
 			"SLUICE_NODE_NAME": "from-env", "SLUICE_JOIN": "a:1, b:2", "SLUICE_UNREACHABLE": "allow",
 			"SLUICE_ADVERTISE_HOST": "10.1.1.1", "SLUICE_LOG_LEVEL": "debug", "SLUICE_GOSSIP_PROFILE": "fast",
-			"SLUICE_RULES_FILE": "env-rules.yaml",
+			"SLUICE_RULES_FILE": "env-rules.yaml", "SLUICE_ENVOY_WINDOW_ALIGNMENT": "epoch", "SLUICE_ENVOY_RESPONSE_HEADERS": "x-ratelimit",
 		}, func(t *testing.T, c Config) {
+			if c.EnvoyWindowAlignment != EnvoyAlignEpoch || c.EnvoyResponseHeaders != EnvoyHeadersX || c.EnvoyConfigDir != "/etc/ratelimit" {
+				t.Errorf("envoy settings %q %q %q", c.EnvoyConfigDir, c.EnvoyResponseHeaders, c.EnvoyWindowAlignment)
+			}
 			if c.NodeName != "from-env" || c.RulesFile != "env-rules.yaml" || !slices.Equal(c.Join, []string{"a:1", "b:2"}) || c.Unreachable != sluice.PolicyAllow ||
 				c.AdvertiseHost != "10.1.1.1" || c.LogLevel != slog.LevelDebug || c.GossipProfile != cluster.ProfileFast {
 				t.Errorf("got %+v", c)
@@ -170,6 +178,9 @@ func TestConfigErrors(t *testing.T) {
 		{name: "lease share above 1", file: "lease_threshold: 10\nlease_share: 2\n", wantField: "lease_share", wantLine: 2, wantText: []string{"Lease.Share"}},
 		{name: "lease share not a number", args: []string{"--lease-share", "half"}, wantField: "lease_share"},
 		{name: "negative lease threshold", args: []string{"--lease-threshold", "-1"}, wantField: "lease_threshold"},
+		{name: "unknown envoy headers", args: []string{"--envoy-response-headers", "ietf"}, wantField: "envoy_response_headers",
+			wantText: []string{`"ietf" is not off, draft or x-ratelimit`}},
+		{name: "unknown envoy alignment", file: "envoy_window_alignment: iso\n", wantField: "envoy_window_alignment", wantLine: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

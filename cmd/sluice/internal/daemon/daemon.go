@@ -19,6 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -34,6 +35,7 @@ type options struct {
 	sleep     func(ctx context.Context, d time.Duration)
 	ready     func(*Daemon)
 	rulesCfg  func(*rules.WatchConfig)
+	envoyCfg  func(*envoyrls.WatchConfig)
 }
 
 // WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
@@ -60,6 +62,12 @@ func WithRulesWatch(f func(*rules.WatchConfig)) Option {
 	return func(o *options) { o.rulesCfg = f }
 }
 
+// WithEnvoyWatch lets f change how Config.EnvoyConfigDir is watched, from
+// envoyrls.DefaultWatchConfig with the daemon's logger.
+func WithEnvoyWatch(f func(*envoyrls.WatchConfig)) Option {
+	return func(o *options) { o.envoyCfg = f }
+}
+
 // WithReady makes Run call f once the daemon serves, with its bound
 // addresses known. f must not block for long.
 func WithReady(f func(*Daemon)) Option { return func(o *options) { o.ready = f } }
@@ -82,10 +90,13 @@ type Daemon struct {
 	// applies its rules for POST /v1/rules/check.
 	rules    *rules.Watcher
 	enforcer rules.Enforcer
-	lis      net.Listener
-	srv      *http.Server
-	served   chan struct{} // closed when srv.Serve has returned
-	serveMu  sync.Mutex    // guards serveErr
+	// envoy keeps Config.EnvoyConfigDir current for Envoy's rate limit
+	// service; nil without one.
+	envoy   *envoyrls.Watcher
+	lis     net.Listener
+	srv     *http.Server
+	served  chan struct{} // closed when srv.Serve has returned
+	serveMu sync.Mutex    // guards serveErr
 	// serveErr is srv.Serve's error other than http.ErrServerClosed.
 	serveErr error
 
@@ -142,6 +153,17 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 			}
 		}()
 	}
+	if cfg.EnvoyConfigDir != "" {
+		if err := d.watchEnvoy(); err != nil {
+			return nil, err
+		}
+		w := d.envoy
+		defer func() {
+			if err != nil {
+				w.Close()
+			}
+		}()
+	}
 	cc := d.clusterConfig()
 	cc.TLS = tlsCfg
 	if cc.GossipKeys, err = decodeGossipKeys(cfg.GossipKeys); err != nil {
@@ -156,6 +178,9 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	cc.ServePublicAPI = true
 	cc.PublicPermit = d.permitGRPC
 	cc.PublicInspectPermit = d.permitInspectGRPC
+	if d.envoy != nil {
+		cc.RegisterServices = d.registerEnvoy
+	}
 	// Listen for HTTP before the node starts, so that a taken port fails
 	// the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
@@ -247,22 +272,27 @@ func (d *Daemon) watchRules() error {
 		return &ConfigError{Field: "rules_file", Err: err}
 	}
 	d.rules = w
-	d.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "sluice_rules",
-			Help: "Rules in force, from rules_file.",
-		}, func() float64 { return float64(w.Current().Len()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sluice_rules_reloads_total",
-			Help: "Changes of rules_file made current after the first load.",
-		}, func() float64 { return float64(w.Stats().Reloads) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sluice_rules_reload_errors_total",
-			Help: "Reloads of rules_file that failed; the previous rules stayed in force.",
-		}, func() float64 { return float64(w.Stats().Errors) }),
-	)
+	d.exportWatcher("sluice_rules", "sluice_rules", "Rules in force, from rules_file.", "rules_file",
+		func() int { return w.Current().Len() }, func() (int64, int64) { s := w.Stats(); return s.Reloads, s.Errors })
 	d.logger.Info("sluice: rules loaded", "file", d.cfg.RulesFile, "rules", w.Current().Len())
 	return nil
+}
+
+// exportWatcher registers the metrics of a configuration watched from the
+// setting field: the gauge size, what is in force, and the counters
+// prefix_reloads_total and prefix_reload_errors_total of stats.
+func (d *Daemon) exportWatcher(prefix, size, sizeHelp, field string, count func() int, stats func() (reloads, errors int64)) {
+	d.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: size, Help: sizeHelp}, func() float64 { return float64(count()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: prefix + "_reloads_total",
+			Help: "Changes of " + field + " made current after the first load.",
+		}, func() float64 { r, _ := stats(); return float64(r) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: prefix + "_reload_errors_total",
+			Help: "Reloads of " + field + " that failed; what was in force stayed.",
+		}, func() float64 { _, e := stats(); return float64(e) }),
+	)
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
@@ -407,11 +437,17 @@ func (d *Daemon) Close() error {
 	return err
 }
 
-// closeRules stops watching Config.RulesFile, once no request uses the
-// rules any more.
+// closeRules stops watching Config.RulesFile and Config.EnvoyConfigDir,
+// once no HTTP request uses the rules any more. Envoy's rate limit
+// service, on the node's gRPC server until the node stops, keeps the last
+// configuration.
 func (d *Daemon) closeRules() {
+	// Only the notifiers' close can fail: nothing to do about it.
 	if d.rules != nil {
-		d.rules.Close() // only the notifier's close can fail: nothing to do about it
+		d.rules.Close()
+	}
+	if d.envoy != nil {
+		d.envoy.Close()
 	}
 }
 

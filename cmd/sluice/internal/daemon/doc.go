@@ -46,6 +46,14 @@
 // rules.Enforcer over the node, all or nothing: a rejected request
 // consumes from none of them.
 //
+// With Config.EnvoyConfigDir the node's gRPC port also serves Envoy's rate
+// limit service (package envoyrls), registered through
+// cluster.Config.RegisterServices: envoyproxy/ratelimit's configuration
+// files, loaded at start (an invalid file fails New with its file and
+// line) and kept current by an envoyrls.Watcher, and each descriptor
+// counted through the node, exactly across the cluster. /metrics counts
+// its hits by envoyproxy/ratelimit's metric keys (sluice_envoy_hits_total).
+//
 // Everything a Daemon owns hangs off it: several run in one process, as the
 // tests do.
 package daemon

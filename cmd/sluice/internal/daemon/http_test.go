@@ -40,7 +40,7 @@ func testConfig(name string) Config {
 }
 
 // start starts a daemon and closes it when the test ends.
-func start(t *testing.T, cfg Config, opts ...Option) *Daemon {
+func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	t.Helper()
 	d, err := New(cfg, append([]Option{WithLogOutput(io.Discard)}, opts...)...)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/rules"
@@ -386,21 +387,19 @@ func TestRulesHotReload(t *testing.T) {
 	testwait.For(t, "per_user's limit to become 9", func() bool { return userLimit() == 9 })
 }
 
-// Descriptor checks sent to every daemon of a cluster of three hold each
-// limit exactly: the node that receives a check forwards each rule's
-// counter to its owner.
-func TestRulesLimitAcrossCluster(t *testing.T) {
-	clk := fakeclock.New(rulesStart)
-	file := filepath.Join(t.TempDir(), "rules.yaml")
-	writeRules(t, file, checkRules)
+// startThree starts a cluster of three daemons, named prefix-0 to -2,
+// each with testConfig changed by mod, and waits until each sees the
+// three.
+func startThree(t *testing.T, prefix string, mod func(*Config), opts ...Option) []*Daemon {
+	t.Helper()
 	var ds []*Daemon
 	for i := range 3 {
-		cfg := testConfig(fmt.Sprintf("rules-%d", i))
-		cfg.RulesFile = file
+		cfg := testConfig(fmt.Sprintf("%s-%d", prefix, i))
+		mod(&cfg)
 		if i > 0 {
 			cfg.Join = []string{ds[0].GossipAddr()}
 		}
-		ds = append(ds, start(t, cfg, WithClock(clk.Now)))
+		ds = append(ds, start(t, cfg, opts...))
 	}
 	testwait.For(t, "three members", func() bool {
 		for _, d := range ds {
@@ -410,20 +409,37 @@ func TestRulesLimitAcrossCluster(t *testing.T) {
 		}
 		return true
 	})
-	node := ds[0].Node()
-	// Users whose per_user counters live on each of the three nodes.
-	var users []string
+	return ds
+}
+
+// keysOnEveryNode returns n values v whose counters name/keyPrefix+v live
+// on each of the nodes of node's ring, one per node first.
+func keysOnEveryNode(node *cluster.Node, name, keyPrefix string, n int) []string {
+	var vs []string
 	owned := map[string]bool{}
-	for i := 0; len(owned) < 3; i++ {
-		u := fmt.Sprintf("user-%d", i)
-		if owner, _ := node.Owner("per_user", "user="+u); !owned[owner.Name] {
+	for i := 0; len(owned) < len(node.RingMembers()); i++ {
+		v := fmt.Sprintf("user-%d", i)
+		if owner, _ := node.Owner(name, keyPrefix+v); !owned[owner.Name] {
 			owned[owner.Name] = true
-			users = append(users, u)
+			vs = append(vs, v)
 		}
 	}
-	for i := 0; len(users) < 6; i++ {
-		users = append(users, fmt.Sprintf("more-%d", i))
+	for i := 0; len(vs) < n; i++ {
+		vs = append(vs, fmt.Sprintf("more-%d", i))
 	}
+	return vs
+}
+
+// Descriptor checks sent to every daemon of a cluster of three hold each
+// limit exactly: the node that receives a check forwards each rule's
+// counter to its owner.
+func TestRulesLimitAcrossCluster(t *testing.T) {
+	clk := fakeclock.New(rulesStart)
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeRules(t, file, checkRules)
+	ds := startThree(t, "rules", func(c *Config) { c.RulesFile = file }, WithClock(clk.Now))
+	node := ds[0].Node()
+	users := keysOnEveryNode(node, "per_user", "user=", 6)
 
 	// Each user sends 5 checks at the three daemons in turn, all users at
 	// once: per_user admits exactly 3 of each.

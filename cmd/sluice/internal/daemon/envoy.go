@@ -1,0 +1,70 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/envoyrls"
+)
+
+// watchEnvoy loads Config.EnvoyConfigDir and keeps it current, and exports
+// the watcher's counters.
+func (d *Daemon) watchEnvoy() error {
+	wc := envoyrls.DefaultWatchConfig()
+	wc.Logger = d.logger.With("component", "envoyrls")
+	if d.opts.envoyCfg != nil {
+		d.opts.envoyCfg(&wc)
+	}
+	w, err := envoyrls.WatchDir(d.cfg.EnvoyConfigDir, wc)
+	if err != nil {
+		// envoyrls's errors name the file and line already.
+		return &ConfigError{Field: "envoy_config_dir", Err: err}
+	}
+	d.envoy = w
+	d.exportWatcher("sluice_envoy_config", "sluice_envoy_domains", "Domains of Envoy's rate limit service in force, from envoy_config_dir.", "envoy_config_dir",
+		func() int { return w.Current().Len() }, func() (int64, int64) { s := w.Stats(); return s.Reloads, s.Errors })
+	d.logger.Info("sluice: envoy rate limit configuration loaded", "dir", d.cfg.EnvoyConfigDir, "domains", w.Current().Len())
+	return nil
+}
+
+// registerEnvoy is the node's RegisterServices: Envoy's rate limit
+// service, counting through the node, beside the node's own services.
+func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
+	cfg := envoyrls.DefaultConfig()
+	cfg.Limiter = n
+	cfg.Rules = d.envoy
+	cfg.Now = d.opts.now
+	switch d.cfg.EnvoyResponseHeaders {
+	case EnvoyHeadersDraft:
+		cfg.Headers = envoyrls.DraftHeaders()
+	case EnvoyHeadersX:
+		cfg.Headers = envoyrls.XRateLimitHeaders()
+	}
+	if d.cfg.EnvoyWindowAlignment == EnvoyAlignEpoch {
+		cfg.Alignment = envoyrls.AlignEpoch
+	}
+	hits := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_envoy_hits_total",
+		Help: "Hits of the descriptors of Envoy's rate limit service, by domain, metric key (envoyproxy/ratelimit's, detailed_metric and value_to_metric included) and stat: total_hits, within_limit, near_limit, over_limit, shadow_mode.",
+	}, []string{"domain", "key", "stat"})
+	if err := d.reg.Register(hits); err != nil {
+		return err
+	}
+	cfg.OnHit = func(h *envoyrls.Hit) {
+		for _, st := range []struct {
+			name string
+			n    uint64
+		}{{"total_hits", h.TotalHits}, {"within_limit", h.WithinLimit}, {"near_limit", h.NearLimit}, {"over_limit", h.OverLimit}, {"shadow_mode", h.ShadowMode}} {
+			if st.n > 0 || st.name == "total_hits" {
+				hits.WithLabelValues(h.Domain, h.Key, st.name).Add(float64(st.n))
+			}
+		}
+	}
+	svc, err := envoyrls.New(cfg)
+	if err != nil {
+		return err
+	}
+	svc.Register(s)
+	return nil
+}

@@ -1,0 +1,397 @@
+package envoyrls
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/yamlfile"
+)
+
+// MaxFileBytes bounds one configuration file; MaxDirFiles the files of a
+// directory LoadDir reads.
+const (
+	MaxFileBytes = 1 << 20
+	MaxDirFiles  = 1000
+)
+
+// maxNodes bounds the YAML nodes one file may visit, its aliases
+// expanded: a few hundred bytes of nested aliases could otherwise expand
+// into billions.
+const maxNodes = 1_000_000
+
+// ParseDomain reads one configuration file in envoyproxy/ratelimit's
+// format: a domain and its descriptors, each with a key, an optional
+// value, an optional rate_limit (unit, requests_per_unit, unlimited,
+// name, replaces), shadow_mode, quota_mode, detailed_metric,
+// value_to_metric, share_threshold, metadata (read and ignored) and
+// nested descriptors. Booleans may be written as YAML 1.1 has them (yes,
+// no, on, off), as envoyproxy/ratelimit reads them. An unknown or
+// misplaced field, a value of the wrong type, an invalid unit and the
+// rest are [*ConfigError] values naming file and line.
+func ParseDomain(file string, data []byte) (*Domain, error) {
+	p := &parser{file: file, budget: maxNodes}
+	if len(data) > MaxFileBytes {
+		return nil, p.errorf(nil, "the file is larger than %d bytes", MaxFileBytes)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, p.errorf(nil, "the file is empty: it must name a domain")
+		}
+		line, msg := yamlfile.ErrorLine(err)
+		return nil, &ConfigError{File: file, Line: line, Err: ErrInvalidConfig, Message: "not valid YAML: " + msg}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, p.errorf(&extra, "the file holds more than one YAML document")
+	}
+	root := doc.Content[0]
+	var name string
+	var descriptors []*Descriptor
+	err := p.mapping(root, []string{"domain", "descriptors"}, func(key string, v *yaml.Node) error {
+		var err error
+		switch key {
+		case "domain":
+			name, err = p.str(v)
+		default:
+			descriptors, err = p.descriptors(v)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if name == "" {
+		return nil, p.errorf(root, "the domain is empty")
+	}
+	return NewDomain(file, name, descriptors)
+}
+
+// parser walks the nodes of one file.
+type parser struct {
+	file   string
+	budget int // nodes left to visit
+}
+
+// errorf returns a *ConfigError at n's line (none for a nil n).
+func (p *parser) errorf(n *yaml.Node, format string, a ...any) error {
+	e := &ConfigError{File: p.file, Err: ErrInvalidConfig, Message: fmt.Sprintf(format, a...)}
+	if n != nil {
+		e.Line = n.Line
+	}
+	return e
+}
+
+// resolve follows aliases and spends one node of the budget.
+func (p *parser) resolve(n *yaml.Node) (*yaml.Node, error) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if p.budget--; p.budget < 0 {
+		return nil, p.errorf(n, "the document, its aliases expanded, has more than %d nodes", maxNodes)
+	}
+	return n, nil
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
+
+// collection returns n resolved when it is of kind; nil for null, or with
+// an error that wants what want says.
+func (p *parser) collection(n *yaml.Node, kind yaml.Kind, want string) (*yaml.Node, error) {
+	n, err := p.resolve(n)
+	switch {
+	case err != nil:
+		return nil, err
+	case isNull(n):
+		return nil, nil
+	case n.Kind != kind:
+		return nil, p.errorf(n, "want %s, not %s", want, describe(n))
+	}
+	return n, nil
+}
+
+// mapping calls f with each key of the mapping n and its value, in order;
+// a key outside allowed, a key given twice, or a key that is not text is
+// an error. A null n is an empty mapping.
+func (p *parser) mapping(n *yaml.Node, allowed []string, f func(key string, v *yaml.Node) error) error {
+	n, err := p.collection(n, yaml.MappingNode, "a mapping of "+strings.Join(allowed, ", "))
+	if n == nil {
+		return err
+	}
+	seen := make(map[string]int, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" && k.Tag != "" {
+			return p.errorf(k, "a key must be text, not %s", describe(k))
+		}
+		if !slices.Contains(allowed, k.Value) {
+			return p.errorf(k, "unknown key %q (want one of %s)", k.Value, strings.Join(allowed, ", "))
+		}
+		if first, dup := seen[k.Value]; dup {
+			return p.errorf(k, "%s is given twice (first at line %d)", k.Value, first)
+		}
+		seen[k.Value] = k.Line
+		if err := f(k.Value, n.Content[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// describe names n's kind for errors.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return fmt.Sprintf("%q", n.Value)
+}
+
+// scalar returns n resolved, and an error unless it is a scalar.
+func (p *parser) scalar(n *yaml.Node, want string) (*yaml.Node, error) {
+	n, err := p.resolve(n)
+	if err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.ScalarNode {
+		return nil, p.errorf(n, "want %s, not %s", want, describe(n))
+	}
+	return n, nil
+}
+
+// str reads a scalar as text, as envoyproxy/ratelimit does: whatever its
+// type, its text; null is "".
+func (p *parser) str(n *yaml.Node) (string, error) {
+	n, err := p.scalar(n, "text")
+	if err != nil || isNull(n) {
+		return "", err
+	}
+	return n.Value, nil
+}
+
+// boolean reads true or false, and YAML 1.1's yes, no, on, off, y and n;
+// null is false.
+func (p *parser) boolean(n *yaml.Node) (bool, error) {
+	n, err := p.scalar(n, "true or false")
+	if err != nil || isNull(n) {
+		return false, err
+	}
+	switch strings.ToLower(n.Value) {
+	case "true", "yes", "on", "y":
+		return true, nil
+	case "false", "no", "off", "n":
+		return false, nil
+	}
+	return false, p.errorf(n, "want true or false, not %q", n.Value)
+}
+
+// count reads a whole number in [0, 2^32); null is 0.
+func (p *parser) count(n *yaml.Node) (uint32, error) {
+	n, err := p.scalar(n, "a whole number")
+	if err != nil || isNull(n) {
+		return 0, err
+	}
+	if n.Tag != "!!int" {
+		return 0, p.errorf(n, "want a whole number, not %q", n.Value)
+	}
+	v, err := strconv.ParseUint(strings.ReplaceAll(n.Value, "_", ""), 0, 32)
+	if err != nil {
+		return 0, p.errorf(n, "%q is not a whole number in [0, %d]", n.Value, uint32(1<<32-1))
+	}
+	return uint32(v), nil
+}
+
+// list calls f with each item of the sequence n; null is empty.
+func (p *parser) list(n *yaml.Node, f func(item *yaml.Node) error) error {
+	n, err := p.collection(n, yaml.SequenceNode, "a list")
+	if n == nil {
+		return err
+	}
+	for _, it := range n.Content {
+		if err := f(it); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+	"detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+
+var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces"}
+
+// descriptors reads a list of descriptors.
+func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
+	var out []*Descriptor
+	err := p.list(n, func(it *yaml.Node) error {
+		ds := &Descriptor{Line: it.Line}
+		flags := map[string]*bool{"shadow_mode": &ds.ShadowMode, "quota_mode": &ds.QuotaMode,
+			"detailed_metric": &ds.DetailedMetric, "value_to_metric": &ds.ValueToMetric, "share_threshold": &ds.ShareThreshold}
+		err := p.mapping(it, descriptorKeys, func(key string, v *yaml.Node) error {
+			if f := flags[key]; f != nil {
+				var err error
+				*f, err = p.boolean(v)
+				return err
+			}
+			var err error
+			switch key {
+			case "key":
+				ds.Key, err = p.str(v)
+			case "value":
+				ds.Value, err = p.str(v)
+			case "rate_limit":
+				ds.RateLimit, err = p.rateLimit(v)
+			case "descriptors":
+				ds.Descriptors, err = p.descriptors(v)
+			case "metadata":
+				err = p.any(v) // dynamic metadata is not returned: only checked for size
+			}
+			return err
+		})
+		out = append(out, ds)
+		return err
+	})
+	return out, err
+}
+
+// any visits n and everything under it, for the node budget.
+func (p *parser) any(n *yaml.Node) error {
+	n, err := p.resolve(n)
+	if err != nil {
+		return err
+	}
+	for _, c := range n.Content {
+		if err := p.any(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rateLimit reads a rate_limit block; null is none.
+func (p *parser) rateLimit(n *yaml.Node) (*RateLimit, error) {
+	if r, err := p.resolve(n); err != nil || isNull(r) {
+		return nil, err
+	}
+	rl := &RateLimit{}
+	err := p.mapping(n, rateLimitKeys, func(key string, v *yaml.Node) error {
+		var err error
+		switch key {
+		case "unit":
+			var s string
+			if s, err = p.str(v); err == nil && s != "" {
+				var ok bool
+				if rl.Unit, ok = ParseUnit(s); !ok {
+					err = p.errorf(v, "invalid rate limit unit %q: want second, minute, hour, day, week, month or year", s)
+				}
+			}
+		case "requests_per_unit":
+			rl.RequestsPerUnit, err = p.count(v)
+		case "unlimited":
+			rl.Unlimited, err = p.boolean(v)
+		case "name":
+			rl.Name, err = p.str(v)
+		case "replaces":
+			err = p.list(v, func(it *yaml.Node) error {
+				var name string
+				err := p.mapping(it, []string{"name"}, func(_ string, v *yaml.Node) error {
+					var err error
+					name, err = p.str(v)
+					return err
+				})
+				rl.Replaces = append(rl.Replaces, name)
+				return err
+			})
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rl, nil
+}
+
+// LoadDir reads every configuration file of dir: the files named *.yaml
+// or *.yml, not those whose name starts with '.' (such as the ..data
+// links of a Kubernetes ConfigMap volume), nor subdirectories. Each file
+// configures one domain; a domain configured by two files is an error
+// wrapping ErrDuplicateDomain. The first invalid file fails the load.
+func LoadDir(dir string) (*Rules, error) {
+	files, err := configFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	return parseFiles(files)
+}
+
+// parseFiles parses the files of a directory into its rules.
+func parseFiles(files []configFile) (*Rules, error) {
+	domains := make([]*Domain, 0, len(files))
+	for _, f := range files {
+		d, err := ParseDomain(f.path, f.data)
+		if err != nil {
+			return nil, err
+		}
+		domains = append(domains, d)
+	}
+	return NewRules(domains...)
+}
+
+// configFile is one file LoadDir reads.
+type configFile struct {
+	path string
+	data []byte
+}
+
+// configFiles reads the configuration files of dir, in name order.
+func configFiles(dir string) ([]configFile, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: %w", err)
+	}
+	var out []configFile
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		if fi, err := os.Stat(path); err != nil || fi.IsDir() {
+			continue // a dangling link, or a directory: not a file to read
+		}
+		if len(out) == MaxDirFiles {
+			return nil, &ConfigError{File: dir, Err: ErrInvalidConfig, Message: fmt.Sprintf("more than %d configuration files", MaxDirFiles)}
+		}
+		data, err := readFile(path)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, configFile{path, data})
+	}
+	return out, nil
+}
+
+// readFile reads path, refusing one longer than MaxFileBytes without
+// reading the rest of it.
+func readFile(path string) ([]byte, error) {
+	data, tooLarge, err := yamlfile.Read(path, MaxFileBytes)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("envoyrls: %w", err)
+	case tooLarge:
+		return nil, &ConfigError{File: path, Err: ErrInvalidConfig, Message: fmt.Sprintf("the file is larger than %d bytes", MaxFileBytes)}
+	}
+	return data, nil
+}

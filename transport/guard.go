@@ -59,6 +59,11 @@ var (
 		{name: "InspectResponse.states", num: 1, typ: protowire.BytesType, max: 1, each: keyStateLimits},
 		{name: "InspectResponse.replicas", num: 3, typ: protowire.BytesType, max: MaxInspectReplicas},
 	}
+	rulesRequestLimits = []countLimit{
+		{name: "RulesCheckRequest.headers", num: 5, typ: protowire.BytesType, max: MaxRulesEntries},
+		{name: "RulesCheckRequest.descriptors", num: 6, typ: protowire.BytesType, max: MaxRulesEntries},
+	}
+	rulesResponseLimits = []countLimit{{name: "RulesCheckResponse.rules", num: 4, typ: protowire.BytesType, max: MaxRulesResults}}
 )
 
 // countLimits returns the limits of the message type named msg: none for
@@ -79,6 +84,10 @@ func countLimits(msg protoreflect.FullName) []countLimit {
 		return keyStateLimits
 	case "sluice.v1.InspectResponse":
 		return inspectResponseLimits
+	case "sluice.v1.RulesCheckRequest":
+		return rulesRequestLimits
+	case "sluice.v1.RulesCheckResponse":
+		return rulesResponseLimits
 	}
 	return nil
 }
@@ -233,7 +242,8 @@ func packedVarints(b []byte) int {
 	return n
 }
 
-// guarded is what the services of RegisterPeer and RegisterPublic decode
+// guarded is what the services of RegisterPeer, RegisterPublic and
+// RegisterRules decode
 // their requests into: the message and, when the codec refused it for a
 // count over its limit, why. grpc-go reports every error of a server's
 // codec as Internal ("error unmarshalling request"), whatever status the

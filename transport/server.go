@@ -27,7 +27,8 @@ const (
 	// its longest encoding (1,396,142 bytes; size.go). Padding (wire.go)
 	// only brings small messages up to about 1 KiB. A Transfer is sent in
 	// calls that fit (TransferSplit).
-	MaxMessageSize = max(maxPeerRequest, maxBatchRequest, maxPeerResponse, maxBatchResponse)
+	MaxMessageSize = max(maxPeerRequest, maxBatchRequest, maxPeerResponse, maxBatchResponse,
+		maxRulesRequest, maxRulesResponse)
 	// WindowSize is the HTTP/2 flow-control window, per stream and per
 	// connection, that ServerOptions sets and peer clients use. gRPC's
 	// default (64 KiB, grown by probing) makes a stream of small messages

@@ -38,6 +38,16 @@ const (
 	maxPeerResponse  = MaxBatchItems*(lenField+maxResponseItem) + varintField + lenField + limiter.MaxNameLen
 	maxBatchResponse = MaxBatchItems * (lenField + maxResponseItem)
 
+	// A RulesCheckRequest with every string at its longest (ip as long
+	// as a name: longer is no address) and as many headers and
+	// descriptors as it may carry; a RulesCheckResponse listing as many
+	// rules as it may, each with its name, key and owner at their longest.
+	maxRulesEntry   = lenField + limiter.MaxNameLen + lenField + limiter.MaxKeyLen
+	maxRulesRequest = 2*(lenField+limiter.MaxKeyLen) + 2*(lenField+limiter.MaxNameLen) +
+		2*MaxRulesEntries*(lenField+maxRulesEntry) + varintField
+	maxRuleResult    = 2*(lenField+limiter.MaxNameLen) + lenField + limiter.MaxKeyLen + 8*varintField
+	maxRulesResponse = MaxRulesResults*(lenField+maxRuleResult) + 4*varintField
+
 	// The fields of a TransferRequest but its states (from, reason,
 	// ring_fingerprint), and one log entry of a KeyState.
 	transferOverhead = lenField + limiter.MaxNameLen + varintField + 1 + 8

@@ -67,6 +67,27 @@ func largestBatches(t *testing.T) (*pb.PeerCheckRequest, *pb.BatchCheckRequest) 
 	return peer, public
 }
 
+// largestRules returns the largest request and response of the Rules
+// service.
+func largestRules(t *testing.T) (*pb.RulesCheckRequest, *pb.RulesCheckResponse) {
+	entry := largest(t, new(pb.RulesEntry), map[protoreflect.Name]int{"name": limiter.MaxNameLen, "value": limiter.MaxKeyLen})
+	req := largest(t, new(pb.RulesCheckRequest), map[protoreflect.Name]int{
+		"route": limiter.MaxKeyLen, "user": limiter.MaxKeyLen, "method": limiter.MaxNameLen, "ip": limiter.MaxNameLen,
+	})
+	for range MaxRulesEntries {
+		req.Headers = append(req.Headers, entry)
+		req.Descriptors = append(req.Descriptors, entry)
+	}
+	result := largest(t, new(pb.RuleResult), map[protoreflect.Name]int{
+		"name": limiter.MaxNameLen, "key": limiter.MaxKeyLen, "owner": limiter.MaxNameLen,
+	})
+	resp := largest(t, new(pb.RulesCheckResponse), nil)
+	for range MaxRulesResults {
+		resp.Rules = append(resp.Rules, result)
+	}
+	return req, resp
+}
+
 // The bounds of size.go hold for the largest messages, and MaxMessageSize
 // is the largest of them.
 func TestMessageSizeBounds(t *testing.T) {
@@ -80,6 +101,7 @@ func TestMessageSizeBounds(t *testing.T) {
 		peerResp.Items = append(peerResp.Items, item)
 		publicResp.Responses = append(publicResp.Responses, item)
 	}
+	rulesReq, rulesResp := largestRules(t)
 	for _, tt := range []struct {
 		m     proto.Message
 		bound int
@@ -88,6 +110,8 @@ func TestMessageSizeBounds(t *testing.T) {
 		{public, maxBatchRequest},
 		{peerResp, maxPeerResponse},
 		{publicResp, maxBatchResponse},
+		{rulesReq, maxRulesRequest},
+		{rulesResp, maxRulesResponse},
 	} {
 		size := proto.Size(tt.m)
 		if size > tt.bound || size > MaxMessageSize {

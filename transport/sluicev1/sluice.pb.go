@@ -1,10 +1,11 @@
 // Wire protocol of sluice, a distributed rate limiter.
 //
-// Two services share the messages below. Peer is spoken between the nodes
+// Three services share the messages below. Peer is spoken between the nodes
 // of one cluster: a node that does not own a key forwards the check to the
 // owner, which decides every item of the batch locally. Sluice is the public
 // API that clients of the daemon call; the node that receives a check routes
-// it to the key's owner.
+// it to the key's owner. Rules is the daemon's: a request described by its
+// route, user and descriptors, checked against the daemon's rules_file.
 //
 // Every field is untrusted on receipt; see the Go package
 // github.com/sluicehq/sluice/transport for how each one is checked.
@@ -1683,6 +1684,376 @@ func (x *HealthResponse) GetNode() string {
 	return ""
 }
 
+// RulesEntry is one descriptor or one header of a RulesCheckRequest.
+type RulesEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RulesEntry) Reset() {
+	*x = RulesEntry{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RulesEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RulesEntry) ProtoMessage() {}
+
+func (x *RulesEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RulesEntry.ProtoReflect.Descriptor instead.
+func (*RulesEntry) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RulesEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RulesEntry) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// RulesCheckRequest describes a request as a daemon's rules_file sees it:
+// its route, method, client IP, user, headers and descriptors. Strings are
+// at most 1024 bytes (route, user, values) or 128 (method, names); ip is
+// an IPv4 or IPv6 address. At most 64 headers and 64 descriptors; a name
+// given twice (a header's in any case) is INVALID_ARGUMENT.
+type RulesCheckRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Route       string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	Method      string                 `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	Ip          string                 `protobuf:"bytes,3,opt,name=ip,proto3" json:"ip,omitempty"`
+	User        string                 `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	Headers     []*RulesEntry          `protobuf:"bytes,5,rep,name=headers,proto3" json:"headers,omitempty"`
+	Descriptors []*RulesEntry          `protobuf:"bytes,6,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// The request's cost; absent means 1, and 0 peeks.
+	Hits          *int64 `protobuf:"varint,7,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RulesCheckRequest) Reset() {
+	*x = RulesCheckRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RulesCheckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RulesCheckRequest) ProtoMessage() {}
+
+func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RulesCheckRequest.ProtoReflect.Descriptor instead.
+func (*RulesCheckRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RulesCheckRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *RulesCheckRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *RulesCheckRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *RulesCheckRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RulesCheckRequest) GetHeaders() []*RulesEntry {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *RulesCheckRequest) GetDescriptors() []*RulesEntry {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *RulesCheckRequest) GetHits() int64 {
+	if x != nil && x.Hits != nil {
+		return *x.Hits
+	}
+	return 0
+}
+
+// RuleResult is one rule's part in a RulesCheckResponse: the rule, the
+// counter it keys, whether it is a shadow rule (decided, never blocking),
+// and its decision, whose allowed is false when this rule rejects the
+// request and retry_after_nanos says until when.
+type RuleResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key       string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Shadow    bool                   `protobuf:"varint,3,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Allowed   bool                   `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Limit     int64                  `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining int64                  `protobuf:"varint,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// When the counter is fresh again, in nanoseconds since the Unix epoch;
+	// 0 for none.
+	ResetAtUnixNano int64 `protobuf:"varint,7,opt,name=reset_at_unix_nano,json=resetAtUnixNano,proto3" json:"reset_at_unix_nano,omitempty"`
+	RetryAfterNanos int64 `protobuf:"varint,8,opt,name=retry_after_nanos,json=retryAfterNanos,proto3" json:"retry_after_nanos,omitempty"`
+	DelayNanos      int64 `protobuf:"varint,9,opt,name=delay_nanos,json=delayNanos,proto3" json:"delay_nanos,omitempty"`
+	// Name of the node that decided.
+	Owner string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
+	// True when the owner could not be reached and the rule was decided
+	// under its unreachable policy.
+	WithoutOwner  bool `protobuf:"varint,11,opt,name=without_owner,json=withoutOwner,proto3" json:"without_owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleResult) Reset() {
+	*x = RuleResult{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleResult) ProtoMessage() {}
+
+func (x *RuleResult) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleResult.ProtoReflect.Descriptor instead.
+func (*RuleResult) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RuleResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RuleResult) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *RuleResult) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *RuleResult) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuleResult) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *RuleResult) GetResetAtUnixNano() int64 {
+	if x != nil {
+		return x.ResetAtUnixNano
+	}
+	return 0
+}
+
+func (x *RuleResult) GetRetryAfterNanos() int64 {
+	if x != nil {
+		return x.RetryAfterNanos
+	}
+	return 0
+}
+
+func (x *RuleResult) GetDelayNanos() int64 {
+	if x != nil {
+		return x.DelayNanos
+	}
+	return 0
+}
+
+func (x *RuleResult) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *RuleResult) GetWithoutOwner() bool {
+	if x != nil {
+		return x.WithoutOwner
+	}
+	return false
+}
+
+// RulesCheckResponse answers a RulesCheckRequest with every rule that
+// applied, all or nothing.
+type RulesCheckResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request may proceed, after delay_nanos: every enforced rule that
+	// applied admits it. True when no rule applied.
+	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// For a request not allowed, how long until it would be, if nothing
+	// else is consumed meanwhile.
+	RetryAfterNanos int64 `protobuf:"varint,2,opt,name=retry_after_nanos,json=retryAfterNanos,proto3" json:"retry_after_nanos,omitempty"`
+	// The pacing of a leaky-bucket rule, to wait before proceeding.
+	DelayNanos int64 `protobuf:"varint,3,opt,name=delay_nanos,json=delayNanos,proto3" json:"delay_nanos,omitempty"`
+	// One result per rule that applied, in the file's order: the first 256.
+	Rules []*RuleResult `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	// True when more than 256 rules applied: rules lists the first 256,
+	// and allowed, retry_after_nanos and delay_nanos still decide them all.
+	Truncated     bool `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RulesCheckResponse) Reset() {
+	*x = RulesCheckResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RulesCheckResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RulesCheckResponse) ProtoMessage() {}
+
+func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RulesCheckResponse.ProtoReflect.Descriptor instead.
+func (*RulesCheckResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RulesCheckResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *RulesCheckResponse) GetRetryAfterNanos() int64 {
+	if x != nil {
+		return x.RetryAfterNanos
+	}
+	return 0
+}
+
+func (x *RulesCheckResponse) GetDelayNanos() int64 {
+	if x != nil {
+		return x.DelayNanos
+	}
+	return 0
+}
+
+func (x *RulesCheckResponse) GetRules() []*RuleResult {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *RulesCheckResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
@@ -1781,7 +2152,42 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eHealthResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x18\n" +
 	"\amembers\x18\x02 \x01(\x05R\amembers\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node*\xd6\x01\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"6\n" +
+	"\n" +
+	"RulesEntry\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xf1\x01\n" +
+	"\x11RulesCheckRequest\x12\x14\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12\x0e\n" +
+	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\x12/\n" +
+	"\aheaders\x18\x05 \x03(\v2\x15.sluice.v1.RulesEntryR\aheaders\x127\n" +
+	"\vdescriptors\x18\x06 \x03(\v2\x15.sluice.v1.RulesEntryR\vdescriptors\x12\x17\n" +
+	"\x04hits\x18\a \x01(\x03H\x00R\x04hits\x88\x01\x01B\a\n" +
+	"\x05_hits\"\xcd\x02\n" +
+	"\n" +
+	"RuleResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06shadow\x18\x03 \x01(\bR\x06shadow\x12\x18\n" +
+	"\aallowed\x18\x04 \x01(\bR\aallowed\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x06 \x01(\x03R\tremaining\x12+\n" +
+	"\x12reset_at_unix_nano\x18\a \x01(\x03R\x0fresetAtUnixNano\x12*\n" +
+	"\x11retry_after_nanos\x18\b \x01(\x03R\x0fretryAfterNanos\x12\x1f\n" +
+	"\vdelay_nanos\x18\t \x01(\x03R\n" +
+	"delayNanos\x12\x14\n" +
+	"\x05owner\x18\n" +
+	" \x01(\tR\x05owner\x12#\n" +
+	"\rwithout_owner\x18\v \x01(\bR\fwithoutOwner\"\xc6\x01\n" +
+	"\x12RulesCheckResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12*\n" +
+	"\x11retry_after_nanos\x18\x02 \x01(\x03R\x0fretryAfterNanos\x12\x1f\n" +
+	"\vdelay_nanos\x18\x03 \x01(\x03R\n" +
+	"delayNanos\x12+\n" +
+	"\x05rules\x18\x04 \x03(\v2\x15.sluice.v1.RuleResultR\x05rules\x12\x1c\n" +
+	"\ttruncated\x18\x05 \x01(\bR\ttruncated*\xd6\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x01\x12\x1a\n" +
@@ -1840,7 +2246,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"CheckBatch\x12\x1c.sluice.v1.BatchCheckRequest\x1a\x1d.sluice.v1.BatchCheckResponse\x12=\n" +
 	"\x06Health\x12\x18.sluice.v1.HealthRequest\x1a\x19.sluice.v1.HealthResponse\x12@\n" +
-	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponseB8Z6github.com/sluicehq/sluice/transport/sluicev1;sluicev1b\x06proto3"
+	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponse2M\n" +
+	"\x05Rules\x12D\n" +
+	"\x05Check\x12\x1c.sluice.v1.RulesCheckRequest\x1a\x1d.sluice.v1.RulesCheckResponseB8Z6github.com/sluicehq/sluice/transport/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -1855,7 +2263,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -1880,6 +2288,10 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*BatchCheckResponse)(nil), // 20: sluice.v1.BatchCheckResponse
 	(*HealthRequest)(nil),      // 21: sluice.v1.HealthRequest
 	(*HealthResponse)(nil),     // 22: sluice.v1.HealthResponse
+	(*RulesEntry)(nil),         // 23: sluice.v1.RulesEntry
+	(*RulesCheckRequest)(nil),  // 24: sluice.v1.RulesCheckRequest
+	(*RuleResult)(nil),         // 25: sluice.v1.RuleResult
+	(*RulesCheckResponse)(nil), // 26: sluice.v1.RulesCheckResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -1899,29 +2311,34 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	6,  // 14: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
 	5,  // 15: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	6,  // 16: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	7,  // 17: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 18: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	11, // 19: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	13, // 20: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	15, // 21: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	17, // 22: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	19, // 23: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	21, // 24: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	15, // 25: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	8,  // 26: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 27: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	12, // 28: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	14, // 29: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	16, // 30: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	18, // 31: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	20, // 32: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	22, // 33: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	16, // 34: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	23, // 17: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	23, // 18: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	25, // 19: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	7,  // 20: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 21: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	11, // 22: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	13, // 23: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	15, // 24: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	17, // 25: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	19, // 26: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	21, // 27: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	15, // 28: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	24, // 29: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 30: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 31: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	12, // 32: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	14, // 33: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	16, // 34: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	18, // 35: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	20, // 36: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	22, // 37: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	16, // 38: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	26, // 39: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1930,15 +2347,16 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_sluice_v1_sluice_proto_goTypes,
 		DependencyIndexes: file_sluice_v1_sluice_proto_depIdxs,

@@ -1,10 +1,11 @@
 // Wire protocol of sluice, a distributed rate limiter.
 //
-// Two services share the messages below. Peer is spoken between the nodes
+// Three services share the messages below. Peer is spoken between the nodes
 // of one cluster: a node that does not own a key forwards the check to the
 // owner, which decides every item of the batch locally. Sluice is the public
 // API that clients of the daemon call; the node that receives a check routes
-// it to the key's owner.
+// it to the key's owner. Rules is the daemon's: a request described by its
+// route, user and descriptors, checked against the daemon's rules_file.
 //
 // Every field is untrusted on receipt; see the Go package
 // github.com/sluicehq/sluice/transport for how each one is checked.
@@ -542,6 +543,118 @@ var Sluice_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Inspect",
 			Handler:    _Sluice_Inspect_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "sluice/v1/sluice.proto",
+}
+
+const (
+	Rules_Check_FullMethodName = "/sluice.v1.Rules/Check"
+)
+
+// RulesClient is the client API for Rules service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Rules checks requests against the rules of the daemon's rules_file, the
+// gRPC form of its POST /v1/rules/check. A daemon started without one
+// answers FAILED_PRECONDITION; an invalid request is INVALID_ARGUMENT,
+// naming the field (also as a google.rpc.BadRequest detail).
+type RulesClient interface {
+	Check(ctx context.Context, in *RulesCheckRequest, opts ...grpc.CallOption) (*RulesCheckResponse, error)
+}
+
+type rulesClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewRulesClient(cc grpc.ClientConnInterface) RulesClient {
+	return &rulesClient{cc}
+}
+
+func (c *rulesClient) Check(ctx context.Context, in *RulesCheckRequest, opts ...grpc.CallOption) (*RulesCheckResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RulesCheckResponse)
+	err := c.cc.Invoke(ctx, Rules_Check_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RulesServer is the server API for Rules service.
+// All implementations must embed UnimplementedRulesServer
+// for forward compatibility.
+//
+// Rules checks requests against the rules of the daemon's rules_file, the
+// gRPC form of its POST /v1/rules/check. A daemon started without one
+// answers FAILED_PRECONDITION; an invalid request is INVALID_ARGUMENT,
+// naming the field (also as a google.rpc.BadRequest detail).
+type RulesServer interface {
+	Check(context.Context, *RulesCheckRequest) (*RulesCheckResponse, error)
+	mustEmbedUnimplementedRulesServer()
+}
+
+// UnimplementedRulesServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedRulesServer struct{}
+
+func (UnimplementedRulesServer) Check(context.Context, *RulesCheckRequest) (*RulesCheckResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedRulesServer) mustEmbedUnimplementedRulesServer() {}
+func (UnimplementedRulesServer) testEmbeddedByValue()               {}
+
+// UnsafeRulesServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to RulesServer will
+// result in compilation errors.
+type UnsafeRulesServer interface {
+	mustEmbedUnimplementedRulesServer()
+}
+
+func RegisterRulesServer(s grpc.ServiceRegistrar, srv RulesServer) {
+	// If the following call pancis, it indicates UnimplementedRulesServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Rules_ServiceDesc, srv)
+}
+
+func _Rules_Check_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RulesCheckRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RulesServer).Check(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rules_Check_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RulesServer).Check(ctx, req.(*RulesCheckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Rules_ServiceDesc is the grpc.ServiceDesc for Rules service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Rules_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "sluice.v1.Rules",
+	HandlerType: (*RulesServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Check",
+			Handler:    _Rules_Check_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

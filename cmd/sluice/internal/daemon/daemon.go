@@ -87,7 +87,8 @@ type Daemon struct {
 	node   *cluster.Node
 	tracer *sdktrace.TracerProvider // nil without Config.TracingEndpoint
 	// rules keeps Config.RulesFile current; nil without one. enforcer
-	// applies its rules for POST /v1/rules/check.
+	// applies its rules for POST /v1/rules/check and the Rules service;
+	// registerServices sets it before the node serves.
 	rules    *rules.Watcher
 	enforcer rules.Enforcer
 	// envoy keeps Config.EnvoyConfigDir current for Envoy's rate limit
@@ -178,9 +179,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	cc.ServePublicAPI = true
 	cc.PublicPermit = d.permitGRPC
 	cc.PublicInspectPermit = d.permitInspectGRPC
-	if d.envoy != nil {
-		cc.RegisterServices = d.registerEnvoy
-	}
+	cc.RegisterServices = d.registerServices
 	// Listen for HTTP before the node starts, so that a taken port fails
 	// the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
@@ -208,7 +207,6 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		d.stopTracing(context.Background())
 		return nil, fmt.Errorf("daemon: start node: %w", err)
 	}
-	d.enforcer = rules.Enforcer{Limiter: d.node, MaxWait: maxRulesWait}
 	d.srv = &http.Server{
 		Handler:           d.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -440,7 +438,7 @@ func (d *Daemon) Close() error {
 // closeRules stops watching Config.RulesFile and Config.EnvoyConfigDir,
 // once no HTTP request uses the rules any more. Envoy's rate limit
 // service, on the node's gRPC server until the node stops, keeps the last
-// configuration.
+// configuration, and so does the Rules service.
 func (d *Daemon) closeRules() {
 	// Only the notifiers' close can fail: nothing to do about it.
 	if d.rules != nil {

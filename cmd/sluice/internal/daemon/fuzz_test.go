@@ -248,7 +248,7 @@ func FuzzDecodeRulesCheck(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		desc, hits, ierr := decodeRulesCheck(body)
+		desc, hits, ierr := parseRulesCheck(body)
 		if ierr != nil {
 			if ierr.Code == "" || ierr.Message == "" {
 				t.Fatalf("refusal without a code or message: %+v", ierr)
@@ -298,7 +298,7 @@ func FuzzDecodeRulesCheck(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, hits2, ierr := decodeRulesCheck(b)
+		again, hits2, ierr := parseRulesCheck(b)
 		if ierr != nil {
 			t.Fatalf("the JSON form %s of an accepted request is refused: %+v", b, ierr)
 		}

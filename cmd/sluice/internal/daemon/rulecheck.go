@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/transport"
 )
 
 // Bounds of a POST /v1/rules/check body, checked before anything is built
@@ -22,8 +24,8 @@ import (
 // bytes and whose values, like the route and the user, at most
 // limiter.MaxKeyLen; the method is at most limiter.MaxNameLen.
 const (
-	MaxRulesDescriptors = 64
-	MaxRulesHeaders     = 64
+	MaxRulesDescriptors = transport.MaxRulesEntries
+	MaxRulesHeaders     = transport.MaxRulesEntries
 )
 
 // maxRulesWait is the Enforcer's MaxWait: a leaky-bucket rule's pacing
@@ -79,6 +81,19 @@ type RuleDecision struct {
 	Decision
 }
 
+// rulesInput is a descriptor check as an adapter decoded it, before it is
+// checked: the body of POST /v1/rules/check and the Rules service's
+// RulesCheckRequest both come to this, and descriptorOf validates it for
+// both.
+type rulesInput struct {
+	Route, Method, IP, User string
+	Headers, Descriptors    []rulesEntry
+	Hits                    *int64 // nil means 1
+}
+
+// rulesEntry is one header or descriptor of a rulesInput.
+type rulesEntry struct{ Name, Value string }
+
 // handleRulesCheck decides a request described by its route, user,
 // descriptors and so on, with every rule of Config.RulesFile that applies
 // to it, all or nothing.
@@ -92,27 +107,47 @@ func (d *Daemon) handleRulesCheck(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	desc, hits, ierr := decodeRulesCheck(body)
+	desc, hits, ierr := parseRulesCheck(body)
 	if ierr != nil {
 		d.metrics.items.WithLabelValues(resultInvalid).Inc()
 		writeProblem(w, http.StatusBadRequest, ierr.Message, ierr)
 		return
 	}
-	v := d.enforcer.Enforce(r.Context(), d.rules.Current(), desc, hits)
-	if v.Err != nil {
-		ierr := toItemError(v.Err)
-		for i := range v.Limits { // the first failure, for its code
-			if err := v.Limits[i].Err; err != nil {
-				ierr = toItemError(err)
-				break
-			}
-		}
+	v, ierr := d.enforceRules(r.Context(), desc, hits)
+	if ierr != nil {
 		d.metrics.items.WithLabelValues(resultFor(ierr)).Inc()
 		writeProblem(w, statusFor(ierr), ierr.Message, ierr)
 		return
 	}
 	d.metrics.countDecision(v.Allowed)
 	writeJSON(w, http.StatusOK, encodeVerdict(v, d.opts.now()))
+}
+
+// enforceRules applies the rules in force to desc at a cost of hits. When
+// the limiter fails, it returns the error of the first limit that failed.
+func (d *Daemon) enforceRules(ctx context.Context, desc *rules.Descriptor, hits int64) (*rules.Verdict, *itemError) {
+	v := d.enforcer.Enforce(ctx, d.rules.Current(), desc, hits)
+	if v.Err == nil {
+		return v, nil
+	}
+	for i := range v.Limits { // the first failure, for its code
+		if err := v.Limits[i].Err; err != nil {
+			return nil, toItemError(err)
+		}
+	}
+	return nil, toItemError(v.Err)
+}
+
+// ruleDecision returns the decision of l as the rule made it: a limit's
+// own decision may admit what the rule rejects, since a cost over its
+// capacity is only peeked at.
+func ruleDecision(l *rules.Limit) limiter.Decision {
+	dec := l.Decision.Decision
+	dec.Allowed, dec.RetryAfter = !l.Rejected, l.RetryAfter
+	if dec.Limit == 0 {
+		dec.Limit = l.Request.Limit
+	}
+	return dec
 }
 
 // encodeVerdict returns v in JSON form, reset_after_ms counted from now.
@@ -125,32 +160,51 @@ func encodeVerdict(v *rules.Verdict, now time.Time) RulesDecision {
 	}
 	for i := range v.Limits {
 		l := &v.Limits[i]
-		dec := l.Decision.Decision
-		// A limit's own decision may admit what the rule rejects: a cost
-		// over its capacity is only peeked at.
-		dec.Allowed, dec.RetryAfter = !l.Rejected, l.RetryAfter
-		if dec.Limit == 0 {
-			dec.Limit = l.Request.Limit
-		}
 		out.Rules[i] = RuleDecision{
 			Name: l.Rule.Name, Key: l.Request.Key, Shadow: !l.Enforced,
-			Decision: EncodeDecision(dec, l.Decision.Owner, l.Decision.WithoutOwner, now),
+			Decision: EncodeDecision(ruleDecision(l), l.Decision.Owner, l.Decision.WithoutOwner, now),
 		}
 	}
 	return out
 }
 
-// decodeRulesCheck parses and bounds a POST /v1/rules/check body.
-func decodeRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
-	var in rulesCheckJSON
-	if err := decodeStrict(raw, &in); err != nil {
+// parseRulesCheck parses and checks a POST /v1/rules/check body.
+func parseRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
+	in, ierr := decodeRulesCheck(raw)
+	if ierr != nil {
+		return nil, 0, ierr
+	}
+	return descriptorOf(in)
+}
+
+// decodeRulesCheck parses a POST /v1/rules/check body, bounding its
+// headers and descriptors as it reads them.
+func decodeRulesCheck(raw []byte) (*rulesInput, *itemError) {
+	var body rulesCheckJSON
+	if err := decodeStrict(raw, &body); err != nil {
 		ierr := jsonError(err)
 		if strings.HasPrefix(ierr.Field, "headers.") || strings.HasPrefix(ierr.Field, "descriptors.") {
 			// Not the check's own field of that name ("descriptors.key").
 			ierr.Code = "invalid_argument"
 		}
-		return nil, 0, ierr
+		return nil, ierr
 	}
+	in := &rulesInput{Route: body.Route, Method: body.Method, IP: body.IP, User: body.User, Hits: body.Hits}
+	var ierr *itemError
+	if in.Headers, ierr = decodeEntries(body.Headers, "headers", MaxRulesHeaders); ierr != nil {
+		return nil, ierr
+	}
+	if in.Descriptors, ierr = decodeEntries(body.Descriptors, "descriptors", MaxRulesDescriptors); ierr != nil {
+		return nil, ierr
+	}
+	return in, nil
+}
+
+// descriptorOf checks in and returns the descriptor and cost it describes.
+// It refuses strings over their bounds, a method that is no HTTP token, an
+// ip that is no address, a negative cost, and headers and descriptors as
+// checkEntries does; the first field at fault is named in the error.
+func descriptorOf(in *rulesInput) (*rules.Descriptor, int64, *itemError) {
 	for _, f := range []struct {
 		name, value string
 		max         int
@@ -170,7 +224,7 @@ func decodeRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
 		}
 		desc.IP = ip.WithZone("") // a zone means nothing off its host: one client, one counter
 	}
-	headers, ierr := decodeEntries(in.Headers, "headers", MaxRulesHeaders, true)
+	headers, ierr := checkEntries(in.Headers, "headers", MaxRulesHeaders, true)
 	if ierr != nil {
 		return nil, 0, ierr
 	}
@@ -180,7 +234,7 @@ func decodeRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
 			return v, ok
 		}
 	}
-	if desc.Values, ierr = decodeEntries(in.Descriptors, "descriptors", MaxRulesDescriptors, false); ierr != nil {
+	if desc.Values, ierr = checkEntries(in.Descriptors, "descriptors", MaxRulesDescriptors, false); ierr != nil {
 		return nil, 0, ierr
 	}
 	hits := int64(1)
@@ -192,30 +246,22 @@ func decodeRulesCheck(raw []byte) (*rules.Descriptor, int64, *itemError) {
 	return desc, hits, nil
 }
 
-// decodeEntries reads raw, a JSON object of strings or null, as a map;
-// field names it in errors. It refuses more than max entries, names that
-// are empty or longer than limiter.MaxNameLen (for headers, that are no
-// HTTP token), values longer than limiter.MaxKeyLen, and a name given
-// twice (for headers, in any case). It stops at the first entry at fault,
-// so that what it builds stays within the bounds whatever raw holds.
-func decodeEntries(raw json.RawMessage, field string, max int, header bool) (map[string]string, *itemError) {
-	if len(raw) == 0 || string(raw) == "null" {
+// checkEntries returns entries as a map, nil for none; field names them
+// in errors. It refuses more than max entries, names that are empty or
+// longer than limiter.MaxNameLen (for headers, that are no HTTP token),
+// values longer than limiter.MaxKeyLen, and a name given twice (for
+// headers, in any case). It stops at the first entry at fault.
+func checkEntries(entries []rulesEntry, field string, max int, header bool) (map[string]string, *itemError) {
+	if len(entries) == 0 {
 		return nil, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, invalidf(field, "%s: want an object of names to strings", field)
+	if len(entries) > max {
+		return nil, tooManyEntries(field, max)
 	}
-	out := make(map[string]string)
-	for dec.More() {
-		if len(out) == max {
-			return nil, invalidf(field, "%s holds more than %d entries", field, max)
-		}
-		tok, err := dec.Token()
-		name, ok := tok.(string)
+	out := make(map[string]string, len(entries))
+	for _, e := range entries {
+		name := e.Name
 		switch {
-		case err != nil || !ok: // raw is valid JSON already: cannot happen
-			return nil, invalidf(field, "%s: malformed object", field)
 		case name == "":
 			return nil, invalidf(field, "%s: a name is empty", field)
 		case len(name) > limiter.MaxNameLen:
@@ -227,20 +273,54 @@ func decodeEntries(raw json.RawMessage, field string, max int, header bool) (map
 			name = http.CanonicalHeaderKey(name)
 		}
 		path := field + "." + name
-		tok, err = dec.Token()
-		value, ok := tok.(string)
-		switch {
-		case err != nil || !ok:
-			return nil, invalidf(path, "%s: want a string", path)
-		case len(value) > limiter.MaxKeyLen:
-			return nil, invalidf(path, "%s is %d bytes, more than %d", path, len(value), limiter.MaxKeyLen)
+		if len(e.Value) > limiter.MaxKeyLen {
+			return nil, invalidf(path, "%s is %d bytes, more than %d", path, len(e.Value), limiter.MaxKeyLen)
 		}
 		if _, dup := out[name]; dup {
 			return nil, invalidf(path, "%s is given twice", path)
 		}
-		out[name] = value
+		out[name] = e.Value
 	}
 	return out, nil
+}
+
+// decodeEntries reads raw, a JSON object of strings or null, as entries
+// in their order; field names it in errors. It stops at entry max+1, so
+// that what it builds stays within the bounds whatever raw holds, and
+// leaves the rest of the checks to checkEntries.
+func decodeEntries(raw json.RawMessage, field string, max int) ([]rulesEntry, *itemError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, invalidf(field, "%s: want an object of names to strings", field)
+	}
+	var out []rulesEntry
+	for dec.More() {
+		if len(out) == max {
+			return nil, tooManyEntries(field, max)
+		}
+		tok, err := dec.Token()
+		name, ok := tok.(string)
+		if err != nil || !ok { // raw is valid JSON already: cannot happen
+			return nil, invalidf(field, "%s: malformed object", field)
+		}
+		tok, err = dec.Token()
+		value, ok := tok.(string)
+		if err != nil || !ok {
+			path := field + "." + name
+			return nil, invalidf(path, "%s: want a string", path)
+		}
+		out = append(out, rulesEntry{Name: name, Value: value})
+	}
+	return out, nil
+}
+
+// tooManyEntries is the error of headers or descriptors, field, holding
+// more than max entries.
+func tooManyEntries(field string, max int) *itemError {
+	return invalidf(field, "%s holds more than %d entries", field, max)
 }
 
 // invalidf is an invalid_argument error of field.

@@ -166,12 +166,20 @@ func summary(d RulesDecision) string {
 
 // A request described by its user, descriptors, route, method, IP and
 // headers is checked against every rule that applies, all or nothing, and
-// the answer gives each rule's decision. The clock stands still, so every
-// value is exact.
+// the answer gives each rule's decision: the same steps, with the same
+// answers, through POST /v1/rules/check and the Rules service. The clock
+// stands still, so every value is exact.
 func TestRulesCheckEndpoint(t *testing.T) {
+	for _, tr := range rulesTransports {
+		t.Run(tr.name, func(t *testing.T) { testRulesCheck(t, tr) })
+	}
+}
+
+func testRulesCheck(t *testing.T, tr rulesTransport) {
 	clk := fakeclock.New(rulesStart)
 	d := start(t, rulesConfig(t, "rules-check", checkRules), WithClock(clk.Now))
 	base := "http://" + d.HTTPAddr()
+	check := tr.dial(t, d, clk.Now)
 	login := func(ip, method string) string {
 		return fmt.Sprintf(`{"route":"/login","method":%q,"ip":%q,"headers":{"x-client":"app"}}`, method, ip)
 	}
@@ -211,7 +219,10 @@ func TestRulesCheckEndpoint(t *testing.T) {
 		{"no header matches no rule", `{"route":"/login","method":"POST","ip":"192.0.2.7"}`, "allowed"},
 	}
 	for _, s := range steps {
-		got := mustPostRules(t, base, s.body)
+		got, err := check(s.body)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
 		if sum := summary(got); sum != s.want {
 			t.Errorf("%s:\n got %s\nwant %s", s.name, sum, s.want)
 		}
@@ -221,11 +232,15 @@ func TestRulesCheckEndpoint(t *testing.T) {
 			}
 		}
 	}
+	httpChecks, allowed, limited := float64(len(steps)), 13.0, 4.0
+	if tr.name != "http" { // the HTTP API's counters count none of them
+		httpChecks, allowed, limited = 0, 0, 0
+	}
 	m := scrape(t, base)
 	for series, want := range map[string]float64{
-		`sluice_http_requests_total{code="200",endpoint="/v1/rules/check"}`: float64(len(steps)),
-		`sluice_http_check_items_total{result="allowed"}`:                   13,
-		`sluice_http_check_items_total{result="limited"}`:                   4,
+		`sluice_http_requests_total{code="200",endpoint="/v1/rules/check"}`: httpChecks,
+		`sluice_http_check_items_total{result="allowed"}`:                   allowed,
+		`sluice_http_check_items_total{result="limited"}`:                   limited,
 		`sluice_rules`:                     3,
 		`sluice_rules_reloads_total`:       0,
 		`sluice_rules_reload_errors_total`: 0,

@@ -446,14 +446,33 @@ func keysOnEveryNode(node *cluster.Node, name, keyPrefix string, n int) []string
 }
 
 // Descriptor checks sent to every daemon of a cluster of three hold each
-// limit exactly: the node that receives a check forwards each rule's
-// counter to its owner.
+// limit exactly, through POST /v1/rules/check and through the Rules
+// service: the node that receives a check forwards each rule's counter to
+// its owner.
 func TestRulesLimitAcrossCluster(t *testing.T) {
+	for _, tr := range rulesTransports {
+		t.Run(tr.name, func(t *testing.T) { testRulesLimitAcrossCluster(t, tr) })
+	}
+}
+
+func testRulesLimitAcrossCluster(t *testing.T, tr rulesTransport) {
 	clk := fakeclock.New(rulesStart)
 	file := filepath.Join(t.TempDir(), "rules.yaml")
 	writeRules(t, file, checkRules)
-	ds := startThree(t, "rules", func(c *Config) { c.RulesFile = file }, WithClock(clk.Now))
+	ds := startThree(t, "rules-"+tr.name, func(c *Config) { c.RulesFile = file }, WithClock(clk.Now))
 	node := ds[0].Node()
+	checks := make([]func(string) (RulesDecision, error), len(ds))
+	for i, d := range ds {
+		checks[i] = tr.dial(t, d, clk.Now)
+	}
+	mustCheck := func(i int, body string) RulesDecision {
+		t.Helper()
+		got, err := checks[i](body)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return got
+	}
 	users := keysOnEveryNode(node, "per_user", "user=", 6)
 
 	// Each user sends 5 checks at the three daemons in turn, all users at
@@ -465,7 +484,7 @@ func TestRulesLimitAcrossCluster(t *testing.T) {
 			owner, _ := node.Owner("per_user", "user="+u)
 			allowed := 0
 			for i := range 5 {
-				got, err := postRules("http://"+ds[i%3].HTTPAddr(), rulesBody(u, "free", "", -1))
+				got, err := checks[i%3](rulesBody(u, "free", "", -1))
 				if err != nil {
 					errs <- err
 					return
@@ -495,7 +514,7 @@ func TestRulesLimitAcrossCluster(t *testing.T) {
 	var got []string
 	for i, u := range []string{"a", "b", "c", "d"} {
 		for j := range 4 {
-			v := mustPostRules(t, "http://"+ds[(i+j)%3].HTTPAddr(), rulesBody(u, "free", "org-1", -1))
+			v := mustCheck((i+j)%3, rulesBody(u, "free", "org-1", -1))
 			if v.Allowed {
 				got = append(got, u)
 			}
@@ -504,8 +523,8 @@ func TestRulesLimitAcrossCluster(t *testing.T) {
 	if strings.Join(got, "") != "aaabb" {
 		t.Errorf("admitted %q, want aaabb: a's 3, then b's 2 of the org's 5", strings.Join(got, ""))
 	}
-	for _, d := range ds {
-		v := mustPostRules(t, "http://"+d.HTTPAddr(), rulesBody("c", "free", "org-1", 0))
+	for i, d := range ds {
+		v := mustCheck(i, rulesBody("c", "free", "org-1", 0))
 		if sum := summary(v); !strings.Contains(sum, "per_user[user=c] ok r=3 t=0") || !strings.Contains(sum, "per_org[descriptor:org=org-1] no r=0") {
 			t.Errorf("%s: c after the org was spent: %s", d.Config().NodeName, sum)
 		}

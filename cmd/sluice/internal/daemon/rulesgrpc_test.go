@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -166,49 +164,5 @@ func TestRulesGRPCWithoutRulesFile(t *testing.T) {
 	_, err := rulesClient(t, d.GRPCAddr()).Check(context.Background(), &pb.RulesCheckRequest{User: "u1"})
 	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), "no rules_file is configured") {
 		t.Errorf("Check = %v, want FailedPrecondition naming rules_file", err)
-	}
-}
-
-// Descriptor checks over gRPC, sent to every daemon of a cluster of
-// three, hold each limit exactly.
-func TestRulesGRPCLimitAcrossCluster(t *testing.T) {
-	clk := fakeclock.New(rulesStart)
-	cfg := rulesConfig(t, "unused", checkRules)
-	ds := startThree(t, "rules-grpc", func(c *Config) { c.RulesFile = cfg.RulesFile }, WithClock(clk.Now))
-	node := ds[0].Node()
-	clients := make([]pb.RulesClient, len(ds))
-	for i, d := range ds {
-		clients[i] = rulesClient(t, d.GRPCAddr())
-	}
-	users := keysOnEveryNode(node, "per_user", "user=", 6)
-	var wg sync.WaitGroup
-	errs := make(chan error, len(users))
-	for _, u := range users {
-		wg.Go(func() {
-			owner, _ := node.Owner("per_user", "user="+u)
-			allowed := 0
-			for i := range 5 {
-				got, err := callRules(clients[i%3], rulesBody(u, "free", "", -1), clk.Now())
-				if err != nil {
-					errs <- err
-					return
-				}
-				if len(got.Rules) != 1 || got.Rules[0].Owner != owner.Name || got.Rules[0].WithoutOwner {
-					errs <- fmt.Errorf("%s: %+v, want per_user decided by %s", u, got, owner.Name)
-					return
-				}
-				if got.Allowed {
-					allowed++
-				}
-			}
-			if allowed != 3 {
-				errs <- fmt.Errorf("%s: %d of 5 admitted, want 3", u, allowed)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
 	}
 }

@@ -2,9 +2,9 @@
 // conversions between limiter values and their protobuf form, and the
 // servers that expose a node.
 //
-// Two services are defined in proto/sluice/v1/sluice.proto. Peer is spoken
-// between nodes: a node forwards the checks of keys it does not own to their
-// owner in batches (the peer package does the batching), and the receiver
+// Three services are defined in proto/sluice/v1/sluice.proto; two are
+// served by every node. Peer is spoken between nodes: a node forwards the
+// checks of keys it does not own to their owner in batches (the peer package does the batching), and the receiver
 // decides every item locally as owner, through a [Checker]. The batches
 // travel on one long-lived bidirectional stream per pair of nodes
 // (CheckStream), each with an id that its answer repeats, or one per call
@@ -16,6 +16,10 @@
 // through an [Inspector] ([WithInspector]): on Peer the owner reads its own
 // store, on Sluice the node finds the owner; [WithInspectPermit] says who
 // may call the public one.
+// A third service, Rules, is the daemon's: a request described by its
+// route, user and descriptors, checked against the daemon's rule file;
+// [RegisterRules] puts it behind the same count guard ([MaxRulesEntries],
+// [MaxRulesResults]).
 // [RegisterPeer] and [RegisterPublic] put the services on a grpc.Server,
 // which should be built with [ServerOptions]; clients of the Peer service
 // call with [CallOptions]. Both give the codec that pads small Peer messages

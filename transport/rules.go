@@ -10,7 +10,7 @@ import (
 // than MaxRulesEntries headers or descriptors is refused with
 // InvalidArgument before it is decoded; a RulesCheckResponse lists at
 // most MaxRulesResults rules (truncated says when more applied), and a
-// client refuses one that lists more.
+// client decoding with this package's codec refuses one that lists more.
 const (
 	MaxRulesEntries = 64
 	MaxRulesResults = 256

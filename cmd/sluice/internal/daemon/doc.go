@@ -44,7 +44,11 @@
 // (MaxRulesDescriptors, MaxRulesHeaders, limiter.MaxNameLen and
 // limiter.MaxKeyLen), and enforces every rule that applies through a
 // rules.Enforcer over the node, all or nothing: a rejected request
-// consumes from none of them.
+// consumes from none of them. The node's gRPC port serves the same check
+// as sluice.v1.Rules/Check (transport.RegisterRules, through
+// cluster.Config.RegisterServices): both adapters decode their input into
+// a rulesInput and go through descriptorOf and enforceRules, so that the
+// bounds, errors and decisions are one.
 //
 // With Config.EnvoyConfigDir the node's gRPC port also serves Envoy's rate
 // limit service (package envoyrls), registered through

@@ -12,7 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -164,5 +168,28 @@ func TestRulesGRPCWithoutRulesFile(t *testing.T) {
 	_, err := rulesClient(t, d.GRPCAddr()).Check(context.Background(), &pb.RulesCheckRequest{User: "u1"})
 	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), "no rules_file is configured") {
 		t.Errorf("Check = %v, want FailedPrecondition naming rules_file", err)
+	}
+}
+
+// A verdict of more rules than a response may list is answered with the
+// first transport.MaxRulesResults and truncated set, within
+// transport.MaxMessageSize.
+func TestRulesGRPCTruncates(t *testing.T) {
+	long := strings.Repeat("k", 1024)
+	v := &rules.Verdict{Allowed: false, RetryAfter: time.Second}
+	for i := range transport.MaxRulesResults + 1 {
+		r := &rules.Rule{Name: fmt.Sprintf("%0128d", i)}
+		v.Limits = append(v.Limits, rules.Limit{Rule: r, Request: limiter.Request{Key: long, Limit: 5}})
+	}
+	out := encodeVerdictProto(v)
+	if !out.Truncated || len(out.Rules) != transport.MaxRulesResults || out.Rules[0].Name != v.Limits[0].Rule.Name || out.Allowed {
+		t.Errorf("truncated %v with %d rules, allowed %v", out.Truncated, len(out.Rules), out.Allowed)
+	}
+	if size := proto.Size(out); size > transport.MaxMessageSize {
+		t.Errorf("%d bytes, more than MaxMessageSize %d", size, transport.MaxMessageSize)
+	}
+	v.Limits = v.Limits[:transport.MaxRulesResults]
+	if out := encodeVerdictProto(v); out.Truncated || len(out.Rules) != transport.MaxRulesResults {
+		t.Errorf("%d rules: truncated %v with %d", len(v.Limits), out.Truncated, len(out.Rules))
 	}
 }

@@ -4,8 +4,9 @@
 //
 // Three services are defined in proto/sluice/v1/sluice.proto; two are
 // served by every node. Peer is spoken between nodes: a node forwards the
-// checks of keys it does not own to their owner in batches (the peer package does the batching), and the receiver
-// decides every item locally as owner, through a [Checker]. The batches
+// checks of keys it does not own to their owner in batches (the peer
+// package does the batching), and the receiver decides every item locally
+// as owner, through a [Checker]. The batches
 // travel on one long-lived bidirectional stream per pair of nodes
 // (CheckStream), each with an id that its answer repeats, or one per call
 // (CheckBatch). Sluice is the

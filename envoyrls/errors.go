@@ -35,12 +35,18 @@ func (e *childError) Unwrap() error { return e.parent }
 type ConfigError struct {
 	File string // as given to ParseDomain, or the path LoadDir read
 	Line int    // 1-based; 0 for the file as a whole
+	// Column is 1-based; 0 when unknown (YAML syntax errors name only
+	// their line).
+	Column int
 	// Err is ErrInvalidConfig or ErrDuplicateDomain.
 	Err     error
 	Message string
 }
 
 func (e *ConfigError) Error() string {
+	if e.Line > 0 && e.Column > 0 {
+		return fmt.Sprintf("envoyrls: %s:%d:%d: %s", e.File, e.Line, e.Column, e.Message)
+	}
 	if e.Line > 0 {
 		return fmt.Sprintf("envoyrls: %s:%d: %s", e.File, e.Line, e.Message)
 	}

@@ -1,10 +1,8 @@
 package envoyrls
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,10 +21,13 @@ const (
 	MaxDirFiles  = 1000
 )
 
-// maxNodes bounds the YAML nodes one file may visit, its aliases
-// expanded: a few hundred bytes of nested aliases could otherwise expand
-// into billions.
-const maxNodes = 1_000_000
+// readerConfig bounds a configuration file: MaxFileBytes, and the
+// nesting and the nodes, aliases expanded, of every file sluice reads.
+var readerConfig = func() yamlfile.Config {
+	c := yamlfile.DefaultConfig()
+	c.MaxBytes = MaxFileBytes
+	return c
+}()
 
 // ParseDomain reads one configuration file in envoyproxy/ratelimit's
 // format: a domain and its descriptors, each with a key, an optional
@@ -36,29 +37,22 @@ const maxNodes = 1_000_000
 // nested descriptors. Booleans may be written as YAML 1.1 has them (yes,
 // no, on, off), as envoyproxy/ratelimit reads them. An unknown or
 // misplaced field, a value of the wrong type, an invalid unit and the
-// rest are [*ConfigError] values naming file and line.
+// rest are [*ConfigError] values naming file, line and column. Data
+// longer than MaxFileBytes, a key given twice in a mapping, a nesting
+// deeper than 100 levels and aliases that expand the document beyond a
+// million nodes are refused before any field is read.
 func ParseDomain(file string, data []byte) (*Domain, error) {
-	p := &parser{file: file, budget: maxNodes}
-	if len(data) > MaxFileBytes {
-		return nil, p.errorf(nil, "the file is larger than %d bytes", MaxFileBytes)
+	p := &parser{file: file}
+	root, err := yamlfile.Parse(file, data, readerConfig)
+	if err != nil {
+		return nil, readerError(file, err)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, p.errorf(nil, "the file is empty: it must name a domain")
-		}
-		line, msg := yamlfile.ErrorLine(err)
-		return nil, &ConfigError{File: file, Line: line, Err: ErrInvalidConfig, Message: "not valid YAML: " + msg}
+	if root == nil {
+		return nil, p.errorf(nil, "the file is empty: it must name a domain")
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, p.errorf(&extra, "the file holds more than one YAML document")
-	}
-	root := doc.Content[0]
 	var name string
 	var descriptors []*Descriptor
-	err := p.mapping(root, []string{"domain", "descriptors"}, func(key string, v *yaml.Node) error {
+	err = p.mapping(root, []string{"domain", "descriptors"}, func(key string, v *yaml.Node) error {
 		var err error
 		switch key {
 		case "domain":
@@ -77,30 +71,45 @@ func ParseDomain(file string, data []byte) (*Domain, error) {
 	return NewDomain(file, name, descriptors)
 }
 
-// parser walks the nodes of one file.
-type parser struct {
-	file   string
-	budget int // nodes left to visit
+// readerError turns an error of the YAML reader into a *ConfigError at
+// its position.
+func readerError(file string, err error) error {
+	var ye *yamlfile.Error
+	if !errors.As(err, &ye) {
+		return fmt.Errorf("envoyrls: %w", err)
+	}
+	msg := ye.Message
+	switch {
+	case errors.Is(err, yamlfile.ErrSyntax):
+		msg = "not valid YAML: " + msg
+	case ye.Field != "":
+		msg = ye.Field + ": " + msg
+	}
+	return &ConfigError{File: file, Line: ye.Line, Column: ye.Column, Err: ErrInvalidConfig, Message: msg}
 }
 
-// errorf returns a *ConfigError at n's line (none for a nil n).
+// parser walks the nodes of one file, which the YAML reader has bounded:
+// following every alias visits at most a million nodes.
+type parser struct {
+	file string
+}
+
+// errorf returns a *ConfigError at n's line and column (none for a nil
+// n).
 func (p *parser) errorf(n *yaml.Node, format string, a ...any) error {
 	e := &ConfigError{File: p.file, Err: ErrInvalidConfig, Message: fmt.Sprintf(format, a...)}
 	if n != nil {
-		e.Line = n.Line
+		e.Line, e.Column = n.Line, n.Column
 	}
 	return e
 }
 
-// resolve follows aliases and spends one node of the budget.
-func (p *parser) resolve(n *yaml.Node) (*yaml.Node, error) {
+// resolve follows aliases.
+func resolve(n *yaml.Node) *yaml.Node {
 	for n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}
-	if p.budget--; p.budget < 0 {
-		return nil, p.errorf(n, "the document, its aliases expanded, has more than %d nodes", maxNodes)
-	}
-	return n, nil
+	return n
 }
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
@@ -108,10 +117,8 @@ func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!
 // collection returns n resolved when it is of kind; nil for null, or with
 // an error that wants what want says.
 func (p *parser) collection(n *yaml.Node, kind yaml.Kind, want string) (*yaml.Node, error) {
-	n, err := p.resolve(n)
+	n = resolve(n)
 	switch {
-	case err != nil:
-		return nil, err
 	case isNull(n):
 		return nil, nil
 	case n.Kind != kind:
@@ -121,14 +128,13 @@ func (p *parser) collection(n *yaml.Node, kind yaml.Kind, want string) (*yaml.No
 }
 
 // mapping calls f with each key of the mapping n and its value, in order;
-// a key outside allowed, a key given twice, or a key that is not text is
-// an error. A null n is an empty mapping.
+// a key outside allowed, or a key that is not text is an error (the
+// reader has refused a key given twice). A null n is an empty mapping.
 func (p *parser) mapping(n *yaml.Node, allowed []string, f func(key string, v *yaml.Node) error) error {
 	n, err := p.collection(n, yaml.MappingNode, "a mapping of "+strings.Join(allowed, ", "))
 	if n == nil {
 		return err
 	}
-	seen := make(map[string]int, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := n.Content[i]
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" && k.Tag != "" {
@@ -137,10 +143,6 @@ func (p *parser) mapping(n *yaml.Node, allowed []string, f func(key string, v *y
 		if !slices.Contains(allowed, k.Value) {
 			return p.errorf(k, "unknown key %q (want one of %s)", k.Value, strings.Join(allowed, ", "))
 		}
-		if first, dup := seen[k.Value]; dup {
-			return p.errorf(k, "%s is given twice (first at line %d)", k.Value, first)
-		}
-		seen[k.Value] = k.Line
 		if err := f(k.Value, n.Content[i+1]); err != nil {
 			return err
 		}
@@ -161,10 +163,7 @@ func describe(n *yaml.Node) string {
 
 // scalar returns n resolved, and an error unless it is a scalar.
 func (p *parser) scalar(n *yaml.Node, want string) (*yaml.Node, error) {
-	n, err := p.resolve(n)
-	if err != nil {
-		return nil, err
-	}
+	n = resolve(n)
 	if n.Kind != yaml.ScalarNode {
 		return nil, p.errorf(n, "want %s, not %s", want, describe(n))
 	}
@@ -256,7 +255,7 @@ func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
 			case "descriptors":
 				ds.Descriptors, err = p.descriptors(v)
 			case "metadata":
-				err = p.any(v) // dynamic metadata is not returned: only checked for size
+				// Dynamic metadata is not returned; the reader has bounded it.
 			}
 			return err
 		})
@@ -266,24 +265,10 @@ func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
 	return out, err
 }
 
-// any visits n and everything under it, for the node budget.
-func (p *parser) any(n *yaml.Node) error {
-	n, err := p.resolve(n)
-	if err != nil {
-		return err
-	}
-	for _, c := range n.Content {
-		if err := p.any(c); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // rateLimit reads a rate_limit block; null is none.
 func (p *parser) rateLimit(n *yaml.Node) (*RateLimit, error) {
-	if r, err := p.resolve(n); err != nil || isNull(r) {
-		return nil, err
+	if isNull(resolve(n)) {
+		return nil, nil
 	}
 	rl := &RateLimit{}
 	err := p.mapping(n, rateLimitKeys, func(key string, v *yaml.Node) error {
@@ -386,12 +371,9 @@ func configFiles(dir string) ([]configFile, error) {
 // readFile reads path, refusing one longer than MaxFileBytes without
 // reading the rest of it.
 func readFile(path string) ([]byte, error) {
-	data, tooLarge, err := yamlfile.Read(path, MaxFileBytes)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("envoyrls: %w", err)
-	case tooLarge:
-		return nil, &ConfigError{File: path, Err: ErrInvalidConfig, Message: fmt.Sprintf("the file is larger than %d bytes", MaxFileBytes)}
+	data, err := yamlfile.ReadFile(path, readerConfig)
+	if err != nil {
+		return nil, readerError(path, err)
 	}
 	return data, nil
 }

@@ -1,11 +1,8 @@
 package rules
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,15 +43,23 @@ func Load(path string) (*Set, error) {
 // readFile reads the rule file at path, refusing one longer than
 // MaxFileBytes without reading the rest of it.
 func readFile(path string) ([]byte, error) {
-	data, tooLarge, err := yamlfile.Read(path, MaxFileBytes)
+	data, err := yamlfile.ReadFile(path, readerConfig)
 	switch {
+	case errors.Is(err, yamlfile.ErrTooLarge):
+		return nil, errFileTooLarge(path)
 	case err != nil:
 		return nil, fmt.Errorf("rules: %w", err)
-	case tooLarge:
-		return nil, errFileTooLarge(path)
 	}
 	return data, nil
 }
+
+// readerConfig bounds a rule file: MaxFileBytes, and the nesting and the
+// nodes, aliases expanded, of every file sluice reads.
+var readerConfig = func() yamlfile.Config {
+	c := yamlfile.DefaultConfig()
+	c.MaxBytes = MaxFileBytes
+	return c
+}()
 
 func errFileTooLarge(file string) error {
 	return &Error{File: file, Message: fmt.Sprintf("the file is larger than the limit of %d bytes (MaxFileBytes)", MaxFileBytes), Err: ErrFileTooLarge}
@@ -66,9 +71,9 @@ func errFileTooLarge(file string) error {
 // duplicate names. The problems found, up to 20, are reported as
 // [*Error] values with their file, line and column (several are joined);
 // nothing is returned unless all of the file is valid. Data longer than
-// MaxFileBytes, a list of more than MaxRules rules, and aliases that
-// expand the document beyond a million nodes are refused before any rule
-// is read.
+// MaxFileBytes, a key given twice in a mapping, a nesting deeper than 100
+// levels, aliases that expand the document beyond a million nodes and a
+// list of more than MaxRules rules are refused before any rule is read.
 func Parse(file string, data []byte) (*Set, error) {
 	if len(data) > MaxFileBytes {
 		return nil, errFileTooLarge(file)
@@ -153,40 +158,20 @@ func (l *loader) reported(i int, field string) bool {
 	return false
 }
 
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 // document parses data and returns the root mapping, or nil after
 // recording why there is none.
 func (l *loader) document(data []byte) *yaml.Node {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			l.errs = append(l.errs, &Error{File: l.file, Line: 1, Column: 1, Message: "the file holds no document", Err: ErrEmptyDocument})
-			return nil
-		}
-		l.syntax(err)
+	root, err := yamlfile.Parse(l.file, data, readerConfig)
+	if err != nil {
+		l.reader(err)
 		return nil
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		l.errorf(&extra, "", ErrSyntax, "the file holds more than one YAML document")
+	if root == nil {
+		l.errs = append(l.errs, &Error{File: l.file, Line: 1, Column: 1, Message: "the file holds no document", Err: ErrEmptyDocument})
 		return nil
-	case !errors.Is(err, io.EOF):
-		l.syntax(err)
-		return nil
-	}
-	if n, at := expandedSize(&doc, map[*yaml.Node]int{}); n > maxExpandedNodes {
-		l.errorf(at, "", ErrSyntax, "the document, its aliases expanded, has more than %d nodes", maxExpandedNodes)
-		return nil
-	}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
-		root = root.Content[0]
 	}
 	root = deref(root)
-	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" || root.Kind == yaml.DocumentNode {
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
 		l.errorf(root, "", ErrEmptyDocument, "the document is empty (write \"rules: []\" for no rules)")
 		return nil
 	}
@@ -197,34 +182,22 @@ func (l *loader) document(data []byte) *yaml.Node {
 	return root
 }
 
-func (l *loader) syntax(err error) {
-	e := &Error{File: l.file, Message: strings.TrimPrefix(err.Error(), "yaml: "), Err: ErrSyntax, Cause: err}
-	e.Line = 1 // yaml.v3 omits the line of errors on the first line
-	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-		e.Line, _ = strconv.Atoi(m[1])
-		e.Message = m[2]
-		if parserProblems[e.Message] {
-			// yaml.v3 reports the parser's marks 0-based and the
-			// scanner's 1-based.
-			e.Line++
-		}
+// reader records an error of the YAML reader under the package's
+// sentinel for it.
+func (l *loader) reader(err error) {
+	var ye *yamlfile.Error
+	if !errors.As(err, &ye) {
+		l.errs = append(l.errs, &Error{File: l.file, Message: err.Error(), Err: ErrSyntax, Cause: err})
+		return
 	}
-	l.errs = append(l.errs, e)
-}
-
-// parserProblems are yaml.v3's parser errors, as opposed to its scanner's.
-var parserProblems = map[string]bool{
-	"did not find expected <stream-start>":   true,
-	"did not find expected <document start>": true,
-	"did not find expected node content":     true,
-	"did not find expected key":              true,
-	"did not find expected '-' indicator":    true,
-	"did not find expected ',' or ']'":       true,
-	"did not find expected ',' or '}'":       true,
-	"found duplicate %YAML directive":        true,
-	"found incompatible YAML document":       true,
-	"found undefined tag handle":             true,
-	"found duplicate %TAG directive":         true,
+	sentinel := ErrSyntax
+	switch {
+	case errors.Is(err, yamlfile.ErrTooLarge):
+		sentinel = ErrFileTooLarge
+	case errors.Is(err, yamlfile.ErrDuplicateKey):
+		sentinel = ErrDuplicateField
+	}
+	l.errs = append(l.errs, &Error{File: l.file, Line: ye.Line, Column: ye.Column, Field: ye.Field, Message: ye.Message, Err: sentinel, Cause: err})
 }
 
 func (l *loader) rules(n *yaml.Node) []Rule {
@@ -371,21 +344,15 @@ func (l *loader) match(i int, n *yaml.Node, base string, m *Match) {
 	})
 }
 
-// mapping calls f for each key of the mapping n, rejecting non-string and
-// repeated keys.
+// mapping calls f for each key of the mapping n, rejecting non-string
+// keys (the reader has refused repeated ones).
 func (l *loader) mapping(n *yaml.Node, base string, f func(key string, k, v *yaml.Node)) {
-	seen := make(map[string]*yaml.Node, len(n.Content)/2)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := deref(n.Content[j]), n.Content[j+1]
 		if k.Kind != yaml.ScalarNode {
 			l.errorf(k, base, ErrWrongType, "a mapping key must be a string, not %s", kindName(k))
 			continue
 		}
-		if first, dup := seen[k.Value]; dup {
-			l.errorf(k, join(base, k.Value), ErrDuplicateField, "field %s is already given at line %d", k.Value, first.Line)
-			continue
-		}
-		seen[k.Value] = k
 		f(k.Value, k, v)
 	}
 }
@@ -514,53 +481,6 @@ func join(base, key string) string {
 		return key
 	}
 	return base + "." + key
-}
-
-// maxExpandedNodes bounds the nodes of a document with its aliases
-// expanded: a few hundred bytes of nested aliases can otherwise expand to
-// billions of nodes ("billion laughs").
-const maxExpandedNodes = 1_000_000
-
-// expandedSize returns how many nodes n has with its aliases expanded,
-// each node's size computed once, and the node (an alias, or the one that
-// passed the bound) where the count passed maxExpandedNodes, if it did. It
-// stops counting beyond the bound. Only an anchored node can be reached
-// more than once, through aliases, so only anchored nodes' sizes are
-// memoized in seen: a document without anchors costs no map.
-func expandedSize(n *yaml.Node, seen map[*yaml.Node]int) (int, *yaml.Node) {
-	memo := n.Anchor != ""
-	if memo {
-		if s, ok := seen[n]; ok {
-			return s, nil
-		}
-		seen[n] = maxExpandedNodes + 1 // a cycle through this node is too big
-	}
-	size := 1
-	var at *yaml.Node
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		s, a := expandedSize(n.Alias, seen)
-		size, at = size+s, a
-		if at == nil && size > maxExpandedNodes {
-			at = n
-		}
-	}
-	for _, c := range n.Content {
-		s, a := expandedSize(c, seen)
-		size += s
-		if at == nil {
-			at = a
-		}
-		if size > maxExpandedNodes {
-			if at == nil {
-				at = c
-			}
-			break
-		}
-	}
-	if memo {
-		seen[n] = min(size, maxExpandedNodes+1)
-	}
-	return size, at
 }
 
 func deref(n *yaml.Node) *yaml.Node {

@@ -344,8 +344,8 @@ func allocated(f func()) uint64 {
 	return after.TotalAlloc - before.TotalAlloc
 }
 
-// Documents that would expand beyond maxExpandedNodes, or nest beyond
-// what the YAML decoder allows, are refused before anything walks the
+// Documents that would expand beyond a million nodes, or nest beyond 100
+// levels, are refused by the YAML reader before anything walks the
 // expansion: a small bomb allocates under a megabyte, a large one a
 // bounded multiple of its size, which MaxFileBytes bounds.
 func TestParseRefusesAliasBombs(t *testing.T) {
@@ -381,12 +381,13 @@ func TestParseRefusesAliasBombs(t *testing.T) {
 		want     string // in the message
 		maxBytes uint64
 	}{
-		{"billion laughs, lists", laughs(seqLevel, "rules: *a8\n"), "aliases expanded", 1 << 20},
-		{"billion laughs, mappings", laughs(mapLevel, "rules: [*a8]\n"), "aliases expanded", 1 << 20},
-		{"billion laughs, merge keys", laughs(mergeLevel, "rules:\n  - name: x\n    <<: *a8\n"), "aliases expanded", 1 << 20},
-		{"aliases filling the size bound", wide.String(), "aliases expanded", 100 * MaxFileBytes},
-		{"deep lists", strings.Repeat("[", MaxFileBytes), "depth", 100 * MaxFileBytes},
-		{"deep mappings", "rules: " + strings.Repeat("{a: ", MaxFileBytes/4-8), "depth", 100 * MaxFileBytes},
+		{"billion laughs, lists", laughs(seqLevel, "rules: *a8\n"), "expands the document beyond", 1 << 20},
+		{"billion laughs, mappings", laughs(mapLevel, "rules: [*a8]\n"), "expands the document beyond", 1 << 20},
+		{"billion laughs, merge keys", laughs(mergeLevel, "rules:\n  - name: x\n    <<: *a8\n"), "expands the document beyond", 1 << 20},
+		{"aliases filling the size bound", wide.String(), "expands the document beyond", 100 * MaxFileBytes},
+		{"deep lists", strings.Repeat("[", MaxFileBytes), "deeper than", 100 * MaxFileBytes},
+		{"deep mappings", "rules: " + strings.Repeat("{a: ", MaxFileBytes/4-8), "deeper than", 100 * MaxFileBytes},
+		{"deep lists within the library's bound", strings.Repeat("[", 500) + strings.Repeat("]", 500), "deeper than", 1 << 20},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -404,7 +405,7 @@ func TestParseRefusesAliasBombs(t *testing.T) {
 	}
 	// Aliases that stay small are fine.
 	small := "base: &base\n  algorithm: gcra\n  limit: 5\n  period: 1m\n  key: [ip]\nrules:\n  - name: a\n    <<: *base\n"
-	if _, err := Parse("small.yaml", []byte(small)); err != nil && strings.Contains(err.Error(), "aliases expanded") {
+	if _, err := Parse("small.yaml", []byte(small)); err != nil && strings.Contains(err.Error(), "expands the document") {
 		t.Fatalf("small aliases refused: %v", err)
 	}
 }
@@ -554,6 +555,42 @@ func BenchmarkParseBadRules(b *testing.B) {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			for b.Loop() {
 				Parse("bad.yaml", data)
+			}
+		})
+	}
+}
+
+// Load reads rule files with the strict YAML reader: a key given twice at
+// any depth, an alias bomb and a nesting bomb in a file on disk are
+// refused with errors naming file:line:col and the field, before any rule
+// is read.
+func TestLoadUsesTheStrictReader(t *testing.T) {
+	const rule = "rules:\n  - name: a\n    algorithm: gcra\n    limit: 5\n    period: 1m\n"
+	bomb := laughs(func(i int) string {
+		if i == 0 {
+			return tenOf("[", "]", func(int) string { return "x" })
+		}
+		return tenOf("[", "]", func(int) string { return fmt.Sprintf("*a%d", i-1) })
+	}, "rules: *a8\n")
+	for _, tc := range []struct {
+		name, yaml string
+		sentinel   error
+		want       string // after the path
+	}{
+		{"a key twice at the top", rule + "rules: []\n", ErrDuplicateField, `:6:1: rules: the key "rules" is given twice (first at line 1, column 1)`},
+		{"a key twice in a rule", rule + "    limit: 6\n", ErrDuplicateField, `:6:5: rules[0].limit: the key "limit" is given twice (first at line 4, column 5)`},
+		{"a key twice in a header match", rule + "    match:\n      headers: {x-a: b, x-a: c}\n", ErrDuplicateField, `:7:25: rules[0].match.headers.x-a: the key "x-a" is given twice (first at line 7, column 17)`},
+		{"an alias bomb", bomb, ErrSyntax, `:6:45: a5[7]: the alias *a4 expands the document beyond 1000000 nodes`},
+		{"a nesting bomb", rule + "    description: " + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n", ErrSyntax, `:6:115: rules[0].description`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "rules.yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			set, err := Load(path)
+			if set != nil || !errors.Is(err, tc.sentinel) || !strings.Contains(err.Error(), "rules: "+path+tc.want) {
+				t.Fatalf("Load: %v, want %v holding %q", err, tc.sentinel, path+tc.want)
 			}
 		})
 	}

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -215,8 +214,9 @@ type ConfigError struct {
 	// Source is where the value came from: a file name, "env SLUICE_X",
 	// "flag --x", or "" for a Config built in code.
 	Source string
-	// Line is the value's line in the file Source, or 0.
-	Line int
+	// Line and Column are the value's position in the file Source, or
+	// 0 (a YAML syntax error names only its line).
+	Line, Column int
 	// Field is the YAML key of the field ("" for an error of the file as a
 	// whole).
 	Field string
@@ -230,6 +230,9 @@ func (e *ConfigError) Error() string {
 		b.WriteString(e.Source)
 		if e.Line > 0 {
 			fmt.Fprintf(&b, ":%d", e.Line)
+			if e.Column > 0 {
+				fmt.Fprintf(&b, ":%d", e.Column)
+			}
 		}
 		b.WriteString(": ")
 	}
@@ -842,9 +845,9 @@ func Load(args []string, env func(string) string, output io.Writer) (Config, err
 		path = env("SLUICE_CONFIG")
 	}
 	if path != "" {
-		data, err := os.ReadFile(path)
+		data, err := yamlfile.ReadFile(path, yamlfile.DefaultConfig())
 		if err != nil {
-			return Config{}, &ConfigError{Source: path, Err: err}
+			return Config{}, yamlError(path, err)
 		}
 		if err := applyYAML(&cfg, path, data); err != nil {
 			return Config{}, err
@@ -877,63 +880,69 @@ func Load(args []string, env func(string) string, output io.Writer) (Config, err
 }
 
 // applyYAML sets the fields of the YAML mapping in data; name is the file's
-// name for errors.
+// name for errors. The file is read by the strict YAML reader with its
+// default bounds (1 MiB, 100 levels, a million nodes aliases expanded, no
+// key twice).
 func applyYAML(cfg *Config, name string, data []byte) error {
-	fail := func(line int, key string, err error) error {
-		return &ConfigError{Source: name, Line: line, Field: key, Err: err}
+	fail := func(n *yaml.Node, key string, err error) error {
+		return &ConfigError{Source: name, Line: n.Line, Column: n.Column, Field: key, Err: err}
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil // an empty file sets nothing
-		}
-		line, msg := yamlfile.ErrorLine(err)
-		return fail(line, "", fmt.Errorf("not valid YAML: %s", msg))
+	root, err := yamlfile.Parse(name, data, yamlfile.DefaultConfig())
+	if err != nil {
+		return yamlError(name, err)
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return fail(extra.Line, "", errors.New("holds more than one YAML document"))
+	if root == nil {
+		return nil // an empty file sets nothing
 	}
-	if len(doc.Content) == 0 {
-		return nil
-	}
-	root := doc.Content[0]
+	root = deref(root)
 	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
 		return nil // only comments
 	}
 	if root.Kind != yaml.MappingNode {
-		return fail(root.Line, "", errors.New("is not a mapping of settings"))
+		return fail(root, "", errors.New("is not a mapping of settings"))
 	}
-	seen := make(map[string]int)
 	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := root.Content[i], root.Content[i+1]
+		k, v := deref(root.Content[i]), deref(root.Content[i+1])
 		if k.Kind != yaml.ScalarNode {
-			return fail(k.Line, "", errors.New("a setting's name must be text"))
+			return fail(k, "", errors.New("a setting's name must be text"))
 		}
 		f := fieldByKey(k.Value)
 		if f == nil {
-			return fail(k.Line, "", fmt.Errorf("unknown field %q", k.Value))
-		}
-		if first, dup := seen[k.Value]; dup {
-			return fail(k.Line, f.key, fmt.Errorf("set twice (first at line %d)", first))
-		}
-		seen[k.Value] = k.Line
-		if v.Kind == yaml.AliasNode && v.Alias != nil {
-			v = v.Alias
+			return fail(k, "", fmt.Errorf("unknown field %q", k.Value))
 		}
 		text, err := yamlText(f, v)
 		if err != nil {
-			return fail(v.Line, f.key, err)
+			return fail(v, f.key, err)
 		}
 		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
 			continue // "key:" with no value keeps the default
 		}
 		if err := f.set(cfg, text); err != nil {
-			return fail(v.Line, f.key, err)
+			return fail(v, f.key, err)
 		}
 	}
 	return nil
+}
+
+// yamlError turns an error of the YAML reader into a *ConfigError at its
+// position.
+func yamlError(name string, err error) error {
+	var ye *yamlfile.Error
+	if !errors.As(err, &ye) {
+		return &ConfigError{Source: name, Err: err}
+	}
+	msg := ye.Message
+	if errors.Is(err, yamlfile.ErrSyntax) {
+		msg = "not valid YAML: " + msg
+	}
+	return &ConfigError{Source: name, Line: ye.Line, Column: ye.Column, Field: ye.Field, Err: errors.New(msg)}
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // yamlText returns v as the text its field parses: a scalar's value, or a
@@ -948,6 +957,7 @@ func yamlText(f *field, v *yaml.Node) (string, error) {
 		}
 		items := make([]string, len(v.Content))
 		for i, it := range v.Content {
+			it = deref(it)
 			if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
 				return "", fmt.Errorf("item %d at line %d is not a single value", i+1, it.Line)
 			}

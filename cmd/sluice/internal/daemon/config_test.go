@@ -144,7 +144,7 @@ func TestConfigErrors(t *testing.T) {
 		wantText  []string // in the message
 	}{
 		{name: "unknown yaml field", file: "node_name: a\nhttp_adr: :80\n", wantLine: 2, wantText: []string{`sluice.yaml:2`, `unknown field "http_adr"`}},
-		{name: "bad policy in yaml", file: "# comment\n\nunreachable: maybe\n", wantField: "unreachable", wantLine: 3, wantText: []string{"sluice.yaml:3: unreachable:", `"maybe"`}},
+		{name: "bad policy in yaml", file: "# comment\n\nunreachable: maybe\n", wantField: "unreachable", wantLine: 3, wantText: []string{"sluice.yaml:3:14: unreachable:", `"maybe"`}},
 		{name: "bad duration in yaml", file: "shutdown_timeout: soon\n", wantField: "shutdown_timeout", wantLine: 1},
 		{name: "zero duration in yaml", file: "peer_timeout: 0s\n", wantField: "peer_timeout", wantLine: 1, wantText: []string{"must be positive"}},
 		{name: "bad address in a yaml list", file: "join:\n  - a:1\n  - nope\n", wantField: "join", wantLine: 2, wantText: []string{"address 2", `"nope"`}},

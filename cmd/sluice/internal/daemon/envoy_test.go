@@ -212,7 +212,7 @@ func TestEnvoyConfigDir(t *testing.T) {
 	_, err := New(cfg, WithLogOutput(&lockedBuffer{}))
 	var ce *ConfigError
 	if !errors.As(err, &ce) || ce.Field != "envoy_config_dir" || !errors.Is(err, envoyrls.ErrInvalidConfig) ||
-		!strings.Contains(err.Error(), filepath.Join(bad, "api.yaml")+":4: invalid rate limit unit \"fortnight\"") {
+		!strings.Contains(err.Error(), filepath.Join(bad, "api.yaml")+":4:24: invalid rate limit unit \"fortnight\"") {
 		t.Fatalf("New with an invalid file: %v", err)
 	}
 
@@ -267,7 +267,7 @@ func TestEnvoyConfigDir(t *testing.T) {
 	}
 	writeEnvoyFile(t, dir, "api.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute}\n    rate_limit: {unit: hour}\n")
 	testwait.For(t, "the invalid edit's log line", func() bool {
-		return strings.Contains(logs.String(), "keeping the previous configuration") && strings.Contains(logs.String(), filepath.Join(dir, "api.yaml")+":5: rate_limit is given twice")
+		return strings.Contains(logs.String(), "keeping the previous configuration") && strings.Contains(logs.String(), filepath.Join(dir, "api.yaml")+":5:5: descriptors[0].rate_limit: the key ") && strings.Contains(logs.String(), "is given twice (first at line 4, column 5)")
 	})
 	if got := call(rlsRequest("api", []string{"user=u1"})); got != "OK; OK r=47" {
 		t.Errorf("after the invalid edit: %s, want the previous limit in force", got)

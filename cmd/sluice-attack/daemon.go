@@ -41,11 +41,7 @@ func startDaemon(ctx context.Context, c *config, name string, args ...string) (*
 		"--log-format", "json", "--shutdown-timeout", "2s", "--leave-timeout", "2s",
 	}, args...)
 	cmd := exec.Command(c.sluice, argv...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SLUICE_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd.Env = daemonEnv()
 	tail := &logTail{copy: c.logs, started: make(chan startedLine, 1)}
 	cmd.Stdout, cmd.Stderr = tail, tail
 	p, err := startProc(cmd, "daemon", c.rssCap)
@@ -73,6 +69,18 @@ func startDaemon(ctx context.Context, c *config, name string, args ...string) (*
 		return fail("%v", err)
 	}
 	return d, nil
+}
+
+// daemonEnv is this program's environment without its SLUICE_* variables,
+// for a daemon that must read only its flags.
+func daemonEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLUICE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // waitReady polls /readyz until the daemon is ready with at least members

@@ -21,10 +21,10 @@
 // whose RSS passes -rss-cap is killed, so that one attack cannot take the
 // machine; its row then says so.
 //
-// rules-alias-bomb and spoofed-forwarded are not daemon attacks: the first
-// loads a YAML alias bomb with rules.Load in a child process of this
-// program, the second sends spoofed forwarding headers to an httplimit
-// middleware served by this process.
+// yaml-alias-bomb also starts three daemons that must refuse to start (a
+// YAML alias bomb as each of their three YAML files) and measures them.
+// spoofed-forwarded is not a daemon attack: it sends spoofed forwarding
+// headers to an httplimit middleware served by this process.
 package main
 
 import (
@@ -45,9 +45,6 @@ import (
 )
 
 func main() {
-	if code, ok := childMain(os.Stdout); ok {
-		os.Exit(code)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -90,7 +87,7 @@ var attacks = []attack{
 	{"http-body", httpBody},
 	{"slowloris", slowloris},
 	{"frozen-owner", frozenOwner},
-	{"rules-alias-bomb", rulesAliasBomb},
+	{"yaml-alias-bomb", yamlAliasBomb},
 	{"spoofed-forwarded", spoofedForwarded},
 }
 

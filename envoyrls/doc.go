@@ -10,7 +10,11 @@
 // rate_limit (unit, requests_per_unit, unlimited, name, replaces),
 // shadow_mode, quota_mode, detailed_metric, value_to_metric,
 // share_threshold and nested descriptors. Every problem of a file is a
-// [*ConfigError] naming the file and line. A [Watcher] keeps a directory's
+// [*ConfigError] naming the file, line and column (YAML syntax errors,
+// the line only). A file is at most [MaxFileBytes], 100 levels of nesting
+// and a million nodes with its aliases expanded, with no key given twice
+// in a mapping: the strict YAML reader refuses the rest before any
+// descriptor is read. A [Watcher] keeps a directory's
 // [Rules] current, keeping the last good version while an edit is invalid.
 //
 // A request names a domain and lists descriptors, each a list of key/value

@@ -11,7 +11,10 @@
 // readers never lock. Loading validates everything and reports every
 // problem, up to 20, as an [*Error] naming the file, line and column. A
 // file is bounded before its rules are read: at most [MaxFileBytes],
-// [MaxRules] rules, and a million nodes with its aliases expanded.
+// [MaxRules] rules, 100 levels of nesting, a million nodes with its
+// aliases expanded, and no key given twice in a mapping at any depth (the
+// reader every sluice YAML file goes through refuses the rest of the file
+// at the first of these).
 //
 // # File format
 //

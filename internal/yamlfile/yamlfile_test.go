@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -93,6 +94,30 @@ func TestParse(t *testing.T) {
 				t.Errorf("got %s (field %q), want %s, field %q, a message holding %q", err, e.Field, tc.pos, tc.field, tc.inText)
 			}
 		})
+	}
+}
+
+// A bomb is refused at the cost of decoding its text, never of its
+// expansion: a 590-byte document of ten levels of ten aliases (ten billion
+// nodes expanded) and one of a million-node alias inside the size bound
+// allocate a bounded multiple of their size.
+func TestBombAllocation(t *testing.T) {
+	wide := "a: &a [" + strings.Repeat("x, ", 1000) + "x]\nb: [" + strings.Repeat("*a, ", 20_000) + "*a]\n"
+	for _, tc := range []struct {
+		name string
+		doc  string
+	}{{"ten levels of ten", bomb(10, 10)}, {"20,000 aliases of a thousand nodes", wide}} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := Parse("f", []byte(tc.doc), DefaultConfig())
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrTooManyNodes) {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Logf("%s: %d bytes allocated for a %d-byte document", tc.name, after.TotalAlloc-before.TotalAlloc, len(tc.doc))
+		if n := after.TotalAlloc - before.TotalAlloc; n > 200*uint64(len(tc.doc)) {
+			t.Errorf("%s: %d bytes allocated for a %d-byte document", tc.name, n, len(tc.doc))
+		}
 	}
 }
 

@@ -49,11 +49,14 @@ func boundTimes(st *state, lg *windowLog, req *Request, now int64) bool {
 			return true
 		}
 	case SlidingWindowCounter:
-		// As for the fixed window; regroupCounts places the counts of
-		// a window that began after now's began.
-		if cur, prev := st.windowHits(), st.prevWindowHits(); st.windowStart() > now && (cur > 0 || prev > 0) {
-			p := int64(req.Period)
-			start := floorDiv(now, p) * p
+		// As for the fixed window: regroupCounts places the counts of a
+		// longer Period's window that began after now's began. One of
+		// req's Period that began after now's is not aligned to it
+		// unless it began after now (a received state may be neither).
+		p := int64(req.Period)
+		start := floorDiv(now, p) * p
+		ws, cur, prev := st.windowStart(), st.windowHits(), st.prevWindowHits()
+		if (cur > 0 || prev > 0) && ws > start && (ws > now || counterPeriod(st, p) == p) {
 			cur = max(cur, min(cur+prev, req.Limit))
 			st.setWindow(start, cur)
 			st.setPrevWindowHits(0)

@@ -113,9 +113,10 @@
 // sliding window counter whose current window began after now together in
 // now's window, up to Limit (or the current count, if more); log entries
 // after now at now. A step back therefore never holds a key longer than
-// spending what it carries at now would (a key spent to its limit is
-// released within a burst's drain, or by the end of now's window), and
-// RetryAfter stays exact. A peek (Hits 0) that the bound would change
+// spending what it carries at now would: a key spent to its limit is
+// released within a burst's drain, by the end of now's window, or (the
+// sliding window counter) a hit's share of a period after it. RetryAfter
+// stays exact. A peek (Hits 0) that the bound would change
 // decides on a copy and writes nothing.
 //
 // To a key, time is what its clock reads. A step forward of s is s that

@@ -121,11 +121,11 @@
 //
 // To a key, time is what its clock reads. A step forward of s is s that
 // passed: the key refills, at most to its capacity, as if s had elapsed,
-// so a step forward and back admits at most one capacity more than real
-// time allows. A step back is time that stood still: over any interval of
-// real time, the buckets, GCRA and the sliding window log admit no more
-// than they would on a clock that stood still from the step until it read
-// the time again; the fixed window and the sliding window counter admit at
+// so a step forward admits at most one capacity more than real time
+// allows. A step back is time that stood still: over any interval of real
+// time, the buckets, GCRA and the sliding window log admit no more than
+// they would on a clock that stood still from the step until the key's
+// next decision; the fixed window and the sliding window counter admit at
 // most one Limit more per step back, as the window that holds the moved
 // count may end sooner than the window it left would have.
 //

@@ -127,7 +127,11 @@
 // they would on a clock that stood still from the step until the key's
 // next decision; the fixed window and the sliding window counter admit at
 // most one Limit more per step back, as the window that holds the moved
-// count may end sooner than the window it left would have.
+// count may end sooner than the window it left would have. Concurrent
+// callers read the clock before they take the store's lock, so a reading
+// may arrive after a later one: a step back of the time it waited, which at
+// a window's boundary may admit again the hits that the later window
+// admitted meanwhile.
 //
 // Time saturates at the horizon: the latest instant Unix nanoseconds
 // represent, 2262-04-11 23:47:16.854775807 UTC (or, for a now before 1970,

@@ -21,11 +21,18 @@ type breaker struct {
 // time.
 func (b *breaker) closed() bool { return b.openUntil.Load() == 0 }
 
-// allow reports whether a call may be made at now.
-func (b *breaker) allow(now int64) bool {
+// allow reports whether a call may be made at now. A breaker open for
+// longer than cooldown from now, which only a clock that stepped back
+// finds, is open until cooldown from now: a step back holds no peer's keys
+// longer than a cooldown.
+func (b *breaker) allow(now int64, cooldown time.Duration) bool {
 	until := b.openUntil.Load()
 	if until == 0 {
 		return true
+	}
+	if late := now + int64(cooldown); until > late {
+		b.openUntil.CompareAndSwap(until, late)
+		return false
 	}
 	if now < until {
 		return false

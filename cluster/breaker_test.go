@@ -30,6 +30,12 @@ func TestBreakerSteps(t *testing.T) {
 		{2*cooldown + 7, "", true},     // closed
 		{2*cooldown + 8, "fail", true}, // one failure does not open it
 		{2*cooldown + 9, "", true},
+		{2*cooldown + 10, "fail", true},
+		{2*cooldown + 11, "fail", true}, // third consecutive failure: open until 3*cooldown+11
+		// The clock steps back an hour: open for a cooldown from then.
+		{-time.Hour, "", false},
+		{-time.Hour + cooldown - 1, "", false},
+		{-time.Hour + cooldown, "", true}, // a probe
 	}
 	probe := false // the last call allowed was the half-open probe
 	for i, s := range steps {
@@ -39,7 +45,7 @@ func TestBreakerSteps(t *testing.T) {
 			continue
 		}
 		open := !b.closed()
-		got := b.allow(now)
+		got := b.allow(now, cooldown)
 		if got != s.wantAllow {
 			t.Fatalf("step %d at %v: allow = %v, want %v", i, s.at, got, s.wantAllow)
 		}

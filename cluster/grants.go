@@ -40,6 +40,7 @@ type grant struct {
 	from    string
 	req     limiter.Request // the limit (Hits 0)
 	hits    int64           // granted and not given back
+	granted int64           // Unix ns, the owner's clock: the latest grant
 	expires int64           // Unix ns, the owner's clock
 	window  int64           // a fixed window lease: the window's end
 	settled bool            // the hits entered the bucket, or expired
@@ -54,6 +55,21 @@ func (gr *grant) enter(store *limiter.Store, at time.Time) {
 		r := gr.req
 		r.Hits, r.Behavior = min(gr.hits, r.Capacity()), limiter.DrainOverLimit
 		store.CheckAt(r, at) //nolint:errcheck // valid: it was granted
+	}
+}
+
+// boundTimes reads gr, when it was granted after now, as granted at now:
+// its expiry as far after now as it was after the grant. A fixed window
+// grant's hits then count in now's window (see limiter.Request), so the
+// hits its holder gives back are no longer refunded.
+func (gr *grant) boundTimes(now int64) {
+	if gr.granted <= now {
+		return
+	}
+	gr.expires -= gr.granted - now
+	gr.granted = now
+	if gr.window != 0 {
+		gr.window = min(gr.window, now)
 	}
 }
 
@@ -77,12 +93,14 @@ type keyGrants struct {
 	held     int64 // hits of token bucket and GCRA grants not settled
 	earliest int64 // their earliest expiry (0: none)
 	next     int64 // when settleLocked has something to do
+	latest   int64 // the latest grant time: a now before it stepped back
 }
 
-// update recomputes held, earliest and next from list.
+// update recomputes held, earliest, next and latest from list.
 func (k *keyGrants) update() {
-	k.held, k.earliest, k.next = 0, 0, math.MaxInt64
+	k.held, k.earliest, k.next, k.latest = 0, 0, math.MaxInt64, math.MinInt64
 	for _, gr := range k.list {
+		k.latest = max(k.latest, gr.granted)
 		if gr.settled {
 			k.next = min(k.next, gr.expires+int64(grantReturnGrace))
 			continue
@@ -111,12 +129,19 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // settleLocked makes the grants of hash's keys that expired by now enter
 // the store at their expiry, and drops the settled ones whose returns can
 // no longer come. The shard's grants must be held (see grantTable).
+//
+// A clock that stepped back finds grants made after now: each is read as
+// made at now (boundTimes), so that it holds its hits for no longer than
+// its TTL from now, as the limiter reads the key's state.
 func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) {
 	k := g.shards[hash%decideShards][hash]
-	if k == nil || now < k.next {
+	if k == nil || now < k.next && now >= k.latest {
 		return
 	}
 	gs := k.list
+	for i := range gs {
+		gs[i].boundTimes(now)
+	}
 	for i := range gs {
 		gr := &gs[i]
 		if gr.settled || now < gr.expires {
@@ -179,15 +204,17 @@ func (g *grantTable) fullLocked(hash uint64) bool {
 	return !ok && len(m) >= maxGrantKeys
 }
 
-// addLocked records hits of req's key granted to from until expires, merged
-// with from's grant of the key that is not over: the holder adds the hits
-// to its lease and keeps the later expiry, so the owner does too.
-func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, hits, expires, window int64) {
+// addLocked records hits of req's key granted to from at now until
+// expires, merged with from's grant of the key that is not over: the holder
+// adds the hits to its lease and keeps the later expiry, so the owner does
+// too. settleLocked has bounded the grants by now.
+func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, hits, now, expires, window int64) {
 	gs := g.grantsLocked(hash)
 	for i := range gs {
 		gr := &gs[i]
 		if gr.from == from && !gr.settled && sameKey(&gr.req, req) && sameLimit(&gr.req, req) && gr.window == window {
 			gr.hits += hits
+			gr.granted = max(gr.granted, now)
 			gr.expires = max(gr.expires, expires)
 			g.storeLocked(hash, gs)
 			return
@@ -195,7 +222,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	}
 	r := *req
 	r.Hits, r.Behavior = 0, 0
-	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, expires: expires, window: window}))
+	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window}))
 }
 
 // giveBackLocked takes back up to hits of from's grants of req's key, the

@@ -161,7 +161,7 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		if !deferred(req.Algorithm) {
 			window = d.ResetAt.UnixNano()
 		}
-		n.grants.addLocked(hash, from, &req, took, exp.UnixNano(), window)
+		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, Decision: d}, nil
@@ -433,6 +433,7 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d sl
 		return d, false // a hash collision: this key is not leased
 	}
 	h.count++
+	t.boundLocked(h, now)
 	if h.expires != 0 {
 		switch {
 		case h.owner != owner: // the ring changed: the old owner's hits are void
@@ -519,11 +520,12 @@ func (t *leaseTable) wantLocked(sh *leaseShard, h *hotKey, req *limiter.Request,
 // restart, expired leases are retired, and keys gone cold that hold no
 // lease are forgotten. It visits at most maxHotKeys keys.
 func (t *leaseTable) rollLocked(sh *leaseShard, now int64) {
-	if now < sh.until {
+	if now < sh.until && now >= sh.since { // before since: the clock stepped back
 		return
 	}
 	clear(sh.counts)
 	for k, h := range sh.hot {
+		t.boundLocked(h, now)
 		h.prev, h.count = h.count, 0
 		if h.expires != 0 && now >= h.expires {
 			t.retireLocked(h, now, true)
@@ -533,6 +535,21 @@ func (t *leaseTable) rollLocked(sh *leaseShard, now int64) {
 		}
 	}
 	sh.since, sh.until = now, now+int64(leaseInterval)
+}
+
+// boundLocked reads the times of h that are further ahead of now than a
+// TTL, which only a clock that stepped back finds, as set at now: the
+// lease, a denial and the wait before the next lease request last at most
+// a TTL from now, so that a step back holds no key here longer than that.
+// Its shard's lock must be held.
+func (t *leaseTable) boundLocked(h *hotKey, now int64) {
+	late := now + int64(t.cfg.TTL)
+	if h.expires > late {
+		h.expires = late
+	}
+	h.deniedUntil = min(h.deniedUntil, late)
+	h.notBefore = min(h.notBefore, late)
+	h.usedAt = min(h.usedAt, now)
 }
 
 // retireLocked ends h's lease, queueing its unused hits for return when
@@ -696,6 +713,7 @@ func (t *leaseTable) sweep(now int64, owners leaseOwners) {
 			if h.expires == 0 {
 				continue
 			}
+			t.boundLocked(h, now)
 			switch o, ok := owners.ownerOf(h.name, h.key); {
 			case !ok || o != h.owner:
 				t.retireLocked(h, now, false)

@@ -189,3 +189,82 @@ func TestLeasedHitsCountForEveryBehavior(t *testing.T) {
 		}
 	}
 }
+
+// An owner whose clock ran an hour ahead, then was set back, releases a
+// 10/s key as its limit says, for every algorithm: a check forwarded to
+// it over gRPC is denied for at most a period (and a hit's share of the
+// next, for the sliding window counter), and admitted once RetryAfter has
+// passed on the owner's clock.
+func TestOwnerClockStepsBack(t *testing.T) {
+	clk := newClock()
+	clk.Advance(time.Hour)
+	c := testcluster.New(t, 2, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.Clock = clk.Now
+	}))
+	for _, a := range limiter.Algorithms {
+		req := limiter.Request{Name: "clock", Key: a.String(), Limit: 10, Period: time.Second, Algorithm: a}
+		from := nonOwners(c, req.Name, req.Key)[0]
+		spend := req
+		spend.Hits = 10
+		if d := checkOn(t, from, spend); !d.Allowed || d.Owner == from.Name() {
+			t.Fatalf("%v: spending on the owner: %+v", a, d)
+		}
+		clk.Advance(-time.Hour)
+		req.Hits = 1
+		d := checkOn(t, from, req)
+		longest := time.Second + 100*time.Millisecond + 1
+		if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > longest || d.Owner == from.Name() {
+			t.Fatalf("%v: after the step back: %+v, want denied by the owner for at most %v", a, d, longest)
+		}
+		clk.Advance(d.RetryAfter)
+		if d := checkOn(t, from, req); !d.Allowed {
+			t.Fatalf("%v: at now+RetryAfter: %+v, want admitted", a, d)
+		}
+		clk.Advance(time.Hour) // ahead again for the next key
+	}
+}
+
+// A lease granted while the owner's clock ran an hour ahead holds its
+// hits for at most its TTL once the clock is set back: the key is denied
+// for no longer than the TTL, then admits again once the hits have drained.
+func TestLeaseOwnerClockStepsBack(t *testing.T) {
+	const ttl = time.Second
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			clk := newClock()
+			clk.Advance(time.Hour)
+			c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+				cfg.Clock = clk.Now
+			}))
+			owner := c.Node(0)
+			req := limiter.Request{Name: "clock", Key: "leased", Limit: 10, Period: time.Second, Algorithm: a}
+			l, err := owner.Lease(context.Background(), "holder", req, 10, ttl)
+			if err != nil || l.Granted != 10 {
+				t.Fatalf("lease: %+v, %v", l, err)
+			}
+			clk.Advance(-time.Hour)
+			req.Hits = 1
+			d := checkOn(t, owner, req)
+			if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > ttl {
+				t.Fatalf("after the step back: %+v, want denied for at most the TTL %v", d, ttl)
+			}
+			// The held hits enter the bucket at the lease's expiry and
+			// drain within a period; a window's end within one.
+			clk.Advance(ttl + req.Period)
+			if d := checkOn(t, owner, req); !d.Allowed {
+				t.Fatalf("a TTL and a period after the step back: %+v, want admitted", d)
+			}
+		})
+	}
+}
+
+func checkOn(t *testing.T, n *cluster.Node, req limiter.Request) sluice.Decision {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := n.Check(ctx, req)
+	if err != nil {
+		t.Fatalf("check of %s/%s on %s: %v", req.Name, req.Key, n.Name(), err)
+	}
+	return d
+}

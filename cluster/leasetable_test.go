@@ -132,3 +132,54 @@ func (f *fakeOwners) ownerOf2() string {
 	o, _ := f.ownerOf("", "")
 	return o
 }
+
+// A holder whose clock ran an hour ahead, then was set back, holds a key
+// here for at most a TTL: a denial after a lease of no hits ends within
+// it, and so does a lease, whose unused hits then go back to the owner.
+func TestLeaseTableClockStepsBack(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	base := time.Unix(1000, 0)
+	for _, refuse := range []bool{true, false} {
+		at := base.Add(time.Hour)
+		now := func() time.Time { return at }
+		owners := &fakeOwners{owner: "o", now: now, retry: 30 * time.Millisecond, refuse: refuse}
+		tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1})
+		req := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1000, Period: time.Second, Algorithm: limiter.TokenBucket}
+		check := func() (sluice.Decision, bool) {
+			d, ok := tab.decide(&req, "o", at.UnixNano())
+			select {
+			case f := <-tab.fetches:
+				if err := tab.fetch(context.Background(), &f, owners, at.UnixNano(), now); err != nil {
+					t.Fatal(err)
+				}
+			default:
+			}
+			return d, ok
+		}
+		for range 10 { // the 10th makes the key hot and asks for a lease
+			check()
+		}
+		if d, ok := check(); ok != true || d.Allowed == refuse {
+			t.Fatalf("refuse %v: with the clock ahead: %+v here %v, want decided here", refuse, d, ok)
+		}
+		at = base // set back an hour
+		owners.mu.Lock()
+		owners.refuse = false
+		owners.mu.Unlock()
+		if d, ok := tab.decide(&req, "o", at.UnixNano()); !ok || d.Allowed == refuse || d.RetryAfter > ttl {
+			t.Fatalf("refuse %v: after the step back: %+v here %v, want decided here for at most a TTL", refuse, d, ok)
+		}
+		at = base.Add(ttl)
+		tab.sweep(at.UnixNano(), owners)
+		tab.sendReturns(context.Background(), owners)
+		if d, ok := tab.decide(&req, "o", at.UnixNano()); ok && !d.Allowed {
+			t.Fatalf("refuse %v: a TTL after the step back the key is still denied here: %+v", refuse, d)
+		}
+		owners.mu.Lock()
+		back := owners.returned["o"]
+		owners.mu.Unlock()
+		if !refuse && back == 0 {
+			t.Fatalf("a TTL after the step back the lease's unused hits are not back")
+		}
+	}
+}

@@ -92,7 +92,7 @@ func (r *router) pick(hash uint64) pick {
 	br := r.breakers.get(target)
 	may, probe := ok && br.closed(), false
 	if ok && !may {
-		may = br.allow(r.now().UnixNano())
+		may = br.allow(r.now().UnixNano(), r.cooldown)
 		probe = may
 	}
 	switch {

@@ -15,11 +15,9 @@ const bucketEpsilon = 1e-9
 // tokens consumed for the token bucket, the hits queued for the leaky bucket.
 func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	limit, period := float64(req.Limit), float64(req.Period)
-	last := st.levelTime()
-	level := bucketLevelAt(st.level(), last, now, limit, period)
-	if now > last || level == 0 {
-		last = now
-	}
+	// boundTimes has bounded the level's time by now: from here on the
+	// level is that at now.
+	level := bucketLevelAt(st.level(), st.levelTime(), now, limit, period)
 	capacity := float64(req.burst())
 	hits := float64(req.Hits)
 	probe := hits
@@ -30,22 +28,21 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 	if level+probe <= capacity+bucketEpsilon {
 		d.Allowed = true
 		if leaky {
-			// The level drains from last, which is after now only when
-			// the clock stepped back. An admitted level is at most the
-			// capacity, which Validate bounds to drain in MaxDrain.
-			d.Delay = time.Duration(last - now + drainTime(level, limit, period))
+			// An admitted level is at most the capacity, which
+			// Validate bounds to drain in MaxDrain.
+			d.Delay = time.Duration(drainTime(level, limit, period))
 		}
 		level += hits
 	} else if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
 		level = capacity
 	}
 	d.Remaining = bucketRemaining(level, capacity)
-	st.setLevel(level, last)
+	st.setLevel(level, now)
 	// A level carried over from a faster rate may drain past the horizon:
 	// the state is then fresh at the horizon, and not before.
-	st.expireAt = min(addSat(last, drainTime(level, limit, period)), horizon(now))
+	st.expireAt = min(addSat(now, drainTime(level, limit, period)), horizon(now))
 	if !d.Allowed {
-		d.RetryAfter = bucketRetry(level, last, now, st.expireAt, probe, capacity, limit, period)
+		d.RetryAfter = bucketRetry(level, now, st.expireAt, probe, capacity, limit, period)
 	}
 	d.ResetAt = nsTime(st.expireAt)
 	return d
@@ -87,17 +84,17 @@ func bucketLevelAt(level float64, last, now int64, limit, period float64) float6
 }
 
 // bucketRetry is the least d such that a request probing probe hits at now+d
-// is admitted by a bucket whose level was level at last and which is fresh
-// at expireAt, given that it is not admitted at now. The level drains
+// is admitted by a bucket whose level is level at now and which is fresh at
+// expireAt, given that it is not admitted at now. The level drains
 // monotonically, so a bisection around the closed-form estimate finds it; at
 // expireAt the state is fresh and admits.
-func bucketRetry(level float64, last, now, expireAt int64, probe, capacity, limit, period float64) time.Duration {
+func bucketRetry(level float64, now, expireAt int64, probe, capacity, limit, period float64) time.Duration {
 	admits := func(d int64) bool {
-		return bucketLevelAt(level, last, now+d, limit, period)+probe <= capacity+bucketEpsilon
+		return bucketLevelAt(level, now, now+d, limit, period)+probe <= capacity+bucketEpsilon
 	}
 	lo := int64(0)       // not admitted
 	hi := expireAt - now // admitted (fresh); at most the horizon's distance
-	guess := min(addSat(last, drainTime(level+probe-capacity-bucketEpsilon, limit, period)), expireAt) - now
+	guess := min(addSat(now, drainTime(level+probe-capacity-bucketEpsilon, limit, period)), expireAt) - now
 	if guess > lo && guess < hi {
 		if admits(guess) {
 			hi = guess

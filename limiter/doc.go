@@ -104,6 +104,35 @@
 // node. Times of a peer whose clock runs ahead by up to MaxClockSkew are
 // read as now, so its state counts up to that much less.
 //
+// A clock that steps back finds states written after its now. Each
+// decision first bounds the state it reads by now, whoever wrote it, and
+// reads what a later state holds as written at now: a bucket level as it
+// stood, at now; a GCRA arrival time at most as far ahead of now as the
+// decision that wrote it put it ahead of its own clock; the count of a
+// fixed window that began after now in now's window; the two counts of a
+// sliding window counter whose current window began after now together in
+// now's window, up to Limit (or the current count, if more); log entries
+// after now at now. A step back therefore never holds a key longer than
+// spending what it carries at now would: a key spent to its limit is
+// released within a burst's drain, by the end of now's window, or (the
+// sliding window counter) a hit's share of a period after it. RetryAfter
+// stays exact. A peek (Hits 0) that the bound would change
+// decides on a copy and writes nothing.
+//
+// To a key, time is what its clock reads. A step forward of s is s that
+// passed: the key refills, at most to its capacity, as if s had elapsed,
+// so a step forward admits at most one capacity more than real time
+// allows. A step back is time that stood still: over any interval of real
+// time, the buckets, GCRA and the sliding window log admit no more than
+// they would on a clock that stood still from the step until the key's
+// next decision; the fixed window and the sliding window counter admit at
+// most one Limit more per step back, as the window that holds the moved
+// count may end sooner than the window it left would have. Concurrent
+// callers read the clock before they take the store's lock, so a reading
+// may arrive after a later one: a step back of the time it waited, which at
+// a window's boundary may admit again the hits that the later window
+// admitted meanwhile.
+//
 // Time saturates at the horizon: the latest instant Unix nanoseconds
 // represent, 2262-04-11 23:47:16.854775807 UTC (or, for a now before 1970,
 // now plus the longest Duration if that is earlier). A key whose consumption

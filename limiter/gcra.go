@@ -27,6 +27,7 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 	d.Remaining = max((tolerance-behind)/t, 0)
 	tat := now + behind
 	st.setTAT(tat, t)
+	st.setTATLead(behind)
 	st.expireAt = tat
 	d.ResetAt = nsTime(tat)
 	return d

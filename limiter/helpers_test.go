@@ -91,15 +91,6 @@ type stateCopy struct {
 	lg *windowLog
 }
 
-func cloneLog(l *windowLog) *windowLog {
-	if l == nil {
-		return nil
-	}
-	// The same capacity, so that the copy grows and coarsens as l would.
-	entries := append(make([]logEntry, 0, cap(l.entries)), l.entries...)
-	return &windowLog{entries: entries, head: l.head, base: l.base, quantum: l.quantum}
-}
-
 // copyState copies what s holds for req's key (the fresh state if none).
 func copyState(s *Store, req *Request) stateCopy {
 	k := appendStoreKey(nil, req.Name, req.Key)

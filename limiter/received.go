@@ -56,40 +56,30 @@ func (s *Snapshot) checkTimes(now int64) error {
 }
 
 // clampReceived bounds st, a received state of req's algorithm that is
-// live at now, by what req could have left at now, and clears its mark: no
-// time after now, a bucket level of at most the burst, a TAT at most
-// Burst*T after now, window counts and log hits in the window of at most
-// Limit. A state that req's own parameters wrote on another node at or
-// before now is within these bounds already and decides as it would have
-// there.
+// live at now, by what req could have left at now, and clears its mark:
+// its times as boundTimes bounds every state's, then a bucket level of at
+// most the burst, a TAT at most Burst*T after now, window counts and log
+// hits in the window of at most Limit. A state that req's own parameters
+// wrote on another node at or before now is within these bounds already and
+// decides as it would have there.
 func clampReceived(st *state, lg *windowLog, req *Request, now int64) {
+	boundTimes(st, lg, req, now)
 	switch req.Algorithm {
 	case TokenBucket, LeakyBucket:
 		// An admitted level is at most the capacity plus the tolerance.
 		capacity := float64(req.burst()) + bucketEpsilon
-		st.setLevel(min(st.level(), capacity), min(st.levelTime(), now))
-	case FixedWindow:
-		// decide has reset a window that is over; one that begins after
-		// now's counts in now's.
-		start, _ := windowBounds(req, now)
-		st.setWindow(min(st.windowStart(), start), min(st.windowHits(), req.Limit))
-	case SlidingWindowCounter:
-		p := int64(req.Period)
-		if start := floorDiv(now, p) * p; st.windowStart() > start {
-			// A window after now's: its hits and its previous
-			// window's count in now's.
-			cur := min(st.windowHits()+st.prevWindowHits(), req.Limit)
-			st.setWindow(start, cur)
-			st.setPrevWindowHits(0)
-			st.expireAt = counterExpiry(start, cur, 0, p, now)
-		} else {
-			// decideSlidingCounter places each count by the window's
-			// start and the state's expiry, in now's window, the
-			// previous one or none: each is at most Limit.
-			st.setWindow(st.windowStart(), min(st.windowHits(), req.Limit))
+		st.setLevel(min(st.level(), capacity), st.levelTime())
+	case FixedWindow, SlidingWindowCounter:
+		// decide resets a fixed window that is over; the counter places
+		// each count by the window's start and the state's expiry, in
+		// now's window, the previous one or none: each is at most Limit.
+		st.setWindow(st.windowStart(), min(st.windowHits(), req.Limit))
+		if req.Algorithm == SlidingWindowCounter {
 			st.setPrevWindowHits(min(st.prevWindowHits(), req.Limit))
 		}
 	case GCRA:
+		// A received state carries no tatLead: bound its TAT by the
+		// request's tolerance.
 		t := gcraInterval(req)
 		if behind := gcraBehind(st, t, now); behind > 0 {
 			st.setTAT(now+min(behind, req.burst()*t), t)
@@ -102,24 +92,10 @@ func clampReceived(st *state, lg *windowLog, req *Request, now int64) {
 	st.clearReceived()
 }
 
-// clampReceived moves the entries after now to now, drops those outside
-// the window (now-p, now], and keeps the newest limit hits of the rest,
-// which decide as all of them would under limit.
+// clampReceived drops the entries outside the window (now-p, now] of a log
+// whose times boundTimes has bounded, and keeps the newest limit hits of
+// the rest, which decide as all of them would under limit.
 func (l *windowLog) clampReceived(now, p, limit int64) {
-	n := len(l.entries)
-	i := n
-	for i > l.head && l.entries[i-1].at > now {
-		i--
-	}
-	if i < n {
-		last := l.entries[n-1].cum
-		l.entries = l.entries[:i]
-		if l.joinsLast(now) {
-			l.entries[i-1] = logEntry{now, last}
-		} else {
-			l.entries = append(l.entries, logEntry{now, last})
-		}
-	}
 	l.expire(now - p)
 	if l.total() > limit {
 		l.base = l.entries[len(l.entries)-1].cum - limit

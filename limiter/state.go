@@ -11,15 +11,17 @@ import "math"
 //	                          queued) and levelTime, when it was that level
 //	FixedWindow:              windowStart and windowHits
 //	SlidingWindowCounter:     windowStart, windowHits and prevWindowHits
-//	GCRA:                     tat, the theoretical arrival time, and the
-//	                          interval (ns per hit) it was computed with
+//	GCRA:                     tat, the theoretical arrival time, the
+//	                          interval (ns per hit) it was computed with,
+//	                          and tatLead, how far the TAT was ahead of
+//	                          the clock of the decision that wrote it
 //
 // The top 8 bits of the third word are the state's tag: the Algorithm it
 // belongs to (bits 56-61), the changed mark of Store.Changed (bit 62) and
 // the received mark of a state merged from another node (bit 63), which
-// keeps an entry at 64 bytes; prevWindowHits uses the low 56. The zero
-// value is the fresh state of every algorithm. Snapshots carry the words
-// without the tag (see snapshotWords).
+// keeps an entry at 64 bytes; prevWindowHits and tatLead use the low 56.
+// The zero value is the fresh state of every algorithm. Snapshots carry the
+// words without the tag and without tatLead (see snapshotWords).
 type state struct {
 	// expireAt is the time (Unix ns) from which the state is equivalent to
 	// fresh under the parameters of the last request; dropping it then
@@ -58,10 +60,14 @@ func (st *state) setReceived()     { st.words[2] |= receivedMark }
 func (st *state) clearReceived()   { st.words[2] &^= receivedMark }
 
 // snapshotWords returns the words as Snapshot.Words carries them: the
-// third without the tag.
+// third without the tag, and 0 for GCRA, whose tatLead stays on this node
+// (a received state has none; see clampReceived).
 func (st *state) snapshotWords() [3]int64 {
 	w := st.words
 	w[2] &= prevHitsMask
+	if st.algo() == GCRA {
+		w[2] = 0
+	}
 	return w
 }
 
@@ -80,10 +86,17 @@ func (st *state) setLevel(level float64, at int64) {
 	st.words[0], st.words[1] = int64(math.Float64bits(level)), at
 }
 
-// GCRA's words. An interval of 0 marks the fresh state.
+// GCRA's words. An interval of 0 marks the fresh state. tatLead is 0 when
+// unknown (a received state) and saturates at maxTATLead (about 2.3
+// years), which bounds nothing (see boundTimes).
 func (st *state) tat() int64                 { return st.words[0] }
 func (st *state) interval() int64            { return st.words[1] }
 func (st *state) setTAT(tat, interval int64) { st.words[0], st.words[1] = tat, interval }
+func (st *state) tatLead() int64             { return st.words[2] & prevHitsMask }
+func (st *state) setTATLead(lead int64)      { st.words[2] = min(lead, maxTATLead) | st.tag() }
+
+// maxTATLead is the largest tatLead, which means at least as much.
+const maxTATLead = prevHitsMask
 
 // The windows' words. prevWindowHits is below 2^56: counts are at most
 // MaxLimit.
@@ -106,6 +119,8 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		}
 	} else if st.isReceived() {
 		clampReceived(st, *lg, req, now)
+	} else {
+		st, lg = boundState(st, lg, req, now)
 	}
 	if req.Behavior&Refund != 0 {
 		refund(st, *lg, req, now)

@@ -79,17 +79,12 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // decideFixedWindow admits at most Limit hits per window.
 func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	start, end := windowBounds(req, now)
-	if ws := st.windowStart(); ws > start && st.windowHits() > 0 && st.expireAt > now {
-		// now is older than the stored window's start: concurrent callers
-		// read their clocks before taking the lock, and a later reading got
-		// it first. Count in the stored window, as if now were its start;
-		// going back to now's window would reopen a window that is over.
-		start, end = windowBounds(req, ws)
-	}
 	// The stored count is that of the window containing now: decide has
-	// reset the state if its window ended. (With the same Period or
-	// Calendar a stored window that is not over is this one; after a
-	// change its hits count in the current window, as doc.go says.)
+	// reset the state if its window ended, and boundTimes has moved a
+	// window after now's (the clock stepped back) to now's. (With the
+	// same Period or Calendar a stored window that is not over is this
+	// one; after a change its hits count in the current window, as doc.go
+	// says.)
 	count := st.windowHits()
 	probe := max(req.Hits, 1)
 	d := Decision{Limit: req.Limit}
@@ -125,16 +120,10 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 		case ws == start:
 		case ws == start-p:
 			prev, cur = cur, 0
-		case ws > start:
-			// now is older than the stored window (see
-			// decideFixedWindow): decide as at that window's start,
-			// where the estimate counts the previous window whole,
-			// rather than move the window back and shift its count out
-			// of the current one.
-			now, start = ws, ws
 		default:
 			// Both windows are over; decide resets such a state, but a
-			// merged one may get here.
+			// merged one may get here. (boundTimes has moved a window
+			// after now's to now's.)
 			cur, prev = 0, 0
 		}
 	}

@@ -33,7 +33,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "idle-connections", "rules-alias-bomb", "spoofed-forwarded"}
+	selected := []string{"reset", "lower-count", "idle-connections", "rules-alias-bomb", "spoofed-forwarded"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -47,6 +47,7 @@ func TestRunScaledDown(t *testing.T) {
 		want   []string // in the attack's row
 	}{
 		{"reset", []string{"canary remaining", " MB |", ", worst "}},
+		{"lower-count", []string{"canaries still spent: 12 of 12", " MB |", ", worst "}},
 		{"idle-connections", []string{"connections opened", " MB |"}},
 		{"rules-alias-bomb", []string{"error: ", "MB (child)"}},
 		{"spoofed-forwarded", []string{"admitted", "in this process"}},

@@ -261,3 +261,46 @@ func TestServerCountersOutOfReach(t *testing.T) {
 		t.Fatalf("after the admin reset, the rule denied: %+v", v)
 	}
 }
+
+// TestEnvoyCountersOutOfReach spends a descriptor of Envoy's rate limit
+// service (5 a minute per user) on a daemon with destructive_behaviors
+// allow: POST /v1/check with the counter's unprefixed name and key, reset
+// or not, reaches another counter, and the descriptor stays over its
+// limit; the counter's own name ("@envoy/minute") is refused.
+func TestEnvoyCountersOutOfReach(t *testing.T) {
+	clk := fakeclock.New(rulesStart)
+	cfg := testConfig("envoy-reach")
+	cfg.EnvoyConfigDir = envoyDir(t)
+	d := start(t, cfg, WithClock(clk.Now))
+	rls := rlsClient(t, d.GRPCAddr())
+	req := rlsRequest("api", []string{"user=u"})
+	over := func() string {
+		resp, err := rls.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode.String()
+	}
+	for range 5 {
+		if got := over(); got != "OK" {
+			t.Fatalf("spending the descriptor: %s", got)
+		}
+	}
+	if got := over(); got != "OVER_LIMIT" {
+		t.Fatalf("the sixth request: %s", got)
+	}
+	base := "http://" + d.HTTPAddr()
+	check := `{"name":"envoy/minute","key":"api|user=u","limit":5,"period":"1m","hits":0,`
+	for _, b := range []string{check + `"algorithm":"fixed_window","reset":true}`, check + `"algorithm":"gcra"}`} {
+		if resp := do(t, "POST", base+"/v1/check", b); resp.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", b, resp.status, resp.body)
+		}
+		if got := over(); got != "OVER_LIMIT" {
+			t.Fatalf("after %s, the descriptor: %s", b, got)
+		}
+	}
+	resp := do(t, "POST", base+"/v1/check", `{"name":"@envoy/minute","key":"api|user=u","limit":5,"period":"1m","algorithm":"fixed_window","hits":0}`)
+	if resp.status != http.StatusForbidden {
+		t.Fatalf("a peek of the descriptor's counter: %d %s, want 403", resp.status, resp.body)
+	}
+}

@@ -75,27 +75,27 @@
 // the new rate (or until the horizon below). State that had returned to fresh
 // under the parameters of the request that wrote it is fresh.
 //
-// A request with another Algorithm for a key with live state never
-// discards it: it converts the state conservatively. The hits the state
-// still counts at now, c, are read with the request's parameters as a
-// change of Limit or Period reads them (a bucket level drained at the
-// request's rate, rounded up; a fixed window's count; the sliding window
-// counter's estimate over the request's Period, rounded up; a log's hits
-// within the request's Period; GCRA's outstanding time at its own
-// interval, in hits rounded up), and the key becomes the state that the
-// request's algorithm has after taking min(c, capacity) hits from fresh at
-// now. With the same Limit and Burst, Remaining after the conversion is
-// exactly what the old algorithm had left at now, so a spent key stays
-// spent, and from then on the key admits no more than a fresh key of the
-// new algorithm that took those hits at the conversion (TestAlgorithmSwitch
-// KeepsConsumption asserts both for every pair of algorithms). The hits are
-// released as the new algorithm releases hits it admitted at that instant,
-// which may be sooner than the old one would have (a window that ends, a
-// bucket that drains): carrying the old release time would need state
-// dated after now, which no algorithm keeps. A peek does not convert; the
-// first check that can write does. Refusing such a request instead would
-// make middleware, which fails open on errors, unlimit a key whose rule
-// changed its algorithm.
+// A request with another Algorithm for a key with live state never discards
+// it: it converts the state conservatively. The hits the state still counts
+// at now, c, are read with the request's parameters as a change of Limit or
+// Period reads them (a bucket level drained at the request's rate, rounded
+// up; a fixed window's count; the sliding window counter's estimate over the
+// request's Period, rounded up; a log's hits within the request's Period;
+// GCRA's outstanding time at its own interval, in hits rounded up), and the
+// key becomes the state that the request's algorithm has after taking min(c,
+// capacity) hits from fresh at now. With the same capacity (the same Limit,
+// and a Burst of 0 or Limit where the other algorithm has none), Remaining
+// after the conversion is exactly what the old algorithm had left at now, so
+// a spent key stays spent, and from then on the key admits no more than a
+// fresh key of the new algorithm that took those hits at the conversion (a
+// test asserts both for every pair of algorithms). The hits are released as
+// the new algorithm releases hits it admitted at that instant, which may be
+// sooner than the old one would have (a window that ends, a bucket that
+// drains): carrying the old release time would need state dated after now,
+// which no algorithm keeps. A peek does not convert; the first check that
+// can write does. Refusing such a request instead would make middleware,
+// which fails open on errors, unlimit a key whose rule changed its
+// algorithm.
 //
 // After a Period or Calendar change, the count of a fixed window that is not
 // over counts in the current window. The sliding window counter places each

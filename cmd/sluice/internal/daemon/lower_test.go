@@ -227,8 +227,9 @@ func TestNoCallerLowersACount(t *testing.T) {
 // allow, where every caller may reset: a check that carries its own limit
 // with a rule's name and key, even with reset, touches another counter
 // than the rule's; one with the rule's counter name ("@" + the rule's
-// name) is refused with a message naming the prefix, unless it is a bare
-// reset, which allow lets every caller make.
+// name) is refused, single or in a batch, over HTTP and gRPC, with a
+// message naming the prefix, unless it is a bare reset, which allow lets
+// every caller make.
 func TestServerCountersOutOfReach(t *testing.T) {
 	clk := fakeclock.New(rulesStart)
 	d := start(t, rulesConfig(t, "reach", lowerRules()), WithClock(clk.Now))
@@ -249,6 +250,21 @@ func TestServerCountersOutOfReach(t *testing.T) {
 	resp := do(t, "POST", base+"/v1/check", `{"name":"@r_gcra","key":"user=u","limit":3,"period":"1h","algorithm":"gcra","hits":0}`)
 	if resp.status != http.StatusForbidden || !strings.Contains(string(resp.body), `beginning with \"@\"`) {
 		t.Fatalf("a peek of the rule's counter: %d %s, want 403 naming the prefix", resp.status, resp.body)
+	}
+	resp = do(t, "POST", base+"/v1/check/batch", `{"requests":[`+check+`,"hits":1},{"name":"@r_gcra","key":"user=u","limit":3,"period":"1h","algorithm":"gcra"}]}`)
+	if resp.status != http.StatusForbidden {
+		t.Fatalf("a batch with the rule's counter: %d %s, want 403", resp.status, resp.body)
+	}
+	c, err := client.New(d.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	counter := limiter.Request{Name: "@r_gcra", Key: "user=u", Hits: 1, Limit: 3, Period: time.Hour, Algorithm: limiter.GCRA}
+	for i, res := range c.CheckMany(context.Background(), []limiter.Request{counter, counter}) {
+		if status.Convert(res.Err).Code().String() != "PermissionDenied" {
+			t.Fatalf("a gRPC batch with the rule's counter, item %d: %+v, want PermissionDenied", i, res)
+		}
 	}
 	if ins := inspectHTTP(t, d, "@r_gcra", "user=u", ""); ins.State == nil || ins.State.Algorithm != "gcra" {
 		t.Fatalf("inspecting the rule's counter: %+v", ins)

@@ -90,27 +90,6 @@ func (l *windowLog) boundTimes(now int64) bool {
 	return true
 }
 
-// boundState bounds st and *lg by now (see boundTimes) before a decision
-// on them, and returns what the decision is to work on: st and lg, or, for
-// a peek (Hits 0, no Behavior) that the bound would change, copies, so that
-// a peek writes nothing.
-func boundState(st *state, lg **windowLog, req *Request, now int64) (*state, **windowLog) {
-	if req.Hits != 0 || req.Behavior != 0 {
-		boundTimes(st, *lg, req, now)
-		return st, lg
-	}
-	cp := *st
-	if *lg == nil || (*lg).newest() <= now {
-		if boundTimes(&cp, *lg, req, now) {
-			return &cp, lg
-		}
-		return st, lg
-	}
-	clg := cloneLog(*lg)
-	boundTimes(&cp, clg, req, now)
-	return &cp, &clg
-}
-
 // newest is the time of the newest entry, or the least instant for an
 // empty log.
 func (l *windowLog) newest() int64 {
@@ -118,14 +97,4 @@ func (l *windowLog) newest() int64 {
 		return l.entries[n-1].at
 	}
 	return math.MinInt64
-}
-
-// cloneLog returns a copy of l (nil for nil) with an array of the same
-// capacity, so that the copy grows and coarsens as l would.
-func cloneLog(l *windowLog) *windowLog {
-	if l == nil {
-		return nil
-	}
-	entries := append(make([]logEntry, 0, cap(l.entries)), l.entries...)
-	return &windowLog{entries: entries, head: l.head, base: l.base, quantum: l.quantum}
 }

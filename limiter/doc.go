@@ -18,9 +18,14 @@
 //
 // Time is always an argument: [Store.CheckAt] takes now, [Store.Check] calls
 // time.Now once. Rejected requests consume nothing, unless the request asks
-// for [DrainOverLimit]; peeks (Hits 0) never consume. RetryAfter is exact for
-// every algorithm: the same request is admitted at now+RetryAfter and not a
-// nanosecond earlier, if nothing else is consumed meanwhile.
+// for [DrainOverLimit]; peeks (Hits 0 without [Reset]) never write: whatever
+// their algorithm, Limit, Period or Burst, they decide on a copy of the
+// key's state and keep nothing, so the state, its expiry and its place in
+// [Store.Changed] are what they were (a peek with other parameters answers
+// as a check with them would find the key now). [Store.TakeAt] that takes
+// nothing keeps nothing either. RetryAfter is exact for every algorithm:
+// the same request is admitted at now+RetryAfter and not a nanosecond
+// earlier, if nothing else is consumed meanwhile.
 //
 // The algorithms and their exact semantics:
 //
@@ -68,8 +73,29 @@
 // interval (rounded up); the window counts and the log. A cut never resets a
 // key: after it the key stays limited until what it carries has drained at
 // the new rate (or until the horizon below). State that had returned to fresh
-// under the parameters of the request that wrote it is fresh. A request with
-// another Algorithm for an existing key starts from fresh.
+// under the parameters of the request that wrote it is fresh.
+//
+// A request with another Algorithm for a key with live state never discards
+// it: it converts the state conservatively. The hits the state still counts
+// at now, c, are read with the request's parameters as a change of Limit or
+// Period reads them (a bucket level drained at the request's rate, rounded
+// up; a fixed window's count; the sliding window counter's estimate over the
+// request's Period, rounded up; a log's hits within the request's Period;
+// GCRA's outstanding time at its own interval, in hits rounded up), and the
+// key becomes the state that the request's algorithm has after taking min(c,
+// capacity) hits from fresh at now. With the same capacity (the same Limit,
+// and a Burst of 0 or Limit where the other algorithm has none), Remaining
+// after the conversion is exactly what the old algorithm had left at now, so
+// a spent key stays spent, and from then on the key admits no more than a
+// fresh key of the new algorithm that took those hits at the conversion (a
+// test asserts both for every pair of algorithms). The hits are released as
+// the new algorithm releases hits it admitted at that instant, which may be
+// sooner than the old one would have (a window that ends, a bucket that
+// drains): carrying the old release time would need state dated after now,
+// which no algorithm keeps. A peek does not convert; the first check that
+// can write does. Refusing such a request instead would make middleware,
+// which fails open on errors, unlimit a key whose rule changed its
+// algorithm.
 //
 // After a Period or Calendar change, the count of a fixed window that is not
 // over counts in the current window. The sliding window counter places each

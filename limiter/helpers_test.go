@@ -91,6 +91,13 @@ type stateCopy struct {
 	lg *windowLog
 }
 
+func cloneLog(l *windowLog) *windowLog {
+	if l == nil {
+		return nil
+	}
+	return l.clone()
+}
+
 // copyState copies what s holds for req's key (the fresh state if none).
 func copyState(s *Store, req *Request) stateCopy {
 	k := appendStoreKey(nil, req.Name, req.Key)
@@ -109,6 +116,12 @@ func copyState(s *Store, req *Request) stateCopy {
 func (sn stateCopy) decideAt(req Request, now int64) Decision {
 	st, lg := sn.st, cloneLog(sn.lg)
 	return decide(&st, &lg, &req, now)
+}
+
+// apply decides req at now on the copy itself, as a check that keeps
+// what it computes would.
+func (sn *stateCopy) apply(req Request, now int64) {
+	decide(&sn.st, &sn.lg, &req, now)
 }
 
 // isBucket reports whether a keeps a float level.
@@ -149,6 +162,12 @@ func checkInvariants(t testing.TB, s *Store, req Request, now time.Time, d Decis
 		fail("Delay only for admitted leaky-bucket requests")
 	}
 	sn := copyState(s, &req)
+	if req.reads() {
+		// A peek answers for the state as its parameters read it now
+		// (the state a check of 0 hits with them would keep), which the
+		// store does not keep.
+		sn.apply(req, n)
+	}
 	same := req
 	same.Behavior &^= Reset
 	if !d.Allowed {

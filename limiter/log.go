@@ -69,16 +69,30 @@ func (l *windowLog) clear() {
 	l.head, l.base, l.quantum = 0, 0, 0
 }
 
-// expire drops the entries admitted at or before cutoff.
+// clone returns a copy of l with entries of its own, of the same
+// capacity, so that the copy grows and coarsens as l would.
+func (l *windowLog) clone() *windowLog {
+	entries := append(make([]logEntry, 0, cap(l.entries)), l.entries...)
+	return &windowLog{entries: entries, head: l.head, base: l.base, quantum: l.quantum}
+}
+
+// expire drops the entries admitted at or before cutoff. It moves the
+// head and the base, never an entry: a peek expires a copy of the log
+// that shares its entries (see peek).
 func (l *windowLog) expire(cutoff int64) {
 	for l.head < len(l.entries) && l.entries[l.head].at <= cutoff {
 		l.base = l.entries[l.head].cum
 		l.head++
 	}
-	switch {
-	case l.head == len(l.entries):
+	if l.head == len(l.entries) {
 		l.clear()
-	case l.head > 32 && l.head*2 >= len(l.entries):
+	}
+}
+
+// compact moves the live entries to the front of the array once half of
+// it is expired.
+func (l *windowLog) compact() {
+	if l.head > 32 && l.head*2 >= len(l.entries) {
 		l.moveTo(l.entries)
 	}
 }
@@ -189,6 +203,9 @@ func (l *windowLog) hitsAfter(cutoff int64) int64 {
 func decideSlidingLog(st *state, l *windowLog, req *Request, now int64) Decision {
 	p := int64(req.Period)
 	l.expire(now - p)
+	if req.Hits > 0 { // only a decision that writes moves entries
+		l.compact()
+	}
 	probe := max(req.Hits, 1)
 	total := l.total()
 	d := Decision{Limit: req.Limit}

@@ -2,9 +2,11 @@ package limiter
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -582,9 +584,7 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int, changes bool
 		base = randomExtremeRequest(t, rng, a)
 	}
 	s := newTestStore(t)
-	var exact interface {
-		decide(Request, int64) refDecision
-	}
+	var exact exactRef
 	var bucket *bucketRef
 	switch a {
 	case TokenBucket, LeakyBucket:
@@ -637,6 +637,12 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int, changes bool
 		case x < 11:
 			req.Behavior = Reset | DrainOverLimit
 		}
+		// A peek keeps nothing (TestPeekKeepsNothing): the models decide
+		// it on a copy.
+		exact, bucket := exact, bucket
+		if req.reads() {
+			exact, bucket = cloneRef(exact), bucket.clone()
+		}
 		at := time.Unix(0, now)
 		var margin *big.Rat
 		implFresh := false
@@ -688,4 +694,43 @@ func runTrace(t *testing.T, rng *rand.Rand, a Algorithm, trace int, changes bool
 		}
 		checkInvariants(t, s, req, at, d)
 	}
+}
+
+// exactRef is a model that decides exactly.
+type exactRef interface {
+	decide(Request, int64) refDecision
+}
+
+// cloneRef returns a copy of m that shares nothing with it.
+func cloneRef(m exactRef) exactRef {
+	switch m := m.(type) {
+	case *fixedWindowRef:
+		c := *m
+		c.counts = maps.Clone(m.counts)
+		return &c
+	case *slidingLogRef:
+		c := *m
+		c.log = slices.Clone(m.log)
+		return &c
+	case *slidingCounterRef:
+		return &slidingCounterRef{counts: maps.Clone(m.counts), period: m.period, last: m.last}
+	case *gcraRef:
+		c := *m
+		return &c
+	}
+	return m // nil: a bucket
+}
+
+// clone returns a copy of m that shares nothing with it; nil for nil.
+func (m *bucketRef) clone() *bucketRef {
+	if m == nil {
+		return nil
+	}
+	c := *m
+	for _, r := range []**big.Rat{&c.level, &c.end} {
+		if *r != nil {
+			*r = new(big.Rat).Set(*r)
+		}
+	}
+	return &c
 }

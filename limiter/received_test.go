@@ -161,6 +161,11 @@ func TestReceivedClamped(t *testing.T) {
 						t.Fatalf("forged state %d %+v, request %+v:\n got %+v\nfresh key consumed whole: %+v", i, sn, req, d, want)
 					}
 					checkInvariants(t, s, req, now, d)
+					if req.reads() { // a peek keeps nothing: a check bounds the state
+						w := req
+						w.Hits = 1
+						mustCheck(t, s, w, now)
+					}
 					if got, ok := s.Snapshot(req.Name, req.Key, now); ok {
 						checkBounded(t, got, req, now.UnixNano())
 					}
@@ -246,10 +251,11 @@ func TestReceivedMark(t *testing.T) {
 				t.Errorf("%v: a received state exported as %+v (%v), merged as %+v", a, got, err, sn)
 			}
 		})
-		mustCheck(t, s, req, t0) // a peek
-		if mark() {
-			t.Fatalf("%v: a peek left the mark", a)
+		mustCheck(t, s, req, t0) // a peek keeps nothing
+		if !mark() {
+			t.Fatalf("%v: a peek took the mark", a)
 		}
+
 		newer := genuine(t, a, t0.Add(time.Millisecond))
 		if a == SlidingWindowLog {
 			newer.Log[0].Hits++
@@ -260,7 +266,12 @@ func TestReceivedMark(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !mark() {
-			t.Fatalf("%v: a state merged into a decided one is not marked", a)
+			t.Fatalf("%v: a state merged into a received one is not marked", a)
+		}
+		req.Hits = 1
+		mustCheck(t, s, req, t0.Add(time.Millisecond))
+		if mark() {
+			t.Fatalf("%v: a check left the mark", a)
 		}
 	}
 }

@@ -260,6 +260,11 @@ func (r *Request) burst() int64 {
 	return r.Burst
 }
 
+// reads reports whether r only reads its key's state: a peek (Hits 0)
+// that does not reset it. DrainOverLimit and Refund of 0 hits change
+// nothing.
+func (r *Request) reads() bool { return r.Hits == 0 && r.Behavior&Reset == 0 }
+
 // Capacity is the most hits one request can ever be admitted with: the burst
 // for the bucket algorithms and GCRA, Limit for the windows.
 func (r *Request) Capacity() int64 { return r.burst() }

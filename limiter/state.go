@@ -110,17 +110,21 @@ func (st *state) setPrevWindowHits(hits int64) {
 
 // decide applies req (already validated) to st at now (Unix ns) and returns
 // the decision. st is updated in place, including expireAt. lg is the key's
-// sliding window log, used and allocated only by SlidingWindowLog.
+// sliding window log, used and allocated only by SlidingWindowLog. A live
+// state of another algorithm is converted first (see convert).
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
-	if st.algo() != req.Algorithm || st.expireAt <= now || req.Behavior&Reset != 0 {
+	switch {
+	case st.expireAt <= now || req.Behavior&Reset != 0:
 		*st = freshState(req.Algorithm)
 		if *lg != nil {
 			(*lg).clear()
 		}
-	} else if st.isReceived() {
+	case st.algo() != req.Algorithm:
+		convert(st, lg, req, now)
+	case st.isReceived():
 		clampReceived(st, *lg, req, now)
-	} else {
-		st, lg = boundState(st, lg, req, now)
+	default:
+		boundTimes(st, *lg, req, now)
 	}
 	if req.Behavior&Refund != 0 {
 		refund(st, *lg, req, now)
@@ -128,6 +132,11 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		peek.Hits, peek.Behavior = 0, 0
 		req = &peek
 	}
+	return decideAlgorithm(st, lg, req, now)
+}
+
+// decideAlgorithm is the decision of req's algorithm on st, a state of it.
+func decideAlgorithm(st *state, lg **windowLog, req *Request, now int64) Decision {
 	switch req.Algorithm {
 	case TokenBucket:
 		return decideBucket(st, req, now, false)
@@ -145,4 +154,23 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		}
 		return decideSlidingLog(st, *lg, req, now)
 	}
+}
+
+// peek decides req, which only reads (Request.reads), on copies of st and
+// lg, so that nothing it computes (a conversion, a clamp, a drain at
+// another rate, expired log entries) is kept. The copy of lg shares its
+// entries, which a reading decision never writes, unless a clamp of a
+// received log would.
+func peek(st state, lg *windowLog, req *Request, now int64) Decision {
+	if lg != nil {
+		// Clamping and bounding by now move entries; the others only
+		// move the copy's head.
+		if st.isReceived() || lg.newest() > now {
+			lg = lg.clone()
+		} else {
+			c := *lg
+			lg = &c
+		}
+	}
+	return decide(&st, &lg, req, now)
 }

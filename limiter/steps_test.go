@@ -177,12 +177,15 @@ func TestFixedWindowSteps(t *testing.T) {
 		{at: 2 * s, hits: 0, wantAllowed: true, wantRemaining: 3, wantResetAt: 2 * s},
 		{at: 2 * s, hits: 1, wantAllowed: true, wantRemaining: 2, wantResetAt: 3 * s},
 		{at: 2500 * ms, hits: 3, behavior: DrainOverLimit, wantAllowed: false, wantRemaining: 0, wantRetryAfter: 500 * ms, wantResetAt: 3 * s},
-		// A longer Period keeps the count in the longer window.
+		// A longer Period keeps the count in the longer window (a peek
+		// keeps nothing; a check keeps the change).
 		{at: 2500 * ms, hits: 0, period: time.Minute, wantAllowed: false, wantRemaining: 0, wantRetryAfter: 57500 * ms, wantResetAt: time.Minute},
+		{at: 2500 * ms, hits: 1, period: time.Minute, wantAllowed: false, wantRemaining: 0, wantRetryAfter: 57500 * ms, wantResetAt: time.Minute},
 		{at: 3 * s, hits: 0, period: time.Minute, wantAllowed: false, wantRemaining: 0, wantRetryAfter: 57 * s, wantResetAt: time.Minute},
 		{at: time.Minute, hits: 2, period: time.Minute, wantAllowed: true, wantRemaining: 1, wantResetAt: 2 * time.Minute},
 		// A shorter one keeps it in the current shorter window.
 		{at: time.Minute + 100*ms, hits: 0, wantAllowed: true, wantRemaining: 1, wantResetAt: time.Minute + s},
+		{at: time.Minute + 100*ms, hits: 1, wantAllowed: true, wantRemaining: 0, wantResetAt: time.Minute + s},
 		{at: time.Minute + s, hits: 3, wantAllowed: true, wantRemaining: 0, wantResetAt: time.Minute + 2*s},
 	})
 }
@@ -265,6 +268,7 @@ func TestGCRASteps(t *testing.T) {
 		// A Period change converts the outstanding time to the new
 		// interval: 10 hits of 100ms become 10 of 1s.
 		{at: 1100 * ms, hits: 0, period: 10 * s, wantAllowed: false, wantRemaining: 0, wantRetryAfter: s, wantResetAt: 11100 * ms},
+		{at: 1100 * ms, hits: 1, period: 10 * s, wantAllowed: false, wantRemaining: 0, wantRetryAfter: s, wantResetAt: 11100 * ms},
 		{at: 2100 * ms, hits: 0, period: 10 * s, wantAllowed: true, wantRemaining: 1, wantResetAt: 11100 * ms},
 		{at: 2100 * ms, hits: 0, wantAllowed: true, wantRemaining: 1, wantResetAt: 3000 * ms},
 	})

@@ -216,17 +216,29 @@ func (s *Store) decide(req *Request, now int64) Decision {
 // decideKey decides req (want 0) or takes up to want hits (see TakeAt) on
 // the state of req's key, under its shard's lock, and keeps the result:
 // the entry is updated, or inserted when its state is not fresh, and
-// marked changed unless nothing was consumed or given back.
+// marked changed unless nothing was consumed or given back. A request that
+// only reads (Request.reads) is decided on a copy and keeps nothing.
 func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 	var buf [96]byte // most keys fit on the stack; longer ones allocate
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
+	e, found := sh.m[string(k)]
 	var lg *windowLog
-	if e, ok := sh.m[string(k)]; ok {
-		if req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog {
-			lg = sh.logs[e.key]
+	if found && (req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog) {
+		lg = sh.logs[e.key]
+	}
+	if want == 0 && req.reads() {
+		var st state
+		if found {
+			st = e.state
+			sh.touchLocked(e)
 		}
+		d := peek(st, lg, req, now)
+		sh.mu.Unlock()
+		return 0, d
+	}
+	if found {
 		had, before := lg != nil, logBytes(lg)
 		var took int64
 		var d Decision
@@ -235,7 +247,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		} else {
 			took, d = take(&e.state, &lg, req, now, want)
 		}
-		if lg != nil && req.Algorithm != SlidingWindowLog {
+		if lg != nil && e.algo() != SlidingWindowLog {
 			delete(sh.logs, e.key) // the key moved to another algorithm
 			lg = nil
 		} else if lg != nil && !had {
@@ -245,7 +257,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		if after := logBytes(lg); after != before {
 			s.resizeLocked(sh, e, after-before, now)
 		}
-		if req.Hits > 0 || req.Behavior != 0 || took > 0 { // a peek changes nothing
+		if want == 0 || took > 0 {
 			s.markChangedLocked(sh, e)
 		}
 		sh.mu.Unlock()
@@ -269,11 +281,10 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 
 // take peeks with req (Hits 0) and takes as many hits as the peek says
 // remain, at most want and the capacity, returning how many with the
-// decision for them (the peek's when none). A peek changes nothing that
-// matters (it only brings the state up to now), so both run on the real
-// state.
+// decision for them (the peek's when none). The peek keeps nothing, so a
+// take of none changes nothing.
 func take(st *state, lg **windowLog, req *Request, now, want int64) (int64, Decision) {
-	d := decide(st, lg, req, now)
+	d := peek(*st, *lg, req, now)
 	n := min(want, d.Remaining, req.Capacity())
 	if n == 0 {
 		return 0, d

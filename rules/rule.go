@@ -16,12 +16,18 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
+// MaxNameLen bounds a rule's name: one byte less than a limiter Name, so
+// that a daemon that serves rules beside checks that carry their own limits
+// can put its rules' counters apart by a one-byte prefix (the sluice
+// daemon's "@"), which no such check may use.
+const MaxNameLen = limiter.MaxNameLen - 1
+
 // Rule is one named limit: what it matches and what it imposes. Build rules
 // in code and pass them to NewSet or NewStatic, or load them from YAML. A
 // *Rule obtained from a Set is shared and must not be modified.
 type Rule struct {
 	// Name is the limiter's Name: unique in a set, [A-Za-z0-9_.:-]+, at
-	// most limiter.MaxNameLen bytes.
+	// most MaxNameLen bytes.
 	Name  string
 	Match Match
 	// Key says what the counter is per, in order: "ip", "user", "route",
@@ -423,8 +429,8 @@ func checkName(name string) string {
 	switch {
 	case name == "":
 		return "rule name is empty"
-	case len(name) > limiter.MaxNameLen:
-		return fmt.Sprintf("rule name is %d bytes, more than %d", len(name), limiter.MaxNameLen)
+	case len(name) > MaxNameLen:
+		return fmt.Sprintf("rule name is %d bytes, more than %d", len(name), MaxNameLen)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]

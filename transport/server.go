@@ -112,8 +112,9 @@ type serverConfig struct {
 // Permit decides whether the caller of ctx may make req, a request of the
 // public API that has been validated; a non-nil error refuses the whole
 // call with PermissionDenied and the error's text. The daemon restricts
-// destructive behaviors (Reset, DrainOverLimit) this way. It must be safe
-// for concurrent use and should not block.
+// destructive behaviors (Reset, DrainOverLimit, Refund) and the names of
+// its server-side counters this way. It must be safe for concurrent use
+// and should not block.
 type Permit func(ctx context.Context, req *limiter.Request) error
 
 // WithPermit makes RegisterPublic ask p about every valid request before

@@ -80,6 +80,7 @@ type attack struct {
 var attacks = []attack{
 	{"peer-transfer", peerTransfer},
 	{"reset", resetAttack},
+	{"lower-count", lowerCount},
 	{"decode-amplification", decodeAmplification},
 	{"idle-connections", idleConnections},
 	{"key-flood", keyFlood},

@@ -70,7 +70,13 @@ func resetAttack(ctx context.Context, c *config) (*row, error) {
 // postStatus posts body to url and names the outcome: "HTTP <status>", or
 // "HTTP connection error".
 func postStatus(ctx context.Context, client *http.Client, url string, body []byte) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	return httpStatus(ctx, client, http.MethodPost, url, body)
+}
+
+// httpStatus sends body (nil: none) to url with method and names the
+// outcome as postStatus does.
+func httpStatus(ctx context.Context, client *http.Client, method, url string, body []byte) string {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return "HTTP request error"
 	}

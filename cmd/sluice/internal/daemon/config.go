@@ -117,8 +117,8 @@ type Config struct {
 	// peer call proves (cluster.Config.ClusterSecret). Empty with
 	// GossipKeys: the secret is derived from the gossip keys.
 	ClusterSecretFile string
-	// Destructive says who may use reset and drain_over_limit, on the HTTP
-	// and gRPC APIs, the admin API's reset included: DestructiveAllow,
+	// Destructive says who may use reset, drain_over_limit and refund, on
+	// the HTTP and gRPC APIs, the admin API's reset included: DestructiveAllow,
 	// DestructiveDeny or DestructiveAdmins (callers whose certificate
 	// names one of AdminIdentities). Under DestructiveAdmins, inspecting
 	// keys (the admin API's inspect) is for admins only too.
@@ -500,7 +500,7 @@ var fields = []field{
 	{key: "cluster_secret_file", usage: "file holding a secret (16 bytes or more) that every peer call proves (default: derived from gossip_keys)",
 		parse: func(c *Config, v string) error { c.ClusterSecretFile = v; return nil },
 		show:  func(c *Config) string { return c.ClusterSecretFile }},
-	{key: "destructive_behaviors", usage: "who may use reset and drain_over_limit (and the admin API's reset): allow, deny, or admins (certificates naming an admin_identities entry; the admin API's inspect is then for admins only too)",
+	{key: "destructive_behaviors", usage: "who may use reset, drain_over_limit and refund (and the admin API's reset): allow, deny, or admins (certificates naming an admin_identities entry; the admin API's inspect is then for admins only too)",
 		parse: func(c *Config, v string) error {
 			switch v {
 			case DestructiveAllow, DestructiveDeny, DestructiveAdmins:
@@ -510,7 +510,7 @@ var fields = []field{
 			return fmt.Errorf("%q is not allow, deny or admins", v)
 		},
 		show: func(c *Config) string { return c.Destructive }},
-	{key: "admin_identities", list: true, usage: "URI or DNS SANs of certificates that may use reset and drain_over_limit under destructive_behaviors admins",
+	{key: "admin_identities", list: true, usage: "URI or DNS SANs of certificates that may use reset, drain_over_limit and refund under destructive_behaviors admins",
 		parse: func(c *Config, v string) error { c.AdminIdentities = splitList(v); return nil },
 		check: func(c *Config) error { return checkIdentities(c.AdminIdentities) },
 		show:  func(c *Config) string { return strings.Join(c.AdminIdentities, ",") }},

@@ -52,6 +52,13 @@
 // a rulesInput and go through descriptorOf and enforceRules, so that the
 // bounds, errors and decisions are one.
 //
+// The counters of the server-side limits (the rules and Envoy's rate limit
+// service) are named serverNamePrefix ("@") and the limit's name, through
+// serverLimits; permit refuses that prefix to every check that carries its
+// own limit (POST /v1/check, its batch, the Sluice service), and refuses
+// reset, drain_over_limit and refund as Config.Destructive says, so that
+// no caller lowers a count it may not reset.
+//
 // With Config.EnvoyConfigDir the node's gRPC port also serves Envoy's rate
 // limit service (package envoyrls), registered through
 // cluster.Config.RegisterServices: envoyproxy/ratelimit's configuration

@@ -32,7 +32,7 @@ func (d *Daemon) watchEnvoy() error {
 // service, counting through the node, beside the node's own services.
 func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	cfg := envoyrls.DefaultConfig()
-	cfg.Limiter = n
+	cfg.Limiter = serverLimits{n}
 	cfg.Rules = d.envoy
 	cfg.Now = d.opts.now
 	switch d.cfg.EnvoyResponseHeaders {

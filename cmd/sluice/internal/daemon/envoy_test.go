@@ -131,7 +131,7 @@ func TestEnvoyLimitAcrossCluster(t *testing.T) {
 	for _, d := range ds {
 		clients = append(clients, rlsClient(t, d.GRPCAddr()))
 	}
-	users := keysOnEveryNode(ds[0].Node(), "envoy/minute", "api|user=", 9)
+	users := keysOnEveryNode(ds[0].Node(), serverNamePrefix+"envoy/minute", "api|user=", 9)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, len(users))

@@ -14,9 +14,10 @@ import (
 	"github.com/sluicehq/sluice/transport"
 )
 
-// Who may use the destructive behaviors: reset clears a key's counter and
-// drain_over_limit empties its bucket, so a caller with either can undo
-// any limit. Config.Destructive says who may.
+// Who may use the destructive behaviors: reset clears a key's counter,
+// drain_over_limit empties its bucket and refund gives hits back, so a
+// caller with any of them can undo any limit. Config.Destructive says who
+// may.
 const (
 	// DestructiveAllow lets every caller of the API use them.
 	DestructiveAllow = "allow"
@@ -27,16 +28,36 @@ const (
 	DestructiveAdmins = "admins"
 )
 
-// destructive is the behaviors Config.Destructive restricts.
-const destructive = limiter.Reset | limiter.DrainOverLimit
+// destructive is the behaviors Config.Destructive restricts. A public
+// caller's refund cannot be bounded to hits that caller took (the daemon
+// does not know who took them), so it is one of them.
+const destructive = limiter.Reset | limiter.DrainOverLimit | limiter.Refund
 
 // errDestructive is a request refused by Config.Destructive.
-var errDestructive = errors.New("reset and drain_over_limit are not permitted to this caller (destructive_behaviors)")
+var errDestructive = errors.New("reset, drain_over_limit and refund are not permitted to this caller (destructive_behaviors)")
+
+// serverNamePrefix begins the limiter Name of every counter that the
+// daemon's server-side limits own: "@" and the rule's name for a rule of
+// Config.RulesFile, "@envoy/<unit>" for Envoy's rate limit service. A rule
+// name holds no '/' (rules.MaxNameLen leaves room for the prefix), so the
+// two never meet. Checks that carry their own limits (POST /v1/check and
+// its batch, the gRPC Sluice service, package client) may not name them,
+// so that no caller can spend, peek or switch the algorithm of a counter
+// whose limit the server sets; the admin API inspects them, and resets
+// them under Config.Destructive, by their full names.
+const serverNamePrefix = "@"
+
+// errServerName is a public check that names a server-side counter.
+var errServerName = errors.New(`names beginning with "` + serverNamePrefix + `" are the counters of rules_file and envoy_config_dir, which checks carrying their own limits may not reach`)
 
 // permit refuses req when it asks for a destructive behavior that the
 // caller, whose verified client certificate is cert (nil for none), may
-// not use.
+// not use, or when it names a server-side counter (serverNamePrefix)
+// other than to reset it.
 func (d *Daemon) permit(cert *x509.Certificate, req *limiter.Request) error {
+	if strings.HasPrefix(req.Name, serverNamePrefix) && (req.Hits != 0 || req.Behavior != limiter.Reset) {
+		return errServerName
+	}
 	if req.Behavior&destructive == 0 {
 		return nil
 	}

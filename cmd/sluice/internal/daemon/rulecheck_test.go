@@ -473,7 +473,7 @@ func testRulesLimitAcrossCluster(t *testing.T, tr rulesTransport) {
 		}
 		return got
 	}
-	users := keysOnEveryNode(node, "per_user", "user=", 6)
+	users := keysOnEveryNode(node, serverNamePrefix+"per_user", "user=", 6)
 
 	// Each user sends 5 checks at the three daemons in turn, all users at
 	// once: per_user admits exactly 3 of each.
@@ -481,7 +481,7 @@ func testRulesLimitAcrossCluster(t *testing.T, tr rulesTransport) {
 	errs := make(chan error, len(users))
 	for _, u := range users {
 		wg.Go(func() {
-			owner, _ := node.Owner("per_user", "user="+u)
+			owner, _ := node.Owner(serverNamePrefix+"per_user", "user="+u)
 			allowed := 0
 			for i := range 5 {
 				got, err := checks[i%3](rulesBody(u, "free", "", -1))

@@ -18,7 +18,7 @@ import (
 // over the node, set before any request can reach it, the Rules service,
 // and Envoy's rate limit service when envoy_config_dir is set.
 func (d *Daemon) registerServices(s grpc.ServiceRegistrar, n *cluster.Node) error {
-	d.enforcer = rules.Enforcer{Limiter: n, MaxWait: maxRulesWait}
+	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil {
 		return d.registerEnvoy(s, n)

@@ -135,8 +135,9 @@ type Config struct {
 	// checks through its own methods and needs no API on the network.
 	ServePublicAPI bool
 	// PublicPermit, when set, is asked about every request of the public
-	// API before it is routed (transport.Permit); the daemon restricts
-	// destructive behaviors with it.
+	// API before it is routed (transport.Permit), on GRPCAddr or on the
+	// server of Node.RegisterPublicAPI; the daemon restricts destructive
+	// behaviors with it.
 	PublicPermit transport.Permit
 	// PublicInspectPermit, when set, is asked before every Inspect of the
 	// public API (transport.InspectPermit): inspecting reveals a key's

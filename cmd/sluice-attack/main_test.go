@@ -33,7 +33,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "idle-connections", "rules-alias-bomb", "spoofed-forwarded"}
+	selected := []string{"reset", "idle-connections", "public-flood", "rules-alias-bomb", "spoofed-forwarded"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -48,6 +48,7 @@ func TestRunScaledDown(t *testing.T) {
 	}{
 		{"reset", []string{"canary remaining", " MB |", ", worst "}},
 		{"idle-connections", []string{"connections opened", " MB |"}},
+		{"public-flood", []string{"connections opened", "through its peer_addr", " MB |", ", worst "}},
 		{"rules-alias-bomb", []string{"error: ", "MB (child)"}},
 		{"spoofed-forwarded", []string{"admitted", "in this process"}},
 	} {

@@ -229,7 +229,11 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if d.node, err = cluster.New(cc); err != nil {
 		closeListeners()
 		d.stopTracing(context.Background())
-		return nil, fmt.Errorf("daemon: start node: %w", err)
+		peerKey := "grpc_addr"
+		if cfg.PeerAddr != "" {
+			peerKey = "peer_addr"
+		}
+		return nil, fmt.Errorf("daemon: start node (gossip_addr %s, %s %s): %w", cfg.GossipAddr, peerKey, cc.GRPCAddr, err)
 	}
 	if d.publicLis != nil {
 		if err = d.servePublic(tlsCfg); err != nil {

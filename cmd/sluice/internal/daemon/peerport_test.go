@@ -417,3 +417,27 @@ func TestPeerAddrValidation(t *testing.T) {
 		}
 	}
 }
+
+// With peer_addr, a taken grpc_addr fails New before the node starts, and
+// a taken peer_addr fails it naming peer_addr; neither leaves anything
+// running (TestMain checks for goroutines).
+func TestPeerPortTaken(t *testing.T) {
+	taken := start(t, peerPortConfig("taken"))
+	for _, tc := range []struct {
+		set  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.GRPCAddr = taken.GRPCAddr() }, "listen on grpc_addr"},
+		{func(c *Config) { c.PeerAddr = taken.PeerAddr() }, "peer_addr " + taken.PeerAddr()},
+		{func(c *Config) { c.PeerAddr = taken.GRPCAddr() }, "peer_addr " + taken.GRPCAddr()},
+	} {
+		cfg := peerPortConfig("second")
+		tc.set(&cfg)
+		if d, err := New(cfg, WithLogOutput(io.Discard)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if d != nil {
+				d.Close()
+			}
+			t.Errorf("New on a taken port: %v, want an error with %q", err, tc.want)
+		}
+	}
+}

@@ -41,7 +41,9 @@ type Config struct {
 	NodeName string
 	// GossipAddr is serf's bind address, host:port (port 0 picks one).
 	GossipAddr string
-	// GRPCAddr is where the node serves peers and daemon clients.
+	// GRPCAddr is where the node serves its peers, and is what it
+	// advertises to them; API clients too with ServePublicAPI (a program
+	// that keeps them apart serves Node.RegisterPublicAPI elsewhere).
 	GRPCAddr string
 	// AdvertiseHost is the host other nodes reach this one at. Empty means
 	// the bind host, or the address serf advertises when bound to all

@@ -300,6 +300,16 @@ func TestPortPerPrincipal(t *testing.T) {
 		if strings.Contains(log.String(), "set peer_addr") {
 			t.Errorf("warned about peer_addr with peer_addr set:\n%s", log.String())
 		}
+		// A graceful shutdown closes both ports.
+		if err := d.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, addr := range []string{d.GRPCAddr(), d.PeerAddr()} {
+			if c, err := net.Dial("tcp", addr); err == nil {
+				c.Close()
+				t.Errorf("%s accepts connections after Shutdown", addr)
+			}
+		}
 	})
 
 	t.Run("without peer_addr", func(t *testing.T) {

@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// idleConnections: connections to the gRPC port that send the HTTP/2
-// client preface and nothing else, held for the hostile phase.
+// idleConnections: connections to the gRPC port (grpc_addr, shared with
+// peers: no --peer-addr) that send the HTTP/2 client preface and nothing
+// else, held for the hostile phase.
 func idleConnections(ctx context.Context, c *config) (*row, error) {
 	return onDaemon(ctx, c, "idle-connections", nil, overGRPC, func(t *target, r *row) error {
 		const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -85,7 +85,7 @@ type Config struct {
 	RulesFile string
 	// EnvoyConfigDir is a directory of configuration files in
 	// envoyproxy/ratelimit's format, one domain per *.yaml file. With
-	// one, the gRPC port also serves Envoy's rate limit service
+	// one, grpc_addr also serves Envoy's rate limit service
 	// (envoy.service.ratelimit.v3.RateLimitService), counting each
 	// descriptor through the cluster; the directory is loaded at start
 	// (an invalid file fails New) and reloaded as it changes, an invalid

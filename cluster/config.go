@@ -41,7 +41,9 @@ type Config struct {
 	NodeName string
 	// GossipAddr is serf's bind address, host:port (port 0 picks one).
 	GossipAddr string
-	// GRPCAddr is where the node serves peers and daemon clients.
+	// GRPCAddr is where the node serves its peers, and is what it
+	// advertises to them; API clients too with ServePublicAPI (a program
+	// that keeps them apart serves Node.RegisterPublicAPI elsewhere).
 	GRPCAddr string
 	// AdvertiseHost is the host other nodes reach this one at. Empty means
 	// the bind host, or the address serf advertises when bound to all
@@ -135,8 +137,9 @@ type Config struct {
 	// checks through its own methods and needs no API on the network.
 	ServePublicAPI bool
 	// PublicPermit, when set, is asked about every request of the public
-	// API before it is routed (transport.Permit); the daemon restricts
-	// destructive behaviors with it.
+	// API before it is routed (transport.Permit), on GRPCAddr or on the
+	// server of Node.RegisterPublicAPI; the daemon restricts destructive
+	// behaviors with it.
 	PublicPermit transport.Permit
 	// PublicInspectPermit, when set, is asked before every Inspect of the
 	// public API (transport.InspectPermit): inspecting reveals a key's

@@ -175,8 +175,7 @@ func New(cfg Config) (n *Node, err error) {
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
 		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth))
 	if cfg.ServePublicAPI {
-		transport.RegisterPublic(n.grpc, publicAPI{n}, publicAPI{n}, transport.WithPermit(cfg.PublicPermit),
-			transport.WithInspector(publicAPI{n}), transport.WithInspectPermit(cfg.PublicInspectPermit))
+		n.RegisterPublicAPI(n.grpc)
 	}
 	if cfg.RegisterServices != nil {
 		if err = cfg.RegisterServices(n.grpc, n); err != nil {

@@ -176,7 +176,7 @@ func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
 // Validation and limits are as for RegisterPeer; an item's
 // unreachable_policy is read with PolicyFromProto. It panics if routed is
 // nil.
-func RegisterPublic(s *grpc.Server, routed Router, health Health, opts ...ServerOption) {
+func RegisterPublic(s grpc.ServiceRegistrar, routed Router, health Health, opts ...ServerOption) {
 	if routed == nil {
 		panic("transport: RegisterPublic with a nil Router")
 	}

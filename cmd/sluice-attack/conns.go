@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// idleConnections: connections to the gRPC port that send the HTTP/2
-// client preface and nothing else, held for the hostile phase.
+// idleConnections: connections to the gRPC port (grpc_addr, shared with
+// peers: no --peer-addr) that send the HTTP/2 client preface and nothing
+// else, held for the hostile phase.
 func idleConnections(ctx context.Context, c *config) (*row, error) {
 	return onDaemon(ctx, c, "idle-connections", nil, overGRPC, func(t *target, r *row) error {
 		const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -49,14 +50,32 @@ func slowHeader(i int) byte {
 	return line[(i-len(head))%len(line)]
 }
 
-// held is what holdConns found.
-type held struct {
+// dials counts an attack's connections: opened, and failed by cause.
+type dials struct {
 	opened, failed atomic.Int64
 	dialErrs       tally
-	mu             sync.Mutex // guards closed, first and last
-	closed         int
-	first, last    time.Duration // of the closes, after the connection opened
-	hold           time.Duration
+}
+
+// dial opens a connection to addr and counts it, or returns nil and counts
+// the failure.
+func (d *dials) dial(addr string) net.Conn {
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		d.failed.Add(1)
+		d.dialErrs.add(dialError(err), 1)
+		return nil
+	}
+	d.opened.Add(1)
+	return nc
+}
+
+// held is what holdConns found.
+type held struct {
+	dials
+	mu          sync.Mutex // guards closed, first and last
+	closed      int
+	first, last time.Duration // of the closes, after the connection opened
+	hold        time.Duration
 }
 
 func (h *held) String() string {
@@ -97,13 +116,10 @@ func holdConns(ctx context.Context, c *config, addr string, total int, opening [
 			if !time.Now().Before(end) || ctx.Err() != nil {
 				break
 			}
-			nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
-			if err != nil {
-				h.failed.Add(1)
-				h.dialErrs.add(dialError(err), 1)
+			nc := h.dial(addr)
+			if nc == nil {
 				continue
 			}
-			h.opened.Add(1)
 			hc := &heldConn{Conn: nc, opened: time.Now()}
 			conns = append(conns, hc)
 			readers.Go(func() { hc.read(h) })

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -81,6 +82,22 @@ func daemonEnv() []string {
 		}
 	}
 	return env
+}
+
+// startJoined starts a second daemon, named name, with args, that joins
+// first, and waits until both are ready with two members.
+func startJoined(ctx context.Context, c *config, first *daemon, name string, args ...string) (*daemon, error) {
+	second, err := startDaemon(ctx, c, name, append(slices.Clone(args), "--join", first.gossip)...)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []*daemon{first, second} {
+		if err := d.waitReady(ctx, time.Now().Add(startTimeout), 2); err != nil {
+			second.stop(stopGrace)
+			return nil, fmt.Errorf("daemon %s: %w", d.name, err)
+		}
+	}
+	return second, nil
 }
 
 // waitReady polls /readyz until the daemon is ready with at least members

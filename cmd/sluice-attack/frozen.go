@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"syscall"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -25,16 +24,11 @@ func frozenOwner(ctx context.Context, c *config) (*row, error) {
 		return nil, err
 	}
 	defer a.stop(stopGrace)
-	b, err := startDaemon(ctx, c, "frozen-b", append(args, "--join", a.gossip)...)
+	b, err := startJoined(ctx, c, a, "frozen-b", args...)
 	if err != nil {
 		return nil, err
 	}
 	defer b.stop(stopGrace)
-	for _, d := range []*daemon{a, b} {
-		if err := d.waitReady(ctx, time.Now().Add(startTimeout), 2); err != nil {
-			return nil, fmt.Errorf("daemon %s: %w", d.name, err)
-		}
-	}
 	conn, err := a.dial()
 	if err != nil {
 		return nil, err

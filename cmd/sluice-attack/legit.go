@@ -107,6 +107,12 @@ func legitRequest(key string) *pb.RateLimitRequest {
 
 // grpcCheck checks req on the public gRPC API through conn.
 func grpcCheck(conn *grpc.ClientConn, req *pb.RateLimitRequest) checkFunc {
+	return ownerCheck(conn, req, "")
+}
+
+// ownerCheck checks req on the public gRPC API through conn, and counts a
+// decision not made by owner, when owner is set, as no answer.
+func ownerCheck(conn *grpc.ClientConn, req *pb.RateLimitRequest, owner string) checkFunc {
 	client := pb.NewSluiceClient(conn)
 	return func(ctx context.Context) (bool, error) {
 		res, err := client.Check(ctx, &pb.CheckRequest{Request: req})
@@ -114,8 +120,13 @@ func grpcCheck(conn *grpc.ClientConn, req *pb.RateLimitRequest) checkFunc {
 			return false, errors.New(status.Code(err).String())
 		}
 		r := res.GetResponse()
-		if r.GetErrorCode() != pb.ErrorCode_ERROR_CODE_NONE {
+		switch {
+		case r.GetErrorCode() != pb.ErrorCode_ERROR_CODE_NONE:
 			return false, errors.New(r.GetErrorCode().String())
+		case owner != "" && r.GetWithoutOwner():
+			return false, errors.New("decided without its owner")
+		case owner != "" && r.GetOwner() != owner:
+			return false, errors.New("decided by another node than its owner")
 		}
 		return r.GetAllowed(), nil
 	}

@@ -1,6 +1,6 @@
 // Command sluice-attack runs hostile workloads against real sluice daemons
 // and measures what they cost. Each attack gets a fresh `sluice serve`
-// child process (two for frozen-owner) and, unless it says otherwise, 16
+// child process (two for frozen-owner and public-flood) and, unless it says otherwise, 16
 // concurrent attackers; meanwhile a legitimate client checks a key of its
 // own, one check at a time, each with a deadline. The program prints a
 // markdown table for the README's Security section: per attack, what the
@@ -88,6 +88,7 @@ var attacks = []attack{
 	{"http-body", httpBody},
 	{"slowloris", slowloris},
 	{"frozen-owner", frozenOwner},
+	{"public-flood", publicFlood},
 	{"yaml-alias-bomb", yamlAliasBomb},
 	{"spoofed-forwarded", spoofedForwarded},
 }

@@ -452,3 +452,31 @@ func TestInspectAndResetCommands(t *testing.T) {
 		t.Errorf("inspect under deny: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }
+
+// With peer_addr, the commands dial grpc_addr, where the public API is:
+// check, inspect and reset are served there, and refused on peer_addr,
+// which serves the peers alone.
+func TestCommandsDialGRPCAddr(t *testing.T) {
+	s := serve(t, "peer-port", "--peer-addr", "127.0.0.1:0")
+	if s.GRPCAddr() == s.PeerAddr() {
+		t.Fatalf("grpc_addr and peer_addr are both %s", s.GRPCAddr())
+	}
+	key := []string{"--name", "cli", "--key", "k", "--timeout", "3s"}
+	for _, tc := range []struct {
+		addr     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{s.GRPCAddr(), append([]string{"check", "--limit", "5", "--period", "1h"}, key...), 0, "allowed"},
+		{s.GRPCAddr(), append([]string{"inspect"}, key...), 0, "owner=peer-port"},
+		{s.GRPCAddr(), append([]string{"reset"}, key...), 0, "reset owner=peer-port"},
+		{s.PeerAddr(), append([]string{"check", "--limit", "5", "--period", "1h"}, key...), 2, "Unimplemented"},
+		{s.PeerAddr(), append([]string{"inspect"}, key...), 2, "Unimplemented"},
+	} {
+		code, stdout, stderr := runCommand(t, nil, append(tc.args, "--addr", tc.addr)...)
+		if code != tc.wantCode || !strings.Contains(stdout+stderr, tc.wantOut) {
+			t.Errorf("%v on %s: exit %d, stdout %q, stderr %q; want exit %d with %q", tc.args, tc.addr, code, stdout, stderr, tc.wantCode, tc.wantOut)
+		}
+	}
+}

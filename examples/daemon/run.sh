@@ -27,6 +27,7 @@ trap cleanup EXIT
 http_port() { echo $((18080 + off + $1)); }
 grpc_port() { echo $((17080 + off + $1)); }
 gossip_port() { echo $((16080 + off + $1)); }
+peer_port() { echo $((19080 + off + $1)); }
 
 echo "building cmd/sluice"
 go build -o "$work/sluice" ./cmd/sluice
@@ -41,10 +42,11 @@ for i in 1 2 3; do
 		"$work/sluice" serve \
 		--http-addr "127.0.0.1:$(http_port "$i")" \
 		--grpc-addr "127.0.0.1:$(grpc_port "$i")" \
+		--peer-addr "127.0.0.1:$(peer_port "$i")" \
 		--gossip-addr "127.0.0.1:$(gossip_port "$i")" \
 		>"$work/node-$i.log" 2>&1 &
 	pids+=($!)
-	echo "started node-$i (pid $!): http :$(http_port "$i"), grpc :$(grpc_port "$i"), gossip :$(gossip_port "$i")"
+	echo "started node-$i (pid $!): http :$(http_port "$i"), grpc :$(grpc_port "$i"), peer :$(peer_port "$i"), gossip :$(gossip_port "$i")"
 done
 
 # Wait until every node is ready and routes to all three members.

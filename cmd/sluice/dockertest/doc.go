@@ -6,8 +6,9 @@
 // (CGO_ENABLED=0), put it in an image made of deploy/Dockerfile's final
 // stage, FROM scratch (no image is pulled, so no registry is needed),
 // create a network, start three containers running `sluice serve` with
-// gossip, gRPC and HTTP bound inside the container, and talk to the
-// daemons only through their HTTP ports, published on 127.0.0.1. They kill
+// gossip, the public gRPC API, the peers' gRPC port (peer_addr) and HTTP
+// bound inside the container, and talk to the daemons only through their
+// HTTP ports, published on 127.0.0.1. They kill
 // a container with `docker kill` and cut one off with `docker network
 // disconnect`, and check that the limit stays exact, that the others keep
 // answering, and that the cluster converges again. One test joins the

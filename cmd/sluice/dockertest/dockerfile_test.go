@@ -167,7 +167,8 @@ func TestDeployDockerfile(t *testing.T) {
 		}
 		want = append(want, port+"/"+p.proto)
 	}
+	want = append(want, peerPort+"/tcp") // peer_addr has no default
 	if exposed := strings.Fields(strings.Join(got["EXPOSE"], " ")); !slices.Equal(exposed, want) {
-		t.Errorf("EXPOSE %q, want the daemon's default ports %q", exposed, want)
+		t.Errorf("EXPOSE %q, want the daemon's default ports and the peer port %q", exposed, want)
 	}
 }

@@ -285,6 +285,10 @@ func newCluster(t *testing.T, n int, plan joinPlan, serveArgs ...string) *cluste
 	return c
 }
 
+// peerPort is the port of the containers' peer_addr, as in
+// deploy/kubernetes: peers call each other there, clients on 7947.
+const peerPort = "7948"
+
 // start runs nd's container, which runs the image's entrypoint,
 // `sluice serve`, and waits until Docker publishes its HTTP port.
 func (c *cluster) start(nd *node) {
@@ -297,7 +301,7 @@ func (c *cluster) start(nd *node) {
 	args = append(args, runOpts...)
 	args = append(args, c.env.image,
 		"--node-name", nd.name,
-		"--gossip-addr", ":7946", "--grpc-addr", ":7947", "--http-addr", ":8080",
+		"--gossip-addr", ":7946", "--grpc-addr", ":7947", "--peer-addr", ":"+peerPort, "--http-addr", ":8080",
 		"--gossip-profile", "fast",
 		"--unreachable", "local",
 		"--retry-join-interval", "500ms",

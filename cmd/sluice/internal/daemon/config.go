@@ -34,9 +34,17 @@ type Config struct {
 	NodeName string
 	// GossipAddr, GRPCAddr and HTTPAddr are host:port bind addresses; port
 	// 0 picks a free one (see Daemon's address methods for the result).
+	// GRPCAddr serves API clients: the Sluice service, the Rules service
+	// and Envoy's rate limit service.
 	GossipAddr string
 	GRPCAddr   string
 	HTTPAddr   string
+	// PeerAddr, host:port, serves the Peer service on a listener of its
+	// own, with its own connection cap, and is the address the node
+	// advertises to its peers: connections of API clients on GRPCAddr
+	// never take a peer's place. Empty: peers share GRPCAddr, and its
+	// connection cap, with API clients.
+	PeerAddr string
 	// AdvertiseHost is the host other nodes reach this one at; empty means
 	// the bind host.
 	AdvertiseHost string
@@ -76,7 +84,7 @@ type Config struct {
 	RulesFile string
 	// EnvoyConfigDir is a directory of configuration files in
 	// envoyproxy/ratelimit's format, one domain per *.yaml file. With
-	// one, the gRPC port also serves Envoy's rate limit service
+	// one, grpc_addr also serves Envoy's rate limit service
 	// (envoy.service.ratelimit.v3.RateLimitService), counting each
 	// descriptor through the cluster; the directory is loaded at start
 	// (an invalid file fails New) and reloaded as it changes, an invalid
@@ -272,10 +280,19 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.GossipAddr = v; return nil },
 		check: func(c *Config) error { return checkAddr(c.GossipAddr) },
 		show:  func(c *Config) string { return c.GossipAddr }},
-	{key: "grpc_addr", usage: "gRPC bind address (peers and the public API), host:port",
+	{key: "grpc_addr", usage: "gRPC bind address of the public API (and of peers, without peer_addr), host:port",
 		parse: func(c *Config, v string) error { c.GRPCAddr = v; return nil },
 		check: func(c *Config) error { return checkAddr(c.GRPCAddr) },
 		show:  func(c *Config) string { return c.GRPCAddr }},
+	{key: "peer_addr", usage: "gRPC bind address of the Peer service, apart from the public API's, host:port; empty: peers share grpc_addr",
+		parse: func(c *Config, v string) error { c.PeerAddr = v; return nil },
+		check: func(c *Config) error {
+			if c.PeerAddr == "" {
+				return nil
+			}
+			return checkAddr(c.PeerAddr)
+		},
+		show: func(c *Config) string { return c.PeerAddr }},
 	{key: "http_addr", usage: "HTTP bind address (JSON API, health, metrics), host:port",
 		parse: func(c *Config, v string) error { c.HTTPAddr = v; return nil },
 		check: func(c *Config) error { return checkAddr(c.HTTPAddr) },
@@ -665,6 +682,13 @@ func (c *Config) Validate() error {
 	if len(c.PeerIdentities) > 0 && c.TLSCAFile == "" {
 		return &ConfigError{Field: "peer_identities", Err: errors.New("needs tls_ca_file: identities are read from verified client certificates")}
 	}
+	if c.PeerAddr != "" {
+		for _, other := range []struct{ key, addr string }{{"grpc_addr", c.GRPCAddr}, {"http_addr", c.HTTPAddr}, {"gossip_addr", c.GossipAddr}} {
+			if sameListener(c.PeerAddr, other.addr) {
+				return &ConfigError{Field: "peer_addr", Err: fmt.Errorf("%q takes the port of %s (%q): peers need a port of their own", c.PeerAddr, other.key, other.addr)}
+			}
+		}
+	}
 	switch c.Destructive {
 	case DestructiveAllow, DestructiveDeny:
 	case DestructiveAdmins:
@@ -713,6 +737,24 @@ func checkAddr(a string) error {
 		return fmt.Errorf("%q: port %q is not a number in [0, 65535]", a, port)
 	}
 	return checkHost(host)
+}
+
+// sameListener reports whether binding a and b, both host:port, would
+// take one port twice: the same port other than 0, on the same host or
+// on all interfaces for either.
+func sameListener(a, b string) bool {
+	ha, pa, erra := net.SplitHostPort(a)
+	hb, pb, errb := net.SplitHostPort(b)
+	if erra != nil || errb != nil || pa != pb || pa == "0" {
+		return false
+	}
+	return ha == hb || allInterfaces(ha) || allInterfaces(hb)
+}
+
+// allInterfaces reports whether the bind host h means every interface.
+func allInterfaces(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || (ip != nil && ip.IsUnspecified())
 }
 
 // checkEndpoint accepts host:port of a server to call: a host, and a

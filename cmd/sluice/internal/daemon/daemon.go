@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
@@ -72,9 +75,10 @@ func WithEnvoyWatch(f func(*envoyrls.WatchConfig)) Option {
 // addresses known. f must not block for long.
 func WithReady(f func(*Daemon)) Option { return func(o *options) { o.ready = f } }
 
-// Daemon is a running sluice node: a cluster.Node, which serves gRPC, and
-// an HTTP server for the JSON API, health and metrics. Its methods are
-// safe for concurrent use.
+// Daemon is a running sluice node: a cluster.Node, which serves its peers
+// (and the public gRPC API without peer_addr), the public gRPC API's server
+// with peer_addr, and an HTTP server for the JSON API, health and metrics.
+// Its methods are safe for concurrent use.
 type Daemon struct {
 	cfg    Config
 	opts   options
@@ -88,16 +92,23 @@ type Daemon struct {
 	tracer *sdktrace.TracerProvider // nil without Config.TracingEndpoint
 	// rules keeps Config.RulesFile current; nil without one. enforcer
 	// applies its rules for POST /v1/rules/check and the Rules service;
-	// registerServices sets it before the node serves.
+	// registerPublic sets it before the public API serves.
 	rules    *rules.Watcher
 	enforcer rules.Enforcer
 	// envoy keeps Config.EnvoyConfigDir current for Envoy's rate limit
 	// service; nil without one.
-	envoy   *envoyrls.Watcher
-	lis     net.Listener
-	srv     *http.Server
-	served  chan struct{} // closed when srv.Serve has returned
-	serveMu sync.Mutex    // guards serveErr
+	envoy *envoyrls.Watcher
+	// public serves the public gRPC API on publicLis, grpc_addr, with
+	// Config.PeerAddr; both are nil without it, the node's server
+	// serving the public API beside the Peer service. publicDone is
+	// closed when public.Serve has returned.
+	public     *grpc.Server
+	publicLis  net.Listener
+	publicDone chan struct{}
+	lis        net.Listener
+	srv        *http.Server
+	served     chan struct{} // closed when srv.Serve has returned
+	serveMu    sync.Mutex    // guards serveErr
 	// serveErr is srv.Serve's error other than http.ErrServerClosed.
 	serveErr error
 
@@ -176,26 +187,39 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}
 	}
 	cc.PeerIdentities = cfg.PeerIdentities
-	cc.ServePublicAPI = true
 	cc.PublicPermit = d.permitGRPC
 	cc.PublicInspectPermit = d.permitInspectGRPC
-	cc.RegisterServices = d.registerServices
-	// Listen for HTTP before the node starts, so that a taken port fails
-	// the daemon before it joins the cluster.
+	if cfg.PeerAddr != "" {
+		cc.GRPCAddr = cfg.PeerAddr // the node's server serves peers alone
+	} else {
+		cc.RegisterServices = d.registerPublic
+	}
+	// Listen for HTTP and the public API before the node starts, so that
+	// a taken port fails the daemon before it joins the cluster.
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
 	}
 	if tlsCfg != nil {
-		h := tlsCfg.Clone()
-		if h.ClientCAs != nil {
-			// Verified when presented; the API's handlers require one
-			// (requireClientCert), probes and scrapers do not.
-			h.ClientAuth = tls.VerifyClientCertIfGiven
+		// Verified when presented; the API's handlers require one
+		// (requireClientCert), probes and scrapers do not.
+		d.lis = tls.NewListener(d.lis, serverTLS(tlsCfg, tls.VerifyClientCertIfGiven))
+	}
+	if cfg.PeerAddr != "" {
+		if d.publicLis, err = publicLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
+			d.lis.Close()
+			return nil, fmt.Errorf("daemon: listen on grpc_addr: %w", err)
 		}
-		d.lis = tls.NewListener(d.lis, h)
+	}
+	// closeListeners undoes the listens above for a failure before the
+	// servers own them.
+	closeListeners := func() {
+		d.lis.Close()
+		if d.publicLis != nil {
+			d.publicLis.Close()
+		}
 	}
 	if d.tracer, err = newTracerProvider(&cfg); err != nil {
-		d.lis.Close()
+		closeListeners()
 		return nil, err
 	}
 	if d.tracer != nil {
@@ -203,9 +227,24 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		cc.TraceKeys = cfg.TracingKeys
 	}
 	if d.node, err = cluster.New(cc); err != nil {
-		d.lis.Close()
+		closeListeners()
 		d.stopTracing(context.Background())
-		return nil, fmt.Errorf("daemon: start node: %w", err)
+		peerKey := "grpc_addr"
+		if cfg.PeerAddr != "" {
+			peerKey = "peer_addr"
+		}
+		return nil, fmt.Errorf("daemon: start node (gossip_addr %s, %s %s): %w", cfg.GossipAddr, peerKey, cc.GRPCAddr, err)
+	}
+	if d.publicLis != nil {
+		if err = d.servePublic(tlsCfg); err != nil {
+			closeListeners()
+			d.node.Close()
+			d.stopTracing(context.Background())
+			return nil, err
+		}
+	} else {
+		d.logger.Warn("sluice: peers and API clients share grpc_addr and its connection cap, so that clients that fill it keep peers out: set peer_addr to give peers a port of their own",
+			"grpc", d.node.GRPCAddr())
 	}
 	d.srv = &http.Server{
 		Handler:           d.Handler(),
@@ -225,8 +264,70 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}
 	}()
 	d.logger.Info("sluice: daemon started", "node", cfg.NodeName, "http", d.HTTPAddr(),
-		"grpc", d.node.GRPCAddr(), "gossip", d.node.GossipAddr(), "join", cfg.Join)
+		"grpc", d.GRPCAddr(), "peer", d.PeerAddr(), "gossip", d.node.GossipAddr(), "join", cfg.Join)
 	return d, nil
+}
+
+// publicLimits returns the limits of grpc_addr's server with peer_addr
+// set: transport's defaults, under a connection cap apart from the
+// peers'.
+func publicLimits() transport.ServerLimits { return transport.DefaultServerLimits() }
+
+// serverTLS returns tlsCfg for a server that treats the certificates of
+// its callers as auth says, when tlsCfg verifies them (has ClientCAs).
+func serverTLS(tlsCfg *tls.Config, auth tls.ClientAuthType) *tls.Config {
+	c := tlsCfg.Clone()
+	if c.ClientCAs != nil {
+		c.ClientAuth = auth
+	}
+	return c
+}
+
+// servePublic serves the public gRPC API on publicLis, with the limits of
+// publicLimits and, under TLS, requiring a client certificate when
+// tls_ca_file is set, as the node's server does.
+func (d *Daemon) servePublic(tlsCfg *tls.Config) error {
+	opts, err := publicLimits().ServerOptions()
+	if err != nil {
+		return fmt.Errorf("daemon: public gRPC server: %w", err)
+	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS(tlsCfg, tls.RequireAndVerifyClientCert))))
+	}
+	d.public = grpc.NewServer(opts...)
+	if err := d.registerPublic(d.public, d.node); err != nil {
+		return fmt.Errorf("daemon: register the public API: %w", err)
+	}
+	srv, lis, logger := d.public, d.publicLis, d.logger
+	d.publicDone = make(chan struct{})
+	go func() {
+		defer close(d.publicDone)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			logger.Error("sluice: public gRPC server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// stopPublic stops the public gRPC server, when there is one: at once, or
+// after its calls in flight have ended or ctx ends, whichever is first.
+func (d *Daemon) stopPublic(ctx context.Context, graceful bool) {
+	if d.public == nil {
+		return
+	}
+	if graceful {
+		stopped := make(chan struct{})
+		go func() {
+			d.public.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+		}
+	}
+	d.public.Stop() // nothing to do after a graceful stop
+	<-d.publicDone
 }
 
 // clusterConfig returns the node's configuration.
@@ -322,8 +423,27 @@ func (d *Daemon) Config() Config { return d.cfg.clone() }
 // HTTPAddr returns the address the HTTP server listens on.
 func (d *Daemon) HTTPAddr() string { return d.lis.Addr().String() }
 
-// GRPCAddr returns the node's gRPC address, as advertised.
-func (d *Daemon) GRPCAddr() string { return d.node.GRPCAddr() }
+// GRPCAddr returns the address of the public gRPC API, where API clients
+// call: grpc_addr, or, bound to every interface, its port on the host
+// the node advertises. Without peer_addr it is PeerAddr.
+func (d *Daemon) GRPCAddr() string {
+	if d.publicLis == nil {
+		return d.node.GRPCAddr()
+	}
+	addr := d.publicLis.Addr().(*net.TCPAddr)
+	if !addr.IP.IsUnspecified() {
+		return addr.String()
+	}
+	host, _, err := net.SplitHostPort(d.node.GRPCAddr())
+	if err != nil {
+		return addr.String()
+	}
+	return net.JoinHostPort(host, strconv.Itoa(addr.Port))
+}
+
+// PeerAddr returns the address the node advertises to its peers, where
+// they call its Peer service: peer_addr, or grpc_addr without one.
+func (d *Daemon) PeerAddr() string { return d.node.GRPCAddr() }
 
 // GossipAddr returns the address other nodes join this one at.
 func (d *Daemon) GossipAddr() string { return d.node.GossipAddr() }
@@ -376,11 +496,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // Shutdown stops the daemon gracefully: /readyz fails at once; after
-// Config.ShutdownDelay the HTTP server stops accepting and waits up to
-// Config.ShutdownTimeout (or until ctx ends) for in-flight requests, then
-// closes the rest, and stops watching the rule file; last the node leaves
-// the cluster, telling the other members, and stops its gRPC server. Later
-// calls return the first call's result.
+// Config.ShutdownDelay the HTTP server, then the public gRPC server of
+// grpc_addr when peer_addr is set, stop accepting and wait, within
+// Config.ShutdownTimeout (or until ctx ends), for in-flight requests, then
+// close the rest, and the daemon stops watching the rule file; last the
+// node leaves the cluster, telling the other members, and stops its gRPC
+// server. Later calls return the first call's result.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.shutdownOnce.Do(func() { d.shutdownErr = d.shutdown(ctx) })
 	return d.shutdownErr
@@ -394,12 +515,13 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	var errs []error
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.ShutdownTimeout)
 	err := d.srv.Shutdown(sctx)
-	cancel()
 	if err != nil {
 		d.logger.Warn("sluice: in-flight HTTP requests did not finish in time", "err", err)
 		d.srv.Close()
 	}
 	<-d.served
+	d.stopPublic(sctx, true)
+	cancel()
 	d.closeRules()
 	switch err := d.node.Leave(); {
 	case err == nil, errors.Is(err, cluster.ErrClosed):
@@ -427,6 +549,7 @@ func (d *Daemon) Close() error {
 	d.shuttingDown.Store(true)
 	d.srv.Close()
 	<-d.served
+	d.stopPublic(context.Background(), false)
 	d.closeRules()
 	err := d.node.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), exportTimeout)
@@ -437,8 +560,8 @@ func (d *Daemon) Close() error {
 
 // closeRules stops watching Config.RulesFile and Config.EnvoyConfigDir,
 // once no HTTP request uses the rules any more. Envoy's rate limit
-// service, on the node's gRPC server until the node stops, keeps the last
-// configuration, and so does the Rules service.
+// service and the Rules service, on the node's gRPC server until the node
+// stops when there is no peer_addr, keep the last configuration.
 func (d *Daemon) closeRules() {
 	// Only the notifiers' close can fail: nothing to do about it.
 	if d.rules != nil {

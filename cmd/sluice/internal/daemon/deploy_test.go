@@ -332,7 +332,11 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("node name %q and advertise host %q, want the pod's name and IP", cfg.NodeName, cfg.AdvertiseHost)
 	}
 
-	// Ports: the daemon's, the container's, the Services'.
+	// Ports: the daemon's, the container's, the Services'. Peers have a
+	// port of their own, which clients' Service does not reach.
+	if cfg.PeerAddr == "" {
+		t.Fatal("the ConfigMap sets no peer_addr: peers would share grpc_addr, and its connection cap, with clients")
+	}
 	containerPorts := map[string]int{} // name -> port
 	protocols := map[string]string{}
 	for _, p := range c.Ports {
@@ -341,6 +345,7 @@ func TestKubernetesManifests(t *testing.T) {
 	for name, want := range map[string]int{
 		"gossip-tcp": port(t, cfg.GossipAddr), "gossip-udp": port(t, cfg.GossipAddr),
 		"grpc": port(t, cfg.GRPCAddr), "http": port(t, cfg.HTTPAddr),
+		"peer": port(t, cfg.PeerAddr),
 	} {
 		if containerPorts[name] != want {
 			t.Errorf("container port %s is %d, the daemon's %d", name, containerPorts[name], want)
@@ -366,7 +371,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		return s
 	}
-	headless := checkService(sts.ServiceName, "gossip-tcp", "gossip-udp", "grpc")
+	headless := checkService(sts.ServiceName, "gossip-tcp", "gossip-udp", "peer")
 	if headless.ClusterIP != "None" || !headless.PublishNotReadyAddresses {
 		t.Errorf("Service %s: clusterIP %q, publishNotReadyAddresses %v; want None and true: pods must find each other before they are ready",
 			sts.ServiceName, headless.ClusterIP, headless.PublishNotReadyAddresses)

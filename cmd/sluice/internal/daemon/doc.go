@@ -1,6 +1,17 @@
 // Package daemon is the sluice daemon behind `sluice serve`: a
-// cluster.Node, which serves the gRPC API on its own, and an HTTP server for
-// services that speak JSON, with health, readiness and Prometheus metrics.
+// cluster.Node, the public gRPC API, and an HTTP server for services that
+// speak JSON, with health, readiness and Prometheus metrics.
+//
+// Peers and API clients are separate principals, and with
+// Config.PeerAddr they reach separate ports: the node's gRPC server on
+// peer_addr serves the Peer service alone, and is what the node
+// advertises to its peers; a server of the daemon's own on grpc_addr
+// serves the public API (the Sluice service, the Rules service and
+// Envoy's rate limit service, registered by one function). Each listener
+// has its own transport.ServerLimits, connection cap included, so that
+// API clients that fill grpc_addr never keep peers out. Without
+// peer_addr, the node's server on grpc_addr serves both, under one cap,
+// and the daemon warns at start.
 //
 // [Load] builds a [Config] from flags, the environment (SLUICE_*) and a YAML
 // file, in that order of precedence, over [DefaultConfig]; every invalid
@@ -46,9 +57,8 @@
 // (MaxRulesDescriptors, MaxRulesHeaders, limiter.MaxNameLen and
 // limiter.MaxKeyLen), and enforces every rule that applies through a
 // rules.Enforcer over the node, all or nothing: a rejected request
-// consumes from none of them. The node's gRPC port serves the same check
-// as sluice.v1.Rules/Check (transport.RegisterRules, through
-// cluster.Config.RegisterServices): both adapters decode their input into
+// consumes from none of them. The public gRPC API serves the same check
+// as sluice.v1.Rules/Check (transport.RegisterRules): both adapters decode their input into
 // a rulesInput and go through descriptorOf and enforceRules, so that the
 // bounds, errors and decisions are one.
 //
@@ -59,9 +69,8 @@
 // reset, drain_over_limit and refund as Config.Destructive says, so that
 // no caller lowers a count it may not reset.
 //
-// With Config.EnvoyConfigDir the node's gRPC port also serves Envoy's rate
-// limit service (package envoyrls), registered through
-// cluster.Config.RegisterServices: envoyproxy/ratelimit's configuration
+// With Config.EnvoyConfigDir the public gRPC API also serves Envoy's rate
+// limit service (package envoyrls): envoyproxy/ratelimit's configuration
 // files, loaded at start (an invalid file fails New with its file and
 // line) and kept current by an envoyrls.Watcher, and each descriptor
 // counted through the node, exactly across the cluster. /metrics counts

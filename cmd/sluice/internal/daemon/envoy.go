@@ -28,7 +28,7 @@ func (d *Daemon) watchEnvoy() error {
 	return nil
 }
 
-// registerEnvoy is the node's RegisterServices: Envoy's rate limit
+// registerEnvoy is part of registerPublic: Envoy's rate limit
 // service, counting through the node, beside the node's own services.
 func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	cfg := envoyrls.DefaultConfig()

@@ -32,24 +32,9 @@ const (
 // and reset; an admin is served, and checks without them are served to
 // both.
 func TestDestructiveBehaviorsForAdmins(t *testing.T) {
-	dir := t.TempDir()
-	ca := testpki.NewCA(t, "sluice test CA")
-	caFile := ca.WriteCA(t, dir, "ca.pem")
-	var ds []*Daemon
-	for _, name := range []string{"adm-a", "adm-b"} {
-		cfg := testConfig(name)
-		cfg.TLSCertFile, cfg.TLSKeyFile = testpki.WriteCert(t, dir, name, ca.IssueWith(t, name, peerID))
-		cfg.TLSCAFile = caFile
-		cfg.PeerIdentities = []string{peerID}
-		cfg.Destructive = DestructiveAdmins
-		cfg.AdminIdentities = []string{adminID}
-		if len(ds) > 0 {
-			cfg.Join = []string{ds[0].GossipAddr()}
-		}
-		ds = append(ds, start(t, cfg))
-	}
-	testwait.For(t, "both daemons to be ready", func() bool {
-		return ds[0].Node().Ready() && ds[1].Node().Ready() && len(ds[1].Node().RingMembers()) == 2
+	ca, ds := peerTLSDaemons(t, "adm", func(c *Config) {
+		c.Destructive = DestructiveAdmins
+		c.AdminIdentities = []string{adminID}
 	})
 
 	as := func(cert tls.Certificate) *tls.Config {
@@ -143,6 +128,38 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 
 // TestDestructiveBehaviorsDenied: with deny, reset is refused to every
 // caller, with a problem that names the setting.
+// peerTLSDaemons starts two daemons, prefix-a and prefix-b, under mutual
+// TLS with node certificates that carry peerID and peer_identities set to
+// it, each with testConfig changed by mod, joined into one cluster, and
+// returns the CA and the daemons once both are ready with two members.
+func peerTLSDaemons(t *testing.T, prefix string, mod func(*Config)) (*testpki.CA, []*Daemon) {
+	t.Helper()
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "sluice test CA")
+	caFile := ca.WriteCA(t, dir, "ca.pem")
+	var ds []*Daemon
+	for _, name := range []string{prefix + "-a", prefix + "-b"} {
+		cfg := testConfig(name)
+		cfg.TLSCertFile, cfg.TLSKeyFile = testpki.WriteCert(t, dir, name, ca.IssueWith(t, name, peerID))
+		cfg.TLSCAFile = caFile
+		cfg.PeerIdentities = []string{peerID}
+		mod(&cfg)
+		if len(ds) > 0 {
+			cfg.Join = []string{ds[0].GossipAddr()}
+		}
+		ds = append(ds, start(t, cfg))
+	}
+	testwait.For(t, "both daemons ready with two members", func() bool {
+		for _, d := range ds {
+			if !d.Ready() || len(d.Node().RingMembers()) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	return ca, ds
+}
+
 func TestDestructiveBehaviorsDenied(t *testing.T) {
 	cfg := testConfig("deny")
 	cfg.Destructive = DestructiveDeny

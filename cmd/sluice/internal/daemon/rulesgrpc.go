@@ -14,10 +14,14 @@ import (
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
-// registerServices is the node's RegisterServices: the rules' enforcer
-// over the node, set before any request can reach it, the Rules service,
-// and Envoy's rate limit service when envoy_config_dir is set.
-func (d *Daemon) registerServices(s grpc.ServiceRegistrar, n *cluster.Node) error {
+// registerPublic registers the public gRPC API on s, the server of
+// grpc_addr: the node's Sluice service (cluster.Node.RegisterPublicAPI,
+// with the daemon's permits), the rules' enforcer over the node, set
+// before any request can reach it, the Rules service, and Envoy's rate
+// limit service when envoy_config_dir is set. Without peer_addr it is the
+// node's RegisterServices, and s the node's own server.
+func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error {
+	n.RegisterPublicAPI(s)
 	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil {
@@ -28,7 +32,7 @@ func (d *Daemon) registerServices(s grpc.ServiceRegistrar, n *cluster.Node) erro
 
 // rulesServer serves sluice.v1.Rules, the gRPC form of POST
 // /v1/rules/check: the same checks of its input (descriptorOf), the same
-// rules, the same decisions. The node's gRPC server admits its callers
+// rules, the same decisions. The server of grpc_addr admits its callers
 // as it admits the Sluice service's.
 type rulesServer struct {
 	pb.UnimplementedRulesServer

@@ -1,0 +1,308 @@
+package redislimit
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+//go:embed decide.lua
+var decideSource string
+
+// Limiter is a sluice.Limiter whose state lives in Redis. It is safe for
+// concurrent use and starts no goroutines of its own.
+type Limiter struct {
+	cfg    Config
+	client redis.UniversalClient
+	owned  bool // Close closes client
+	script *redis.Script
+	local  *sluice.Local
+	brk    breaker
+	closed atomic.Bool
+
+	// clock is the clock of this process: the local store's, the
+	// breaker's and the calendar windows'.
+	clock func() time.Time
+	// serverNow, when set, replaces the Redis server's clock (TIME) with
+	// its reading, in every script: tests run one trace through Redis and
+	// limiter at the same instants with it.
+	serverNow func() time.Time
+
+	withoutOwner atomic.Int64
+}
+
+var _ sluice.Limiter = (*Limiter)(nil)
+
+// New returns a Limiter on cfg's Redis. It does not contact Redis: the
+// first check does, and the script is loaded then.
+func New(cfg Config) (*Limiter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Addrs = append([]string(nil), cfg.Addrs...)
+	store, err := limiter.NewStore(cfg.Local)
+	if err != nil {
+		return nil, fmt.Errorf("redislimit: local store: %w", err)
+	}
+	l := &Limiter{cfg: cfg, client: cfg.Client, script: redis.NewScript(decideSource), clock: time.Now}
+	if l.client == nil {
+		l.client, l.owned = cfg.client(), true
+	}
+	l.local = sluice.NewLocal(store, func() time.Time { return l.clock() })
+	return l, nil
+}
+
+// Close closes the client New built; a Config.Client stays open. It is
+// safe to call twice.
+func (l *Limiter) Close() error {
+	if l.closed.Swap(true) || !l.owned {
+		return nil
+	}
+	return l.client.Close()
+}
+
+// WithoutOwner counts the checks the Unreachable policy decided.
+func (l *Limiter) WithoutOwner() int64 { return l.withoutOwner.Load() }
+
+// Check decides req on Redis. It returns an error wrapping a limiter
+// sentinel for an invalid request (ErrUnsupported too for one Redis time
+// cannot decide), ErrNilContext for a nil ctx and ctx's error when ctx
+// ends first. When Redis cannot decide, the Unreachable policy does and
+// Decision.WithoutOwner says so.
+func (l *Limiter) Check(ctx context.Context, req limiter.Request, opts ...sluice.CheckOption) (sluice.Decision, error) {
+	r := l.CheckMany(ctx, []limiter.Request{req}, opts...)[0]
+	return r.Decision, r.Err
+}
+
+// CheckMany decides every request, in order, with the errors Check would
+// return in each Result's Err. The valid requests go to Redis in one
+// pipeline, which a cluster client splits by node and sends to the nodes
+// in parallel.
+func (l *Limiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
+	out := make([]sluice.Result, len(reqs))
+	if err := l.callError(ctx); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	calls := make([]call, 0, len(reqs))
+	for i := range reqs {
+		if err := validate(&reqs[i]); err != nil {
+			out[i].Err = err
+			continue
+		}
+		calls = append(calls, call{index: i, req: &reqs[i]})
+	}
+	if len(calls) == 0 {
+		return out
+	}
+	policy := sluice.Options(opts).Unreachable
+	if policy == sluice.PolicyDefault || !policy.Valid() {
+		policy = l.cfg.Unreachable
+	}
+	if err := l.run(ctx, calls); err != nil {
+		if ctx.Err() != nil { // the caller's context ended, not Redis
+			for _, c := range calls {
+				out[c.index].Err = ctx.Err()
+			}
+			return out
+		}
+		for _, c := range calls {
+			out[c.index].Decision, out[c.index].Err = l.unreachable(ctx, c.req, policy)
+		}
+		return out
+	}
+	for _, c := range calls {
+		out[c.index].Decision, out[c.index].Err = c.decision, c.err
+	}
+	return out
+}
+
+// callError is why a call with ctx cannot be made, or nil.
+func (l *Limiter) callError(ctx context.Context) error {
+	if ctx == nil {
+		return sluice.ErrNilContext
+	}
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// call is one request on its way through Redis.
+type call struct {
+	index    int
+	req      *limiter.Request
+	decision sluice.Decision
+	err      error     // of this request alone: a bad state
+	hint     time.Time // the server's time, when a calendar window missed it
+}
+
+// run decides calls on Redis within the timeout, behind the breaker. It
+// returns an error when Redis did not decide them all: unreachable, slow,
+// refusing or failing over. A call's own error (a bad state) is in it.
+func (l *Limiter) run(ctx context.Context, calls []call) error {
+	probe, ok := l.brk.allow(l.clock())
+	if !ok {
+		return errBreakerOpen
+	}
+	tctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	err := l.pipeline(tctx, calls)
+	cancel()
+	if err != nil && ctx.Err() != nil {
+		l.brk.giveBack(probe) // the caller gave up: no news of Redis
+		return err
+	}
+	l.brk.done(probe, err == nil, l.clock(), l.cfg.BreakerThreshold, l.cfg.BreakerCooldown)
+	return err
+}
+
+var errBreakerOpen = errors.New("redislimit: breaker open")
+
+// pipeline runs the script for every call, EVALSHA first and EVAL for the
+// calls whose server lacks the script, then once more for calendar windows
+// that the server's clock placed outside the caller's. It returns the
+// first error of Redis; a call's bad state is that call's error.
+func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
+	pending := make([]*call, len(calls))
+	for i := range calls {
+		pending[i] = &calls[i]
+	}
+	for pass := 0; len(pending) > 0; pass++ {
+		if pass == maxPasses {
+			return fmt.Errorf("redislimit: %d checks undecided after %d passes", len(pending), pass)
+		}
+		cmds := make([]*redis.Cmd, len(pending))
+		// Pipelined's error is the first command's; each is read below.
+		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range pending {
+				keys := []string{Key(l.cfg.Prefix, c.req.Name, c.req.Key)}
+				if pass == 0 {
+					cmds[i] = l.script.EvalSha(ctx, p, keys, l.args(c.req, c.hint)...)
+				} else {
+					cmds[i] = l.script.Eval(ctx, p, keys, l.args(c.req, c.hint)...)
+				}
+			}
+			return nil
+		})
+		var again []*call
+		for i, cmd := range cmds {
+			c := pending[i]
+			vals, err := cmd.Int64Slice()
+			switch {
+			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				again = append(again, c)
+			case err != nil && strings.Contains(err.Error(), badStateReply):
+				c.err = fmt.Errorf("%w: %v", ErrBadState, err)
+			case err != nil:
+				return err
+			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given
+				c.hint = time.UnixMicro(vals[1])
+				again = append(again, c)
+			case len(vals) != 6:
+				return fmt.Errorf("redislimit: script answered %v, want 6 numbers", vals)
+			default:
+				c.decision = decisionOf(c.req, vals)
+			}
+		}
+		pending = again
+	}
+	return nil
+}
+
+// testMinTTL is the least TTL, in milliseconds, of a key written at a
+// time a test passed: its state's expiry is on the test's clock, and the
+// key must outlive the real time the test takes.
+const testMinTTL = 600_000
+
+// maxPasses bounds the passes of pipeline: EVALSHA, EVAL, and a calendar
+// window placed by the server's clock.
+const maxPasses = 3
+
+// badStateReply is what the script's error reply for a bad state holds.
+const badStateReply = "redislimit: state of"
+
+// args are the script's ARGV for req. hint, when not zero, is the server's
+// time as a previous pass reported it, around which the calendar windows
+// are given.
+func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
+	now, minTTL := "", 0
+	if l.serverNow != nil {
+		now, minTTL = strconv.FormatInt(l.serverNow().UnixMicro(), 10), testMinTTL
+	}
+	args := []any{int(req.Algorithm), req.Hits, req.Limit, int64(req.Period / time.Microsecond), req.Capacity(), int(req.Behavior), now, minTTL}
+	if req.Calendar == limiter.NoCalendar {
+		return args
+	}
+	around := hint
+	if around.IsZero() {
+		around = l.clock()
+		if l.serverNow != nil {
+			around = l.serverNow()
+		}
+	}
+	s1, e1 := limiter.CalendarWindow(req.Calendar, req.Location, around)
+	s0, _ := limiter.CalendarWindow(req.Calendar, req.Location, s1.Add(-time.Nanosecond))
+	_, e2 := limiter.CalendarWindow(req.Calendar, req.Location, e1)
+	return append(args, s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro())
+}
+
+// decisionOf reads the script's answer.
+func decisionOf(req *limiter.Request, v []int64) sluice.Decision {
+	return sluice.Decision{Decision: limiter.Decision{
+		Allowed:    v[0] == 1,
+		Limit:      req.Limit,
+		Remaining:  v[1],
+		ResetAt:    time.UnixMicro(v[2]),
+		RetryAfter: time.Duration(v[3]) * time.Microsecond,
+		Delay:      time.Duration(v[4]) * time.Microsecond,
+	}}
+}
+
+// unreachable decides a valid request that Redis could not.
+func (l *Limiter) unreachable(ctx context.Context, req *limiter.Request, policy sluice.Policy) (sluice.Decision, error) {
+	l.withoutOwner.Add(1)
+	now := l.clock()
+	var d sluice.Decision
+	switch policy {
+	case sluice.PolicyAllow:
+		d.Decision = limiter.Decision{Allowed: true, Limit: req.Limit, ResetAt: now}
+	case sluice.PolicyDeny:
+		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: l.cfg.DenyRetryAfter, ResetAt: now.Add(l.cfg.DenyRetryAfter)}
+	default:
+		var err error
+		if d, err = l.local.Check(ctx, *req); err != nil {
+			return sluice.Decision{}, err
+		}
+	}
+	d.WithoutOwner = true
+	return d, nil
+}
+
+// validate checks req as limiter does, and what Redis time needs beyond.
+func validate(req *limiter.Request) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if req.Calendar != limiter.NoCalendar {
+		return nil
+	}
+	if req.Period%time.Microsecond != 0 {
+		return fmt.Errorf("%w: %w: Period %v is not a whole number of microseconds, the resolution of Redis time", ErrUnsupported, limiter.ErrInvalidPeriod, req.Period)
+	}
+	if req.Algorithm == limiter.GCRA && req.Limit > int64(req.Period/time.Microsecond) {
+		return fmt.Errorf("%w: %w: GCRA on Redis admits at most one hit per microsecond, Limit %d per %v is faster", ErrUnsupported, limiter.ErrInvalidLimit, req.Limit, req.Period)
+	}
+	return nil
+}

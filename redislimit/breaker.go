@@ -57,3 +57,10 @@ func (b *breaker) giveBack(probe bool) {
 		b.mu.Unlock()
 	}
 }
+
+// isOpen reports whether the breaker is open (or half-open).
+func (b *breaker) isOpen() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.openUntil.IsZero()
+}

@@ -129,12 +129,12 @@ func (c *Config) client() redis.UniversalClient {
 		return redis.NewClient(&redis.Options{
 			Addr: c.Addrs[0], Username: c.Username, Password: c.Password, TLSConfig: c.TLS,
 			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout,
-			MaxRetries: -1, PoolSize: c.PoolSize, ContextTimeoutEnabled: true,
+			MaxRetries: -1, DialerRetries: 1, PoolSize: c.PoolSize, ContextTimeoutEnabled: true,
 		})
 	}
 	return redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: c.Addrs, Username: c.Username, Password: c.Password, TLSConfig: c.TLS,
 		DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout,
-		MaxRetries: -1, PoolSize: c.PoolSize, ContextTimeoutEnabled: true,
+		MaxRetries: -1, DialerRetries: 1, PoolSize: c.PoolSize, ContextTimeoutEnabled: true,
 	})
 }

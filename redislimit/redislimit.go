@@ -203,7 +203,7 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 			switch {
 			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, c)
-			case err != nil && strings.Contains(err.Error(), badStateReply):
+			case err != nil && (strings.Contains(err.Error(), badStateReply) || redis.HasErrorPrefix(err, "WRONGTYPE")):
 				c.err = fmt.Errorf("%w: %v", ErrBadState, err)
 			case err != nil:
 				return err

@@ -1,0 +1,535 @@
+package redislimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// longRequest is a request of limit 100 whose state does not drain while
+// a test runs: a period of limiter.MaxPeriod.
+func longRequest(algo limiter.Algorithm, key string) limiter.Request {
+	return limiter.Request{Name: "exact", Key: key, Hits: 1, Limit: 100, Period: limiter.MaxPeriod, Algorithm: algo}
+}
+
+// admitConcurrently sends 64 callers, spread over limiters, at req, 10
+// checks each, and returns how many were admitted; it fails t on an error
+// or a decision Redis did not make.
+func admitConcurrently(t *testing.T, limiters []*Limiter, req limiter.Request) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := limiters[g%len(limiters)]
+			for range 10 {
+				d, err := l.Check(context.Background(), req)
+				switch {
+				case err != nil:
+					errs <- err
+					return
+				case d.WithoutOwner:
+					errs <- errors.New("a decision without Redis")
+					return
+				case d.Allowed:
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%s: %v", req.Algorithm, err)
+	}
+	return admitted.Load()
+}
+
+// TestExactUnderConcurrency: 64 callers on one key, over three limiters
+// (three instances, each with its own connections), admit exactly the
+// limit, every algorithm, on the server's clock.
+func TestExactUnderConcurrency(t *testing.T) {
+	srv := startRedis(t)
+	limiters := []*Limiter{newTestLimiter(t, nil, srv.addr()), newTestLimiter(t, nil, srv.addr()), newTestLimiter(t, nil, srv.addr())}
+	prefix := limiters[0].cfg.Prefix
+	for _, l := range limiters {
+		l.cfg.Prefix = prefix
+	}
+	for _, algo := range limiter.Algorithms {
+		if got := admitConcurrently(t, limiters, longRequest(algo, "one")); got != 100 {
+			t.Errorf("%s: %d of 640 checks admitted, want exactly the limit, 100", algo, got)
+		}
+	}
+}
+
+// TestInvalidRequests: every invalid request is refused with the limiter
+// sentinel of its field before Redis is asked (the limiter's Redis does
+// not exist), and so are what Redis time cannot decide, a nil context, a
+// context that has ended and a closed limiter. CheckMany keeps the order.
+func TestInvalidRequests(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	l := newTestLimiter(t, nil, addr)
+	valid := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.TokenBucket}
+	with := func(f func(r *limiter.Request)) limiter.Request { r := valid; f(&r); return r }
+	for _, tc := range []struct {
+		name string
+		req  limiter.Request
+		want []error
+	}{
+		{"empty key", with(func(r *limiter.Request) { r.Key = "" }), []error{limiter.ErrInvalidKey}},
+		{"long name", with(func(r *limiter.Request) { r.Name = strings.Repeat("n", limiter.MaxNameLen+1) }), []error{limiter.ErrInvalidName}},
+		{"zero limit", with(func(r *limiter.Request) { r.Limit = 0 }), []error{limiter.ErrInvalidLimit}},
+		{"negative hits", with(func(r *limiter.Request) { r.Hits = -1 }), []error{limiter.ErrInvalidHits}},
+		{"hits over capacity", with(func(r *limiter.Request) { r.Hits = 11 }), []error{limiter.ErrHitsExceedLimit}},
+		{"no algorithm", with(func(r *limiter.Request) { r.Algorithm = 0 }), []error{limiter.ErrUnknownAlgorithm}},
+		{"calendar on a bucket", with(func(r *limiter.Request) { r.Calendar = limiter.Day }), []error{limiter.ErrInvalidCalendar}},
+		{"sub-microsecond period", with(func(r *limiter.Request) { r.Period = time.Millisecond + 1 }), []error{ErrUnsupported, limiter.ErrInvalidPeriod}},
+		{"GCRA faster than 1/us", with(func(r *limiter.Request) {
+			r.Algorithm, r.Limit, r.Period, r.Hits = limiter.GCRA, 2000, time.Millisecond, 1
+		}), []error{ErrUnsupported, limiter.ErrInvalidLimit}},
+	} {
+		_, err := l.Check(context.Background(), tc.req)
+		for _, w := range tc.want {
+			if !errors.Is(err, w) {
+				t.Errorf("%s: error %v, want one wrapping %v", tc.name, err, w)
+			}
+		}
+	}
+	if l.WithoutOwner() != 0 {
+		t.Errorf("%d invalid requests went to the policy", l.WithoutOwner())
+	}
+	//lint:ignore SA1012 a nil context is what is tested
+	if _, err := l.Check(nil, valid); !errors.Is(err, sluice.ErrNilContext) { //nolint:staticcheck
+		t.Errorf("nil context: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Check(ctx, valid); !errors.Is(err, context.Canceled) {
+		t.Errorf("ended context: %v", err)
+	}
+	res := l.CheckMany(context.Background(), []limiter.Request{with(func(r *limiter.Request) { r.Limit = 0 }), valid})
+	if !errors.Is(res[0].Err, limiter.ErrInvalidLimit) || res[1].Err != nil || !res[1].WithoutOwner {
+		t.Errorf("CheckMany of an invalid and a valid request: %+v", res)
+	}
+	l.Close()
+	l.Close()
+	if _, err := l.Check(context.Background(), valid); !errors.Is(err, ErrClosed) {
+		t.Errorf("closed: %v", err)
+	}
+}
+
+// TestConfigValidate: each invalid field is named; New refuses it.
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    func(c *Config)
+	}{
+		{"no address", func(c *Config) { c.Addrs = nil }},
+		{"empty address", func(c *Config) { c.Addrs = []string{""} }},
+		{"zero timeout", func(c *Config) { c.Timeout = 0 }},
+		{"default policy", func(c *Config) { c.Unreachable = sluice.PolicyDefault }},
+		{"unknown policy", func(c *Config) { c.Unreachable = 9 }},
+		{"zero threshold", func(c *Config) { c.BreakerThreshold = 0 }},
+		{"zero cooldown", func(c *Config) { c.BreakerCooldown = 0 }},
+		{"long prefix", func(c *Config) { c.Prefix = strings.Repeat("p", MaxPrefixLen+1) }},
+		{"bad local store", func(c *Config) { c.Local.Shards = 3 }},
+	} {
+		cfg := DefaultConfig()
+		tc.f(&cfg)
+		if _, err := New(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want ErrInvalidConfig", tc.name, err)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("DefaultConfig: %v", err)
+	}
+}
+
+// TestKeys: distinct (name, key) pairs make distinct Redis keys whatever
+// bytes they hold, and the hash tag is the whole pair.
+func TestKeys(t *testing.T) {
+	seen := map[string][2]string{}
+	for _, p := range [][2]string{
+		{"a", "b:c"}, {"a:b", "c"}, {"a", "{b}"}, {"a}", "b"}, {"a", "%7B"}, {"a", "{"}, {"a%", "b"}, {"a", "%b"}, {"ä", "b"},
+	} {
+		k := Key("p:", p[0], p[1])
+		if prev, dup := seen[k]; dup {
+			t.Errorf("%q and %q both make key %q", prev, p, k)
+		}
+		seen[k] = p
+		open, closing := strings.IndexByte(k, '{'), strings.IndexByte(k, '}')
+		if open != len("p:") || closing != len(k)-1 || strings.Count(k, "{")+strings.Count(k, "}") != 2 {
+			t.Errorf("key %q of %q: the hash tag is not the whole pair", k, p)
+		}
+	}
+}
+
+// startWithLimiter starts a redis-server and returns it, a Limiter on it
+// and a plain client of it, all stopped when t ends.
+func startWithLimiter(t *testing.T) (*redisServer, *Limiter, *redis.Client) {
+	t.Helper()
+	srv := startRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, newTestLimiter(t, nil, srv.addr()), rdb
+}
+
+// TestBoundedKeys: every key expires when its state is fresh again, and a
+// decision that leaves it fresh deletes it; a sliding window log holds at
+// most limiter.MaxLogEntries entries however many instants it sees, and
+// admits no more than the limit.
+func TestBoundedKeys(t *testing.T) {
+	srv, l, rdb := startWithLimiter(t)
+	ctx := context.Background()
+	for _, algo := range limiter.Algorithms {
+		req := limiter.Request{Name: "ttl", Key: algo.String(), Hits: 1, Limit: 10, Period: 10 * time.Second, Algorithm: algo}
+		d, err := l.Check(ctx, req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", algo, d, err)
+		}
+		key := Key(l.cfg.Prefix, req.Name, req.Key)
+		ttl, err := rdb.PTTL(ctx, key).Result()
+		// The state is fresh at ResetAt, at most two periods on (the
+		// sliding window counter's); the key's TTL ends there, to the
+		// millisecond.
+		if err != nil || ttl <= 0 || ttl > 20*time.Second {
+			t.Errorf("%s: PTTL %v, %v: want a TTL within two periods", algo, ttl, err)
+		}
+		if until := time.Until(d.ResetAt); ttl < until-time.Second || ttl > until+time.Second {
+			t.Errorf("%s: PTTL %v, but the state is fresh in %v", algo, ttl, until)
+		}
+		req.Behavior = limiter.Refund
+		if _, err := l.Check(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if n := rdb.Exists(ctx, key).Val(); n != 0 && algo != limiter.SlidingWindowCounter && algo != limiter.FixedWindow {
+			// The windows keep a window start with no hits until the
+			// window ends; the others are fresh after the refund.
+			t.Errorf("%s: the key is still there after a refund left it fresh", algo)
+		}
+	}
+
+	// The log: 5000 distinct instants of one hit each in one period.
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	tl := newTestLimiter(t, clock, srv.addr())
+	req := limiter.Request{Name: "log", Key: "k", Hits: 1, Limit: 4500, Period: time.Hour, Algorithm: limiter.SlidingWindowLog}
+	key := Key(tl.cfg.Prefix, req.Name, req.Key)
+	admitted := 0
+	for range 5000 {
+		clock.now = clock.now.Add(time.Millisecond + 7*time.Microsecond)
+		d, err := tl.Check(ctx, req)
+		if err != nil || d.WithoutOwner {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		if n := rdb.StrLen(ctx, key).Val(); n > 34+limiter.MaxLogEntries*16 {
+			t.Fatalf("the log is %d bytes, more than %d entries", n, limiter.MaxLogEntries)
+		}
+	}
+	if admitted != 4500 {
+		t.Errorf("the log admitted %d in one period, want the limit, 4500", admitted)
+	}
+	// A quarter period after the first hits, the coarsened log still
+	// counts them (later than exactly, never earlier): nothing admitted.
+	clock.now = clock.now.Add(time.Minute)
+	if d, _ := tl.Check(ctx, req); d.Allowed {
+		t.Errorf("a coarsened log admitted before its oldest hits expired: %+v", d)
+	}
+}
+
+// TestScriptReloaded: after SCRIPT FLUSH (a restart, a failover) the
+// script is sent again and decides; no decision falls to the policy.
+func TestScriptReloaded(t *testing.T) {
+	_, l, rdb := startWithLimiter(t)
+	ctx := context.Background()
+	req := longRequest(limiter.FixedWindow, "flush")
+	for i := range 3 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		d, err := l.Check(ctx, req)
+		if err != nil || d.WithoutOwner || d.Remaining != int64(99-i) {
+			t.Fatalf("check %d after SCRIPT FLUSH: %+v, %v", i, d, err)
+		}
+	}
+}
+
+// TestBadState: a key holding what this package did not write (another
+// program's string, a list) is an error of that request, named, and not a
+// Redis failure: the rest of the batch is decided.
+func TestBadState(t *testing.T) {
+	_, l, rdb := startWithLimiter(t)
+	ctx := context.Background()
+	str, list, good := longRequest(limiter.GCRA, "str"), longRequest(limiter.GCRA, "list"), longRequest(limiter.GCRA, "good")
+	rdb.Set(ctx, Key(l.cfg.Prefix, str.Name, str.Key), "not a state", 0)
+	rdb.RPush(ctx, Key(l.cfg.Prefix, list.Name, list.Key), "x")
+	res := l.CheckMany(ctx, []limiter.Request{str, list, good})
+	for i := range 2 {
+		if !errors.Is(res[i].Err, ErrBadState) {
+			t.Errorf("request %d: %v, want ErrBadState", i, res[i].Err)
+		}
+	}
+	if res[2].Err != nil || res[2].WithoutOwner || !res[2].Allowed {
+		t.Errorf("the good request beside them: %+v", res[2])
+	}
+	if l.brk.isOpen() || l.brk.failures != 0 {
+		t.Errorf("bad states counted as %d Redis failures", l.brk.failures)
+	}
+}
+
+// TestCalendarAcrossClocks: with this process's clock an hour behind the
+// server's, a calendar window is still the server's: the first pass
+// misses, the script says the server's time, and the second pass counts in
+// the window around it.
+func TestCalendarAcrossClocks(t *testing.T) {
+	srv := startRedis(t)
+	l := newTestLimiter(t, nil, srv.addr())
+	l.clock = func() time.Time { return time.Now().Add(-time.Hour) }
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Skipf("no zone database: %v", err)
+	}
+	req := limiter.Request{Name: "cal", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Calendar: limiter.Minute, Location: tokyo}
+	before := time.Now()
+	d, err := l.Check(context.Background(), req)
+	after := time.Now()
+	if err != nil || d.WithoutOwner || !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	_, lo := limiter.CalendarWindow(limiter.Minute, tokyo, before)
+	_, hi := limiter.CalendarWindow(limiter.Minute, tokyo, after)
+	if d.ResetAt.Before(lo) || d.ResetAt.After(hi) {
+		t.Errorf("ResetAt %v, want the end of the server's minute, %v", d.ResetAt, lo)
+	}
+}
+
+// TestGCRAIntervalChange: a change of GCRA's interval reschedules what is
+// outstanding at the new interval, rounded up to a microsecond.
+func TestGCRAIntervalChange(t *testing.T) {
+	srv := startRedis(t)
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	l := newTestLimiter(t, clock, srv.addr())
+	ctx := context.Background()
+	req := limiter.Request{Name: "gcra", Key: "k", Hits: 5, Limit: 10, Period: time.Second, Algorithm: limiter.GCRA}
+	for _, step := range []struct {
+		hits, limit   int64
+		wantAllowed   bool
+		wantRemaining int64
+		wantReset     time.Duration // after the first instant
+		wantRetry     time.Duration
+	}{
+		{hits: 5, limit: 10, wantAllowed: true, wantRemaining: 5, wantReset: 500 * time.Millisecond},
+		// 5 hits of 100 ms outstanding become 5 of 333334 us: 1666670 us.
+		{hits: 1, limit: 3, wantAllowed: false, wantRemaining: 0, wantReset: 1666670 * time.Microsecond,
+			wantRetry: 1666670*time.Microsecond - 2*333334*time.Microsecond},
+		// Back to 100 ms: 1666670 * 100000 / 333334 = 500000 us, exactly.
+		{hits: 0, limit: 10, wantAllowed: true, wantRemaining: 5, wantReset: 500 * time.Millisecond},
+	} {
+		start := clock.now
+		req.Hits, req.Limit = step.hits, step.limit
+		d, err := l.Check(ctx, req)
+		if err != nil || d.Allowed != step.wantAllowed || d.Remaining != step.wantRemaining ||
+			d.ResetAt.Sub(start) != step.wantReset || d.RetryAfter != step.wantRetry {
+			t.Fatalf("limit %d hits %d: %+v, %v; want allowed %v remaining %d reset +%v retry %v",
+				step.limit, step.hits, d, err, step.wantAllowed, step.wantRemaining, step.wantReset, step.wantRetry)
+		}
+	}
+}
+
+// countingHook counts the pipelines sent to Redis.
+type countingHook struct{ pipelines atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipelines.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisKilled kills Redis under traffic from 16 callers, for each
+// policy: no call errs, every decision during the outage is the policy's
+// and says WithoutOwner, the breaker then keeps calls off Redis until its
+// cooldown, a probe that fails opens it again, and once Redis is back the
+// decisions are Redis's again (its state started empty).
+func TestRedisKilled(t *testing.T) {
+	for _, policy := range []sluice.Policy{sluice.PolicyLocal, sluice.PolicyAllow, sluice.PolicyDeny} {
+		t.Run(policy.String(), func(t *testing.T) {
+			srv := startRedis(t)
+			clock := &testClock{now: time.Now()}
+			var mu sync.Mutex // guards clock.now, moved under traffic
+			cfg := DefaultConfig()
+			cfg.Addrs = []string{srv.addr()}
+			cfg.Timeout = 2 * time.Second
+			cfg.Unreachable = policy
+			cfg.BreakerThreshold = 3
+			cfg.BreakerCooldown = time.Minute
+			cfg.Prefix = "kill:"
+			l, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			l.clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock.now }
+			advance := func(d time.Duration) { mu.Lock(); clock.now = clock.now.Add(d); mu.Unlock() }
+			hook := &countingHook{}
+			l.client.AddHook(hook)
+			ctx := context.Background()
+			req := limiter.Request{Name: "kill", Key: "k", Hits: 1, Limit: 3, Period: limiter.MaxPeriod, Algorithm: limiter.FixedWindow}
+			d, err := l.Check(ctx, req)
+			if err != nil || d.WithoutOwner || d.Remaining != 2 {
+				t.Fatalf("before the kill: %+v, %v", d, err)
+			}
+
+			var (
+				wg                     sync.WaitGroup
+				stop                   atomic.Bool
+				fromRedis, fromPolicy  atomic.Int64
+				localAdmitted, badOnes atomic.Int64
+			)
+			for range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for !stop.Load() {
+						d, err := l.Check(ctx, req)
+						switch {
+						case err != nil:
+							badOnes.Add(1)
+						case !d.WithoutOwner:
+							fromRedis.Add(1)
+						default:
+							fromPolicy.Add(1)
+							ok := policy == sluice.PolicyAllow && d.Allowed ||
+								policy == sluice.PolicyDeny && !d.Allowed && d.RetryAfter == cfg.DenyRetryAfter ||
+								policy == sluice.PolicyLocal
+							if !ok {
+								badOnes.Add(1)
+							}
+							if policy == sluice.PolicyLocal && d.Allowed {
+								localAdmitted.Add(1)
+							}
+						}
+					}
+				}()
+			}
+			testwait.For(t, "traffic decided by Redis", func() bool { return fromRedis.Load() > 0 })
+			srv.kill()
+			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && l.brk.isOpen() })
+			stop.Store(true)
+			wg.Wait()
+			if n := badOnes.Load(); n != 0 {
+				t.Fatalf("%d calls erred or were decided against the policy %s", n, policy)
+			}
+			if policy == sluice.PolicyLocal && localAdmitted.Load() != 3 {
+				t.Errorf("the local store admitted %d, want its limit, 3", localAdmitted.Load())
+			}
+
+			// Open: no call reaches Redis.
+			sent := hook.pipelines.Load()
+			for range 20 {
+				if d, err := l.Check(ctx, req); err != nil || !d.WithoutOwner {
+					t.Fatalf("breaker open: %+v, %v", d, err)
+				}
+			}
+			if n := hook.pipelines.Load() - sent; n != 0 {
+				t.Errorf("%d pipelines sent while the breaker was open", n)
+			}
+			// After the cooldown one probe goes out, fails, and reopens.
+			advance(cfg.BreakerCooldown)
+			for range 5 {
+				if d, err := l.Check(ctx, req); err != nil || !d.WithoutOwner {
+					t.Fatalf("probe while down: %+v, %v", d, err)
+				}
+			}
+			if n := hook.pipelines.Load() - sent; n != 1 {
+				t.Errorf("%d pipelines after the cooldown, want one probe", n)
+			}
+
+			srv.restart()
+			testwait.For(t, "decisions by Redis again", func() bool {
+				advance(cfg.BreakerCooldown)
+				d, err := l.Check(ctx, req)
+				return err == nil && !d.WithoutOwner
+			})
+			if d, err := l.Check(ctx, req); err != nil || d.WithoutOwner || d.Remaining != 1 {
+				t.Errorf("after recovery, on the restarted (empty) Redis: %+v, %v; want the second hit counted", d, err)
+			}
+		})
+	}
+}
+
+// TestClusterExact: on a 3-master Redis Cluster, limit keys spread over
+// every master, and 64 callers on three limiters admit exactly the limit
+// on one key, every algorithm, also when the script is not loaded yet on
+// the key's master.
+func TestClusterExact(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	rc := startCluster(t, 3, 0)
+	limiters := []*Limiter{newTestLimiter(t, nil, rc.addrs()...), newTestLimiter(t, nil, rc.addrs()...), newTestLimiter(t, nil, rc.addrs()...)}
+	for _, l := range limiters {
+		l.cfg.Prefix = "c:"
+	}
+	ctx := context.Background()
+	// 60 limit keys through CheckMany: one pipeline, split by node.
+	var reqs []limiter.Request
+	for i := range 60 {
+		reqs = append(reqs, longRequest(limiter.TokenBucket, fmt.Sprintf("spread%d", i)))
+	}
+	for i, r := range limiters[0].CheckMany(ctx, reqs) {
+		if r.Err != nil || r.WithoutOwner || !r.Allowed {
+			t.Fatalf("CheckMany %d: %+v", i, r)
+		}
+	}
+	cc := limiters[0].client.(*redis.ClusterClient)
+	var mu sync.Mutex
+	var perMaster []int64
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		n, err := c.DBSize(ctx).Result()
+		mu.Lock()
+		perMaster = append(perMaster, n)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(perMaster) != 3 {
+		t.Fatalf("%d masters", len(perMaster))
+	}
+	for _, n := range perMaster {
+		if n == 0 {
+			t.Errorf("keys per master %v: a master holds none of 60 limit keys", perMaster)
+		}
+	}
+	for _, algo := range limiter.Algorithms {
+		if got := admitConcurrently(t, limiters, longRequest(algo, "hot")); got != 100 {
+			t.Errorf("%s: %d of 640 checks admitted on the cluster, want exactly the limit, 100", algo, got)
+		}
+	}
+}

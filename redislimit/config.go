@@ -24,6 +24,8 @@ var (
 	// ErrBadState wraps a key whose value in Redis is not a state this
 	// package wrote (another format version, or another program's key).
 	ErrBadState = errors.New("redislimit: bad state in Redis")
+	// ErrScript wraps an error the script raised while deciding a key.
+	ErrScript = errors.New("redislimit: script failed")
 	// ErrClosed is returned by calls on a closed Limiter.
 	ErrClosed = errors.New("redislimit: closed")
 )

@@ -92,24 +92,30 @@ local function muldiv(a, b, c, up, cap)
   return math.min(q, cap)
 end
 
--- The state: its algorithm, expiry and three words, as limiter's; the log
--- keeps its quantum and (at, hits) entries after them.
+-- The state: its algorithm, expiry and three words, as limiter's. The
+-- sliding window log's words are its quantum, its entry count and its
+-- base, and its entries follow them: logN entries of 16 bytes in logBody,
+-- oldest first, each (at, cum), where cum counts the entry's hits and
+-- those of every entry before it since the one whose cum is logBase, so
+-- that the total, expiry and the oldest hits reaching a count are binary
+-- searches, not a pass over the log.
 local st = {algo = 0, exp = 0, w = {0, 0, 0}}
-local logAt, logHits, quantum = {}, {}, 0
+local logBody, logN, logBase, quantum = '', 0, 0, 0
+local RECORD = 16
 
 local raw = redis.call('GET', key)
 if raw then
   if string.len(raw) < 34 or string.byte(raw, 1) ~= VERSION then
     return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION)
   end
-  local v, a, exp, w0, w1, w2, pos = struct.unpack('<BBdddd', raw)
+  local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
   st.algo, st.exp, st.w = a, exp, {w0, w1, w2}
   if a == SLOG then
-    quantum = w0
-    local n = w1
-    for i = 1, n do
-      logAt[i], logHits[i], pos = struct.unpack('<dd', raw, pos)
+    if string.len(raw) ~= 34 + RECORD * w1 then
+      return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ': log length')
     end
+    quantum, logN, logBase = w0, w1, w2
+    logBody = string.sub(raw, 35)
   end
 end
 
@@ -134,7 +140,7 @@ end
 -- A state of another algorithm, expired, or reset starts fresh.
 if st.algo ~= algo or st.exp <= now or has(RESET) then
   st = {algo = algo, exp = 0, w = {0, 0, 0}}
-  logAt, logHits, quantum = {}, {}, 0
+  logBody, logN, logBase, quantum = '', 0, 0, 0
 end
 
 -- The buckets.
@@ -182,60 +188,120 @@ local function bucketRetry(level, last, exp, probe)
 end
 
 -- The sliding window log.
-local function logTotal()
-  local s = 0
-  for i = 1, #logHits do s = s + logHits[i] end
-  return s
+local function entry(i) -- at, cum of entry i, 1 the oldest
+  return struct.unpack('<dd', logBody, (i - 1) * RECORD + 1)
+end
+
+local function lastCum()
+  if logN == 0 then return logBase end
+  local _, cum = entry(logN)
+  return cum
+end
+
+local function logTotal() return lastCum() - logBase end
+
+local function logClear() logBody, logN, logBase, quantum = '', 0, 0, 0 end
+
+-- firstEntry is the least i in [1, logN+1] for which pred(i) holds, pred
+-- being false then true along the log.
+local function firstEntry(pred)
+  local lo, hi = 1, logN + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if pred(mid) then hi = mid else lo = mid + 1 end
+  end
+  return lo
 end
 
 local function logExpire(cutoff)
-  local k = 0
-  while k < #logAt and logAt[k + 1] <= cutoff do k = k + 1 end
-  if k > 0 then
-    local a, h = {}, {}
-    for i = k + 1, #logAt do a[#a + 1], h[#h + 1] = logAt[i], logHits[i] end
-    logAt, logHits = a, h
+  local k = firstEntry(function(i) return entry(i) > cutoff end) - 1
+  if k == logN then
+    logClear()
+  elseif k > 0 then
+    local _, cum = entry(k)
+    logBody, logN, logBase = string.sub(logBody, k * RECORD + 1), logN - k, cum
   end
-  if #logAt == 0 then quantum = 0 end
+end
+
+-- unpackLog returns the entries as arrays of times and cums, rebased to 0.
+local function unpackLog()
+  local at, cum = {}, {}
+  for i = 1, logN do
+    local a, c = entry(i)
+    at[i], cum[i] = a, c - logBase
+  end
+  return at, cum
+end
+
+local function packLog(at, cum)
+  local parts = {}
+  for i = 1, #at do parts[i] = struct.pack('<dd', at[i], cum[i]) end
+  logBody, logN, logBase = table.concat(parts), #at, 0
 end
 
 local function joinsLast(t)
-  local n = #logAt
-  if n == 0 then return false end
-  local last = logAt[n]
+  if logN == 0 then return false end
+  local last = entry(logN)
   return t <= last or (quantum > 0 and floordiv(t, quantum) == floordiv(last, quantum))
 end
 
 -- coarsen merges the entries of each multiple of a quantum into the latest
 -- of them, doubling the quantum until at most MAXLOG/2 are left.
 local function coarsen()
-  local span = logAt[#logAt] - logAt[1]
+  local at, cum = unpackLog()
+  local span = at[#at] - at[1]
   local q = math.max(2 * quantum, 1)
   while q < math.floor(span / (MAXLOG / 2 - 1)) and q < 2 ^ 51 do q = q * 2 end
   while true do
-    local a, h = {logAt[1]}, {logHits[1]}
-    for i = 2, #logAt do
+    local a, c = {at[1]}, {cum[1]}
+    for i = 2, #at do
       local n = #a
-      if floordiv(logAt[i], q) == floordiv(a[n], q) then
-        a[n], h[n] = logAt[i], h[n] + logHits[i]
+      if floordiv(at[i], q) == floordiv(a[n], q) then
+        a[n], c[n] = at[i], cum[i] -- the later entry's cum counts both
       else
-        a[n + 1], h[n + 1] = logAt[i], logHits[i]
+        a[n + 1], c[n + 1] = at[i], cum[i]
       end
     end
-    logAt, logHits, quantum = a, h, q
-    if #a <= MAXLOG / 2 or q >= 2 ^ 51 then return end
+    at, cum, quantum = a, c, q
+    if #a <= MAXLOG / 2 or q >= 2 ^ 51 then break end
     q = q * 2
   end
+  packLog(at, cum)
 end
 
 local function logAdd(t, h)
-  if not joinsLast(t) and #logAt >= MAXLOG then coarsen() end
-  if joinsLast(t) then
-    local n = #logAt
-    logAt[n], logHits[n] = math.max(logAt[n], t), logHits[n] + h
-  else
-    logAt[#logAt + 1], logHits[#logHits + 1] = t, h
+  if not joinsLast(t) and logN >= MAXLOG then coarsen() end
+  if lastCum() + h >= 2 ^ 52 then -- keep cums exact
+    packLog(unpackLog())
   end
+  if joinsLast(t) then
+    local at, cum = entry(logN)
+    logBody = string.sub(logBody, 1, (logN - 1) * RECORD) .. struct.pack('<dd', math.max(at, t), cum + h)
+  else
+    logBody = logBody .. struct.pack('<dd', t, lastCum() + h)
+    logN = logN + 1
+  end
+end
+
+-- logRemoveNewest takes up to h hits off the newest entries.
+local function logRemoveNewest(h)
+  while h > 0 and logN > 0 do
+    local at, cum = entry(logN)
+    local before = logBase
+    if logN > 1 then
+      local _, c = entry(logN - 1)
+      before = c
+    end
+    local take = math.min(h, cum - before)
+    h = h - take
+    logBody = string.sub(logBody, 1, (logN - 1) * RECORD)
+    if take == cum - before then
+      logN = logN - 1
+    else
+      logBody = logBody .. struct.pack('<dd', at, cum - take)
+    end
+  end
+  if logN == 0 then logClear() end
 end
 
 -- The sliding window counter.
@@ -300,17 +366,7 @@ if has(REFUND) then
     local t = st.w[2]
     if t ~= 0 and st.w[1] > now then st.w[1] = math.max(st.w[1] - h * t, now) end
   else
-    while h > 0 and #logAt > 0 do
-      local n = #logAt
-      local take = math.min(h, logHits[n])
-      h = h - take
-      if take == logHits[n] then
-        logAt[n], logHits[n] = nil, nil
-      else
-        logHits[n] = logHits[n] - take
-      end
-    end
-    if #logAt == 0 then quantum = 0 end
+    logRemoveNewest(h)
   end
   hits, behavior = 0, 0
 end
@@ -422,28 +478,26 @@ else -- SLOG
       logAdd(now, limit - total)
       total = limit
     end
-    local need, sum = total + probe - limit, 0
-    for i = 1, #logAt do
-      sum = sum + logHits[i]
-      if sum >= need then
-        retry = logAt[i] + period - now
-        break
-      end
-    end
+    -- Wait until enough of the oldest hits expire: probe <= limit, so
+    -- 0 < need <= total.
+    local need = total + probe - limit
+    local i = firstEntry(function(j)
+      local _, cum = entry(j)
+      return cum - logBase >= need
+    end)
+    retry = entry(i) + period - now
   end
   remaining = math.max(limit - total, 0)
-  st.w = {quantum, #logAt, 0}
+  st.w = {quantum, logN, logBase}
   st.exp = now
-  if #logAt > 0 then st.exp = addsat(logAt[#logAt], period) end
+  if logN > 0 then st.exp = addsat(entry(logN), period) end
 end
 
 if st.exp > now then
-  local parts = {struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])}
-  if algo == SLOG then
-    for i = 1, #logAt do parts[#parts + 1] = struct.pack('<dd', logAt[i], logHits[i]) end
-  end
+  local value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
+  if algo == SLOG then value = value .. logBody end
   -- The key lives until its state is fresh again, to the millisecond.
-  redis.call('SET', key, table.concat(parts), 'PX', math.max(math.ceil((st.exp - now) / 1000), minTTL))
+  redis.call('SET', key, value, 'PX', math.max(math.ceil((st.exp - now) / 1000), minTTL))
 elseif raw then
   redis.call('DEL', key)
 end

@@ -205,6 +205,11 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 				again = append(again, c)
 			case err != nil && (strings.Contains(err.Error(), badStateReply) || redis.HasErrorPrefix(err, "WRONGTYPE")):
 				c.err = fmt.Errorf("%w: %v", ErrBadState, err)
+			case err != nil && redis.HasErrorPrefix(err, "user_script"):
+				// The script failed on this key: a fault of this
+				// package, named, rather than an outage hidden by the
+				// policy.
+				c.err = fmt.Errorf("%w: %v", ErrScript, err)
 			case err != nil:
 				return err
 			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given

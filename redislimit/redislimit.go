@@ -41,6 +41,11 @@ type Limiter struct {
 	withoutOwner atomic.Int64
 }
 
+// slotReloader is a cluster client, which can read its slot map again.
+type slotReloader interface {
+	ReloadState(ctx context.Context)
+}
+
 var _ sluice.Limiter = (*Limiter)(nil)
 
 // New returns a Limiter on cfg's Redis. It does not contact Redis: the
@@ -163,6 +168,11 @@ func (l *Limiter) run(ctx context.Context, calls []call) error {
 	if err != nil && ctx.Err() != nil {
 		l.brk.giveBack(probe) // the caller gave up: no news of Redis
 		return err
+	}
+	if r, ok := l.client.(slotReloader); ok && err != nil {
+		// A master that fails answers nothing, not MOVED: the slot map
+		// is read again so that the replica that takes over is found.
+		r.ReloadState(ctx)
 	}
 	l.brk.done(probe, err == nil, l.clock(), l.cfg.BreakerThreshold, l.cfg.BreakerCooldown)
 	return err

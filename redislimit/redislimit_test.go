@@ -533,3 +533,76 @@ func TestClusterExact(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterFailover kills the master of a key under traffic on a Redis
+// Cluster of 3 masters with a replica each: while the slot has no master
+// the policy (deny) decides and says so, no call errs, and once the
+// replica has taken over, Redis decides again from the state the replica
+// holds (the hits acknowledged by WAIT are all there).
+func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster with replicas")
+	}
+	rc := startCluster(t, 3, 1)
+	cfg := DefaultConfig()
+	cfg.Addrs = rc.addrs()
+	cfg.Timeout = time.Second
+	cfg.Unreachable = sluice.PolicyDeny
+	cfg.BreakerCooldown = 50 * time.Millisecond
+	cfg.Prefix = "fo:"
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	req := longRequest(limiter.FixedWindow, "failover")
+	req.Limit = 1000
+	for i := range 50 {
+		if d, err := l.Check(ctx, req); err != nil || d.WithoutOwner || !d.Allowed {
+			t.Fatalf("check %d before the failover: %+v, %v", i, d, err)
+		}
+	}
+	cc := l.client.(*redis.ClusterClient)
+	master, err := cc.MasterForKey(ctx, Key(cfg.Prefix, req.Name, req.Key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the key's replica acknowledging the writes", func() bool {
+		n, err := master.Do(ctx, "WAIT", 1, 100).Int()
+		return err == nil && n >= 1
+	})
+	var victim *redisServer
+	for _, s := range rc.nodes {
+		if s.addr() == master.Options().Addr {
+			victim = s
+		}
+	}
+	if victim == nil {
+		t.Fatalf("the key's master %s is none of the nodes started", master.Options().Addr)
+	}
+	victim.kill()
+
+	var withoutOwner int
+	testwait.For(t, "Redis deciding again after the failover", func() bool {
+		d, err := l.Check(ctx, limiter.Request{Name: req.Name, Key: req.Key, Limit: req.Limit, Period: req.Period, Algorithm: req.Algorithm})
+		switch {
+		case err != nil:
+			t.Fatalf("a check during the failover erred: %v", err)
+		case d.WithoutOwner:
+			withoutOwner++
+			if d.Allowed || d.RetryAfter != cfg.DenyRetryAfter {
+				t.Fatalf("during the failover, not PolicyDeny's decision: %+v", d)
+			}
+			return false
+		}
+		return true
+	})
+	if withoutOwner == 0 {
+		t.Error("no check was decided by the policy while the slot had no master")
+	}
+	d, err := l.Check(ctx, req)
+	if err != nil || d.WithoutOwner || d.Remaining != 1000-51 {
+		t.Errorf("after the failover: %+v, %v; want the 50 replicated hits and this one counted, 949 remaining", d, err)
+	}
+}

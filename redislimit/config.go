@@ -64,6 +64,14 @@ type Config struct {
 	BreakerCooldown  time.Duration
 	// Local is the store PolicyLocal decides on.
 	Local limiter.StoreConfig
+	// OverLimitCache, when positive, is the most keys remembered in this
+	// process as admitting nothing: a check of one or no hits that Redis
+	// denies with Remaining 0 is remembered until its RetryAfter, and
+	// checks of the same key and parameters (of any hits, without
+	// Behavior) are denied until then without a call to Redis, with the
+	// RetryAfter of one hit, a lower bound for more. Each key costs about
+	// 200 bytes beyond its name and key. 0, the default, is off.
+	OverLimitCache int
 	// PoolSize is the most connections per Redis node when New builds
 	// the client; 0 is go-redis's default (10 per CPU).
 	PoolSize int
@@ -88,8 +96,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// MaxPrefixLen bounds Config.Prefix, in bytes.
-const MaxPrefixLen = 64
+// Bounds of Config's fields.
+const (
+	// MaxPrefixLen bounds Config.Prefix, in bytes.
+	MaxPrefixLen = 64
+	// MaxOverLimitCache bounds Config.OverLimitCache, in keys.
+	MaxOverLimitCache = 1 << 22
+)
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
@@ -111,6 +124,8 @@ func (c Config) Validate() error {
 		return bad("BreakerThreshold %d is outside [1, %d]", c.BreakerThreshold, 1<<20)
 	case c.BreakerCooldown <= 0:
 		return bad("BreakerCooldown %v is not positive", c.BreakerCooldown)
+	case c.OverLimitCache < 0 || c.OverLimitCache > MaxOverLimitCache:
+		return bad("OverLimitCache %d is outside [0, %d]", c.OverLimitCache, MaxOverLimitCache)
 	case c.PoolSize < 0:
 		return bad("PoolSize %d is negative", c.PoolSize)
 	}

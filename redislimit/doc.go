@@ -47,4 +47,9 @@
 // sends checks straight to the policy for Config.BreakerCooldown, then
 // lets one probe through, so that a Redis that is down costs no timeout
 // per check and sees no storm of retries.
+//
+// Config.OverLimitCache (off by default) remembers, in this process, at
+// most that many keys that Redis said admit nothing, until their
+// RetryAfter: a key under attack then costs Redis one call per RetryAfter
+// per process.
 package redislimit

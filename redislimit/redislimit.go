@@ -27,6 +27,7 @@ type Limiter struct {
 	owned  bool // Close closes client
 	script *redis.Script
 	local  *sluice.Local
+	over   *overLimit // nil unless Config.OverLimitCache
 	brk    breaker
 	closed atomic.Bool
 
@@ -64,6 +65,9 @@ func New(cfg Config) (*Limiter, error) {
 		l.client, l.owned = cfg.client(), true
 	}
 	l.local = sluice.NewLocal(store, func() time.Time { return l.clock() })
+	if cfg.OverLimitCache > 0 {
+		l.over = newOverLimit(cfg.OverLimitCache)
+	}
 	return l, nil
 }
 
@@ -107,6 +111,12 @@ func (l *Limiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ..
 			out[i].Err = err
 			continue
 		}
+		if l.over != nil {
+			if d, ok := l.over.lookup(&reqs[i], l.clock()); ok {
+				out[i].Decision.Decision = d
+				continue
+			}
+		}
 		calls = append(calls, call{index: i, req: &reqs[i]})
 	}
 	if len(calls) == 0 {
@@ -130,6 +140,9 @@ func (l *Limiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ..
 	}
 	for _, c := range calls {
 		out[c.index].Decision, out[c.index].Err = c.decision, c.err
+		if l.over != nil && c.err == nil {
+			l.over.remember(c.req, c.decision.Decision, l.clock())
+		}
 	}
 	return out
 }

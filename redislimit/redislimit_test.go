@@ -153,6 +153,8 @@ func TestConfigValidate(t *testing.T) {
 		{"zero cooldown", func(c *Config) { c.BreakerCooldown = 0 }},
 		{"long prefix", func(c *Config) { c.Prefix = strings.Repeat("p", MaxPrefixLen+1) }},
 		{"bad local store", func(c *Config) { c.Local.Shards = 3 }},
+		{"negative cache", func(c *Config) { c.OverLimitCache = -1 }},
+		{"huge cache", func(c *Config) { c.OverLimitCache = MaxOverLimitCache + 1 }},
 	} {
 		cfg := DefaultConfig()
 		tc.f(&cfg)
@@ -604,5 +606,95 @@ func TestClusterFailover(t *testing.T) {
 	d, err := l.Check(ctx, req)
 	if err != nil || d.WithoutOwner || d.Remaining != 1000-51 {
 		t.Errorf("after the failover: %+v, %v; want the 50 replicated hits and this one counted, 949 remaining", d, err)
+	}
+}
+
+// TestOverLimitCache: with the cache on, a key Redis denied is denied
+// here until its RetryAfter without a call to Redis, with the RetryAfter
+// counting down; then Redis decides again. Other parameters, a behavior,
+// or a denial that leaves hits remaining go to Redis; the cache holds at
+// most its bound; it is off by default.
+func TestOverLimitCache(t *testing.T) {
+	srv := startRedis(t)
+	if l := newTestLimiter(t, nil, srv.addr()); l.over != nil {
+		t.Fatal("the over-limit cache is on by default")
+	}
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	cfg := DefaultConfig()
+	cfg.Addrs = []string{srv.addr()}
+	cfg.Prefix = "over:"
+	cfg.OverLimitCache = 2
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.clock, l.serverNow = clock.read, clock.read
+	hook := &countingHook{}
+	l.client.AddHook(hook)
+	ctx := context.Background()
+	req := limiter.Request{Name: "over", Key: "k", Hits: 1, Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow}
+	for range 2 {
+		if d, err := l.Check(ctx, req); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	d, err := l.Check(ctx, req)
+	if err != nil || d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("the third check: %+v, %v", d, err)
+	}
+	sent := hook.pipelines.Load()
+	for i := range 10 {
+		clock.now = clock.now.Add(50 * time.Millisecond)
+		d, err := l.Check(ctx, req)
+		want := time.Second - time.Duration(i+1)*50*time.Millisecond
+		if err != nil || d.Allowed || d.RetryAfter != want || d.WithoutOwner {
+			t.Fatalf("cached check %d: %+v, %v; want denied, RetryAfter %v", i, d, err, want)
+		}
+	}
+	if n := hook.pipelines.Load() - sent; n != 0 {
+		t.Errorf("%d calls to Redis for a key known to be over its limit", n)
+	}
+	for _, other := range []limiter.Request{
+		{Name: "over", Key: "k", Hits: 1, Limit: 5, Period: time.Second, Algorithm: limiter.FixedWindow},
+		{Name: "over", Key: "k", Hits: 1, Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund},
+	} {
+		before := hook.pipelines.Load()
+		if _, err := l.Check(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+		if hook.pipelines.Load() == before {
+			t.Errorf("%+v was answered from the cache", other)
+		}
+	}
+	clock.now = clock.now.Add(time.Second)
+	before := hook.pipelines.Load()
+	if d, err := l.Check(ctx, req); err != nil || !d.Allowed || hook.pipelines.Load() == before {
+		t.Errorf("after RetryAfter: %+v, %v; want Redis to admit it", d, err)
+	}
+
+	// A denial of 2 hits with 1 remaining is not remembered.
+	big := limiter.Request{Name: "over", Key: "big", Hits: 1, Limit: 3, Period: time.Second, Algorithm: limiter.FixedWindow}
+	l.Check(ctx, big)
+	l.Check(ctx, big)
+	big.Hits = 2
+	if d, _ := l.Check(ctx, big); d.Allowed || d.Remaining != 1 {
+		t.Fatalf("2 hits with 1 remaining: %+v", d)
+	}
+	big.Hits = 1
+	if d, _ := l.Check(ctx, big); !d.Allowed {
+		t.Errorf("1 hit after a denial of 2 with 1 remaining: %+v", d)
+	}
+
+	// The bound: five keys denied, at most two remembered.
+	for i := range 5 {
+		r := limiter.Request{Name: "over", Key: fmt.Sprintf("many%d", i), Hits: 1, Limit: 1, Period: time.Hour, Algorithm: limiter.GCRA}
+		l.Check(ctx, r)
+		if d, _ := l.Check(ctx, r); d.Allowed {
+			t.Fatalf("second hit of limit 1: %+v", d)
+		}
+	}
+	if n := len(l.over.denied); n > 2 {
+		t.Errorf("the cache holds %d keys, more than its bound 2", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -60,7 +61,8 @@ func runCallers(b *testing.B, op func(ctx context.Context, key string) error) {
 
 // BenchmarkRedis is sluice's Redis backend, each algorithm, against the
 // fixed window scheme of envoyproxy/ratelimit (INCRBY and EXPIRE
-// pipelined, the window's start in the key), on one redis-server.
+// pipelined, the window's start in the key) and go-redis/redis_rate's
+// GCRA, on one redis-server, 1,000,000 per minute on 1000 keys.
 func BenchmarkRedis(b *testing.B) {
 	srv := startRedis(b)
 	for _, algo := range limiter.Algorithms {
@@ -92,6 +94,18 @@ func BenchmarkRedis(b *testing.B) {
 			})
 			if err == nil && incr.Val() < 1 {
 				err = fmt.Errorf("count %d", incr.Val())
+			}
+			return err
+		})
+	})
+	b.Run("redis_rate_gcra", func(b *testing.B) {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+		defer rdb.Close()
+		rl := redis_rate.NewLimiter(rdb)
+		runCallers(b, func(ctx context.Context, key string) error {
+			res, err := rl.Allow(ctx, "redis_rate_bench:"+key, redis_rate.PerMinute(1_000_000))
+			if err == nil && res.Allowed != 1 {
+				err = fmt.Errorf("denied: %+v", res)
 			}
 			return err
 		})

@@ -207,18 +207,23 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 			return fmt.Errorf("redislimit: %d checks undecided after %d passes", len(pending), pass)
 		}
 		cmds := make([]*redis.Cmd, len(pending))
-		// Pipelined's error is the first command's; each is read below.
-		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, c := range pending {
-				keys := []string{Key(l.cfg.Prefix, c.req.Name, c.req.Key)}
+		send := func(c redis.Scripter) {
+			for i, p := range pending {
+				keys := []string{Key(l.cfg.Prefix, p.req.Name, p.req.Key)}
 				if pass == 0 {
-					cmds[i] = l.script.EvalSha(ctx, p, keys, l.args(c.req, c.hint)...)
+					cmds[i] = l.script.EvalSha(ctx, c, keys, l.args(p.req, p.hint)...)
 				} else {
-					cmds[i] = l.script.Eval(ctx, p, keys, l.args(c.req, c.hint)...)
+					cmds[i] = l.script.Eval(ctx, c, keys, l.args(p.req, p.hint)...)
 				}
 			}
-			return nil
-		})
+		}
+		if len(pending) == 1 {
+			send(l.client) // one command needs no pipeline
+		} else {
+			// Pipelined's error is the first command's; each is read
+			// below.
+			_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { send(p); return nil })
+		}
 		var again []*call
 		for i, cmd := range cmds {
 			c := pending[i]

@@ -276,6 +276,15 @@ func TestScriptReloaded(t *testing.T) {
 			t.Fatalf("check %d after SCRIPT FLUSH: %+v, %v", i, d, err)
 		}
 	}
+	// A pipeline of checks, each answered NOSCRIPT, then sent by EVAL.
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range l.CheckMany(ctx, []limiter.Request{req, req, req}) {
+		if r.Err != nil || r.WithoutOwner || r.Remaining != int64(96-i) {
+			t.Fatalf("CheckMany %d after SCRIPT FLUSH: %+v", i, r)
+		}
+	}
 }
 
 // TestBadState: a key holding what this package did not write (another
@@ -360,14 +369,21 @@ func TestGCRAIntervalChange(t *testing.T) {
 	}
 }
 
-// countingHook counts the pipelines sent to Redis.
-type countingHook struct{ pipelines atomic.Int64 }
+// countingHook counts the calls sent to Redis: commands and pipelines.
+type countingHook struct{ calls atomic.Int64 }
 
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.calls.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.pipelines.Add(1)
+		h.calls.Add(1)
 		return next(ctx, cmds)
 	}
 }
@@ -451,14 +467,14 @@ func TestRedisKilled(t *testing.T) {
 			}
 
 			// Open: no call reaches Redis.
-			sent := hook.pipelines.Load()
+			sent := hook.calls.Load()
 			for range 20 {
 				if d, err := l.Check(ctx, req); err != nil || !d.WithoutOwner {
 					t.Fatalf("breaker open: %+v, %v", d, err)
 				}
 			}
-			if n := hook.pipelines.Load() - sent; n != 0 {
-				t.Errorf("%d pipelines sent while the breaker was open", n)
+			if n := hook.calls.Load() - sent; n != 0 {
+				t.Errorf("%d calls sent while the breaker was open", n)
 			}
 			// After the cooldown one probe goes out, fails, and reopens.
 			advance(cfg.BreakerCooldown)
@@ -467,8 +483,8 @@ func TestRedisKilled(t *testing.T) {
 					t.Fatalf("probe while down: %+v, %v", d, err)
 				}
 			}
-			if n := hook.pipelines.Load() - sent; n != 1 {
-				t.Errorf("%d pipelines after the cooldown, want one probe", n)
+			if n := hook.calls.Load() - sent; n != 1 {
+				t.Errorf("%d calls after the cooldown, want one probe", n)
 			}
 
 			srv.restart()
@@ -643,7 +659,7 @@ func TestOverLimitCache(t *testing.T) {
 	if err != nil || d.Allowed || d.RetryAfter != time.Second {
 		t.Fatalf("the third check: %+v, %v", d, err)
 	}
-	sent := hook.pipelines.Load()
+	sent := hook.calls.Load()
 	for i := range 10 {
 		clock.now = clock.now.Add(50 * time.Millisecond)
 		d, err := l.Check(ctx, req)
@@ -652,24 +668,24 @@ func TestOverLimitCache(t *testing.T) {
 			t.Fatalf("cached check %d: %+v, %v; want denied, RetryAfter %v", i, d, err, want)
 		}
 	}
-	if n := hook.pipelines.Load() - sent; n != 0 {
+	if n := hook.calls.Load() - sent; n != 0 {
 		t.Errorf("%d calls to Redis for a key known to be over its limit", n)
 	}
 	for _, other := range []limiter.Request{
 		{Name: "over", Key: "k", Hits: 1, Limit: 5, Period: time.Second, Algorithm: limiter.FixedWindow},
 		{Name: "over", Key: "k", Hits: 1, Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund},
 	} {
-		before := hook.pipelines.Load()
+		before := hook.calls.Load()
 		if _, err := l.Check(ctx, other); err != nil {
 			t.Fatal(err)
 		}
-		if hook.pipelines.Load() == before {
+		if hook.calls.Load() == before {
 			t.Errorf("%+v was answered from the cache", other)
 		}
 	}
 	clock.now = clock.now.Add(time.Second)
-	before := hook.pipelines.Load()
-	if d, err := l.Check(ctx, req); err != nil || !d.Allowed || hook.pipelines.Load() == before {
+	before := hook.calls.Load()
+	if d, err := l.Check(ctx, req); err != nil || !d.Allowed || hook.calls.Load() == before {
 		t.Errorf("after RetryAfter: %+v, %v; want Redis to admit it", d, err)
 	}
 

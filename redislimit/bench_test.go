@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,10 +22,16 @@ import (
 const benchKeys = 1000
 
 // runCallers runs b.N calls of op from 64 parallel callers (RunParallel
-// starts SetParallelism goroutines per GOMAXPROCS) and reports checks/s
-// and the 99th percentile latency.
-func runCallers(b *testing.B, op func(ctx context.Context, key string) error) {
+// starts SetParallelism goroutines per GOMAXPROCS) and reports checks/s,
+// the 99th percentile latency and the server's CPU time per check, which
+// Redis counts per command (INFO commandstats) on addr.
+func runCallers(b *testing.B, addr string, op func(ctx context.Context, key string) error) {
 	b.Helper()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
 	b.SetParallelism(max(64/runtime.GOMAXPROCS(0), 1))
 	var (
 		mu    sync.Mutex
@@ -57,6 +64,29 @@ func runCallers(b *testing.B, op func(ctx context.Context, key string) error) {
 	slices.Sort(lats)
 	b.ReportMetric(float64(len(lats))/elapsed.Seconds(), "checks/s")
 	b.ReportMetric(float64(lats[len(lats)*99/100].Microseconds()), "p99-us")
+	stats, err := admin.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(serverMicros(stats)/float64(len(lats)), "redis-us/check")
+}
+
+// serverMicros sums the usec of every command in INFO commandstats but
+// CONFIG's and INFO's own.
+func serverMicros(stats string) float64 {
+	var sum float64
+	for _, line := range strings.Split(stats, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_") || strings.HasPrefix(line, "cmdstat_config") || strings.HasPrefix(line, "cmdstat_info") {
+			continue
+		}
+		for _, field := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {
+			if v, ok := strings.CutPrefix(field, "usec="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				sum += n
+			}
+		}
+	}
+	return sum
 }
 
 // BenchmarkRedis is sluice's Redis backend, each algorithm, against the
@@ -68,7 +98,7 @@ func BenchmarkRedis(b *testing.B) {
 	for _, algo := range limiter.Algorithms {
 		b.Run(algo.String(), func(b *testing.B) {
 			l := newTestLimiter(b, nil, srv.addr())
-			runCallers(b, func(ctx context.Context, key string) error {
+			runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
 				d, err := l.Check(ctx, limiter.Request{Name: "bench", Key: key, Hits: 1, Limit: 1_000_000, Period: time.Minute, Algorithm: algo})
 				if err == nil && d.WithoutOwner {
 					err = fmt.Errorf("decided without Redis")
@@ -81,7 +111,7 @@ func BenchmarkRedis(b *testing.B) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
 		defer rdb.Close()
 		period := int64(60)
-		runCallers(b, func(ctx context.Context, key string) error {
+		runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
 			// The window's start in the key; INCRBY then EXPIRE in one
 			// pipeline; the count decides on the client.
 			window := time.Now().Unix() / period * period
@@ -102,7 +132,7 @@ func BenchmarkRedis(b *testing.B) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
 		defer rdb.Close()
 		rl := redis_rate.NewLimiter(rdb)
-		runCallers(b, func(ctx context.Context, key string) error {
+		runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
 			res, err := rl.Allow(ctx, "redis_rate_bench:"+key, redis_rate.PerMinute(1_000_000))
 			if err == nil && res.Allowed != 1 {
 				err = fmt.Errorf("denied: %+v", res)
@@ -117,8 +147,24 @@ func BenchmarkRedis(b *testing.B) {
 // bounds the docs state.
 func TestMemoryPerKey(t *testing.T) {
 	_, l, rdb := startWithLimiter(t)
+	l.cfg.Prefix = DefaultConfig().Prefix
 	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
 	ctx := context.Background()
+	// Beside them, for the same client key: envoyproxy/ratelimit's
+	// counter and go-redis/redis_rate's.
+	envoyKey := "ratelimit_api_per_user_user:1234567_1800000000"
+	rdb.IncrBy(ctx, envoyKey, 1)
+	rdb.Expire(ctx, envoyKey, time.Minute)
+	if _, err := redis_rate.NewLimiter(rdb).Allow(ctx, "api_per_user:user:1234567", redis_rate.PerMinute(100)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{envoyKey, "rate:api_per_user:user:1234567"} {
+		n, err := rdb.MemoryUsage(ctx, k, 0).Result()
+		if err != nil {
+			t.Fatalf("MEMORY USAGE %s: %v", k, err)
+		}
+		t.Logf("%s: %d bytes", k, n)
+	}
 	for _, algo := range limiter.Algorithms {
 		req := limiter.Request{Name: "api_per_user", Key: "user:1234567", Hits: 1, Limit: 100, Period: time.Minute, Algorithm: algo}
 		if _, err := l.Check(ctx, req); err != nil {

@@ -1,6 +1,7 @@
 package redislimit
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -126,22 +127,20 @@ func (l *Limiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ..
 	if policy == sluice.PolicyDefault || !policy.Valid() {
 		policy = l.cfg.Unreachable
 	}
-	if err := l.run(ctx, calls); err != nil {
-		if ctx.Err() != nil { // the caller's context ended, not Redis
-			for _, c := range calls {
-				out[c.index].Err = ctx.Err()
-			}
-			return out
-		}
-		for _, c := range calls {
-			out[c.index].Decision, out[c.index].Err = l.unreachable(ctx, c.req, policy)
-		}
-		return out
-	}
+	failed := l.run(ctx, calls) != nil
 	for _, c := range calls {
-		out[c.index].Decision, out[c.index].Err = c.decision, c.err
-		if l.over != nil && c.err == nil {
-			l.over.remember(c.req, c.decision.Decision, l.clock())
+		switch {
+		case c.decided:
+			// Redis decided it, even if it failed others of the batch
+			// (a master of a cluster down, say): its count is taken.
+			out[c.index].Decision, out[c.index].Err = c.decision, c.err
+			if l.over != nil && c.err == nil {
+				l.over.remember(c.req, c.decision.Decision, l.clock())
+			}
+		case failed && ctx.Err() != nil: // the caller's context ended, not Redis
+			out[c.index].Err = ctx.Err()
+		default:
+			out[c.index].Decision, out[c.index].Err = l.unreachable(ctx, c.req, policy)
 		}
 	}
 	return out
@@ -162,14 +161,16 @@ func (l *Limiter) callError(ctx context.Context) error {
 type call struct {
 	index    int
 	req      *limiter.Request
+	decided  bool // Redis answered: decision, or err
 	decision sluice.Decision
 	err      error     // of this request alone: a bad state
 	hint     time.Time // the server's time, when a calendar window missed it
 }
 
 // run decides calls on Redis within the timeout, behind the breaker. It
-// returns an error when Redis did not decide them all: unreachable, slow,
-// refusing or failing over. A call's own error (a bad state) is in it.
+// returns an error when Redis did not decide them all (unreachable, slow,
+// refusing or failing over); the calls it decided are marked decided. A
+// call's own error (a bad state) is in it.
 func (l *Limiter) run(ctx context.Context, calls []call) error {
 	probe, ok := l.brk.allow(l.clock())
 	if !ok {
@@ -196,7 +197,9 @@ var errBreakerOpen = errors.New("redislimit: breaker open")
 // pipeline runs the script for every call, EVALSHA first and EVAL for the
 // calls whose server lacks the script, then once more for calendar windows
 // that the server's clock placed outside the caller's. It returns the
-// first error of Redis; a call's bad state is that call's error.
+// first error of Redis, after a pass has read every answer, so that the
+// calls Redis did decide are kept; a call's bad state is that call's
+// error.
 func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 	pending := make([]*call, len(calls))
 	for i := range calls {
@@ -225,6 +228,7 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 			_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { send(p); return nil })
 		}
 		var again []*call
+		var failed error
 		for i, cmd := range cmds {
 			c := pending[i]
 			vals, err := cmd.Int64Slice()
@@ -232,22 +236,25 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, c)
 			case err != nil && (strings.Contains(err.Error(), badStateReply) || redis.HasErrorPrefix(err, "WRONGTYPE")):
-				c.err = fmt.Errorf("%w: %v", ErrBadState, err)
+				c.decided, c.err = true, fmt.Errorf("%w: %v", ErrBadState, err)
 			case err != nil && redis.HasErrorPrefix(err, "user_script"):
 				// The script failed on this key: a fault of this
 				// package, named, rather than an outage hidden by the
 				// policy.
-				c.err = fmt.Errorf("%w: %v", ErrScript, err)
+				c.decided, c.err = true, fmt.Errorf("%w: %v", ErrScript, err)
 			case err != nil:
-				return err
+				failed = cmp.Or(failed, err)
 			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given
 				c.hint = time.UnixMicro(vals[1])
 				again = append(again, c)
 			case len(vals) != 6:
-				return fmt.Errorf("redislimit: script answered %v, want 6 numbers", vals)
+				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 6 numbers", vals))
 			default:
-				c.decision = decisionOf(c.req, vals)
+				c.decided, c.decision = true, decisionOf(c.req, vals)
 			}
+		}
+		if failed != nil {
+			return failed
 		}
 		pending = again
 	}

@@ -550,6 +550,29 @@ func TestClusterExact(t *testing.T) {
 			t.Errorf("%s: %d of 640 checks admitted on the cluster, want exactly the limit, 100", algo, got)
 		}
 	}
+
+	// One master killed: a batch over every master is decided by Redis
+	// where its master lives, and by the policy only where it died.
+	victim := rc.nodes[0]
+	onVictim := map[int]bool{}
+	for i, r := range reqs {
+		m, err := cc.MasterForKey(ctx, Key(limiters[0].cfg.Prefix, r.Name, r.Key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		onVictim[i] = m.Options().Addr == victim.addr()
+	}
+	victim.kill()
+	for i, r := range limiters[0].CheckMany(ctx, reqs) {
+		switch {
+		case r.Err != nil:
+			t.Errorf("CheckMany %d with a master down: %v", i, r.Err)
+		case onVictim[i] && !r.WithoutOwner:
+			t.Errorf("CheckMany %d, on the dead master: %+v, want the policy's decision", i, r)
+		case !onVictim[i] && (r.WithoutOwner || r.Remaining != 98):
+			t.Errorf("CheckMany %d, on a live master: %+v, want Redis's decision, 98 remaining", i, r)
+		}
+	}
 }
 
 // TestClusterFailover kills the master of a key under traffic on a Redis

@@ -128,7 +128,8 @@ func startCluster(t testing.TB, masters, replicasEach int) *redisCluster {
 	var addrs []string
 	for range masters * (1 + replicasEach) {
 		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0")
+			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+			"--cluster-require-full-coverage", "no")
 		rc.nodes = append(rc.nodes, s)
 		addrs = append(addrs, s.addr())
 	}

@@ -737,3 +737,46 @@ func TestOverLimitCache(t *testing.T) {
 		t.Errorf("the cache holds %d keys, more than its bound 2", n)
 	}
 }
+
+// TestRedisSlow: a Redis that answers nothing within Timeout (its scripts
+// paused) is decided by the policy, with no error, and Redis decides again
+// once it answers.
+func TestRedisSlow(t *testing.T) {
+	srv, _, rdb := startWithLimiter(t)
+	cfg := DefaultConfig()
+	cfg.Addrs = []string{srv.addr()}
+	cfg.Timeout = 100 * time.Millisecond
+	cfg.Unreachable = sluice.PolicyDeny
+	cfg.BreakerCooldown = time.Millisecond
+	cfg.Prefix = "slow:"
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	req := longRequest(limiter.GCRA, "slow")
+	if d, err := l.Check(ctx, req); err != nil || d.WithoutOwner {
+		t.Fatalf("before the pause: %+v, %v", d, err)
+	}
+	// WRITE pauses every script (it may write), not the admin's UNPAUSE.
+	if err := rdb.Do(ctx, "CLIENT", "PAUSE", 60_000, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Check(ctx, req)
+	if err != nil || !d.WithoutOwner || d.Allowed || d.RetryAfter != cfg.DenyRetryAfter {
+		t.Fatalf("Redis paused: %+v, %v; want PolicyDeny's decision", d, err)
+	}
+	if err := rdb.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "Redis deciding again", func() bool {
+		d, err := l.Check(ctx, limiter.Request{Name: req.Name, Key: req.Key, Limit: req.Limit, Period: req.Period, Algorithm: req.Algorithm})
+		return err == nil && !d.WithoutOwner
+	})
+	// The first hit counts; the one sent while Redis was paused counts if
+	// Redis ran it before it saw its connection closed, and at most once.
+	if d, err := l.Check(ctx, limiter.Request{Name: req.Name, Key: req.Key, Limit: req.Limit, Period: req.Period, Algorithm: req.Algorithm}); err != nil || d.Remaining != 99 && d.Remaining != 98 {
+		t.Errorf("after the pause: %+v, %v; want 99 or 98 remaining", d, err)
+	}
+}

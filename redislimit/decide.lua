@@ -109,11 +109,16 @@ if raw then
     return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION)
   end
   local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
+  -- Numbers within the horizon (NaN is not equal to itself), an
+  -- algorithm, and a log of at most MAXLOG entries exactly as long as its
+  -- count says: what this script writes.
+  local function sane(x) return x == x and x >= -HORIZON and x <= HORIZON end
+  if not (a >= TOKEN and a <= GCRA and sane(exp) and sane(w0) and sane(w1) and sane(w2)) or
+      (a == SLOG and (w1 < 0 or w1 > MAXLOG or w1 ~= math.floor(w1) or string.len(raw) ~= 34 + RECORD * w1)) then
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ' as this script writes it')
+  end
   st.algo, st.exp, st.w = a, exp, {w0, w1, w2}
   if a == SLOG then
-    if string.len(raw) ~= 34 + RECORD * w1 then
-      return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ': log length')
-    end
     quantum, logN, logBase = w0, w1, w2
     logBody = string.sub(raw, 35)
   end

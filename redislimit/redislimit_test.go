@@ -2,8 +2,10 @@ package redislimit
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -296,14 +298,36 @@ func TestBadState(t *testing.T) {
 	str, list, good := longRequest(limiter.GCRA, "str"), longRequest(limiter.GCRA, "list"), longRequest(limiter.GCRA, "good")
 	rdb.Set(ctx, Key(l.cfg.Prefix, str.Name, str.Key), "not a state", 0)
 	rdb.RPush(ctx, Key(l.cfg.Prefix, list.Name, list.Key), "x")
-	res := l.CheckMany(ctx, []limiter.Request{str, list, good})
-	for i := range 2 {
+	// Format version 1 as this package writes it, with what it never
+	// writes: a NaN expiry, an unknown algorithm, a log longer than it
+	// says, a log count past MaxLogEntries.
+	state := func(algo byte, words ...float64) string {
+		b := []byte{1, algo}
+		for _, w := range words {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(w))
+		}
+		return string(b)
+	}
+	crafted := []string{
+		state(byte(limiter.GCRA), math.NaN(), 1, 1, 0),
+		state(9, 2e15, 1, 1, 0),
+		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1, 0) + "0123456789abcdef0123456789abcdef",
+		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1e9, 0),
+	}
+	reqs := []limiter.Request{str, list}
+	for i, v := range crafted {
+		r := longRequest(limiter.GCRA, fmt.Sprintf("crafted%d", i))
+		rdb.Set(ctx, Key(l.cfg.Prefix, r.Name, r.Key), v, 0)
+		reqs = append(reqs, r)
+	}
+	res := l.CheckMany(ctx, append(reqs, good))
+	for i := range reqs {
 		if !errors.Is(res[i].Err, ErrBadState) {
-			t.Errorf("request %d: %v, want ErrBadState", i, res[i].Err)
+			t.Errorf("request %d: %+v, want ErrBadState", i, res[i])
 		}
 	}
-	if res[2].Err != nil || res[2].WithoutOwner || !res[2].Allowed {
-		t.Errorf("the good request beside them: %+v", res[2])
+	if r := res[len(reqs)]; r.Err != nil || r.WithoutOwner || !r.Allowed {
+		t.Errorf("the good request beside them: %+v", r)
 	}
 	if l.brk.isOpen() || l.brk.failures != 0 {
 		t.Errorf("bad states counted as %d Redis failures", l.brk.failures)

@@ -23,14 +23,18 @@ const benchKeys = 1000
 
 // runCallers runs b.N calls of op from 64 parallel callers (RunParallel
 // starts SetParallelism goroutines per GOMAXPROCS) and reports checks/s,
-// the 99th percentile latency and the server's CPU time per check, which
-// Redis counts per command (INFO commandstats) on addr.
+// the 99th percentile and the longest latency, and the server's CPU time
+// per check, which Redis counts per command (INFO commandstats) on addr
+// ("": none, the server is down).
 func runCallers(b *testing.B, addr string, op func(ctx context.Context, key string) error) {
 	b.Helper()
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	defer admin.Close()
-	if err := admin.ConfigResetStat(context.Background()).Err(); err != nil {
-		b.Fatal(err)
+	var admin *redis.Client
+	if addr != "" {
+		admin = redis.NewClient(&redis.Options{Addr: addr})
+		defer admin.Close()
+		if err := admin.ConfigResetStat(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.SetParallelism(max(64/runtime.GOMAXPROCS(0), 1))
 	var (
@@ -64,6 +68,10 @@ func runCallers(b *testing.B, addr string, op func(ctx context.Context, key stri
 	slices.Sort(lats)
 	b.ReportMetric(float64(len(lats))/elapsed.Seconds(), "checks/s")
 	b.ReportMetric(float64(lats[len(lats)*99/100].Microseconds()), "p99-us")
+	b.ReportMetric(float64(lats[len(lats)-1].Microseconds()), "max-us")
+	if admin == nil {
+		return
+	}
 	stats, err := admin.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
@@ -139,6 +147,30 @@ func BenchmarkRedis(b *testing.B) {
 			}
 			return err
 		})
+	})
+}
+
+// BenchmarkRedisDown is the Redis backend with its server killed: 64
+// callers, Timeout 100 ms, the default breaker (5 failures, 1 s
+// cooldown), PolicyLocal: checks/s, p99 and the longest check while
+// every check goes to the policy, the breaker letting one probe through a
+// second.
+func BenchmarkRedisDown(b *testing.B) {
+	srv := startRedis(b)
+	cfg := DefaultConfig()
+	cfg.Addrs = []string{srv.addr()}
+	l, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	srv.kill()
+	runCallers(b, "", func(ctx context.Context, key string) error {
+		d, err := l.Check(ctx, limiter.Request{Name: "bench", Key: key, Hits: 1, Limit: 1_000_000, Period: time.Minute, Algorithm: limiter.GCRA})
+		if err == nil && !d.WithoutOwner {
+			err = fmt.Errorf("decided by a dead Redis")
+		}
+		return err
 	})
 }
 

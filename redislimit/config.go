@@ -32,10 +32,11 @@ var (
 
 // Config configures a Limiter.
 type Config struct {
-	// Client is the Redis to decide on: a *redis.Client, a
-	// *redis.ClusterClient or a *redis.Ring's shards' clients. When nil,
-	// New builds one from Addrs, Username, Password and TLS, and Close
-	// closes it; a Client given here is the caller's to close.
+	// Client is the Redis to decide on: a *redis.Client or a
+	// *redis.ClusterClient. When nil, New builds one from Addrs,
+	// Username, Password, TLS, Timeout and PoolSize, and Close closes it;
+	// a Client given here is the caller's to close, and its own timeouts
+	// and retries apply within Timeout.
 	Client redis.UniversalClient
 	// Addrs are the addresses of one Redis server (one address) or of
 	// Redis Cluster nodes (several; the cluster's other nodes are found

@@ -70,16 +70,15 @@ func TestDifferential(t *testing.T) {
 	if err != nil {
 		t.Skipf("no zone database: %v", err)
 	}
-	// Periods are whole microseconds, as Redis needs, and so is every
-	// Period/Limit, where GCRA's emission interval is the same in
-	// nanoseconds and in microseconds; 8 per 3s drains the buckets by
-	// inexact floats.
+	// Periods are whole microseconds, as Redis needs; 8 and 7 per 3s
+	// drain the buckets by inexact floats.
 	params := []traceParams{
 		{limit: 10, burst: 0, period: time.Second},
 		{limit: 8, burst: 12, period: 3 * time.Second},
 		{limit: 40, burst: 20, period: 200 * time.Millisecond},
 		{limit: 3, burst: 5, period: time.Minute},
 		{limit: 1000, burst: 0, period: time.Second},
+		{limit: 7, burst: 9, period: 3 * time.Second}, // 428571.43 us a hit
 	}
 	// GCRA's moves keep its emission interval, 100 ms: after a change of
 	// interval Redis rounds the rescheduled arrival time up to a
@@ -135,6 +134,9 @@ func TestDifferential(t *testing.T) {
 				}
 				if rng.IntN(60) == 0 { // another algorithm on the same key
 					req.Algorithm = limiter.Algorithms[rng.IntN(len(limiter.Algorithms))]
+					if req.Algorithm == limiter.GCRA && int64(p.period/time.Microsecond)%p.limit != 0 {
+						req.Algorithm = algo // GCRA's interval would differ (see gcraParams)
+					}
 					req.Calendar, req.Location, req.Period = limiter.NoCalendar, nil, p.period
 					req.Hits = min(req.Hits, req.Capacity())
 				}

@@ -14,10 +14,14 @@
 //
 //   - a Period must be a whole number of microseconds, and GCRA at most one
 //     hit per microsecond (ErrUnsupported otherwise);
-//   - GCRA's emission interval is Period/Limit rounded up to a microsecond,
-//     and a bucket's drain time is rounded up to one, so ResetAt,
-//     RetryAfter and Delay are within a microsecond of limiter's (exactly
-//     limiter's when Period/Limit is a whole number of microseconds);
+//   - a bucket's drain time is rounded up to a microsecond, so ResetAt,
+//     RetryAfter and Delay are within a microsecond of limiter's, and
+//     Allowed and Remaining are limiter's (TestDifferential);
+//   - GCRA's emission interval is Period/Limit rounded up to a
+//     microsecond, never faster than Limit per Period: where Period/Limit
+//     is a whole number of microseconds GCRA decides as limiter's, and
+//     otherwise its times are later by less than a microsecond per hit
+//     outstanding;
 //   - time saturates at 2^53 microseconds (2255-06-05), the largest
 //     integer Lua's numbers hold exactly;
 //   - calendar windows are computed by the caller in the request's zone

@@ -58,9 +58,11 @@ type Config struct {
 	Unreachable sluice.Policy
 	// DenyRetryAfter is the RetryAfter of a request denied by PolicyDeny.
 	DenyRetryAfter time.Duration
-	// BreakerThreshold consecutive failed calls open the breaker: calls
-	// then go straight to the Unreachable policy, costing no timeout,
-	// until BreakerCooldown has passed and one call probes Redis again.
+	// BreakerThreshold consecutive failed calls to one Redis node (a
+	// server, or a master of a cluster) open its breaker: checks of its
+	// keys then go straight to the Unreachable policy, costing no
+	// timeout, until BreakerCooldown has passed and one call probes the
+	// node again.
 	BreakerThreshold int
 	BreakerCooldown  time.Duration
 	// Local is the store PolicyLocal decides on.

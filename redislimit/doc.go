@@ -47,9 +47,10 @@
 // When Redis cannot decide (unreachable, slower than Config.Timeout,
 // failing over, refusing), the Unreachable policy does: PolicyLocal on a
 // store in this process, PolicyAllow or PolicyDeny; Decision.WithoutOwner
-// says so. After Config.BreakerThreshold consecutive failures a breaker
-// sends checks straight to the policy for Config.BreakerCooldown, then
-// lets one probe through, so that a Redis that is down costs no timeout
+// says so. After Config.BreakerThreshold consecutive failures of one
+// Redis node (a cluster's masters have one breaker each) its breaker
+// sends checks of its keys straight to the policy for
+// Config.BreakerCooldown, then lets one probe through, so that a Redis that is down costs no timeout
 // per check and sees no storm of retries.
 //
 // Config.OverLimitCache (off by default) remembers, in this process, at

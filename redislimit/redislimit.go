@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,7 +30,7 @@ type Limiter struct {
 	script *redis.Script
 	local  *sluice.Local
 	over   *overLimit // nil unless Config.OverLimitCache
-	brk    breaker
+	brks   sync.Map   // node address ("" for one server) -> *breaker
 	closed atomic.Bool
 
 	// clock is the clock of this process: the local store's, the
@@ -161,35 +162,101 @@ func (l *Limiter) callError(ctx context.Context) error {
 type call struct {
 	index    int
 	req      *limiter.Request
-	decided  bool // Redis answered: decision, or err
+	key      string // its Redis key
+	gate     *gate  // its node's breaker in this run
+	decided  bool   // Redis answered: decision, or err
 	decision sluice.Decision
 	err      error     // of this request alone: a bad state
 	hint     time.Time // the server's time, when a calendar window missed it
 }
 
-// run decides calls on Redis within the timeout, behind the breaker. It
-// returns an error when Redis did not decide them all (unreachable, slow,
-// refusing or failing over); the calls it decided are marked decided. A
-// call's own error (a bad state) is in it.
+// run decides calls on Redis within the timeout, each behind the breaker
+// of the node that holds its key. It returns an error when Redis did not
+// decide them all (a breaker open, or Redis unreachable, slow, refusing or
+// failing over); the calls it decided are marked decided. A call's own
+// error (a bad state) is in it.
 func (l *Limiter) run(ctx context.Context, calls []call) error {
-	probe, ok := l.brk.allow(l.clock())
-	if !ok {
-		return errBreakerOpen
-	}
 	tctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	err := l.pipeline(tctx, calls)
-	cancel()
-	if err != nil && ctx.Err() != nil {
-		l.brk.giveBack(probe) // the caller gave up: no news of Redis
-		return err
+	defer cancel()
+	now := l.clock()
+	gates := make(map[string]*gate, 1)
+	send := make([]*call, 0, len(calls))
+	for i := range calls {
+		c := &calls[i]
+		c.key = Key(l.cfg.Prefix, c.req.Name, c.req.Key)
+		node := l.nodeOf(tctx, c.key)
+		c.gate = gates[node]
+		if c.gate == nil {
+			c.gate = &gate{b: l.breakerFor(node)}
+			c.gate.probe, c.gate.open = c.gate.b.allow(now)
+			gates[node] = c.gate
+		}
+		if c.gate.open {
+			send = append(send, c)
+		}
 	}
-	if r, ok := l.client.(slotReloader); ok && err != nil {
+	var err error
+	if len(send) > 0 {
+		err = l.pipeline(tctx, send)
+	}
+	for _, c := range send {
+		if !c.decided {
+			c.gate.failed = true
+		}
+	}
+	gaveUp := err != nil && ctx.Err() != nil // no news of Redis
+	if r, ok := l.client.(slotReloader); ok && err != nil && !gaveUp {
 		// A master that fails answers nothing, not MOVED: the slot map
 		// is read again so that the replica that takes over is found.
 		r.ReloadState(ctx)
 	}
-	l.brk.done(probe, err == nil, l.clock(), l.cfg.BreakerThreshold, l.cfg.BreakerCooldown)
+	now = l.clock()
+	for _, g := range gates {
+		switch {
+		case !g.open:
+		case gaveUp && g.failed:
+			g.b.giveBack(g.probe)
+		default:
+			g.b.done(g.probe, !g.failed, now, l.cfg.BreakerThreshold, l.cfg.BreakerCooldown)
+		}
+	}
+	if err == nil && len(send) < len(calls) {
+		err = errBreakerOpen
+	}
 	return err
+}
+
+// gate is one node's breaker as one run passes it: whether calls may go
+// (open), whether this run holds the probe, and whether a call failed.
+type gate struct {
+	b           *breaker
+	open, probe bool
+	failed      bool
+}
+
+// nodeOf names the node that holds key: its master's address on a
+// cluster, "" on one server (or when the cluster cannot say, whose calls
+// then share one breaker).
+func (l *Limiter) nodeOf(ctx context.Context, key string) string {
+	cc, ok := l.client.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
+}
+
+// breakerFor returns node's breaker, made on first use. Nodes are the
+// servers of one deployment, so the map stays small.
+func (l *Limiter) breakerFor(node string) *breaker {
+	if b, ok := l.brks.Load(node); ok {
+		return b.(*breaker)
+	}
+	b, _ := l.brks.LoadOrStore(node, new(breaker))
+	return b.(*breaker)
 }
 
 var errBreakerOpen = errors.New("redislimit: breaker open")
@@ -197,22 +264,19 @@ var errBreakerOpen = errors.New("redislimit: breaker open")
 // pipeline runs the script for every call, EVALSHA first and EVAL for the
 // calls whose server lacks the script, then once more for calendar windows
 // that the server's clock placed outside the caller's. It returns the
-// first error of Redis, after a pass has read every answer, so that the
-// calls Redis did decide are kept; a call's bad state is that call's
-// error.
-func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
-	pending := make([]*call, len(calls))
-	for i := range calls {
-		pending[i] = &calls[i]
-	}
+// first error of Redis after every pass has read every answer, so that
+// the calls Redis did decide are kept, those of a node that failed as
+// well; a call's bad state is that call's error.
+func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
+	var failed error
 	for pass := 0; len(pending) > 0; pass++ {
 		if pass == maxPasses {
-			return fmt.Errorf("redislimit: %d checks undecided after %d passes", len(pending), pass)
+			return cmp.Or(failed, fmt.Errorf("redislimit: %d checks undecided after %d passes", len(pending), pass))
 		}
 		cmds := make([]*redis.Cmd, len(pending))
 		send := func(c redis.Scripter) {
 			for i, p := range pending {
-				keys := []string{Key(l.cfg.Prefix, p.req.Name, p.req.Key)}
+				keys := []string{p.key}
 				if pass == 0 {
 					cmds[i] = l.script.EvalSha(ctx, c, keys, l.args(p.req, p.hint)...)
 				} else {
@@ -228,7 +292,6 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 			_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { send(p); return nil })
 		}
 		var again []*call
-		var failed error
 		for i, cmd := range cmds {
 			c := pending[i]
 			vals, err := cmd.Int64Slice()
@@ -253,12 +316,9 @@ func (l *Limiter) pipeline(ctx context.Context, calls []call) error {
 				c.decided, c.decision = true, decisionOf(c.req, vals)
 			}
 		}
-		if failed != nil {
-			return failed
-		}
 		pending = again
 	}
-	return nil
+	return failed
 }
 
 // testMinTTL is the least TTL, in milliseconds, of a key written at a

@@ -329,8 +329,8 @@ func TestBadState(t *testing.T) {
 	if r := res[len(reqs)]; r.Err != nil || r.WithoutOwner || !r.Allowed {
 		t.Errorf("the good request beside them: %+v", r)
 	}
-	if l.brk.isOpen() || l.brk.failures != 0 {
-		t.Errorf("bad states counted as %d Redis failures", l.brk.failures)
+	if b := l.breakerFor(""); b.isOpen() || b.failures != 0 {
+		t.Errorf("bad states counted as %d Redis failures", b.failures)
 	}
 }
 
@@ -480,7 +480,7 @@ func TestRedisKilled(t *testing.T) {
 			}
 			testwait.For(t, "traffic decided by Redis", func() bool { return fromRedis.Load() > 0 })
 			srv.kill()
-			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && l.brk.isOpen() })
+			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && l.breakerFor("").isOpen() })
 			stop.Store(true)
 			wg.Wait()
 			if n := badOnes.Load(); n != 0 {
@@ -587,14 +587,27 @@ func TestClusterExact(t *testing.T) {
 		onVictim[i] = m.Options().Addr == victim.addr()
 	}
 	victim.kill()
-	for i, r := range limiters[0].CheckMany(ctx, reqs) {
-		switch {
-		case r.Err != nil:
-			t.Errorf("CheckMany %d with a master down: %v", i, r.Err)
-		case onVictim[i] && !r.WithoutOwner:
-			t.Errorf("CheckMany %d, on the dead master: %+v, want the policy's decision", i, r)
-		case !onVictim[i] && (r.WithoutOwner || r.Remaining != 98):
-			t.Errorf("CheckMany %d, on a live master: %+v, want Redis's decision, 98 remaining", i, r)
+	// Each node has its breaker: the dead master's opens after
+	// BreakerThreshold failed batches, the others stay closed.
+	l := limiters[0]
+	for round := range l.cfg.BreakerThreshold + 3 {
+		for i, r := range l.CheckMany(ctx, reqs) {
+			switch {
+			case r.Err != nil:
+				t.Fatalf("round %d, CheckMany %d with a master down: %v", round, i, r.Err)
+			case onVictim[i] && !r.WithoutOwner:
+				t.Fatalf("round %d, CheckMany %d, on the dead master: %+v, want the policy's decision", round, i, r)
+			case !onVictim[i] && (r.WithoutOwner || r.Remaining != int64(98-round)):
+				t.Fatalf("round %d, CheckMany %d, on a live master: %+v, want Redis's decision, %d remaining", round, i, r, 98-round)
+			}
+		}
+	}
+	if !l.breakerFor(victim.addr()).isOpen() {
+		t.Error("the dead master's breaker is closed")
+	}
+	for _, s := range rc.nodes[1:] {
+		if l.breakerFor(s.addr()).isOpen() {
+			t.Errorf("the breaker of %s, alive, is open", s.addr())
 		}
 	}
 }

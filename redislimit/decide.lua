@@ -1,0 +1,510 @@
+-- sluice redislimit: one decision on one key, atomically.
+--
+-- KEYS[1]  the key's state: a string, format version 1 (see format.go).
+-- ARGV[1]  algorithm (limiter.Algorithm), ARGV[2] hits, ARGV[3] limit,
+-- ARGV[4]  period in microseconds (0 with a calendar), ARGV[5] capacity
+--          (the effective burst), ARGV[6] behavior bits,
+-- ARGV[7]  now in Unix microseconds, or "" for the server's TIME,
+-- ARGV[8]  the least TTL in milliseconds: 0, but for tests that pass now,
+--          whose keys must outlive the real time a trace takes,
+-- ARGV[9..12] with a calendar: b0 < b1 < b2 < b3, the bounds of three
+--          consecutive calendar windows around the caller's clock.
+--
+-- Returns {allowed, remaining, resetAt, retryAfter, delay, now}, times in
+-- microseconds; {-1, now} when no calendar window given holds now.
+--
+-- Numbers are doubles: every time and count stays an integer below 2^53,
+-- and products that could pass it go through muldiv.
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local HORIZON = 9007199254740992 -- 2^53 us, 2255-06-05: every time saturates here
+local EPS = 1e-9                 -- the buckets' tolerance, as limiter's
+local MAXLOG = 4096              -- limiter.MaxLogEntries
+local VERSION = 1
+
+local TOKEN, LEAKY, FIXED, SLOG, SCOUNTER, GCRA = 1, 2, 3, 4, 5, 6
+local RESET, DRAIN, REFUND = 1, 2, 4
+
+local key = KEYS[1]
+local algo = tonumber(ARGV[1])
+local hits = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local period = tonumber(ARGV[4])
+local capacity = tonumber(ARGV[5])
+local behavior = tonumber(ARGV[6])
+local now
+if ARGV[7] ~= '' then
+  now = tonumber(ARGV[7])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local minTTL = tonumber(ARGV[8])
+local bounds = nil
+if ARGV[9] then
+  bounds = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])}
+end
+
+local function has(bit) return math.floor(behavior / bit) % 2 == 1 end
+
+-- floordiv is floor(a/b) for b > 0, exact for |a| < 2^53.
+local function floordiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+
+local function addsat(t, d)
+  if t + d >= HORIZON then return HORIZON end
+  return t + d
+end
+
+-- muldiv is floor(a*b/c) (ceil when up), exact for integers 0 <= a, b <
+-- 2^53 and 0 < c with b + c < 2^52, saturated at cap: the product is
+-- taken a bit of a at a time, as long division does.
+local function muldiv(a, b, c, up, cap)
+  local p = a * b
+  if p < HORIZON then
+    local q = floordiv(p, c)
+    if up and q * c < p then q = q + 1 end
+    return math.min(q, cap)
+  end
+  local bitsOf = {}
+  while a > 0 do
+    local bit = a % 2
+    bitsOf[#bitsOf + 1] = bit
+    a = (a - bit) / 2
+  end
+  local q, r = 0, 0 -- q*c + r = (a's bits so far) * b
+  for i = #bitsOf, 1, -1 do
+    q, r = 2 * q, 2 * r
+    if r >= c then q, r = q + 1, r - c end
+    if bitsOf[i] == 1 then
+      r = r + b
+      local k = floordiv(r, c)
+      q, r = q + k, r - k * c
+    end
+    if q >= cap then return cap end
+  end
+  if up and r > 0 then q = q + 1 end
+  return math.min(q, cap)
+end
+
+-- The state: its algorithm, expiry and three words, as limiter's. The
+-- sliding window log's words are its quantum, its entry count and its
+-- base, and its entries follow them: logN entries of 16 bytes in logBody,
+-- oldest first, each (at, cum), where cum counts the entry's hits and
+-- those of every entry before it since the one whose cum is logBase, so
+-- that the total, expiry and the oldest hits reaching a count are binary
+-- searches, not a pass over the log.
+local st = {algo = 0, exp = 0, w = {0, 0, 0}}
+local logBody, logN, logBase, quantum = '', 0, 0, 0
+local RECORD = 16
+
+local raw = redis.call('GET', key)
+if raw then
+  if string.len(raw) < 34 or string.byte(raw, 1) ~= VERSION then
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION)
+  end
+  local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
+  -- Numbers within the horizon (NaN is not equal to itself), an
+  -- algorithm, and a log of at most MAXLOG entries exactly as long as its
+  -- count says: what this script writes.
+  local function sane(x) return x == x and x >= -HORIZON and x <= HORIZON end
+  if not (a >= TOKEN and a <= GCRA and sane(exp) and sane(w0) and sane(w1) and sane(w2)) or
+      (a == SLOG and (w1 < 0 or w1 > MAXLOG or w1 ~= math.floor(w1) or string.len(raw) ~= 34 + RECORD * w1)) then
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ' as this script writes it')
+  end
+  st.algo, st.exp, st.w = a, exp, {w0, w1, w2}
+  if a == SLOG then
+    quantum, logN, logBase = w0, w1, w2
+    logBody = string.sub(raw, 35)
+  end
+end
+
+-- calendarBounds returns the window of the given bounds holding t.
+local function calendarWindow(t)
+  for i = 1, 3 do
+    if bounds[i] <= t and t < bounds[i + 1] then return bounds[i], bounds[i + 1] end
+  end
+  return nil, nil
+end
+
+local function windowBounds(t)
+  if bounds then return calendarWindow(t) end
+  local start = floordiv(t, period) * period
+  return start, addsat(start, period)
+end
+
+if bounds and not calendarWindow(now) then
+  return {-1, now}
+end
+
+-- A state of another algorithm, expired, or reset starts fresh.
+if st.algo ~= algo or st.exp <= now or has(RESET) then
+  st = {algo = algo, exp = 0, w = {0, 0, 0}}
+  logBody, logN, logBase, quantum = '', 0, 0, 0
+end
+
+-- The buckets.
+local function drainTime(amount)
+  if amount <= 0 then return 0 end
+  local t = math.ceil(amount * period / limit)
+  if t >= HORIZON then return HORIZON end
+  return t
+end
+
+local function levelAt(level, last, t)
+  if level > 0 and t > last then
+    level = level - (t - last) * limit / period
+    if level < EPS then level = 0 end
+  end
+  return level
+end
+
+local function bucketRemaining(level)
+  local bound = capacity + EPS
+  if level + 1 > bound then return 0 end
+  local n = math.floor(bound - level)
+  while level + (n + 1) <= bound do n = n + 1 end
+  while n > 0 and level + n > bound do n = n - 1 end
+  return n
+end
+
+local function bucketRetry(level, last, exp, probe)
+  local function admits(d) return levelAt(level, last, now + d) + probe <= capacity + EPS end
+  local lo, hi = 0, exp - now
+  local guess = math.min(addsat(last, drainTime(level + probe - capacity - EPS)), exp) - now
+  if guess > lo and guess < hi then
+    if admits(guess) then
+      hi = guess
+      if not admits(guess - 1) then return guess end
+    else
+      lo = guess
+    end
+  end
+  while hi - lo > 1 do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if admits(mid) then hi = mid else lo = mid end
+  end
+  return hi
+end
+
+-- The sliding window log.
+local function entry(i) -- at, cum of entry i, 1 the oldest
+  return struct.unpack('<dd', logBody, (i - 1) * RECORD + 1)
+end
+
+local function lastCum()
+  if logN == 0 then return logBase end
+  local _, cum = entry(logN)
+  return cum
+end
+
+local function logTotal() return lastCum() - logBase end
+
+local function logClear() logBody, logN, logBase, quantum = '', 0, 0, 0 end
+
+-- firstEntry is the least i in [1, logN+1] for which pred(i) holds, pred
+-- being false then true along the log.
+local function firstEntry(pred)
+  local lo, hi = 1, logN + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if pred(mid) then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end
+
+local function logExpire(cutoff)
+  local k = firstEntry(function(i) return entry(i) > cutoff end) - 1
+  if k == logN then
+    logClear()
+  elseif k > 0 then
+    local _, cum = entry(k)
+    logBody, logN, logBase = string.sub(logBody, k * RECORD + 1), logN - k, cum
+  end
+end
+
+-- unpackLog returns the entries as arrays of times and cums, rebased to 0.
+local function unpackLog()
+  local at, cum = {}, {}
+  for i = 1, logN do
+    local a, c = entry(i)
+    at[i], cum[i] = a, c - logBase
+  end
+  return at, cum
+end
+
+local function packLog(at, cum)
+  local parts = {}
+  for i = 1, #at do parts[i] = struct.pack('<dd', at[i], cum[i]) end
+  logBody, logN, logBase = table.concat(parts), #at, 0
+end
+
+local function joinsLast(t)
+  if logN == 0 then return false end
+  local last = entry(logN)
+  return t <= last or (quantum > 0 and floordiv(t, quantum) == floordiv(last, quantum))
+end
+
+-- coarsen merges the entries of each multiple of a quantum into the latest
+-- of them, doubling the quantum until at most MAXLOG/2 are left.
+local function coarsen()
+  local at, cum = unpackLog()
+  local span = at[#at] - at[1]
+  local q = math.max(2 * quantum, 1)
+  while q < math.floor(span / (MAXLOG / 2 - 1)) and q < 2 ^ 51 do q = q * 2 end
+  while true do
+    local a, c = {at[1]}, {cum[1]}
+    for i = 2, #at do
+      local n = #a
+      if floordiv(at[i], q) == floordiv(a[n], q) then
+        a[n], c[n] = at[i], cum[i] -- the later entry's cum counts both
+      else
+        a[n + 1], c[n + 1] = at[i], cum[i]
+      end
+    end
+    at, cum, quantum = a, c, q
+    if #a <= MAXLOG / 2 or q >= 2 ^ 51 then break end
+    q = q * 2
+  end
+  packLog(at, cum)
+end
+
+local function logAdd(t, h)
+  if not joinsLast(t) and logN >= MAXLOG then coarsen() end
+  if lastCum() + h >= 2 ^ 52 then -- keep cums exact
+    packLog(unpackLog())
+  end
+  if joinsLast(t) then
+    local at, cum = entry(logN)
+    logBody = string.sub(logBody, 1, (logN - 1) * RECORD) .. struct.pack('<dd', math.max(at, t), cum + h)
+  else
+    logBody = logBody .. struct.pack('<dd', t, lastCum() + h)
+    logN = logN + 1
+  end
+end
+
+-- logRemoveNewest takes up to h hits off the newest entries.
+local function logRemoveNewest(h)
+  while h > 0 and logN > 0 do
+    local at, cum = entry(logN)
+    local before = logBase
+    if logN > 1 then
+      local _, c = entry(logN - 1)
+      before = c
+    end
+    local take = math.min(h, cum - before)
+    h = h - take
+    logBody = string.sub(logBody, 1, (logN - 1) * RECORD)
+    if take == cum - before then
+      logN = logN - 1
+    else
+      logBody = logBody .. struct.pack('<dd', at, cum - take)
+    end
+  end
+  if logN == 0 then logClear() end
+end
+
+-- The sliding window counter.
+local function counterExpiry(start, cur, prev, p, t)
+  if cur > 0 then return addsat(start, 2 * p) end
+  if prev > 0 then return addsat(start, p) end
+  return t
+end
+
+local function counterPeriod(p)
+  if st.exp == HORIZON then return p end
+  local q = st.exp - st.w[1]
+  if st.w[2] > 0 then q = q / 2 end
+  return q
+end
+
+local function regroup(ws, q, cur, prev, start, p)
+  local nc, np = 0, 0
+  local ends = {{ws + q, cur}, {ws, prev}}
+  for i = 1, 2 do
+    if ends[i][1] > start then nc = nc + ends[i][2]
+    elseif ends[i][1] > start - p then np = np + ends[i][2] end
+  end
+  return math.min(nc, 1e12), math.min(np, 1e12)
+end
+
+local function weightedWait(room, p, count)
+  if count == 0 then return 0 end
+  local allowance = muldiv(room, p, count, false, p)
+  if allowance >= p then return 0 end
+  return p - allowance
+end
+
+-- GCRA.
+local function gcraInterval() return math.ceil(period / limit) end
+
+local function gcraBehind(t)
+  local old = st.w[2]
+  if old == 0 or st.w[1] <= now then return 0 end
+  local behind = st.w[1] - now
+  if old ~= t then behind = muldiv(behind, t, old, true, HORIZON - now) end
+  return behind
+end
+
+-- Refund gives hits back, then the request is a peek.
+if has(REFUND) then
+  local h = hits
+  if algo == TOKEN or algo == LEAKY then
+    local last = st.w[2]
+    local level = levelAt(st.w[1], last, now)
+    st.w[1], st.w[2] = math.max(level - h, 0), math.max(last, now)
+  elseif algo == FIXED then
+    local start = windowBounds(now)
+    if st.w[1] >= start then st.w[2] = math.max(st.w[2] - h, 0) end
+  elseif algo == SCOUNTER then
+    if st.w[2] > 0 then
+      local q = counterPeriod(period)
+      st.w[2] = math.max(st.w[2] - h, 0)
+      st.exp = counterExpiry(st.w[1], st.w[2], st.w[3], q, st.exp)
+    end
+  elseif algo == GCRA then
+    local t = st.w[2]
+    if t ~= 0 and st.w[1] > now then st.w[1] = math.max(st.w[1] - h * t, now) end
+  else
+    logRemoveNewest(h)
+  end
+  hits, behavior = 0, 0
+end
+
+local probe = math.max(hits, 1)
+local drain = has(DRAIN) and hits > 0
+local allowed, remaining, retry, delay = 0, 0, 0, 0
+
+if algo == TOKEN or algo == LEAKY then
+  local last = st.w[2]
+  local level = levelAt(st.w[1], last, now)
+  if now > last or level == 0 then last = now end
+  if level + probe <= capacity + EPS then
+    allowed = 1
+    if algo == LEAKY then delay = last - now + drainTime(level) end
+    level = level + hits
+  elseif drain and level < capacity then
+    level = capacity
+  end
+  remaining = bucketRemaining(level)
+  st.w[1], st.w[2] = level, last
+  st.exp = math.min(addsat(last, drainTime(level)), HORIZON)
+  if allowed == 0 then retry = bucketRetry(level, last, st.exp, probe) end
+elseif algo == FIXED then
+  local start, stop = windowBounds(now)
+  local ws = st.w[1]
+  if ws > start and st.w[2] > 0 and st.exp > now then
+    local s, e = windowBounds(ws)
+    if s then start, stop = s, e else start, stop = ws, st.exp end
+  end
+  local count = st.w[2]
+  if count + probe <= limit then
+    allowed = 1
+    count = count + hits
+  else
+    if drain and count < limit then count = limit end
+    retry = stop - now
+  end
+  remaining = math.max(limit - count, 0)
+  st.w[1], st.w[2] = start, count
+  st.exp = now
+  if count > 0 then st.exp = stop end
+elseif algo == SCOUNTER then
+  local p = period
+  local start = floordiv(now, p) * p
+  local t = now
+  local ws, cur, prev = st.w[1], st.w[2], st.w[3]
+  if cur > 0 or prev > 0 then
+    local q = counterPeriod(p)
+    if q ~= p then
+      cur, prev = regroup(ws, q, cur, prev, start, p)
+    elseif ws == start then
+    elseif ws == start - p then
+      prev, cur = cur, 0
+    elseif ws > start then
+      t, start = ws, ws
+    else
+      cur, prev = 0, 0
+    end
+  end
+  local elapsed = t - start
+  remaining = math.max(limit - cur - muldiv(prev, p - elapsed, p, true, 1e12 + 1), 0)
+  if probe <= remaining then
+    allowed = 1
+    cur = cur + hits
+    remaining = remaining - hits
+  else
+    if drain then
+      cur = cur + remaining
+      remaining = 0
+    end
+    if cur + probe <= limit then
+      retry = weightedWait(limit - cur - probe, p, prev) - elapsed
+    else
+      retry = p - elapsed + weightedWait(limit - probe, p, cur)
+    end
+  end
+  st.w[1], st.w[2], st.w[3] = start, cur, prev
+  -- When now is older than the stored window, the decision is made as at
+  -- that window's start, as limiter's decideSlidingCounter makes it.
+  st.exp = counterExpiry(start, cur, prev, p, t)
+elseif algo == GCRA then
+  local t = gcraInterval()
+  local ahead = HORIZON - now
+  local behind = gcraBehind(t)
+  local tolerance = capacity * t
+  local room = tolerance - probe * t
+  if behind <= room then
+    allowed = 1
+    behind = math.min(behind + hits * t, ahead)
+  else
+    if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
+    retry = behind - room
+  end
+  remaining = math.max(math.floor((tolerance - behind) / t), 0)
+  st.w[1], st.w[2] = now + behind, t
+  st.exp = now + behind
+else -- SLOG
+  logExpire(now - period)
+  local total = logTotal()
+  if total + probe <= limit then
+    allowed = 1
+    if hits > 0 then
+      logAdd(now, hits)
+      total = total + hits
+    end
+  else
+    if drain and total < limit then
+      logAdd(now, limit - total)
+      total = limit
+    end
+    -- Wait until enough of the oldest hits expire: probe <= limit, so
+    -- 0 < need <= total.
+    local need = total + probe - limit
+    local i = firstEntry(function(j)
+      local _, cum = entry(j)
+      return cum - logBase >= need
+    end)
+    retry = entry(i) + period - now
+  end
+  remaining = math.max(limit - total, 0)
+  st.w = {quantum, logN, logBase}
+  st.exp = now
+  if logN > 0 then st.exp = addsat(entry(logN), period) end
+end
+
+if st.exp > now then
+  local value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
+  if algo == SLOG then value = value .. logBody end
+  -- The key lives until its state is fresh again, to the millisecond.
+  redis.call('SET', key, value, 'PX', math.max(math.ceil((st.exp - now) / 1000), minTTL))
+elseif raw then
+  redis.call('DEL', key)
+end
+
+return {allowed, remaining, st.exp, retry, delay, now}

@@ -1,0 +1,60 @@
+// Package redislimit is a sluice.Limiter whose state lives in Redis: a
+// second backend beside the embedded cluster, for stateless instances that
+// share a Redis server or a Redis Cluster a team already runs.
+//
+// Every decision is one Lua script (decide.lua) run atomically on the
+// server that holds its key, so that concurrent callers on any number of
+// instances admit exactly the limit. The script reads the server's clock
+// (TIME), so that the instances' clocks do not matter; it runs by EVALSHA
+// and is sent with EVAL when a server does not have it (after a restart,
+// a failover or SCRIPT FLUSH). It implements the six algorithms with the
+// semantics of package limiter (validation, Decision fields, calendar
+// windows, the rules of limit and period changes, Reset, DrainOverLimit
+// and Refund), in microseconds, the resolution of Redis time:
+//
+//   - a Period must be a whole number of microseconds, and GCRA at most one
+//     hit per microsecond (ErrUnsupported otherwise);
+//   - a bucket's drain time is rounded up to a microsecond, so ResetAt,
+//     RetryAfter and Delay are within a microsecond of limiter's, and
+//     Allowed and Remaining are limiter's (TestDifferential);
+//   - GCRA's emission interval is Period/Limit rounded up to a
+//     microsecond, never faster than Limit per Period: where Period/Limit
+//     is a whole number of microseconds GCRA decides as limiter's, and
+//     otherwise its times are later by less than a microsecond per hit
+//     outstanding;
+//   - time saturates at 2^53 microseconds (2255-06-05), the largest
+//     integer Lua's numbers hold exactly;
+//   - calendar windows are computed by the caller in the request's zone
+//     around its clock and handed to the script, which uses the one that
+//     holds the server's time, or answers with that time so that the
+//     caller hands the windows around it.
+//
+// One key holds a decision's whole state: prefix + "{name:key}", name and
+// key escaped, so that the hash tag is the limit key itself and Redis
+// Cluster spreads limits over every shard (see Key). The value is a
+// versioned binary string: a format version, the algorithm, the expiry
+// and three numbers, 34 bytes, and for the sliding window log 16 bytes per
+// entry. A key expires (PX) when its state is fresh again; a decision that
+// leaves it fresh deletes it. The sliding window log holds at most
+// limiter.MaxLogEntries entries: a log that would pass it merges its
+// entries into coarser ones, each into the latest of its run of a
+// quantum, a power of two microseconds less than Period/1023, so that
+// hits count until at most a quantum later than exactly, never earlier.
+//
+// CheckMany sends its requests in one pipeline; a cluster client splits it
+// by node and sends the parts in parallel.
+//
+// When Redis cannot decide (unreachable, slower than Config.Timeout,
+// failing over, refusing), the Unreachable policy does: PolicyLocal on a
+// store in this process, PolicyAllow or PolicyDeny; Decision.WithoutOwner
+// says so. After Config.BreakerThreshold consecutive failures of one
+// Redis node (a cluster's masters have one breaker each) its breaker
+// sends checks of its keys straight to the policy for
+// Config.BreakerCooldown, then lets one probe through, so that a Redis that is down costs no timeout
+// per check and sees no storm of retries.
+//
+// Config.OverLimitCache (off by default) remembers, in this process, at
+// most that many keys that Redis said admit nothing, until their
+// RetryAfter: a key under attack then costs Redis one call per RetryAfter
+// per process.
+package redislimit

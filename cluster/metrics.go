@@ -89,6 +89,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		Help: "Keys dropped because their state had returned to fresh.",
 	}, func() float64 { return float64(n.store.Stats().Expired) })
 	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, entries, evictions, expired}
+	cs = append(cs, budgetCollectors(n)...)
 	for _, c := range append(cs, transferCollectors(&n.transfers)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -159,6 +160,30 @@ func (m *metrics) peerCall(peer string, items int, took time.Duration, err error
 	m.forwarded.Add(float64(items))
 	m.batchSize.Observe(float64(items))
 	m.peerLatency.WithLabelValues(peer, outcome).Observe(took.Seconds())
+}
+
+// budgetCollectors read the counters of the gRPC server's message budget
+// (transport.MessageBudget), which New creates first.
+func budgetCollectors(n *Node) []prometheus.Collector {
+	stats := n.budget.Stats
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_grpc_message_bytes_reserved",
+			Help: "Bytes of the gRPC server's inbound message budget reserved by calls whose messages are on their way (ServerLimits.MessageBytes bounds it).",
+		}, func() float64 { return float64(stats().Reserved) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_grpc_message_budget_waiting",
+			Help: "gRPC calls waiting for room in the message budget, on connections over their share.",
+		}, func() float64 { return float64(stats().Waiting) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_grpc_message_budget_refused_total",
+			Help: "gRPC calls refused with ResourceExhausted for want of room in the message budget.",
+		}, func() float64 { return float64(stats().Refused) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_grpc_message_timeouts_total",
+			Help: "gRPC calls reset because their first message was not all in within ServerLimits.MessageTimeout.",
+		}, func() float64 { return float64(stats().TimedOut) }),
+	}
 }
 
 // transferCollectors reads the hand-off and replication counters.

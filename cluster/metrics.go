@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/labelset"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -25,8 +26,7 @@ type metrics struct {
 	batchSize    prometheus.Histogram
 	peerLatency  *prometheus.HistogramVec // peer, outcome
 
-	mu    sync.Mutex // guards names
-	names map[string]struct{}
+	names *labelset.Set // the limit names with a label of their own
 	// counters caches the labelled check counters: the hot path looks one
 	// up without hashing label values each time.
 	counters sync.Map // checkLabels -> prometheus.Counter
@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			Help:    "Latency of batches sent to peers, by peer and outcome (ok, error).",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
 		}, []string{"peer", "outcome"}),
-		names: make(map[string]struct{}),
+		names: labelset.New(MaxMetricNames, limiter.MaxNameLen),
 	}
 	members := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_members",
@@ -113,7 +113,7 @@ func (m *metrics) check(req *limiter.Request, d *sluice.Decision, err error, for
 	key := checkLabels{name: req.Name, algo: req.Algorithm, result: result}
 	c, ok := m.counters.Load(key)
 	if !ok {
-		name := m.nameLabel(req.Name)
+		name := m.names.Label(req.Name)
 		c = m.checks.WithLabelValues(name, req.Algorithm.String(), result)
 		if name == req.Name { // cache only the bounded set of names
 			m.counters.Store(key, c)
@@ -132,20 +132,6 @@ func (m *metrics) unreachable(policy sluice.Policy) {
 	if m != nil {
 		m.withoutOwner.WithLabelValues(policy.String()).Inc()
 	}
-}
-
-// nameLabel returns name, or "_other" once MaxMetricNames are in use.
-func (m *metrics) nameLabel(name string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.names[name]; ok {
-		return name
-	}
-	if len(m.names) >= MaxMetricNames {
-		return "_other"
-	}
-	m.names[name] = struct{}{}
-	return name
 }
 
 // peerCall records one batch sent to a peer.

@@ -92,6 +92,10 @@ type Config struct {
 	// EnvoyAlignCalendar (the UTC calendar's) or EnvoyAlignEpoch (blocks of
 	// 7, 30 and 365 days since the Unix epoch, as envoyproxy/ratelimit).
 	EnvoyWindowAlignment string
+	// EnvoyMetricKeys bounds the metric keys of sluice_envoy_hits_total
+	// that get a label value of their own; the hits of the others, and of
+	// keys longer than 256 bytes, count under "_other".
+	EnvoyMetricKeys int
 	// ShutdownDelay is how long the daemon reports not ready before it
 	// stops accepting requests, so that load balancers notice first.
 	ShutdownDelay time.Duration
@@ -170,6 +174,8 @@ const (
 	// costs.
 	MinStoreBytes = 16 << 20
 	maxNameLen    = 128
+	// maxEnvoyMetricKeys bounds envoy_metric_keys: about 5 MB of series.
+	maxEnvoyMetricKeys = 10_000
 )
 
 // DefaultConfig returns the configuration of a production node: gossip on
@@ -197,6 +203,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:         1 << 20,
 		EnvoyResponseHeaders: EnvoyHeadersOff,
 		EnvoyWindowAlignment: EnvoyAlignCalendar,
+		EnvoyMetricKeys:      1000,
 		MaxBatchItems:        transport.MaxBatchItems,
 		ShutdownTimeout:      10 * time.Second,
 		LogFormat:            "json",
@@ -400,6 +407,15 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.EnvoyWindowAlignment = v; return nil },
 		check: func(c *Config) error { return oneOf(c.EnvoyWindowAlignment, EnvoyAlignCalendar, EnvoyAlignEpoch) },
 		show:  func(c *Config) string { return c.EnvoyWindowAlignment }},
+	{key: "envoy_metric_keys", usage: "most metric keys of Envoy's rate limit service with a series of their own in sluice_envoy_hits_total; the rest count under _other",
+		parse: func(c *Config, v string) error { return parseInt(&c.EnvoyMetricKeys, v) },
+		check: func(c *Config) error {
+			if c.EnvoyMetricKeys < 1 || c.EnvoyMetricKeys > maxEnvoyMetricKeys {
+				return fmt.Errorf("%d is outside [1, %d]", c.EnvoyMetricKeys, maxEnvoyMetricKeys)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.EnvoyMetricKeys) }},
 	{key: "shutdown_delay", usage: "how long to report not ready before refusing requests on shutdown",
 		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownDelay, v) },
 		check: func(c *Config) error { return nonNegative(c.ShutdownDelay) },

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"golang.org/x/net/netutil"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
@@ -82,6 +83,7 @@ type Daemon struct {
 
 	reg     *prometheus.Registry
 	metrics *httpMetrics
+	bodies  *bodyBudget // of the HTTP API's request bodies
 	codec   transport.Codec
 
 	node   *cluster.Node
@@ -136,6 +138,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}),
 	)
 	d.metrics = newHTTPMetrics(d.reg)
+	d.bodies = newBodyBudget(cfg.HTTPBodyBudget(), d.reg)
 
 	tlsCfg, err := cfg.tlsConfig()
 	if err != nil {
@@ -185,6 +188,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
 	}
+	d.lis = netutil.LimitListener(d.lis, cfg.HTTPMaxConnections)
 	if tlsCfg != nil {
 		h := tlsCfg.Clone()
 		if h.ClientCAs != nil {
@@ -250,6 +254,7 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Lease = d.cfg.Lease
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes
+	c.ServerLimits = d.cfg.GRPCMessageBudget()
 	c.Logger = d.logger.With("component", "cluster")
 	c.Clock = d.opts.now
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's

@@ -31,9 +31,11 @@ import (
 // may hold at most ServerLimits.ConnMessageBytes of it, so that a few
 // connections cannot take it all from the others.
 
-// streamReservation is what one call reserves: the largest message and
-// its 5-byte gRPC prefix.
-const streamReservation = MaxMessageSize + 5
+// MessageReservation is what one call reserves of the message budget:
+// the largest message and its 5-byte gRPC prefix.
+const MessageReservation = MaxMessageSize + 5
+
+const streamReservation = MessageReservation
 
 // MessageBudget holds the reservations of the calls of one gRPC server;
 // NewMessageBudget makes one, and its ServerOptions install it on a

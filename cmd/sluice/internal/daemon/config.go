@@ -79,8 +79,8 @@ type Config struct {
 	HTTPMaxConnections int
 	// GRPCMessageBytes is the budget of inbound gRPC message bytes of
 	// every connection together (transport.ServerLimits.MessageBytes; one
-	// connection holds at most an eighth of it while more than half is in
-	// use). 0: a quarter of SoftMemoryLimit, or the transport's default
+	// connection holds at most a 64th of it, or one call's reservation,
+	// while more than half is in use). 0: a quarter of SoftMemoryLimit, or the transport's default
 	// without one (GRPCMessageBudget).
 	GRPCMessageBytes int64
 	// GRPCMessageTimeout is how long the first message of a gRPC call
@@ -189,9 +189,8 @@ const (
 	MinMemoryLimit = 64 << 20
 	MinBodyBytes   = 1 << 10
 	MaxBodyBytes   = 64 << 20
-	// MinGRPCMessageBytes is the least grpc_message_bytes: an eighth of
-	// it, a connection's share, holds one message of
-	// transport.MaxMessageSize.
+	// MinGRPCMessageBytes is the least grpc_message_bytes: room for 12
+	// calls (transport.MessageReservation each).
 	MinGRPCMessageBytes = 16 << 20
 	// MinStoreBytes is the least max_bytes: 16 MiB gives each of the
 	// store's 128 shards room for limiter.MaxKeyBytes, the most one key
@@ -1055,7 +1054,8 @@ func (c *Config) HTTPBodyBudget() int64 {
 // GRPCMessageBudget returns the gRPC server's limits: the defaults with
 // MessageBytes GRPCMessageBytes, or a quarter of SoftMemoryLimit (at
 // least MinGRPCMessageBytes), or the default without one; a connection's
-// share an eighth of it; and MessageTimeout GRPCMessageTimeout.
+// share a 64th of it, at least one call's; and MessageTimeout
+// GRPCMessageTimeout.
 func (c *Config) GRPCMessageBudget() transport.ServerLimits {
 	l := transport.DefaultServerLimits()
 	switch {
@@ -1064,7 +1064,7 @@ func (c *Config) GRPCMessageBudget() transport.ServerLimits {
 	case c.SoftMemoryLimit() > 0:
 		l.MessageBytes = max(c.SoftMemoryLimit()/4, MinGRPCMessageBytes)
 	}
-	l.ConnMessageBytes = l.MessageBytes / 8
+	l.ConnMessageBytes = max(l.MessageBytes/64, transport.MessageReservation)
 	l.MessageTimeout = c.GRPCMessageTimeout
 	return l
 }

@@ -237,8 +237,8 @@ func TestClusterSettings(t *testing.T) {
 
 // The budgets of HTTP bodies and gRPC messages are their settings, or a
 // quarter of the soft memory limit, or fixed defaults without one; the
-// node's gRPC server gets the gRPC one, with a connection's share an
-// eighth of it.
+// node's gRPC server gets the gRPC one, with a connection's share a 64th
+// of it, at least one call's.
 func TestBodyAndMessageBudgets(t *testing.T) {
 	def := transport.DefaultServerLimits()
 	for _, tt := range []struct {
@@ -261,7 +261,7 @@ func TestBodyAndMessageBudgets(t *testing.T) {
 		}
 		d := &Daemon{cfg: c, logger: slog.New(slog.DiscardHandler), opts: options{now: time.Now}}
 		l := d.clusterConfig().ServerLimits
-		if l.MessageBytes != tt.message || l.ConnMessageBytes != tt.message/8 || l.MessageTimeout != c.GRPCMessageTimeout {
+		if l.MessageBytes != tt.message || l.ConnMessageBytes != max(tt.message/64, transport.MessageReservation) || l.MessageTimeout != c.GRPCMessageTimeout {
 			t.Errorf("%v: server limits %+v, want a budget of %d", tt.args, l, tt.message)
 		}
 		if err := l.Validate(); err != nil {

@@ -33,7 +33,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "idle-connections", "rules-alias-bomb", "spoofed-forwarded"}
+	selected := []string{"reset", "idle-connections", "rules-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -50,6 +50,9 @@ func TestRunScaledDown(t *testing.T) {
 		{"idle-connections", []string{"connections opened", " MB |"}},
 		{"rules-alias-bomb", []string{"error: ", "MB (child)"}},
 		{"spoofed-forwarded", []string{"admitted", "in this process"}},
+		{"grpc-partial-message", []string{"MB sent before the daemon stopped reading", " MB |"}},
+		{"http-partial-body", []string{"connections opened", " MB |"}},
+		{"metric-cardinality", []string{"sluice_envoy_hits_total has", " MB |"}},
 	} {
 		row := tableRow(out, tt.attack)
 		if row == "" {

@@ -80,11 +80,23 @@ func (d *Daemon) readBody(w http.ResponseWriter, r *http.Request) (body []byte, 
 func (d *Daemon) readHeld(w http.ResponseWriter, r *http.Request, held *int64) ([]byte, int, string) {
 	// A connection that takes no deadline keeps the server's ReadTimeout.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d.cfg.HTTPBodyTimeout))
+	if r.ContentLength > d.cfg.MaxBodyBytes {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than %d bytes (max_body_bytes)", d.cfg.MaxBodyBytes)
+	}
 	in := http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
-	buf := make([]byte, 0, 512)
+	// A body of a declared length takes it from the budget before any of
+	// it is read, and one buffer; another grows as it comes.
+	first := int64(512)
+	if r.ContentLength > 0 {
+		first = r.ContentLength + 1 // room to read the end
+	}
+	var buf []byte
 	for {
 		if len(buf) == cap(buf) {
-			size := min(2*int64(cap(buf)), d.cfg.MaxBodyBytes+1)
+			size := first
+			if cap(buf) > 0 {
+				size = min(2*int64(cap(buf)), d.cfg.MaxBodyBytes+1)
+			}
 			if more := max(size-freeBodyBytes, 0) - *held; more > 0 {
 				if !d.bodies.take(more) {
 					return nil, http.StatusServiceUnavailable, fmt.Sprintf(

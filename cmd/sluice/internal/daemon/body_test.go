@@ -44,10 +44,12 @@ func readResponse(t *testing.T, c net.Conn) (int, string) {
 	return resp.StatusCode, b.String()
 }
 
-// Unfinished bodies hold at most http_body_bytes beyond their first 4 KiB:
-// a body that finds no room is answered 503 naming the setting, while
-// small checks go on being answered; a body whose client goes away gives
-// its bytes back.
+// Unfinished bodies hold at most http_body_bytes beyond their first 4 KiB,
+// taken for their declared length before they are read: a body that finds
+// no room is answered 503 naming the setting, while small checks go on
+// being answered; a body whose client goes away gives its bytes back. A
+// body without a declared length takes its bytes as they come, and is
+// answered 503 once they find no room.
 func TestHTTPBodiesStayWithinTheBudget(t *testing.T) {
 	cfg := testConfig("bodies")
 	cfg.MaxBodyBytes = 64 << 10
@@ -56,7 +58,7 @@ func TestHTTPBodiesStayWithinTheBudget(t *testing.T) {
 	d := start(t, cfg)
 	base := "http://" + d.HTTPAddr()
 	const total, sent = 64 << 10, 60_000
-	const held = 64<<10 - freeBodyBytes // a buffer of 64 KiB holds 60,000 bytes
+	const held = total + 1 - freeBodyBytes // taken for the declared length, before reading
 	var attackers []net.Conn
 	for i, want := range []int64{held, 2 * held} {
 		attackers = append(attackers, sendPartial(t, d, total, sent))
@@ -77,6 +79,23 @@ func TestHTTPBodiesStayWithinTheBudget(t *testing.T) {
 	}
 	if r := do(t, http.MethodPost, base+"/v1/check", legitCheck); r.status != http.StatusOK {
 		t.Fatalf("a check with the budget full: %d %s", r.status, r.body)
+	}
+	// Chunked: 8,190 bytes of room left, taken as the body grows.
+	c, err := net.Dial("tcp", d.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	chunk := strings.Repeat(" ", 16<<10)
+	fmt.Fprintf(c, "POST /v1/check HTTP/1.1\r\nHost: sluice\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for range 3 {
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
+	}
+	if status, body := readResponse(t, c); status != http.StatusServiceUnavailable || !strings.Contains(body, "http_body_bytes") {
+		t.Fatalf("a chunked body beyond the budget: %d %s, want 503", status, body)
+	}
+	if got := d.bodies.used.Load(); got != 2*held {
+		t.Fatalf("%d bytes held after the chunked body's refusal, want %d", got, 2*held)
 	}
 	attackers[0].Close()
 	testwait.For(t, "the bytes of a body whose client left to be given back", func() bool { return d.bodies.used.Load() == held })

@@ -157,10 +157,6 @@ func budgetCollectors(n *Node) []prometheus.Collector {
 			Name: "sluice_grpc_message_bytes_reserved",
 			Help: "Bytes of the gRPC server's inbound message budget reserved by calls whose messages are on their way (ServerLimits.MessageBytes bounds it).",
 		}, func() float64 { return float64(stats().Reserved) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "sluice_grpc_message_budget_waiting",
-			Help: "gRPC calls waiting for room in the message budget, on connections over their share.",
-		}, func() float64 { return float64(stats().Waiting) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_grpc_message_budget_refused_total",
 			Help: "gRPC calls refused with ResourceExhausted for want of room in the message budget.",

@@ -28,8 +28,11 @@ import (
 // messages that follow. A call whose first message is not all in within
 // ServerLimits.MessageTimeout is cancelled, its stream reset, and its
 // bytes freed. While more than half the budget is in use, one connection
-// may hold at most ServerLimits.ConnMessageBytes of it, so that a few
-// connections cannot take it all from the others.
+// may hold at most ServerLimits.ConnMessageBytes of it, its further calls
+// refused, so that a few connections cannot take it all from the others.
+// Nothing waits for room: gRPC reads a connection's frames in the
+// goroutine that runs the tap, and a connection whose reads stopped could
+// neither finish the messages that would free room nor be seen to close.
 
 // MessageReservation is what one call reserves of the message budget:
 // the largest message and its 5-byte gRPC prefix.
@@ -45,13 +48,11 @@ type MessageBudget struct {
 	// afterFunc runs f after d, as time.AfterFunc does; tests replace it.
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
-	mu    sync.Mutex    // guards used and freed
-	used  int64         // bytes reserved by every connection
-	freed chan struct{} // closed at the next release; nil when no one waits
+	mu   sync.Mutex // guards used
+	used int64      // bytes reserved by every connection
 
 	refused  atomic.Int64
 	timedOut atomic.Int64
-	waiting  atomic.Int64
 }
 
 // MessageBudgetStats are a MessageBudget's counters.
@@ -59,9 +60,6 @@ type MessageBudgetStats struct {
 	// Reserved is the bytes reserved now by calls whose messages are
 	// not all in.
 	Reserved int64
-	// Waiting is the calls waiting for room, each on a connection over
-	// its share whose own calls must give theirs back first.
-	Waiting int64
 	// Refused counts calls refused with ResourceExhausted for want of
 	// room.
 	Refused int64
@@ -97,7 +95,7 @@ func (b *MessageBudget) Stats() MessageBudgetStats {
 	b.mu.Lock()
 	used := b.used
 	b.mu.Unlock()
-	return MessageBudgetStats{Reserved: used, Waiting: b.waiting.Load(), Refused: b.refused.Load(), TimedOut: b.timedOut.Load()}
+	return MessageBudgetStats{Reserved: used, Refused: b.refused.Load(), TimedOut: b.timedOut.Load()}
 }
 
 // budgetConn is the share of one connection.
@@ -119,33 +117,22 @@ type budgetCall struct {
 type budgetConnKey struct{}
 type budgetCallKey struct{}
 
-// reserve takes n bytes for conn. When there is no room it returns
-// false, and a channel closed at the next release when conn itself holds
-// more than its share (it may wait for its own calls), or nil when the
-// others fill the budget (the call is refused).
-func (b *MessageBudget) reserve(conn *budgetConn, n int64) (bool, <-chan struct{}) {
+// reserve takes n bytes for conn, or reports that there is no room: the
+// budget is full, or more than half of it is in use and conn holds its
+// share.
+func (b *MessageBudget) reserve(conn *budgetConn, n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	total := b.limits.MessageBytes
-	overShare := conn.used+n > b.limits.ConnMessageBytes
 	switch {
-	case b.used+n > total/2 && overShare:
-		return false, b.freedLocked()
 	case b.used+n > total:
-		return false, nil
+		return false
+	case b.used+n > total/2 && conn.used+n > b.limits.ConnMessageBytes:
+		return false
 	}
 	b.used += n
 	conn.used += n
-	return true, nil
-}
-
-// freedLocked returns the channel that the next release closes.
-// MessageBudget.mu must be held.
-func (b *MessageBudget) freedLocked() <-chan struct{} {
-	if b.freed == nil {
-		b.freed = make(chan struct{})
-	}
-	return b.freed
+	return true
 }
 
 // release gives back the reservation of c, once.
@@ -157,43 +144,18 @@ func (c *budgetCall) release() {
 	b.mu.Lock()
 	b.used -= streamReservation
 	c.conn.used -= streamReservation
-	if b.freed != nil {
-		close(b.freed)
-		b.freed = nil
-	}
 	b.mu.Unlock()
 }
 
 // tap is the server's tap.ServerInHandle: it reserves for a new call, or
-// refuses it. A connection over its share waits, up to MessageTimeout,
-// for its own calls to give theirs back: gRPC reads none of its frames
-// meanwhile, and the calls whose messages are in go on.
+// refuses it. It never waits: gRPC reads the connection's frames in the
+// goroutine that runs it.
 func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn)
 	if conn == nil { // a server without b's stats handler: no budget
 		return ctx, nil
 	}
-	var expired chan struct{}
-	for {
-		ok, freed := b.reserve(conn, streamReservation)
-		if ok {
-			break
-		}
-		if freed != nil && expired == nil {
-			expired = make(chan struct{})
-			defer b.afterFunc(b.limits.MessageTimeout, func() { close(expired) })()
-		}
-		if freed != nil {
-			b.waiting.Add(1)
-			select {
-			case <-freed:
-				b.waiting.Add(-1)
-				continue
-			case <-expired:
-			case <-ctx.Done():
-			}
-			b.waiting.Add(-1)
-		}
+	if !b.reserve(conn, streamReservation) {
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another message",

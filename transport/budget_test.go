@@ -109,11 +109,10 @@ func awaitEnded(t *testing.T, c net.Conn, n int) {
 
 // Calls that send most of a large message and stall hold no more than the
 // budget: each connection takes up to half of it, then its share beyond
-// half; a connection over its share waits for its own calls, and once the
-// budget is full the calls of the others are refused with
-// ResourceExhausted, a normal client's included. A normal client's calls
-// succeed while there is room. After MessageTimeout every stalled call is
-// reset, every waiting one refused, and the budget is empty again.
+// half, its further calls refused with ResourceExhausted; once the budget
+// is full every call is refused, a normal client's included. A normal
+// client's calls succeed while there is room. After MessageTimeout every
+// stalled call is reset and the budget is empty again.
 func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
 	const r = streamReservation
 	l := DefaultServerLimits()
@@ -123,19 +122,17 @@ func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
 	checkWorks(t, conn)
 
 	var attackers []net.Conn
-	calls := 0
 	for i, step := range []struct {
 		calls int
 		want  MessageBudgetStats // after this connection
 	}{
-		{calls: 5, want: MessageBudgetStats{Reserved: 4 * r, Waiting: 1}}, // up to half, then waits
-		{calls: 3, want: MessageBudgetStats{Reserved: 6 * r, Waiting: 2}}, // its share beyond half
-		{calls: 3, want: MessageBudgetStats{Reserved: 8 * r, Waiting: 3}}, // the rest
-		{calls: 2, want: MessageBudgetStats{Reserved: 8 * r, Waiting: 3, Refused: 3}},
+		{calls: 5, want: MessageBudgetStats{Reserved: 4 * r, Refused: 1}}, // up to half
+		{calls: 3, want: MessageBudgetStats{Reserved: 6 * r, Refused: 2}}, // its share beyond half
+		{calls: 3, want: MessageBudgetStats{Reserved: 8 * r, Refused: 3}}, // the rest
+		{calls: 2, want: MessageBudgetStats{Reserved: 8 * r, Refused: 6}}, // and the normal client's call
 	} {
 		attackers = append(attackers, stallCalls(t, addr, step.calls, 200_000))
-		calls += step.calls
-		testwait.For(t, fmt.Sprintf("step %d: the calls to be reserved for, waiting or refused as %+v", i, step.want), func() bool {
+		testwait.For(t, fmt.Sprintf("step %d: the calls to be reserved for or refused as %+v", i, step.want), func() bool {
 			return b.Stats() == step.want
 		})
 		if s := b.Stats(); s.Reserved > l.MessageBytes {
@@ -152,19 +149,20 @@ func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
 			}
 		}
 	}
-
-	// Time goes by: every stalled call is reset, every waiting one reset
-	// or refused, and those given room in turn stall and are reset.
-	testwait.For(t, "every attacking call to end", func() bool {
-		timers.fire()
-		s := b.Stats()
-		return s.Reserved == 0 && s.Waiting == 0 && s.TimedOut+s.Refused == int64(calls)+1
-	})
 	for i, c := range attackers {
-		awaitEnded(t, c, []int{5, 3, 3, 2}[i])
+		awaitEnded(t, c, []int{1, 1, 1, 2}[i]) // the refused calls
 	}
-	if s := b.Stats(); s.TimedOut < 8 {
-		t.Errorf("%d calls timed out, want at least the 8 first reserved for", s.TimedOut)
+
+	// Their time is up: every stalled call is reset.
+	if n := timers.fire(); n != 8 {
+		t.Fatalf("%d timers pending, want one per stalled call (8)", n)
+	}
+	for i, c := range attackers[:3] {
+		awaitEnded(t, c, []int{4, 2, 2}[i])
+	}
+	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
+	if s := b.Stats(); s.TimedOut != 8 {
+		t.Errorf("%d calls timed out, want 8", s.TimedOut)
 	}
 	checkWorks(t, conn)
 }

@@ -60,11 +60,10 @@ type ServerLimits struct {
 	// (about 190 calls whose messages are on their way).
 	MessageBytes int64
 	// ConnMessageBytes is the most of MessageBytes one connection may
-	// hold while more than half of it is in use: a connection over it
-	// waits, reading nothing more, until its own calls give theirs back
-	// (up to MessageTimeout, then the call is refused), so that many
-	// connections are needed to fill the budget, and the last half of it
-	// goes to many. At least MessageReservation (one call). Default 4 MiB.
+	// hold while more than half of it is in use: its calls beyond it are
+	// refused with ResourceExhausted, so that many connections are needed
+	// to fill the budget, and the last half of it goes to many. At least
+	// MessageReservation (one call). Default 4 MiB.
 	ConnMessageBytes int64
 	// MessageTimeout is how long a call's first message may take to
 	// arrive whole once the call is open: a call still waiting for the

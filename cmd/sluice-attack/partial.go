@@ -57,7 +57,7 @@ func grpcPartial(ctx context.Context, c *config) (*row, error) {
 		})
 		r.did = fmt.Sprintf("%d attackers each open a connection to the gRPC port and on it %d CheckBatch calls, each sending %s bytes of a message that announces %s and nothing more, held for %v",
 			c.attackers, streams, thousands(partialMessage), thousands(transport.MaxMessageSize), c.duration)
-		r.result = fmt.Sprintf("%d connections, %s MB sent before the daemon stopped reading; %s calls reset or refused", dialed.Load(),
+		r.result = fmt.Sprintf("%d connections, %s MB sent; %s calls reset or refused", dialed.Load(),
 			thousands(sent.Load()/megabyte), thousands(resets.Load()))
 		if n := dialErrs.sum(); n > 0 {
 			r.result += fmt.Sprintf("; %d dials failed (%s)", n, dialErrs.String())
@@ -101,21 +101,22 @@ func sendPartialCalls(nc net.Conn, streams int) int64 {
 }
 
 // countResets reads frames from nc until it closes, and returns how many
-// streams the daemon ended: RST_STREAM, or trailers ending the stream.
+// streams the daemon ended: with RST_STREAM, or trailers ending the
+// stream, or both.
 func countResets(nc net.Conn) int64 {
 	fr := http2.NewFramer(io.Discard, nc)
-	var n int64
+	ended := make(map[uint32]bool)
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
-			return n
+			return int64(len(ended))
 		}
 		switch f := f.(type) {
 		case *http2.RSTStreamFrame:
-			n++
+			ended[f.StreamID] = true
 		case *http2.HeadersFrame:
 			if f.StreamEnded() {
-				n++
+				ended[f.StreamID] = true
 			}
 		}
 	}

@@ -50,7 +50,7 @@ func TestRunScaledDown(t *testing.T) {
 		{"idle-connections", []string{"connections opened", " MB |"}},
 		{"rules-alias-bomb", []string{"error: ", "MB (child)"}},
 		{"spoofed-forwarded", []string{"admitted", "in this process"}},
-		{"grpc-partial-message", []string{"MB sent before the daemon stopped reading", " MB |"}},
+		{"grpc-partial-message", []string{"MB sent; ", " MB |"}},
 		{"http-partial-body", []string{"connections opened", " MB |"}},
 		{"metric-cardinality", []string{"sluice_envoy_hits_total has", " MB |"}},
 	} {

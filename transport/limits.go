@@ -56,8 +56,10 @@ type ServerLimits struct {
 	// are all in: each call opened reserves the largest message
 	// (MaxMessageSize) until its message is in, a stream until it ends,
 	// and a call that finds no room is refused with ResourceExhausted
-	// (see MessageBudget). At least ConnMessageBytes. Default 256 MiB
-	// (about 190 calls whose messages are on their way).
+	// (see MessageBudget). A connection's calls not yet read by their
+	// handlers are never refused while they fit in half of it. At least
+	// ConnMessageBytes. Default 256 MiB (about 190 calls whose messages
+	// are on their way).
 	MessageBytes int64
 	// ConnMessageBytes is the most of MessageBytes one connection may
 	// hold while more than half of it is in use: its calls beyond it are

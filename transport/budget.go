@@ -20,7 +20,7 @@ import (
 // each of many streams and stops makes the server hold those bytes for as
 // long as the streams stay open. So every call reserves, as it opens
 // (tap.ServerInHandle), the most bytes its first message may take
-// (streamReservation), from a budget shared by all connections
+// (MessageReservation), from a budget shared by all connections
 // (ServerLimits.MessageBytes); a call that finds no room is refused with
 // ResourceExhausted before anything is read. A unary call gives its
 // reservation back once its message is in (stats InPayload); a stream
@@ -37,8 +37,6 @@ import (
 // MessageReservation is what one call reserves of the message budget:
 // the largest message and its 5-byte gRPC prefix.
 const MessageReservation = MaxMessageSize + 5
-
-const streamReservation = MessageReservation
 
 // MessageBudget holds the reservations of the calls of one gRPC server;
 // NewMessageBudget makes one, and its ServerOptions install it on a
@@ -142,8 +140,8 @@ func (c *budgetCall) release() {
 	}
 	b := c.b
 	b.mu.Lock()
-	b.used -= streamReservation
-	c.conn.used -= streamReservation
+	b.used -= MessageReservation
+	c.conn.used -= MessageReservation
 	b.mu.Unlock()
 }
 
@@ -155,7 +153,7 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 	if conn == nil { // a server without b's stats handler: no budget
 		return ctx, nil
 	}
-	if !b.reserve(conn, streamReservation) {
+	if !b.reserve(conn, MessageReservation) {
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another message",

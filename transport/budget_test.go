@@ -114,7 +114,7 @@ func awaitEnded(t *testing.T, c net.Conn, n int) {
 // client's calls succeed while there is room. After MessageTimeout every
 // stalled call is reset and the budget is empty again.
 func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
-	const r = streamReservation
+	const r = MessageReservation
 	l := DefaultServerLimits()
 	l.MessageBytes, l.ConnMessageBytes = 8*r, 2*r
 	addr, b, timers := budgetServer(t, l)
@@ -171,7 +171,7 @@ func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
 // message is in, no deadline cuts it however long it waits for the next.
 // A stream whose first message does not come is reset.
 func TestMessageBudgetKeepsStreams(t *testing.T) {
-	const r = streamReservation
+	const r = MessageReservation
 	addr, b, timers := budgetServer(t, DefaultServerLimits())
 	p := newRawPeer(t, addr)
 	p.send(1)
@@ -235,7 +235,7 @@ func TestMessageBudgetServesConcurrentCalls(t *testing.T) {
 		}
 		return failed
 	}
-	within := int(l.MessageBytes / 2 / streamReservation)
+	within := int(l.MessageBytes / 2 / MessageReservation)
 	for round := range 5 {
 		if failed := burst(within); len(failed) > 0 {
 			t.Fatalf("round %d: of %d calls at once, failed: %v (stats %+v)", round, within, failed, b.Stats())

@@ -112,8 +112,8 @@ func (l ServerLimits) Validate() error {
 		return bad("MinPingInterval %v is outside (0, %v], the peers' keepalive", l.MinPingInterval, PeerKeepalive().Time)
 	case l.MaxConcurrentStreams < 1:
 		return bad("MaxConcurrentStreams is 0")
-	case l.ConnMessageBytes < streamReservation:
-		return bad("ConnMessageBytes %d is less than one message (%d bytes)", l.ConnMessageBytes, streamReservation)
+	case l.ConnMessageBytes < MessageReservation:
+		return bad("ConnMessageBytes %d is less than one message (%d bytes)", l.ConnMessageBytes, MessageReservation)
 	case l.MessageBytes < l.ConnMessageBytes:
 		return bad("MessageBytes %d is less than ConnMessageBytes %d", l.MessageBytes, l.ConnMessageBytes)
 	case l.MessageTimeout <= 0:

@@ -320,6 +320,7 @@ func TestConfigValidate(t *testing.T) {
 		"bad store":      func(c *cluster.Config) { c.Store.Shards = 3 },
 		"negative retry": func(c *cluster.Config) { c.DenyRetryAfter = -1 },
 		"nil server opt": func(c *cluster.Config) { c.ServerOptions = []grpc.ServerOption{nil} },
+		"no budget":      func(c *cluster.Config) { c.ServerLimits.MessageBytes = 0 },
 	} {
 		cfg := cluster.TestConfig("v")
 		mutate(&cfg)

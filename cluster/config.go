@@ -160,6 +160,11 @@ type Config struct {
 	// messages this way). Credentials come from TLS: do not set them here.
 	// Dial options of the clients to peers are in Peer.DialOptions.
 	ServerOptions []grpc.ServerOption
+	// ServerLimits bounds what clients may hold open on the node's gRPC
+	// server: connections, calls, and the bytes of the messages on their
+	// way (transport.ServerLimits; its MessageBytes is the budget those
+	// messages share). Default transport.DefaultServerLimits().
+	ServerLimits transport.ServerLimits
 	// RegisterServices, when set, is called once by New with the node's
 	// gRPC server and the node, before the server serves, to serve more
 	// services on GRPCAddr beside the node's own under the same TLS and
@@ -217,6 +222,7 @@ func DefaultConfig() Config {
 		Ring:              ring.DefaultConfig(),
 		Peer:              peer.DefaultConfig(),
 		Lease:             DefaultLeaseConfig(),
+		ServerLimits:      transport.DefaultServerLimits(),
 	}
 }
 
@@ -300,6 +306,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.ClusterSecret) > 0 && len(c.ClusterSecret) < transport.MinClusterSecretLen {
 		return bad("ClusterSecret is %d bytes, want at least %d", len(c.ClusterSecret), transport.MinClusterSecretLen)
+	}
+	if err := c.ServerLimits.Validate(); err != nil {
+		return fmt.Errorf("%w: ServerLimits: %w", ErrInvalidConfig, err)
 	}
 	for i, o := range c.ServerOptions {
 		if o == nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/labelset"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -25,8 +26,7 @@ type metrics struct {
 	batchSize    prometheus.Histogram
 	peerLatency  *prometheus.HistogramVec // peer, outcome
 
-	mu    sync.Mutex // guards names
-	names map[string]struct{}
+	names *labelset.Set // the limit names with a label of their own
 	// counters caches the labelled check counters: the hot path looks one
 	// up without hashing label values each time.
 	counters sync.Map // checkLabels -> prometheus.Counter
@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			Help:    "Latency of batches sent to peers, by peer and outcome (ok, error).",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
 		}, []string{"peer", "outcome"}),
-		names: make(map[string]struct{}),
+		names: labelset.New(MaxMetricNames, limiter.MaxNameLen),
 	}
 	members := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_members",
@@ -89,6 +89,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		Help: "Keys dropped because their state had returned to fresh.",
 	}, func() float64 { return float64(n.store.Stats().Expired) })
 	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, entries, evictions, expired}
+	cs = append(cs, budgetCollectors(n)...)
 	for _, c := range append(cs, transferCollectors(&n.transfers)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -112,7 +113,7 @@ func (m *metrics) check(req *limiter.Request, d *sluice.Decision, err error, for
 	key := checkLabels{name: req.Name, algo: req.Algorithm, result: result}
 	c, ok := m.counters.Load(key)
 	if !ok {
-		name := m.nameLabel(req.Name)
+		name := m.names.Label(req.Name)
 		c = m.checks.WithLabelValues(name, req.Algorithm.String(), result)
 		if name == req.Name { // cache only the bounded set of names
 			m.counters.Store(key, c)
@@ -133,20 +134,6 @@ func (m *metrics) unreachable(policy sluice.Policy) {
 	}
 }
 
-// nameLabel returns name, or "_other" once MaxMetricNames are in use.
-func (m *metrics) nameLabel(name string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.names[name]; ok {
-		return name
-	}
-	if len(m.names) >= MaxMetricNames {
-		return "_other"
-	}
-	m.names[name] = struct{}{}
-	return name
-}
-
 // peerCall records one batch sent to a peer.
 func (m *metrics) peerCall(peer string, items int, took time.Duration, err error) {
 	if m == nil {
@@ -159,6 +146,26 @@ func (m *metrics) peerCall(peer string, items int, took time.Duration, err error
 	m.forwarded.Add(float64(items))
 	m.batchSize.Observe(float64(items))
 	m.peerLatency.WithLabelValues(peer, outcome).Observe(took.Seconds())
+}
+
+// budgetCollectors read the counters of the gRPC server's message budget
+// (transport.MessageBudget), which New creates first.
+func budgetCollectors(n *Node) []prometheus.Collector {
+	stats := n.budget.Stats
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_grpc_message_bytes_reserved",
+			Help: "Bytes of the gRPC server's inbound message budget reserved by calls whose messages are on their way (ServerLimits.MessageBytes bounds it).",
+		}, func() float64 { return float64(stats().Reserved) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_grpc_message_budget_refused_total",
+			Help: "gRPC calls refused with ResourceExhausted for want of room in the message budget.",
+		}, func() float64 { return float64(stats().Refused) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_grpc_message_timeouts_total",
+			Help: "gRPC calls reset because their first message was not all in within ServerLimits.MessageTimeout.",
+		}, func() float64 { return float64(stats().TimedOut) }),
+	}
 }
 
 // transferCollectors reads the hand-off and replication counters.

@@ -66,6 +66,7 @@ type Node struct {
 
 	lis    net.Listener
 	grpc   *grpc.Server
+	budget *transport.MessageBudget // of grpc
 	serf   *serf.Serf
 	gossip memberlist.Transport // nil unless Config.GossipTransport is set
 
@@ -123,6 +124,9 @@ func New(cfg Config) (n *Node, err error) {
 	n.handover = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
 	n.router = &router{self: cfg.NodeName, hand: n.handover, now: n.now, departing: n.departing,
 		threshold: int32(cfg.BreakerThreshold), cooldown: cfg.BreakerCooldown}
+	if n.budget, err = transport.NewMessageBudget(cfg.ServerLimits); err != nil {
+		return nil, err
+	}
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}
@@ -159,10 +163,10 @@ func New(cfg Config) (n *Node, err error) {
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
-	if n.lis, err = transport.DefaultServerLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
+	if n.lis, err = cfg.ServerLimits.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
-	sopts := transport.ServerOptions()
+	sopts := n.budget.ServerOptions()
 	if cfg.TLS != nil {
 		server := cfg.TLS.Clone()
 		if server.ClientCAs != nil {

@@ -48,7 +48,12 @@
 // Internal. [ServerLimits] bounds connections: how many are open
 // ([ServerLimits.Listen] closes the rest at once), how long a handshake
 // and an idle connection last, how often clients may ping (peers ping as
-// [PeerKeepalive] says), and how many calls one connection holds open.
+// [PeerKeepalive] says), and how many calls one connection holds open;
+// its [MessageBudget] bounds the bytes of the messages on their way, all
+// connections together: each call reserves the largest message until its
+// message is in (a stream until it ends), a call without room is refused
+// with ResourceExhausted, and a call whose first message does not arrive
+// whole within MessageTimeout is reset.
 //
 // Durations and instants are int64 nanoseconds on the wire; a hits field
 // that is absent means 1. Time zones are IANA names, loaded once per [Codec]

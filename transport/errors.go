@@ -38,6 +38,10 @@ var (
 	ErrNilContext = sluice.ErrNilContext
 	// ErrInvalidServerLimits is a ServerLimits that Validate refuses.
 	ErrInvalidServerLimits = errors.New("transport: invalid server limits")
+	// ErrMessageTimeout is the cause of the context of a call cancelled
+	// because its first message was not all in within
+	// ServerLimits.MessageTimeout.
+	ErrMessageTimeout = errors.New("transport: message not received in time")
 )
 
 // MaxErrorMessageLen bounds the error text carried per item, in bytes.

@@ -51,6 +51,28 @@ type ServerLimits struct {
 	// another. A peer holds one stream, and a few unary calls, per
 	// connection. Default 256.
 	MaxConcurrentStreams uint32
+	// MessageBytes bounds the bytes of inbound messages that every
+	// connection together may make the server hold before the messages
+	// are all in: each call opened reserves the largest message
+	// (MaxMessageSize) until its message is in, a stream until it ends,
+	// and a call that finds no room is refused with ResourceExhausted
+	// (see MessageBudget). A connection's calls not yet read by their
+	// handlers are never refused while they fit in half of it. At least
+	// ConnMessageBytes. Default 256 MiB (about 190 calls whose messages
+	// are on their way).
+	MessageBytes int64
+	// ConnMessageBytes is the most of MessageBytes one connection may
+	// hold while more than half of it is in use: its calls beyond it are
+	// refused with ResourceExhausted, so that many connections are needed
+	// to fill the budget, and the last half of it goes to many. At least
+	// MessageReservation (one call). Default 4 MiB.
+	ConnMessageBytes int64
+	// MessageTimeout is how long a call's first message may take to
+	// arrive whole once the call is open: a call still waiting for the
+	// rest is cancelled and its stream reset, freeing what it held.
+	// The messages that follow on a stream have no deadline; the
+	// stream's reservation bounds them. Default 10s.
+	MessageTimeout time.Duration
 }
 
 // DefaultServerLimits returns the default limits.
@@ -63,6 +85,9 @@ func DefaultServerLimits() ServerLimits {
 		KeepaliveTimeout:     20 * time.Second,
 		MinPingInterval:      5 * time.Second,
 		MaxConcurrentStreams: 256,
+		MessageBytes:         256 << 20,
+		ConnMessageBytes:     4 << 20,
+		MessageTimeout:       10 * time.Second,
 	}
 }
 
@@ -87,6 +112,12 @@ func (l ServerLimits) Validate() error {
 		return bad("MinPingInterval %v is outside (0, %v], the peers' keepalive", l.MinPingInterval, PeerKeepalive().Time)
 	case l.MaxConcurrentStreams < 1:
 		return bad("MaxConcurrentStreams is 0")
+	case l.ConnMessageBytes < MessageReservation:
+		return bad("ConnMessageBytes %d is less than one message (%d bytes)", l.ConnMessageBytes, MessageReservation)
+	case l.MessageBytes < l.ConnMessageBytes:
+		return bad("MessageBytes %d is less than ConnMessageBytes %d", l.MessageBytes, l.ConnMessageBytes)
+	case l.MessageTimeout <= 0:
+		return bad("MessageTimeout %v is not positive", l.MessageTimeout)
 	}
 	return nil
 }
@@ -94,7 +125,7 @@ func (l ServerLimits) Validate() error {
 // ServerOptions returns the options a grpc.Server serving sluice should
 // have, with the default limits: see ServerLimits.ServerOptions.
 func ServerOptions() []grpc.ServerOption {
-	return DefaultServerLimits().serverOptions()
+	return newMessageBudget(DefaultServerLimits()).ServerOptions()
 }
 
 // ServerOptions returns the options a grpc.Server serving sluice should
@@ -102,17 +133,21 @@ func ServerOptions() []grpc.ServerOption {
 // protobuf codec with the padding of the Peer messages (see CallOptions)
 // and the count guard (see RegisterPeer), for every service of the
 // server; flow-control windows of WindowSize; and l's limits but
-// MaxConnections, which the listener of Listen enforces. It fails when l
-// is invalid.
+// MaxConnections, which the listener of Listen enforces, with a message
+// budget of its own (see NewMessageBudget to read its counters). It fails
+// when l is invalid.
 func (l ServerLimits) ServerOptions() ([]grpc.ServerOption, error) {
-	if err := l.Validate(); err != nil {
+	b, err := NewMessageBudget(l)
+	if err != nil {
 		return nil, err
 	}
-	return l.serverOptions(), nil
+	return b.ServerOptions(), nil
 }
 
-func (l ServerLimits) serverOptions() []grpc.ServerOption {
+func (l ServerLimits) serverOptions(b *MessageBudget) []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.InTapHandle(b.tap),
+		grpc.StatsHandler(b),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.ForceServerCodecV2(wireCodec{}),
 		grpc.InitialWindowSize(WindowSize),

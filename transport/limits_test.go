@@ -35,6 +35,9 @@ func TestServerLimitsValidate(t *testing.T) {
 		{"MinPingInterval", func(l *ServerLimits) { l.MinPingInterval = 0 }},
 		{"MinPingInterval", func(l *ServerLimits) { l.MinPingInterval = PeerKeepalive().Time + 1 }},
 		{"MaxConcurrentStreams", func(l *ServerLimits) { l.MaxConcurrentStreams = 0 }},
+		{"ConnMessageBytes", func(l *ServerLimits) { l.ConnMessageBytes = MaxMessageSize }},
+		{"MessageBytes", func(l *ServerLimits) { l.MessageBytes = l.ConnMessageBytes - 1 }},
+		{"MessageTimeout", func(l *ServerLimits) { l.MessageTimeout = 0 }},
 	} {
 		l := DefaultServerLimits()
 		tt.mut(&l)
@@ -44,6 +47,9 @@ func TestServerLimitsValidate(t *testing.T) {
 		}
 		if _, err := l.ServerOptions(); !errors.Is(err, ErrInvalidServerLimits) {
 			t.Errorf("%s: ServerOptions: %v", tt.field, err)
+		}
+		if _, err := NewMessageBudget(l); !errors.Is(err, ErrInvalidServerLimits) {
+			t.Errorf("%s: NewMessageBudget: %v", tt.field, err)
 		}
 		if _, err := l.Listen("tcp", "127.0.0.1:0"); !errors.Is(err, ErrInvalidServerLimits) {
 			t.Errorf("%s: Listen: %v", tt.field, err)
@@ -256,6 +262,22 @@ func settingValue(f h2Frame, id uint16) uint32 {
 	return 0
 }
 
+// grpcHeaders returns the HPACK block of a gRPC call of method path.
+func grpcHeaders(path string) []byte {
+	var headers []byte
+	for _, h := range [][2]string{
+		{":method", "POST"}, {":scheme", "http"}, {":path", path},
+		{":authority", "sluice"}, {"content-type", "application/grpc"}, {"te", "trailers"},
+	} {
+		// A literal field without indexing, with a new name; no Huffman.
+		headers = append(headers, 0x00, byte(len(h[0])))
+		headers = append(headers, h[0]...)
+		headers = append(headers, byte(len(h[1])))
+		headers = append(headers, h[1]...)
+	}
+	return headers
+}
+
 // rawPeer is a hand-made HTTP/2 client with one CheckStream open (stream
 // 1), so that a test controls its pings.
 type rawPeer struct {
@@ -272,19 +294,8 @@ type rawPeer struct {
 
 func newRawPeer(t *testing.T, addr string) *rawPeer {
 	p := &rawPeer{t: t, frames: make(chan h2Frame), done: make(chan struct{})}
-	var headers []byte
-	for _, h := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":path", "/sluice.v1.Peer/CheckStream"},
-		{":authority", "sluice"}, {"content-type", "application/grpc"}, {"te", "trailers"},
-	} {
-		// A literal field without indexing, with a new name; no Huffman.
-		headers = append(headers, 0x00, byte(len(h[0])))
-		headers = append(headers, h[0]...)
-		headers = append(headers, byte(len(h[1])))
-		headers = append(headers, h[1]...)
-	}
 	open := appendFrame([]byte(clientPreface), frameSettings, 0, 0, nil)
-	open = appendFrame(open, frameHeaders, flagEndHeaders, 1, headers)
+	open = appendFrame(open, frameHeaders, flagEndHeaders, 1, grpcHeaders("/sluice.v1.Peer/CheckStream"))
 	p.conn = dialRaw(t, addr, open)
 	var wg sync.WaitGroup
 	wg.Add(1)

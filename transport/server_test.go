@@ -89,15 +89,22 @@ func startServer(t *testing.T, register func(s *grpc.Server)) *grpc.ClientConn {
 // of the test.
 func serve(t *testing.T, l ServerLimits, register func(s *grpc.Server), extra ...grpc.ServerOption) string {
 	t.Helper()
-	opts, err := l.ServerOptions()
+	b, err := NewMessageBudget(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := l.Listen("tcp", "127.0.0.1:0")
+	return serveBudget(t, b, register, extra...)
+}
+
+// serveBudget is serve with the limits of the message budget b, which
+// the server uses.
+func serveBudget(t *testing.T, b *MessageBudget, register func(s *grpc.Server), extra ...grpc.ServerOption) string {
+	t.Helper()
+	lis, err := b.limits.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(append(opts, extra...)...)
+	s := grpc.NewServer(append(b.ServerOptions(), extra...)...)
 	register(s)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(lis) }()

@@ -25,7 +25,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "lower-count", "idle-connections", "public-flood", "yaml-alias-bomb", "spoofed-forwarded"}
+	selected := []string{"reset", "lower-count", "idle-connections", "public-flood", "yaml-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -47,6 +47,9 @@ func TestRunScaledDown(t *testing.T) {
 			"--envoy-config-dir: exit 1, bomb-envoy/bomb.yaml:3:125: a2[23]: the alias *a1 expands",
 			"made current: rules 0, envoy 0; in force: 1 rule, 1 domain", " MB |"}},
 		{"spoofed-forwarded", []string{"admitted", "in this process"}},
+		{"grpc-partial-message", []string{"MB sent; ", " MB |"}},
+		{"http-partial-body", []string{"connections opened", " MB |"}},
+		{"metric-cardinality", []string{"sluice_envoy_hits_total has", " MB |"}},
 	} {
 		row := tableRow(out, tt.attack)
 		if row == "" {

@@ -222,10 +222,11 @@ type ResetResponse struct {
 }
 
 func (d *Daemon) handleReset(w http.ResponseWriter, r *http.Request) {
-	body, ok := d.readBody(w, r)
+	body, release, ok := d.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer release()
 	var in ResetRequest
 	if err := decodeStrict(body, &in); err != nil {
 		ierr := jsonError(err)

@@ -73,6 +73,26 @@ type Config struct {
 	MemoryLimit int64
 	// MaxBodyBytes bounds an HTTP request body.
 	MaxBodyBytes int64
+	// HTTPBodyBytes bounds the bytes of HTTP request bodies held at once,
+	// across all requests, beyond the first 4 KiB of each: a request
+	// whose body finds no room is answered 503. 0: a quarter of
+	// SoftMemoryLimit, or 64 MiB without one (HTTPBodyBudget).
+	HTTPBodyBytes int64
+	// HTTPBodyTimeout is how long a request's body may take to arrive
+	// whole, from when its handler starts reading: 408 after it.
+	HTTPBodyTimeout time.Duration
+	// HTTPMaxConnections bounds the HTTP connections open at once; one
+	// more waits to be accepted until another closes.
+	HTTPMaxConnections int
+	// GRPCMessageBytes is the budget of inbound gRPC message bytes of
+	// every connection together (transport.ServerLimits.MessageBytes; one
+	// connection holds at most a 64th of it, or one call's reservation,
+	// while more than half is in use). 0: a quarter of SoftMemoryLimit, or the transport's default
+	// without one (GRPCMessageBudget).
+	GRPCMessageBytes int64
+	// GRPCMessageTimeout is how long the first message of a gRPC call
+	// may take to arrive whole (transport.ServerLimits.MessageTimeout).
+	GRPCMessageTimeout time.Duration
 	// MaxBatchItems bounds the items of one POST /v1/check/batch.
 	MaxBatchItems int
 	// RulesFile is a rule file in the rules package's format. With one,
@@ -99,6 +119,10 @@ type Config struct {
 	// EnvoyAlignCalendar (the UTC calendar's) or EnvoyAlignEpoch (blocks of
 	// 7, 30 and 365 days since the Unix epoch, as envoyproxy/ratelimit).
 	EnvoyWindowAlignment string
+	// EnvoyMetricKeys bounds the metric keys of sluice_envoy_hits_total
+	// that get a label value of their own; the hits of the others, and of
+	// keys longer than 256 bytes, count under "_other".
+	EnvoyMetricKeys int
 	// ShutdownDelay is how long the daemon reports not ready before it
 	// stops accepting requests, so that load balancers notice first.
 	ShutdownDelay time.Duration
@@ -172,11 +196,16 @@ const (
 	MinMemoryLimit = 64 << 20
 	MinBodyBytes   = 1 << 10
 	MaxBodyBytes   = 64 << 20
+	// MinGRPCMessageBytes is the least grpc_message_bytes: room for 12
+	// calls (transport.MessageReservation each).
+	MinGRPCMessageBytes = 16 << 20
 	// MinStoreBytes is the least max_bytes: 16 MiB gives each of the
 	// store's 128 shards room for limiter.MaxKeyBytes, the most one key
 	// costs.
 	MinStoreBytes = 16 << 20
 	maxNameLen    = 128
+	// maxEnvoyMetricKeys bounds envoy_metric_keys: about 5 MB of series.
+	maxEnvoyMetricKeys = 10_000
 )
 
 // DefaultConfig returns the configuration of a production node: gossip on
@@ -202,8 +231,12 @@ func DefaultConfig() Config {
 		MaxBytes:             cc.Store.MaxBytes,
 		Destructive:          DestructiveAllow,
 		MaxBodyBytes:         1 << 20,
+		HTTPBodyTimeout:      10 * time.Second,
+		HTTPMaxConnections:   4096,
+		GRPCMessageTimeout:   transport.DefaultServerLimits().MessageTimeout,
 		EnvoyResponseHeaders: EnvoyHeadersOff,
 		EnvoyWindowAlignment: EnvoyAlignCalendar,
+		EnvoyMetricKeys:      1000,
 		MaxBatchItems:        transport.MaxBatchItems,
 		ShutdownTimeout:      10 * time.Second,
 		LogFormat:            "json",
@@ -395,6 +428,41 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return strconv.FormatInt(c.MaxBodyBytes, 10) }},
+	{key: "http_body_bytes", usage: "most bytes of HTTP request bodies held at once, beyond the first 4 KiB of each (503 beyond); 0: a quarter of the memory limit, or 64 MiB without one",
+		parse: func(c *Config, v string) error { return parseInt(&c.HTTPBodyBytes, v) },
+		check: func(c *Config) error {
+			if c.HTTPBodyBytes != 0 && c.HTTPBodyBytes < c.MaxBodyBytes {
+				return fmt.Errorf("%d is below max_body_bytes %d (0 means derived from the memory limit)", c.HTTPBodyBytes, c.MaxBodyBytes)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatInt(c.HTTPBodyBytes, 10) }},
+	{key: "http_body_timeout", usage: "how long an HTTP request body may take to arrive whole (408 after)",
+		parse: func(c *Config, v string) error { return parseDuration(&c.HTTPBodyTimeout, v) },
+		check: func(c *Config) error { return positive(c.HTTPBodyTimeout) },
+		show:  func(c *Config) string { return c.HTTPBodyTimeout.String() }},
+	{key: "http_max_connections", usage: "most HTTP connections open at once; more wait to be accepted",
+		parse: func(c *Config, v string) error { return parseInt(&c.HTTPMaxConnections, v) },
+		check: func(c *Config) error {
+			if c.HTTPMaxConnections < 1 {
+				return fmt.Errorf("%d is less than 1", c.HTTPMaxConnections)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.HTTPMaxConnections) }},
+	{key: "grpc_message_bytes", usage: "most bytes of inbound gRPC messages on their way, all connections together (ResourceExhausted beyond); 0: a quarter of the memory limit, or 256 MiB without one",
+		parse: func(c *Config, v string) error { return parseInt(&c.GRPCMessageBytes, v) },
+		check: func(c *Config) error {
+			if c.GRPCMessageBytes != 0 && c.GRPCMessageBytes < MinGRPCMessageBytes {
+				return fmt.Errorf("%d is below %d (0 means derived from the memory limit)", c.GRPCMessageBytes, MinGRPCMessageBytes)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.FormatInt(c.GRPCMessageBytes, 10) }},
+	{key: "grpc_message_timeout", usage: "how long the first message of a gRPC call may take to arrive whole; the call is reset after",
+		parse: func(c *Config, v string) error { return parseDuration(&c.GRPCMessageTimeout, v) },
+		check: func(c *Config) error { return positive(c.GRPCMessageTimeout) },
+		show:  func(c *Config) string { return c.GRPCMessageTimeout.String() }},
 	{key: "max_batch_items", usage: "most items of one POST /v1/check/batch",
 		parse: func(c *Config, v string) error { return parseInt(&c.MaxBatchItems, v) },
 		check: func(c *Config) error {
@@ -420,6 +488,15 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.EnvoyWindowAlignment = v; return nil },
 		check: func(c *Config) error { return oneOf(c.EnvoyWindowAlignment, EnvoyAlignCalendar, EnvoyAlignEpoch) },
 		show:  func(c *Config) string { return c.EnvoyWindowAlignment }},
+	{key: "envoy_metric_keys", usage: "most metric keys of Envoy's rate limit service with a series of their own in sluice_envoy_hits_total; the rest count under _other",
+		parse: func(c *Config, v string) error { return parseInt(&c.EnvoyMetricKeys, v) },
+		check: func(c *Config) error {
+			if c.EnvoyMetricKeys < 1 || c.EnvoyMetricKeys > maxEnvoyMetricKeys {
+				return fmt.Errorf("%d is outside [1, %d]", c.EnvoyMetricKeys, maxEnvoyMetricKeys)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.EnvoyMetricKeys) }},
 	{key: "shutdown_delay", usage: "how long to report not ready before refusing requests on shutdown",
 		parse: func(c *Config, v string) error { return parseDuration(&c.ShutdownDelay, v) },
 		check: func(c *Config) error { return nonNegative(c.ShutdownDelay) },
@@ -1011,6 +1088,38 @@ func yamlText(f *field, v *yaml.Node) (string, error) {
 		return strings.Join(items, ","), nil
 	}
 	return "", errors.New("want a single value, not a mapping")
+}
+
+// HTTPBodyBudget returns the bytes of HTTP bodies held at once:
+// HTTPBodyBytes, or a quarter of SoftMemoryLimit, or 64 MiB without one;
+// at least MaxBodyBytes.
+func (c *Config) HTTPBodyBudget() int64 {
+	switch {
+	case c.HTTPBodyBytes > 0:
+		return c.HTTPBodyBytes
+	case c.SoftMemoryLimit() > 0:
+		return max(c.SoftMemoryLimit()/4, c.MaxBodyBytes)
+	}
+	return max(64<<20, c.MaxBodyBytes)
+}
+
+// GRPCMessageBudget returns the limits of each gRPC server (the node's, and with
+// peer_addr the public API's, each with a budget of its own): the defaults with
+// MessageBytes GRPCMessageBytes, or a quarter of SoftMemoryLimit (at
+// least MinGRPCMessageBytes), or the default without one; a connection's
+// share a 64th of it, at least one call's; and MessageTimeout
+// GRPCMessageTimeout.
+func (c *Config) GRPCMessageBudget() transport.ServerLimits {
+	l := transport.DefaultServerLimits()
+	switch {
+	case c.GRPCMessageBytes > 0:
+		l.MessageBytes = c.GRPCMessageBytes
+	case c.SoftMemoryLimit() > 0:
+		l.MessageBytes = max(c.SoftMemoryLimit()/4, MinGRPCMessageBytes)
+	}
+	l.ConnMessageBytes = max(l.MessageBytes/64, transport.MessageReservation)
+	l.MessageTimeout = c.GRPCMessageTimeout
+	return l
 }
 
 // SoftMemoryLimit returns the soft memory limit the daemon's process

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/transport"
 )
 
 // envMap returns an env function reading m.
@@ -156,6 +157,11 @@ func TestConfigErrors(t *testing.T) {
 		{name: "two documents", file: "node_name: a\n---\nnode_name: b\n", wantLine: 2, wantText: []string{"more than one"}},
 		{name: "integer out of range", file: "max_batch_items: 5000\n", wantField: "max_batch_items", wantLine: 1, wantText: []string{"[1, 1000]"}},
 		{name: "not an integer", file: "max_body_bytes: 1MB\n", wantField: "max_body_bytes", wantLine: 1},
+		{name: "body budget below a body", file: "max_body_bytes: 2048\nhttp_body_bytes: 2047\n", wantField: "http_body_bytes", wantLine: 2, wantText: []string{"max_body_bytes 2048"}},
+		{name: "no body timeout", file: "http_body_timeout: 0s\n", wantField: "http_body_timeout", wantLine: 1},
+		{name: "no connections", args: []string{"--http-max-connections", "0"}, wantField: "http_max_connections"},
+		{name: "small grpc budget", env: map[string]string{"SLUICE_GRPC_MESSAGE_BYTES": "1048576"}, wantField: "grpc_message_bytes", wantText: []string{"16777216"}},
+		{name: "no grpc message timeout", args: []string{"--grpc-message-timeout", "-1s"}, wantField: "grpc_message_timeout"},
 		{name: "missing file", args: []string{"--config", "/nonexistent/sluice.yaml"}, wantText: []string{"/nonexistent/sluice.yaml"}},
 		{name: "bad env", env: map[string]string{"SLUICE_UNREACHABLE": "sometimes"}, wantField: "unreachable", wantText: []string{"env SLUICE_UNREACHABLE"}},
 		{name: "bad env address", env: map[string]string{"SLUICE_GRPC_ADDR": "localhost"}, wantField: "grpc_addr", wantText: []string{"env SLUICE_GRPC_ADDR", "host:port"}},
@@ -226,6 +232,41 @@ func TestClusterSettings(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Errorf("the node's config is invalid: %v", err)
+	}
+}
+
+// The budgets of HTTP bodies and gRPC messages are their settings, or a
+// quarter of the soft memory limit, or fixed defaults without one; the
+// node's gRPC server gets the gRPC one, with a connection's share a 64th
+// of it, at least one call's.
+func TestBodyAndMessageBudgets(t *testing.T) {
+	def := transport.DefaultServerLimits()
+	for _, tt := range []struct {
+		args          []string
+		body, message int64
+	}{
+		{nil, (DefaultConfig().MaxBytes + MemoryHeadroom) / 4, (DefaultConfig().MaxBytes + MemoryHeadroom) / 4},
+		{[]string{"--memory-limit", "1073741824"}, 256 << 20, 256 << 20},
+		{[]string{"--max-bytes", "0"}, 64 << 20, def.MessageBytes},
+		{[]string{"--memory-limit", "67108864"}, 16 << 20, MinGRPCMessageBytes},
+		{[]string{"--memory-limit", "67108864", "--max-body-bytes", "33554432"}, 32 << 20, MinGRPCMessageBytes},
+		{[]string{"--http-body-bytes", "5000000", "--grpc-message-bytes", "20000000", "--grpc-message-timeout", "3s"}, 5000000, 20000000},
+	} {
+		c, err := Load(append([]string{"--node-name", "n"}, tt.args...), envMap(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		if got := c.HTTPBodyBudget(); got != tt.body {
+			t.Errorf("%v: body budget %d, want %d", tt.args, got, tt.body)
+		}
+		d := &Daemon{cfg: c, logger: slog.New(slog.DiscardHandler), opts: options{now: time.Now}}
+		l := d.clusterConfig().ServerLimits
+		if l.MessageBytes != tt.message || l.ConnMessageBytes != max(tt.message/64, transport.MessageReservation) || l.MessageTimeout != c.GRPCMessageTimeout {
+			t.Errorf("%v: server limits %+v, want a budget of %d", tt.args, l, tt.message)
+		}
+		if err := l.Validate(); err != nil {
+			t.Errorf("%v: %v", tt.args, err)
+		}
 	}
 }
 

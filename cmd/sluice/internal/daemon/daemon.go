@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -86,6 +87,7 @@ type Daemon struct {
 
 	reg     *prometheus.Registry
 	metrics *httpMetrics
+	bodies  *bodyBudget // of the HTTP API's request bodies
 	codec   transport.Codec
 
 	node   *cluster.Node
@@ -147,6 +149,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}),
 	)
 	d.metrics = newHTTPMetrics(d.reg)
+	d.bodies = newBodyBudget(cfg.HTTPBodyBudget(), d.reg)
 
 	tlsCfg, err := cfg.tlsConfig()
 	if err != nil {
@@ -199,13 +202,14 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
 	}
+	d.lis = netutil.LimitListener(d.lis, cfg.HTTPMaxConnections)
 	if tlsCfg != nil {
 		// Verified when presented; the API's handlers require one
 		// (requireClientCert), probes and scrapers do not.
 		d.lis = tls.NewListener(d.lis, serverTLS(tlsCfg, tls.VerifyClientCertIfGiven))
 	}
 	if cfg.PeerAddr != "" {
-		if d.publicLis, err = publicLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
+		if d.publicLis, err = d.publicLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
 			d.lis.Close()
 			return nil, fmt.Errorf("daemon: listen on grpc_addr: %w", err)
 		}
@@ -269,9 +273,9 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 }
 
 // publicLimits returns the limits of grpc_addr's server with peer_addr
-// set: transport's defaults, under a connection cap apart from the
-// peers'.
-func publicLimits() transport.ServerLimits { return transport.DefaultServerLimits() }
+// set: those of the peers' server (GRPCMessageBudget), under a connection
+// cap and a message budget apart from the peers'.
+func (d *Daemon) publicLimits() transport.ServerLimits { return d.cfg.GRPCMessageBudget() }
 
 // serverTLS returns tlsCfg for a server that treats the certificates of
 // its callers as auth says, when tlsCfg verifies them (has ClientCAs).
@@ -287,7 +291,7 @@ func serverTLS(tlsCfg *tls.Config, auth tls.ClientAuthType) *tls.Config {
 // publicLimits and, under TLS, requiring a client certificate when
 // tls_ca_file is set, as the node's server does.
 func (d *Daemon) servePublic(tlsCfg *tls.Config) error {
-	opts, err := publicLimits().ServerOptions()
+	opts, err := d.publicLimits().ServerOptions()
 	if err != nil {
 		return fmt.Errorf("daemon: public gRPC server: %w", err)
 	}
@@ -351,6 +355,7 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Lease = d.cfg.Lease
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes
+	c.ServerLimits = d.cfg.GRPCMessageBudget()
 	c.Logger = d.logger.With("component", "cluster")
 	c.Clock = d.opts.now
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's

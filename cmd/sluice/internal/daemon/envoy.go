@@ -6,6 +6,15 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
+	"github.com/sluicehq/sluice/internal/labelset"
+)
+
+// Bounds of the labels of sluice_envoy_hits_total: the domains and metric
+// keys with a label value of their own (Config.EnvoyMetricKeys keys), each
+// at most maxEnvoyMetricLabel bytes; the others count under "_other".
+const (
+	envoyMetricDomains  = 256
+	maxEnvoyMetricLabel = 256
 )
 
 // watchEnvoy loads Config.EnvoyConfigDir and keeps it current, and exports
@@ -46,18 +55,25 @@ func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	}
 	hits := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_envoy_hits_total",
-		Help: "Hits of the descriptors of Envoy's rate limit service, by domain, metric key (envoyproxy/ratelimit's, detailed_metric and value_to_metric included) and stat: total_hits, within_limit, near_limit, over_limit, shadow_mode.",
+		Help: "Hits of the descriptors of Envoy's rate limit service, by domain, metric key (envoyproxy/ratelimit's, detailed_metric and value_to_metric included; beyond envoy_metric_keys keys, or longer than 256 bytes, _other) and stat: total_hits, within_limit, near_limit, over_limit, shadow_mode.",
 	}, []string{"domain", "key", "stat"})
 	if err := d.reg.Register(hits); err != nil {
 		return err
 	}
+	// Domains and keys come from requests (detailed_metric and
+	// value_to_metric name a key after its request's values, and so do
+	// limits sent with the descriptors): bounded, the rest under
+	// labelset.Overflow.
+	domains := labelset.New(envoyMetricDomains, maxEnvoyMetricLabel)
+	keys := labelset.New(d.cfg.EnvoyMetricKeys, maxEnvoyMetricLabel)
 	cfg.OnHit = func(h *envoyrls.Hit) {
+		domain, key := domains.Label(h.Domain), keys.Label(h.Key)
 		for _, st := range []struct {
 			name string
 			n    uint64
 		}{{"total_hits", h.TotalHits}, {"within_limit", h.WithinLimit}, {"near_limit", h.NearLimit}, {"over_limit", h.OverLimit}, {"shadow_mode", h.ShadowMode}} {
 			if st.n > 0 || st.name == "total_hits" {
-				hits.WithLabelValues(h.Domain, h.Key, st.name).Add(float64(st.n))
+				hits.WithLabelValues(domain, key, st.name).Add(float64(st.n))
 			}
 		}
 	}

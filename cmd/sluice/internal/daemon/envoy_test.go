@@ -13,6 +13,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -313,5 +314,55 @@ func TestEnvoyReadmeExample(t *testing.T) {
 	}
 	if m := d.Match([]envoyrls.Entry{{Key: "remote_address", Value: "192.0.2.1"}}); m.Descriptor == nil || m.Descriptor.RateLimit.RequestsPerUnit != 10 {
 		t.Errorf("the README's edge domain: %+v", m.Descriptor)
+	}
+}
+
+// 20,000 descriptor values through Envoy's rate limit service, each new,
+// half named in metrics by detailed_metric and half carrying their own
+// limit, give at most envoy_metric_keys keys a series of their own; the
+// rest count under _other, and the counts still sum to every hit.
+func TestEnvoyMetricKeysAreBounded(t *testing.T) {
+	cfg := testConfig("envoy-cardinality")
+	cfg.EnvoyConfigDir = envoyDir(t)
+	cfg.EnvoyMetricKeys = 100
+	d := start(t, cfg)
+	client := rlsClient(t, d.GRPCAddr())
+	const unique, perCall = 20_000, 64 // envoyrls.DefaultConfig().MaxDescriptors
+	for i := 0; i < unique; i += perCall {
+		req := &rlsv3.RateLimitRequest{Domain: "api"}
+		for j := i; j < min(i+perCall, unique); j++ {
+			desc := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "client", Value: fmt.Sprintf("c%d", j)}}}
+			if j%2 == 1 {
+				desc.Entries[0].Key = "caller"
+				desc.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_MINUTE}
+			}
+			req.Descriptors = append(req.Descriptors, desc)
+		}
+		if _, err := client.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := scrape(t, "http://"+d.HTTPAddr())
+	keys := make(map[string]bool)
+	var total float64
+	for series, v := range m {
+		if !strings.HasPrefix(series, "sluice_envoy_hits_total{") {
+			continue
+		}
+		_, rest, _ := strings.Cut(series, `key="`)
+		key, _, _ := strings.Cut(rest, `"`)
+		keys[key] = true
+		if strings.Contains(series, `stat="total_hits"`) {
+			total += v
+		}
+	}
+	if len(keys) > cfg.EnvoyMetricKeys+1 {
+		t.Errorf("%d metric keys, more than envoy_metric_keys (%d) and _other", len(keys), cfg.EnvoyMetricKeys)
+	}
+	if got := m[`sluice_envoy_hits_total{domain="api",key="_other",stat="total_hits"}`]; got != unique-float64(cfg.EnvoyMetricKeys) {
+		t.Errorf("_other counts %v hits, want %d", got, unique-cfg.EnvoyMetricKeys)
+	}
+	if total != unique {
+		t.Errorf("total_hits sum to %v, want %d", total, unique)
 	}
 }

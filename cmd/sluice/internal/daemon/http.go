@@ -215,10 +215,11 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
-	body, ok := d.readBody(w, r)
+	body, release, ok := d.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer release()
 	req, policy, ierr := d.decodeCheck(body)
 	if ierr != nil {
 		d.metrics.items.WithLabelValues(resultInvalid).Inc()
@@ -241,10 +242,11 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
-	body, ok := d.readBody(w, r)
+	body, release, ok := d.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer release()
 	var batch BatchRequest
 	if err := decodeStrict(body, &batch); err != nil {
 		ierr := jsonError(err)
@@ -307,25 +309,6 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// readBody reads the request body up to Config.MaxBodyBytes; on failure it
-// has written the problem response.
-func (d *Daemon) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		writeProblem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than %d bytes", tooLarge.Limit), nil)
-		return nil, false
-	case err != nil:
-		writeProblem(w, http.StatusBadRequest, "reading the body: "+err.Error(), nil)
-		return nil, false
-	case len(bytes.TrimSpace(body)) == 0:
-		writeProblem(w, http.StatusBadRequest, "the body is empty: want a JSON object", nil)
-		return nil, false
-	}
-	return body, true
 }
 
 // decodeCheck parses and validates one check the way the gRPC API does:

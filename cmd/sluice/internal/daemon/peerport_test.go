@@ -159,11 +159,11 @@ func checkHTTP(t *testing.T, base, key string) (bool, string) {
 // forwarded over peer_addr and decided exactly by their owner.
 func TestPublicFloodLeavesPeersDeciding(t *testing.T) {
 	const conns = 5000
-	capacity := publicLimits().MaxConnections
+	a := start(t, peerPortConfig("flood-a"))
+	capacity := a.publicLimits().MaxConnections
 	if conns <= capacity {
 		t.Fatalf("%d connections do not fill a cap of %d", conns, capacity)
 	}
-	a := start(t, peerPortConfig("flood-a"))
 	if a.GRPCAddr() == a.PeerAddr() {
 		t.Fatalf("grpc_addr and peer_addr are both %s", a.GRPCAddr())
 	}

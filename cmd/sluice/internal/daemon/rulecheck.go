@@ -103,10 +103,11 @@ func (d *Daemon) handleRulesCheck(w http.ResponseWriter, r *http.Request) {
 			&itemError{Code: codeRulesNotConfigured})
 		return
 	}
-	body, ok := d.readBody(w, r)
+	body, release, ok := d.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer release()
 	desc, hits, ierr := parseRulesCheck(body)
 	if ierr != nil {
 		d.metrics.items.WithLabelValues(resultInvalid).Inc()

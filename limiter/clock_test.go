@@ -49,7 +49,8 @@ const (
 // store, or on a peer and merged at t0), then runs steps, and checks that
 // each decision is the one a key whose capacity was spent at t0 gets from
 // the same steps: the key is held exactly as long as its own limit holds a
-// key spent at now. Every decision also passes checkInvariants (RetryAfter
+// key spent at now (at most lateReading longer for a step back of at most
+// lateReading, read as a late reading). Every decision also passes checkInvariants (RetryAfter
 // exact), admits or denies as the step says, and a denial's RetryAfter is
 // at most span, the longest the limit holds a key spent at now.
 func runClockSteps(t *testing.T, req Request, ahead time.Duration, by spentBy, span time.Duration, steps []clockStep) {
@@ -67,7 +68,15 @@ func runClockSteps(t *testing.T, req Request, ahead time.Duration, by spentBy, s
 		mustCheck(t, peer, spend, t0.Add(ahead))
 		mustMerge(t, s, []Snapshot{snapOf(t, peer, spend, t0.Add(ahead))}, t0)
 	}
-	mustCheck(t, ref, spend, t0)
+	// A step back of at most lateReading is read as a late reading: the
+	// store decides at the reading it spent at until the clock passes it,
+	// and its waits count from the caller's reading.
+	absorbed := by == spentHere && ahead <= time.Duration(lateReading)
+	spentAt := t0
+	if absorbed {
+		spentAt = t0.Add(ahead)
+	}
+	mustCheck(t, ref, spend, spentAt)
 	now, retry := t0, time.Duration(0)
 	for i, st := range steps {
 		if st.afterRetry {
@@ -78,7 +87,18 @@ func runClockSteps(t *testing.T, req Request, ahead time.Duration, by spentBy, s
 		r := req
 		r.Hits = st.hits
 		d := mustCheck(t, s, r, now)
-		want := mustCheck(t, ref, r, now)
+		refAt := now
+		if now.Before(spentAt) {
+			refAt = spentAt
+		}
+		want := mustCheck(t, ref, r, refAt)
+		shift := refAt.Sub(now)
+		if want.RetryAfter > 0 {
+			want.RetryAfter += shift
+		}
+		if want.Delay > 0 {
+			want.Delay += shift
+		}
 		where := fmt.Sprintf("step %d at t0%+v (spent at t0%+v)", i, now.Sub(t0), ahead)
 		if d.Allowed != want.Allowed || d.Remaining != want.Remaining || d.RetryAfter != want.RetryAfter ||
 			!d.ResetAt.Equal(want.ResetAt) || d.Delay != want.Delay {
@@ -87,7 +107,7 @@ func runClockSteps(t *testing.T, req Request, ahead time.Duration, by spentBy, s
 		if d.Allowed == st.wantDenied {
 			t.Fatalf("%s: allowed %v, want %v", where, d.Allowed, !st.wantDenied)
 		}
-		if d.RetryAfter > span {
+		if d.RetryAfter > span+shift {
 			t.Fatalf("%s: RetryAfter %v, longer than the %v the limit holds a key spent at now", where, d.RetryAfter, span)
 		}
 		checkInvariants(t, s, r, now, d)
@@ -275,5 +295,60 @@ func TestClockStepAdmitsWithinBound(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestLateReadingAtWindowBoundary: callers read the clock before they wait
+// for the store's lock, so one may decide at a reading older than a
+// decision already made. Read at the window before, it must not move the
+// next window's count back into it: the next window admits its limit, no
+// more, and the late caller's RetryAfter is true from its own reading.
+func TestLateReadingAtWindowBoundary(t *testing.T) {
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
+		t.Run(algo.String(), func(t *testing.T) {
+			s, err := NewStore(DefaultStoreConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := Request{Name: "late", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: algo}
+			t0 := time.Unix(1_000_000, 0)
+			check := func(at time.Time) Decision {
+				t.Helper()
+				d, err := s.CheckAt(req, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			// The next window begins at t0+1s; a caller takes its
+			// hits 1 ms in.
+			var admitted int
+			for i := range 12 {
+				if check(t0.Add(time.Second + time.Millisecond + time.Duration(i)*time.Microsecond)).Allowed {
+					admitted++
+				}
+			}
+			// A caller that read the clock 1 ms before the window.
+			lateAt := t0.Add(time.Second - time.Millisecond)
+			late := check(lateAt)
+			if late.Allowed {
+				admitted++
+			}
+			// The rest of the window, a check every 10 ms.
+			for at := t0.Add(time.Second + 2*time.Millisecond); at.Before(t0.Add(2 * time.Second)); at = at.Add(10 * time.Millisecond) {
+				if check(at).Allowed {
+					admitted++
+				}
+			}
+			if admitted > 10 {
+				t.Errorf("%d admitted in one period of a limit of 10 per second", admitted)
+			}
+			if !late.Allowed {
+				retry := lateAt.Add(late.RetryAfter)
+				if d := check(retry); !d.Allowed {
+					t.Errorf("late caller's RetryAfter %v: a check at %v is denied (%+v)", late.RetryAfter, retry.Sub(t0), d)
+				}
+			}
+		})
 	}
 }

@@ -98,6 +98,15 @@ func cloneLog(l *windowLog) *windowLog {
 	return l.clone()
 }
 
+// readingOf is the instant s decides req's key at for a reading of n
+// (see shard.readingLocked), without recording n.
+func readingOf(s *Store, req *Request, n int64) int64 {
+	sh := s.shardFor(appendStoreKey(nil, req.Name, req.Key))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.readingAtLocked(n)
+}
+
 // copyState copies what s holds for req's key (the fresh state if none).
 func copyState(s *Store, req *Request) stateCopy {
 	k := appendStoreKey(nil, req.Name, req.Key)
@@ -166,7 +175,7 @@ func checkInvariants(t testing.TB, s *Store, req Request, now time.Time, d Decis
 		// A peek answers for the state as its parameters read it now
 		// (the state a check of 0 hits with them would keep), which the
 		// store does not keep.
-		sn.apply(req, n)
+		sn.apply(req, readingOf(s, &req, n))
 	}
 	same := req
 	same.Behavior &^= Reset

@@ -157,6 +157,9 @@ type shard struct {
 	changed []*entry
 	// bytes is what MaxBytes counts for the entries and logs held.
 	bytes int64
+	// latest is the latest clock reading a decision in the shard was
+	// made at (see readingLocked).
+	latest int64
 	_     [64]byte // keep shards on separate cache lines
 }
 
@@ -223,6 +226,25 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
+	at := sh.readingLocked(now)
+	took, d := s.decideKeyLocked(sh, k, req, at, want)
+	sh.mu.Unlock()
+	if late := time.Duration(at - now); late > 0 {
+		// Decided as at the later reading: the waits start from the
+		// caller's own.
+		if d.RetryAfter > 0 {
+			d.RetryAfter += late
+		}
+		if d.Delay > 0 {
+			d.Delay += late
+		}
+	}
+	return took, d
+}
+
+// decideKeyLocked is decideKey's work on k, the key of req, in sh, at now.
+// sh.mu must be held.
+func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int64) (int64, Decision) {
 	e, found := sh.m[string(k)]
 	var lg *windowLog
 	if found && (req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog) {
@@ -235,7 +257,6 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 			sh.touchLocked(e)
 		}
 		d := peek(st, lg, req, now)
-		sh.mu.Unlock()
 		return 0, d
 	}
 	if found {
@@ -260,7 +281,6 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		if want == 0 || took > 0 {
 			s.markChangedLocked(sh, e)
 		}
-		sh.mu.Unlock()
 		return took, d
 	}
 	var st state
@@ -275,8 +295,34 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 		e := s.insertLocked(sh, string(k), st, lg, now)
 		s.markChangedLocked(sh, e)
 	}
-	sh.mu.Unlock()
 	return took, d
+}
+
+// lateReading is how far behind the latest reading of its shard a
+// caller's clock reading may be and still be read as that latest reading.
+const lateReading = int64(100 * time.Millisecond)
+
+// readingLocked returns the instant a decision at now is made at. Callers
+// read the clock before they wait for the shard's lock, so a reading
+// slightly older than one already decided at is no step of the clock: it
+// is read as the latest, and a window that began since stays the window
+// its count is in (deciding it at the older reading would move that count
+// back into the window before, and the next window would admit it all
+// again). A reading further behind is a clock that stepped back, which
+// boundTimes bounds. sh.mu must be held.
+func (sh *shard) readingLocked(now int64) int64 {
+	at := sh.readingAtLocked(now)
+	sh.latest = at
+	return at
+}
+
+// readingAtLocked is the instant readingLocked returns for now, without
+// recording it. sh.mu must be held.
+func (sh *shard) readingAtLocked(now int64) int64 {
+	if now < sh.latest && sh.latest-now <= lateReading {
+		return sh.latest
+	}
+	return now
 }
 
 // take peeks with req (Hits 0) and takes as many hits as the peek says

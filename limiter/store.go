@@ -160,7 +160,7 @@ type shard struct {
 	// latest is the latest clock reading a decision in the shard was
 	// made at (see readingLocked).
 	latest int64
-	_     [64]byte // keep shards on separate cache lines
+	_      [64]byte // keep shards on separate cache lines
 }
 
 // NewStore returns an empty store.

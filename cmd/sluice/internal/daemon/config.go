@@ -108,11 +108,15 @@ type Config struct {
 	TLSKeyFile  string
 	TLSCAFile   string
 	// GossipKeys are base64 AES keys (16, 24 or 32 bytes) that encrypt
-	// gossip; the first encrypts, all decrypt. Empty: gossip in clear.
+	// gossip; the first encrypts, all decrypt. Empty: a key derived from
+	// ClusterSecretFile, or gossip in clear without one.
 	GossipKeys []string
 	// PeerIdentities, with mutual TLS, are the URI or DNS SANs that mark a
 	// certificate as a cluster member's: only such callers may use the
-	// Peer service (cluster.Config.PeerIdentities).
+	// Peer service, and only a member whose server certificate carries one
+	// owns keys (cluster.Config.PeerIdentities). They need GossipKeys or
+	// ClusterSecretFile: without either, Validate fails with
+	// cluster.ErrPlainGossip.
 	PeerIdentities []string
 	// ClusterSecretFile holds a secret of at least 16 bytes that every
 	// peer call proves (cluster.Config.ClusterSecret). Empty with
@@ -661,6 +665,10 @@ func (c *Config) Validate() error {
 	}
 	if len(c.PeerIdentities) > 0 && c.TLSCAFile == "" {
 		return &ConfigError{Field: "peer_identities", Err: errors.New("needs tls_ca_file: identities are read from verified client certificates")}
+	}
+	if len(c.PeerIdentities) > 0 && len(c.GossipKeys) == 0 && c.ClusterSecretFile == "" {
+		// Anyone who reaches the gossip port could join unencrypted gossip.
+		return &ConfigError{Field: "peer_identities", Err: fmt.Errorf("%w: set gossip_keys or cluster_secret_file", cluster.ErrPlainGossip)}
 	}
 	switch c.Destructive {
 	case DestructiveAllow, DestructiveDeny:

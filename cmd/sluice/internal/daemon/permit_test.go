@@ -41,6 +41,7 @@ func TestDestructiveBehaviorsForAdmins(t *testing.T) {
 		cfg.TLSCertFile, cfg.TLSKeyFile = testpki.WriteCert(t, dir, name, ca.IssueWith(t, name, peerID))
 		cfg.TLSCAFile = caFile
 		cfg.PeerIdentities = []string{peerID}
+		cfg.GossipKeys = []string{"MDEyMzQ1Njc4OWFiY2RlZg=="} // identities need encrypted gossip
 		cfg.Destructive = DestructiveAdmins
 		cfg.AdminIdentities = []string{adminID}
 		if len(ds) > 0 {

@@ -256,8 +256,9 @@ func (n *Node) joined() {
 		return
 	}
 	n.rebuild(0)
-	n.awaitProofs()
-	n.rebuild(0)
+	if n.awaitProofs() {
+		n.rebuild(0)
+	}
 	n.handover.setReady(true, n.now())
 	n.transfers.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())

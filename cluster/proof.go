@@ -269,21 +269,22 @@ func (n *Node) challenge(ctx context.Context, m ring.Member, dial []grpc.DialOpt
 // awaitProofs waits until every member known has answered its first
 // challenge, for at most ProofTimeout, so that a node that joins does not
 // decide keys as owner while its ring lacks members that are about to
-// prove themselves.
-func (n *Node) awaitProofs() {
+// prove themselves. It reports whether it waited for any.
+func (n *Node) awaitProofs() (waited bool) {
 	t := time.NewTimer(n.cfg.ProofTimeout)
 	defer t.Stop()
 	for {
 		changed, ok := n.proofs.settled()
 		if ok {
-			return
+			return waited
 		}
+		waited = true
 		select {
 		case <-changed:
 		case <-t.C:
-			return
+			return waited
 		case <-n.shutdown:
-			return
+			return waited
 		}
 	}
 }

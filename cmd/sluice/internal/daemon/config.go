@@ -487,14 +487,14 @@ var fields = []field{
 	{key: "tls_ca_file", usage: "PEM CA bundle that verifies peers and requires client certificates (mutual TLS)",
 		parse: func(c *Config, v string) error { c.TLSCAFile = v; return nil },
 		show:  func(c *Config) string { return c.TLSCAFile }},
-	{key: "gossip_keys", list: true, usage: "base64 keys (16, 24 or 32 bytes) encrypting gossip, comma-separated; the first encrypts",
+	{key: "gossip_keys", list: true, usage: "base64 keys (16, 24 or 32 bytes) encrypting gossip, comma-separated; the first encrypts (default: derived from cluster_secret_file)",
 		parse: func(c *Config, v string) error { c.GossipKeys = splitList(v); return nil },
 		check: func(c *Config) error {
 			_, err := decodeGossipKeys(c.GossipKeys)
 			return err
 		},
 		show: func(c *Config) string { return strings.Repeat("<key>,", len(c.GossipKeys)) }},
-	{key: "peer_identities", list: true, usage: "URI or DNS SANs of certificates that may make peer calls, comma-separated (needs tls_ca_file)",
+	{key: "peer_identities", list: true, usage: "URI or DNS SANs of certificates that may make peer calls and own keys, comma-separated (needs tls_ca_file, and gossip_keys or cluster_secret_file)",
 		parse: func(c *Config, v string) error { c.PeerIdentities = splitList(v); return nil },
 		check: func(c *Config) error { return checkIdentities(c.PeerIdentities) },
 		show:  func(c *Config) string { return strings.Join(c.PeerIdentities, ",") }},

@@ -374,3 +374,52 @@ func TestNameTakeoverRefused(t *testing.T) {
 		t.Fatalf("the claimant received %d checks", rogue.Checks.Load())
 	}
 }
+
+// TestRogueTagNamingAMember: a stock serf agent whose grpc tag names a
+// real member's server proves nothing (the member answers only to its own
+// name), and once it points its tag at a server of its own, it is
+// challenged again there, and refused again.
+func TestRogueTagNamingAMember(t *testing.T) {
+	key := gossipKey(11, 32)
+	a, b := startPair(t, func(c *cluster.Config) {
+		c.GossipKeys = [][]byte{key}
+		c.ClusterSecret = []byte("a secret the members share")
+	})
+	agent, err := testrogue.JoinSerf(t, "rogue", b.GRPCAddr(), key, a.GossipAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasonOn := func(n *cluster.Node) (addr, reason string) {
+		for _, r := range n.RefusedMembers() {
+			if r.Name == "rogue" {
+				return r.GRPCAddr, r.Reason
+			}
+		}
+		return "", ""
+	}
+	waitRefused(t, "rogue", a, b)
+	for _, n := range []*cluster.Node{a, b} {
+		if addr, reason := reasonOn(n); addr != b.GRPCAddr() || !strings.Contains(reason, `this node is "b"`) {
+			t.Errorf("%s refuses the rogue at %s for %q, want at b's address because b is not the rogue", n.Name(), addr, reason)
+		}
+	}
+
+	own := testrogue.StartPeer(t, true, nil)
+	if err := agent.SetTags(map[string]string{"grpc": own.Addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testcluster.WaitFor(10*time.Second, func() error {
+		for _, n := range []*cluster.Node{a, b} {
+			if addr, reason := reasonOn(n); addr != own.Addr || !strings.Contains(reason, "cluster secret") {
+				return fmt.Errorf("%s refuses the rogue at %s for %q, want at its own server for the cluster secret", n.Name(), addr, reason)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitRing(t, 2, a, b)
+	if got := own.Checks.Load() + own.States.Load() + own.Leases.Load(); got != 0 {
+		t.Fatalf("the rogue's server received %d checks, states and leases", got)
+	}
+}

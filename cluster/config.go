@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"crypto/hkdf"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -102,7 +104,11 @@ type Config struct {
 	// GossipKeys, when not empty, encrypt and authenticate gossip with
 	// AES-GCM: every key is 16, 24 or 32 bytes; the first encrypts, all
 	// decrypt. Every member must also hold every other member's primary
-	// key; a node without a matching key cannot join.
+	// key; a node without a matching key cannot join. Empty with
+	// ClusterSecret set: gossip is encrypted with a key derived from the
+	// secret. Empty with PeerIdentities and no ClusterSecret:
+	// New fails with ErrPlainGossip, since anyone who reaches the gossip
+	// port could join.
 	GossipKeys [][]byte
 	// TLS, when set, secures gRPC between nodes (and from daemon clients)
 	// with mutual TLS. The config is cloned, never modified, and must hold:
@@ -130,7 +136,22 @@ type Config struct {
 	// sent), so that an encrypted cluster authenticates its peers with no
 	// setting of its own. Without TLS the proof travels in clear; see the
 	// README's Security section.
+	//
+	// With ClusterSecret, PeerIdentities or GossipKeys set, membership is
+	// earned: a member that gossip brings in owns no key, and is sent no
+	// check, hand-off, replica or lease, until it has answered a challenge
+	// with the credential the Peer service demands of callers (proof.go;
+	// Node.RefusedMembers lists those that failed).
 	ClusterSecret []byte
+	// ProofTimeout bounds one challenge of a member, and how long a node
+	// that joins waits for the members it found to answer theirs before
+	// it reports ready.
+	ProofTimeout time.Duration
+	// ProofRetry is the wait before a member that failed its challenge is
+	// challenged again; it doubles at every failure in a row, up to
+	// ProofRetryMax.
+	ProofRetry    time.Duration
+	ProofRetryMax time.Duration
 	// ServePublicAPI serves the public gRPC API (the Sluice service, for
 	// sluice's client package and other languages) on GRPCAddr beside the
 	// Peer service. Off, the node answers only its peers: an embedded node
@@ -223,6 +244,9 @@ func DefaultConfig() Config {
 		Peer:              peer.DefaultConfig(),
 		Lease:             DefaultLeaseConfig(),
 		ServerLimits:      transport.DefaultServerLimits(),
+		ProofTimeout:      2 * time.Second,
+		ProofRetry:        200 * time.Millisecond,
+		ProofRetryMax:     30 * time.Second,
 	}
 }
 
@@ -240,6 +264,8 @@ func TestConfig(name string) Config {
 	c.Peer.Timeout = 500 * time.Millisecond
 	c.ReplicateInterval = 20 * time.Millisecond
 	c.LeaveTimeout = 2 * time.Second
+	c.ProofRetry = 20 * time.Millisecond
+	c.ProofRetryMax = time.Second
 	return c
 }
 
@@ -251,8 +277,17 @@ const MaxReplicas = 5
 // every nanosecond would take a CPU while the node is idle.
 const MinInterval = time.Millisecond
 
-// ErrInvalidConfig wraps every error of Config.Validate.
-var ErrInvalidConfig = errors.New("cluster: invalid config")
+// Errors of Config.Validate.
+var (
+	// ErrInvalidConfig wraps every error of Config.Validate.
+	ErrInvalidConfig = errors.New("cluster: invalid config")
+	// ErrPlainGossip is a config that authenticates peers by their
+	// certificates (PeerIdentities) but leaves gossip unencrypted, with
+	// no secret to derive a gossip key from: anyone who reaches the
+	// gossip port could join. Set GossipKeys or ClusterSecret. Validate
+	// wraps it in ErrInvalidConfig.
+	ErrPlainGossip = errors.New("cluster: peer identities without gossip encryption")
+)
 
 // Validate reports the first invalid field.
 func (c *Config) Validate() error {
@@ -290,6 +325,12 @@ func (c *Config) Validate() error {
 		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
 	case c.HandoverTimeout <= 0:
 		return bad("HandoverTimeout %v must be positive", c.HandoverTimeout)
+	case c.ProofTimeout <= 0:
+		return bad("ProofTimeout %v must be positive", c.ProofTimeout)
+	case c.ProofRetry < MinInterval:
+		return bad("ProofRetry %v is below %v", c.ProofRetry, MinInterval)
+	case c.ProofRetryMax < c.ProofRetry:
+		return bad("ProofRetryMax %v is below ProofRetry %v", c.ProofRetryMax, c.ProofRetry)
 	}
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {
@@ -309,6 +350,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.ServerLimits.Validate(); err != nil {
 		return fmt.Errorf("%w: ServerLimits: %w", ErrInvalidConfig, err)
+	}
+	if len(c.PeerIdentities) > 0 && len(c.GossipKeys) == 0 && len(c.ClusterSecret) == 0 {
+		return fmt.Errorf("%w: %w: set GossipKeys or ClusterSecret", ErrInvalidConfig, ErrPlainGossip)
 	}
 	for i, o := range c.ServerOptions {
 		if o == nil {
@@ -341,6 +385,30 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, err
 	}
 	return host, p, nil
+}
+
+// gossipKey derives the key that encrypts gossip, when GossipKeys is
+// empty, from a cluster secret, with a label of its own: it is not the key
+// that proves membership (transport.PeerKey). It fails for a secret
+// shorter than transport.MinClusterSecretLen.
+func gossipKey(secret []byte) ([]byte, error) {
+	if len(secret) < transport.MinClusterSecretLen {
+		return nil, fmt.Errorf("%w: ClusterSecret is %d bytes, want at least %d", ErrInvalidConfig, len(secret), transport.MinClusterSecretLen)
+	}
+	return hkdf.Key(sha256.New, secret, nil, "sluice gossip encryption v1", 32)
+}
+
+// gossipKeys returns the keys gossip is encrypted with: GossipKeys, or one
+// derived from ClusterSecret, or none.
+func (c *Config) gossipKeys() ([][]byte, error) {
+	if len(c.GossipKeys) > 0 || len(c.ClusterSecret) == 0 {
+		return c.GossipKeys, nil
+	}
+	k, err := gossipKey(c.ClusterSecret)
+	if err != nil {
+		return nil, err
+	}
+	return [][]byte{k}, nil
 }
 
 // peerAuth returns who may call the node's Peer service: the callers

@@ -5,7 +5,9 @@
 // Every service instance runs a Node. Nodes find each other with serf gossip
 // and advertise their gRPC address in a serf tag. Each node rebuilds its
 // ring from the alive members on every membership event, so once gossip has
-// converged all nodes route a key to the same owner. [Node.Check] decides a
+// converged all nodes route a key to the same owner. With peer
+// authentication on, only members that have proved the peer credential
+// enter the ring ([Node.RefusedMembers] lists the others; proof.go). [Node.Check] decides a
 // key it owns on its own store, and forwards any other key to its owner,
 // where concurrent checks to one peer share a gRPC call. When the owner
 // cannot be reached, the node applies the [Policy] of the request or of its
@@ -43,6 +45,8 @@
 //     the owner's side;
 //   - outbox.go: one queue and worker per peer, one retry policy, for
 //     hand-off states, copies and hand-over confirmations;
+//   - proof.go: which gossip members have proved they belong to the
+//     cluster, challenged with a backoff, and may enter the ring;
 //   - seeds.go: the one join path, which resolves seeds' host names to
 //     every address but this node's at each attempt;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on

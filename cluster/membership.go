@@ -94,6 +94,11 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	sc.NodeName = c.NodeName
 	sc.EventCh = events
 	sc.Tags = map[string]string{grpcTag: grpcAddr}
+	// serf's resolution of a name conflict shuts down the member that
+	// loses a vote any gossip member may answer: a live member keeps its
+	// name (memberlist refuses the claim of another address), and the
+	// claimant owns nothing unless it proves itself (proof.go).
+	sc.EnableNameConflictResolution = false
 	// serf and memberlist log through the node's logger at the level each
 	// line names; only one of LogOutput and Logger may be set on
 	// memberlist.
@@ -134,8 +139,12 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	}
 	ml.Logger = std
 	ml.LogOutput = nil
-	if len(c.GossipKeys) > 0 {
-		kr, err := memberlist.NewKeyring(c.GossipKeys, c.GossipKeys[0])
+	keys, err := c.gossipKeys()
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) > 0 {
+		kr, err := memberlist.NewKeyring(keys, keys[0])
 		if err != nil {
 			return nil, fmt.Errorf("cluster: gossip keyring: %w", err)
 		}

@@ -88,7 +88,11 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		Name: "sluice_store_expired_total",
 		Help: "Keys dropped because their state had returned to fresh.",
 	}, func() float64 { return float64(n.store.Stats().Expired) })
-	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, entries, evictions, expired}
+	refused := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_members_refused",
+		Help: "Members of the gossip kept out of this node's ring because they have not proved they belong to the cluster.",
+	}, func() float64 { return float64(len(n.proofs.refused())) })
+	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, refused, entries, evictions, expired}
 	cs = append(cs, budgetCollectors(n)...)
 	for _, c := range append(cs, transferCollectors(&n.transfers)...) {
 		if err := reg.Register(c); err != nil {

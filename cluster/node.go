@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
@@ -63,6 +64,7 @@ type Node struct {
 	handover *handover   // which keys this node decides as owner
 	grants   grantTable  // leases this node granted as owner (grants.go)
 	leases   *leaseTable // see lease.go
+	proofs   *proofs     // which members have proved themselves (proof.go)
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -77,6 +79,9 @@ type Node struct {
 	closed     atomic.Bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
 	transfers  transfers  // hand-off and replication (handoff.go)
+	// proofCtx ends the members' proofs in flight when the node closes.
+	proofCtx    context.Context
+	proofCancel context.CancelFunc
 
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
 }
@@ -106,6 +111,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}
+	n.proofCtx, n.proofCancel = context.WithCancel(context.Background())
 	node := n // n is nil once a failing return has run; Close needs the node
 	defer func() {
 		if err != nil {
@@ -127,6 +133,11 @@ func New(cfg Config) (n *Node, err error) {
 	if n.budget, err = transport.NewMessageBudget(cfg.ServerLimits); err != nil {
 		return nil, err
 	}
+	auth, err := peerAuth(&cfg, n.now)
+	if err != nil {
+		return nil, err
+	}
+	n.proofs = newProofs(auth.Open(), cfg.NodeName, cfg.ProofRetry, cfg.ProofRetryMax)
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}
@@ -134,12 +145,13 @@ func New(cfg Config) (n *Node, err error) {
 	pcfg.Self = cfg.NodeName
 	if cfg.TLS != nil {
 		client := cfg.TLS.Clone()
+		if len(cfg.PeerIdentities) > 0 {
+			// Every connection to a member checks that it answers with
+			// a peer's certificate, not only the first proof.
+			client.VerifyConnection = transport.VerifyPeerIdentity(cfg.PeerIdentities, client.VerifyConnection)
+		}
 		pcfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.Peer.DialOptions...),
 			grpc.WithTransportCredentials(credentials.NewTLS(client)))
-	}
-	auth, err := peerAuth(&cfg, n.now)
-	if err != nil {
-		return nil, err
 	}
 	if len(auth.Keys) > 0 {
 		pcfg.DialOptions = append(append([]grpc.DialOption(nil), pcfg.DialOptions...),
@@ -155,6 +167,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}
+	proveDial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, pcfg.DialOptions...)
 	n.router.peers = n.peers
 	x := &n.transfers
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
@@ -177,7 +190,7 @@ func New(cfg Config) (n *Node, err error) {
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
-		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth))
+		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName))
 	if cfg.ServePublicAPI {
 		n.RegisterPublicAPI(n.grpc)
 	}
@@ -187,7 +200,11 @@ func New(cfg Config) (n *Node, err error) {
 		}
 	}
 	if auth.Open() {
-		n.logger.Warn("cluster: peer calls are open to every caller that reaches GRPCAddr: set TLS with PeerIdentities, or ClusterSecret (or GossipKeys), to admit only cluster members",
+		warn := n.logger
+		if cfg.Logger == nil { // an embedded node is not silently open
+			warn = slog.Default()
+		}
+		warn.Warn("cluster: peer calls are open to every caller that reaches GRPCAddr: set TLS with PeerIdentities, or ClusterSecret (or GossipKeys), to admit only cluster members",
 			"grpc", cfg.GRPCAddr)
 	}
 	// Not n: a failing return sets the result n to nil while this runs.
@@ -219,6 +236,7 @@ func New(cfg Config) (n *Node, err error) {
 		}
 	}
 	n.rebuild(0)
+	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
 	n.goFunc(n.watchSerf)
@@ -241,6 +259,9 @@ func (n *Node) joined() {
 		return
 	}
 	n.rebuild(0)
+	if n.awaitProofs() {
+		n.rebuild(0)
+	}
 	n.handover.setReady(true, n.now())
 	n.transfers.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())
@@ -399,6 +420,7 @@ func (n *Node) Close() error {
 		}
 		close(n.shutdown)
 		n.transfers.cancel() // ends transfers in flight
+		n.proofCancel()      // and proofs
 		n.wg.Wait()
 		if n.transfers.outbox != nil {
 			n.transfers.outbox.close()
@@ -447,11 +469,12 @@ func (n *Node) eventLoop() {
 }
 
 // rebuild recomputes the ring and the peer clients from serf's alive
-// members, then reports the event that caused it (kind 0: none).
+// members that have proved themselves (proof.go), then reports the event
+// that caused it (kind 0: none).
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
-	members := ringMembers(n.serf.Members(), n.logger)
+	members := n.proofs.admit(ringMembers(n.serf.Members(), n.logger), n.now())
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
 		if m.Name != n.cfg.NodeName {

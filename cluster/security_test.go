@@ -252,6 +252,7 @@ func TestPeerCallsNeedPeerIdentity(t *testing.T) {
 		c := cluster.TestConfig(name)
 		c.TLS = ca.Config(ca.IssueWith(t, name, id))
 		c.PeerIdentities = []string{id}
+		c.GossipKeys = [][]byte{gossipKey(3, 32)} // identities need encrypted gossip
 		c.ServePublicAPI = true
 		return c
 	}

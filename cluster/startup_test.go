@@ -135,15 +135,19 @@ func (l *logLines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (l *logLines) find(s string) bool {
+func (l *logLines) find(s string) bool { return l.count(s) > 0 }
+
+// count returns how many lines hold s.
+func (l *logLines) count(s string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n := 0
 	for _, line := range l.lines {
 		if strings.Contains(line, s) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // A second node started with the name of a live one never decides as that

@@ -17,6 +17,11 @@
 // through an [Inspector] ([WithInspector]): on Peer the owner reads its own
 // store, on Sluice the node finds the owner; [WithInspectPermit] says who
 // may call the public one.
+// Peer also answers Prove ([WithProver]): a member's proof, to a node
+// about to use it, that it holds the cluster secret, an HMAC of a fresh
+// nonce and both names ([Prove]); [PeerAuth] checks the callers of every
+// Peer method, and [VerifyPeerIdentity] the certificate of the member
+// that answers.
 // A third service, Rules, is the daemon's: a request described by its
 // route, user and descriptors, checked against the daemon's rule file;
 // [RegisterRules] puts it behind the same count guard ([MaxRulesEntries],

@@ -59,6 +59,8 @@ func peerCalls(t *testing.T, conn *grpc.ClientConn) map[string]codes.Code {
 	out["Transfer"] = status.Code(err)
 	_, err = c.Lease(ctx, &pb.LeaseRequest{From: "x", Request: req, Want: 1, TtlNanos: int64(time.Second)})
 	out["Lease"] = status.Code(err)
+	_, err = c.Prove(ctx, &pb.ProveRequest{Version: ProofVersion, From: "x", To: "owner", Nonce: make([]byte, ProofNonceLen)})
+	out["Prove"] = status.Code(err)
 	return out
 }
 
@@ -75,7 +77,7 @@ func startAuthServer(t *testing.T, auth *PeerAuth, creds credentials.TransportCr
 		opts = append(opts, grpc.Creds(creds))
 	}
 	s := grpc.NewServer(opts...)
-	RegisterPeer(s, &echoChecker{owner: "owner"}, WithStateSink(authSink{took: make(chan int, 10)}), WithLeaser(authLeaser{}), WithPeerAuth(auth))
+	RegisterPeer(s, &echoChecker{owner: "owner"}, WithStateSink(authSink{took: make(chan int, 10)}), WithLeaser(authLeaser{}), WithPeerAuth(auth), WithProver("owner"))
 	go s.Serve(lis)
 	t.Cleanup(s.Stop)
 	return lis.Addr().String()
@@ -93,7 +95,7 @@ func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 
 func wantCodes(t *testing.T, what string, got map[string]codes.Code, want codes.Code) {
 	t.Helper()
-	for _, m := range []string{"CheckBatch", "CheckStream", "Transfer", "Lease"} {
+	for _, m := range []string{"CheckBatch", "CheckStream", "Transfer", "Lease", "Prove"} {
 		if got[m] != want {
 			t.Errorf("%s: %s answered %v, want %v", what, m, got[m], want)
 		}

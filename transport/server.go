@@ -107,6 +107,7 @@ type serverConfig struct {
 	inspector Inspector
 	// inspectPermit: who may call the Sluice service's Inspect; nil: anyone.
 	inspectPermit InspectPermit
+	self          string // the name Prove answers as; "": Unimplemented
 }
 
 // Permit decides whether the caller of ctx may make req, a request of the

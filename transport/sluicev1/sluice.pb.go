@@ -1407,6 +1407,146 @@ func (x *InspectResponse) GetAtUnixNano() int64 {
 	return 0
 }
 
+// ProveRequest challenges a member to prove the cluster secret.
+type ProveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version of the proof: 1.
+	Version uint32 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Name of the challenging node.
+	From string `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	// Name the challenged member has in the caller's gossip.
+	To string `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	// 32 random bytes, fresh for every challenge.
+	Nonce         []byte `protobuf:"bytes,4,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProveRequest) Reset() {
+	*x = ProveRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveRequest) ProtoMessage() {}
+
+func (x *ProveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveRequest.ProtoReflect.Descriptor instead.
+func (*ProveRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ProveRequest) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ProveRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ProveRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *ProveRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+// ProveResponse answers a ProveRequest.
+type ProveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version of the proof: 1.
+	Version uint32 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Name of the answering node.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// HMAC-SHA256, under the key derived from the cluster secret, of
+	// "sluice-peer-prove v1", "answer", from, to and the nonce, each
+	// followed by a zero byte; empty when the cluster has no secret (under
+	// mutual TLS the caller verifies the answering certificate instead).
+	Mac           []byte `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProveResponse) Reset() {
+	*x = ProveResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveResponse) ProtoMessage() {}
+
+func (x *ProveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveResponse.ProtoReflect.Descriptor instead.
+func (*ProveResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ProveResponse) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ProveResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProveResponse) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
+}
+
 type CheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Request       *RateLimitRequest      `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -1416,7 +1556,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1568,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1581,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -1460,7 +1600,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1612,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1625,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -1505,7 +1645,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1657,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1670,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -1550,7 +1690,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1702,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1715,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -1593,7 +1733,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1745,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1758,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 type HealthResponse struct {
@@ -1635,7 +1775,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1787,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1800,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1695,7 +1835,7 @@ type RulesEntry struct {
 
 func (x *RulesEntry) Reset() {
 	*x = RulesEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1847,7 @@ func (x *RulesEntry) String() string {
 func (*RulesEntry) ProtoMessage() {}
 
 func (x *RulesEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1860,7 @@ func (x *RulesEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesEntry.ProtoReflect.Descriptor instead.
 func (*RulesEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RulesEntry) GetName() string {
@@ -1758,7 +1898,7 @@ type RulesCheckRequest struct {
 
 func (x *RulesCheckRequest) Reset() {
 	*x = RulesCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1910,7 @@ func (x *RulesCheckRequest) String() string {
 func (*RulesCheckRequest) ProtoMessage() {}
 
 func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1923,7 @@ func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckRequest.ProtoReflect.Descriptor instead.
 func (*RulesCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RulesCheckRequest) GetRoute() string {
@@ -1863,7 +2003,7 @@ type RuleResult struct {
 
 func (x *RuleResult) Reset() {
 	*x = RuleResult{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +2015,7 @@ func (x *RuleResult) String() string {
 func (*RuleResult) ProtoMessage() {}
 
 func (x *RuleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2028,7 @@ func (x *RuleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleResult.ProtoReflect.Descriptor instead.
 func (*RuleResult) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RuleResult) GetName() string {
@@ -1991,7 +2131,7 @@ type RulesCheckResponse struct {
 
 func (x *RulesCheckResponse) Reset() {
 	*x = RulesCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2143,7 @@ func (x *RulesCheckResponse) String() string {
 func (*RulesCheckResponse) ProtoMessage() {}
 
 func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2156,7 @@ func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckResponse.ProtoReflect.Descriptor instead.
 func (*RulesCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RulesCheckResponse) GetAllowed() bool {
@@ -2139,7 +2279,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\breplicas\x18\x03 \x03(\tR\breplicas\x12#\n" +
 	"\rwithout_owner\x18\x04 \x01(\bR\fwithoutOwner\x12 \n" +
 	"\fat_unix_nano\x18\x05 \x01(\x03R\n" +
-	"atUnixNano\"E\n" +
+	"atUnixNano\"b\n" +
+	"\fProveRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\tR\x02to\x12\x14\n" +
+	"\x05nonce\x18\x04 \x01(\fR\x05nonce\"O\n" +
+	"\rProveResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x03 \x01(\fR\x03mac\"E\n" +
 	"\fCheckRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"I\n" +
 	"\rCheckResponse\x128\n" +
@@ -2233,14 +2382,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x17TRANSFER_REASON_HANDOFF\x10\x01\x12\x1b\n" +
 	"\x17TRANSFER_REASON_REPLICA\x10\x02\x12 \n" +
 	"\x1cTRANSFER_REASON_HANDOFF_DONE\x10\x03\x12\x19\n" +
-	"\x15TRANSFER_REASON_RESET\x10\x042\xe0\x02\n" +
+	"\x15TRANSFER_REASON_RESET\x10\x042\x9c\x03\n" +
 	"\x04Peer\x12G\n" +
 	"\n" +
 	"CheckBatch\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse\x12L\n" +
 	"\vCheckStream\x12\x1b.sluice.v1.PeerCheckRequest\x1a\x1c.sluice.v1.PeerCheckResponse(\x010\x01\x12C\n" +
 	"\bTransfer\x12\x1a.sluice.v1.TransferRequest\x1a\x1b.sluice.v1.TransferResponse\x12:\n" +
 	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse\x12@\n" +
-	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponse2\x90\x02\n" +
+	"\aInspect\x12\x19.sluice.v1.InspectRequest\x1a\x1a.sluice.v1.InspectResponse\x12:\n" +
+	"\x05Prove\x12\x17.sluice.v1.ProveRequest\x1a\x18.sluice.v1.ProveResponse2\x90\x02\n" +
 	"\x06Sluice\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12I\n" +
 	"\n" +
@@ -2263,7 +2413,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -2282,16 +2432,18 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*LeaseResponse)(nil),      // 14: sluice.v1.LeaseResponse
 	(*InspectRequest)(nil),     // 15: sluice.v1.InspectRequest
 	(*InspectResponse)(nil),    // 16: sluice.v1.InspectResponse
-	(*CheckRequest)(nil),       // 17: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 18: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 19: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 20: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 21: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 22: sluice.v1.HealthResponse
-	(*RulesEntry)(nil),         // 23: sluice.v1.RulesEntry
-	(*RulesCheckRequest)(nil),  // 24: sluice.v1.RulesCheckRequest
-	(*RuleResult)(nil),         // 25: sluice.v1.RuleResult
-	(*RulesCheckResponse)(nil), // 26: sluice.v1.RulesCheckResponse
+	(*ProveRequest)(nil),       // 17: sluice.v1.ProveRequest
+	(*ProveResponse)(nil),      // 18: sluice.v1.ProveResponse
+	(*CheckRequest)(nil),       // 19: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 20: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 21: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 22: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 23: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 24: sluice.v1.HealthResponse
+	(*RulesEntry)(nil),         // 25: sluice.v1.RulesEntry
+	(*RulesCheckRequest)(nil),  // 26: sluice.v1.RulesCheckRequest
+	(*RuleResult)(nil),         // 27: sluice.v1.RuleResult
+	(*RulesCheckResponse)(nil), // 28: sluice.v1.RulesCheckResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -2311,31 +2463,33 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	6,  // 14: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
 	5,  // 15: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	6,  // 16: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	23, // 17: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
-	23, // 18: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
-	25, // 19: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	25, // 17: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	25, // 18: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	27, // 19: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
 	7,  // 20: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
 	7,  // 21: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
 	11, // 22: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
 	13, // 23: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
 	15, // 24: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	17, // 25: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	19, // 26: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	21, // 27: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	15, // 28: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	24, // 29: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
-	8,  // 30: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 31: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	12, // 32: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	14, // 33: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	16, // 34: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	18, // 35: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	20, // 36: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	22, // 37: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	16, // 38: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	26, // 39: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
+	17, // 25: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
+	19, // 26: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	21, // 27: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	23, // 28: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	15, // 29: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	26, // 30: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 31: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 32: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	12, // 33: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	14, // 34: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	16, // 35: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	18, // 36: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
+	20, // 37: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	22, // 38: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	24, // 39: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	16, // 40: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	28, // 41: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
 	20, // [20:20] is the sub-list for extension type_name
 	20, // [20:20] is the sub-list for extension extendee
 	0,  // [0:20] is the sub-list for field type_name
@@ -2347,14 +2501,14 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[19].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -40,6 +40,7 @@ const (
 	Peer_Transfer_FullMethodName    = "/sluice.v1.Peer/Transfer"
 	Peer_Lease_FullMethodName       = "/sluice.v1.Peer/Lease"
 	Peer_Inspect_FullMethodName     = "/sluice.v1.Peer/Inspect"
+	Peer_Prove_FullMethodName       = "/sluice.v1.Peer/Prove"
 )
 
 // PeerClient is the client API for Peer service.
@@ -68,6 +69,15 @@ type PeerClient interface {
 	// The state of a key the receiver decides as its owner, read without
 	// changing it; ABORTED when the receiver does not decide the key now.
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
+	// The receiver's proof that it is the cluster member the caller found in
+	// the gossip: before a node routes a key to a member, hands it off,
+	// replicates or leases, it sends the member a fresh nonce, and the
+	// member answers an HMAC, under the key the cluster secret derives,
+	// binding the nonce, both names and the direction. A version other than
+	// 1 fails with FAILED_PRECONDITION; a nonce that is not 32 bytes, or a
+	// name over 256 bytes, with INVALID_ARGUMENT; a request addressed to
+	// another name with FAILED_PRECONDITION.
+	Prove(ctx context.Context, in *ProveRequest, opts ...grpc.CallOption) (*ProveResponse, error)
 }
 
 type peerClient struct {
@@ -131,6 +141,16 @@ func (c *peerClient) Inspect(ctx context.Context, in *InspectRequest, opts ...gr
 	return out, nil
 }
 
+func (c *peerClient) Prove(ctx context.Context, in *ProveRequest, opts ...grpc.CallOption) (*ProveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProveResponse)
+	err := c.cc.Invoke(ctx, Peer_Prove_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -157,6 +177,15 @@ type PeerServer interface {
 	// The state of a key the receiver decides as its owner, read without
 	// changing it; ABORTED when the receiver does not decide the key now.
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
+	// The receiver's proof that it is the cluster member the caller found in
+	// the gossip: before a node routes a key to a member, hands it off,
+	// replicates or leases, it sends the member a fresh nonce, and the
+	// member answers an HMAC, under the key the cluster secret derives,
+	// binding the nonce, both names and the direction. A version other than
+	// 1 fails with FAILED_PRECONDITION; a nonce that is not 32 bytes, or a
+	// name over 256 bytes, with INVALID_ARGUMENT; a request addressed to
+	// another name with FAILED_PRECONDITION.
+	Prove(context.Context, *ProveRequest) (*ProveResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -181,6 +210,9 @@ func (UnimplementedPeerServer) Lease(context.Context, *LeaseRequest) (*LeaseResp
 }
 func (UnimplementedPeerServer) Inspect(context.Context, *InspectRequest) (*InspectResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
+}
+func (UnimplementedPeerServer) Prove(context.Context, *ProveRequest) (*ProveResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Prove not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -282,6 +314,24 @@ func _Peer_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Prove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Prove(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Prove_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Prove(ctx, req.(*ProveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -304,6 +354,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Inspect",
 			Handler:    _Peer_Inspect_Handler,
+		},
+		{
+			MethodName: "Prove",
+			Handler:    _Peer_Prove_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -139,11 +139,15 @@ type Config struct {
 	TLSKeyFile  string
 	TLSCAFile   string
 	// GossipKeys are base64 AES keys (16, 24 or 32 bytes) that encrypt
-	// gossip; the first encrypts, all decrypt. Empty: gossip in clear.
+	// gossip; the first encrypts, all decrypt. Empty: a key derived from
+	// ClusterSecretFile, or gossip in clear without one.
 	GossipKeys []string
 	// PeerIdentities, with mutual TLS, are the URI or DNS SANs that mark a
 	// certificate as a cluster member's: only such callers may use the
-	// Peer service (cluster.Config.PeerIdentities).
+	// Peer service, and only a member whose server certificate carries one
+	// owns keys (cluster.Config.PeerIdentities). They need GossipKeys or
+	// ClusterSecretFile: without either, Validate fails with
+	// cluster.ErrPlainGossip.
 	PeerIdentities []string
 	// ClusterSecretFile holds a secret of at least 16 bytes that every
 	// peer call proves (cluster.Config.ClusterSecret). Empty with
@@ -580,14 +584,14 @@ var fields = []field{
 	{key: "tls_ca_file", usage: "PEM CA bundle that verifies peers and requires client certificates (mutual TLS)",
 		parse: func(c *Config, v string) error { c.TLSCAFile = v; return nil },
 		show:  func(c *Config) string { return c.TLSCAFile }},
-	{key: "gossip_keys", list: true, usage: "base64 keys (16, 24 or 32 bytes) encrypting gossip, comma-separated; the first encrypts",
+	{key: "gossip_keys", list: true, usage: "base64 keys (16, 24 or 32 bytes) encrypting gossip, comma-separated; the first encrypts (default: derived from cluster_secret_file)",
 		parse: func(c *Config, v string) error { c.GossipKeys = splitList(v); return nil },
 		check: func(c *Config) error {
 			_, err := decodeGossipKeys(c.GossipKeys)
 			return err
 		},
 		show: func(c *Config) string { return strings.Repeat("<key>,", len(c.GossipKeys)) }},
-	{key: "peer_identities", list: true, usage: "URI or DNS SANs of certificates that may make peer calls, comma-separated (needs tls_ca_file)",
+	{key: "peer_identities", list: true, usage: "URI or DNS SANs of certificates that may make peer calls and own keys, comma-separated (needs tls_ca_file, and gossip_keys or cluster_secret_file)",
 		parse: func(c *Config, v string) error { c.PeerIdentities = splitList(v); return nil },
 		check: func(c *Config) error { return checkIdentities(c.PeerIdentities) },
 		show:  func(c *Config) string { return strings.Join(c.PeerIdentities, ",") }},
@@ -765,6 +769,10 @@ func (c *Config) Validate() error {
 				return &ConfigError{Field: "peer_addr", Err: fmt.Errorf("%q takes the port of %s (%q): peers need a port of their own", c.PeerAddr, other.key, other.addr)}
 			}
 		}
+	}
+	if len(c.PeerIdentities) > 0 && len(c.GossipKeys) == 0 && c.ClusterSecretFile == "" {
+		// Anyone who reaches the gossip port could join unencrypted gossip.
+		return &ConfigError{Field: "peer_identities", Err: fmt.Errorf("%w: set gossip_keys or cluster_secret_file", cluster.ErrPlainGossip)}
 	}
 	switch c.Destructive {
 	case DestructiveAllow, DestructiveDeny:

@@ -38,8 +38,11 @@
 //	GET  /healthz         200 while the process serves
 //	GET  /readyz          200 once the node is ready (cluster.Node.Ready):
 //	                      up and, when given addresses to join, joined; 503
-//	                      while joining, once serf stopped (another node
-//	                      took its name), or while shutting down
+//	                      while joining, once serf stopped, or while
+//	                      shutting down; refused_members lists gossip
+//	                      members that have not proved the peer credential
+//	                      (cluster.Node.RefusedMembers), without making the
+//	                      node unready
 //	GET  /metrics         Prometheus, from the daemon's own registry
 //
 // Checks are validated like the gRPC API validates them (through transport's

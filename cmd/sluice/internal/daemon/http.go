@@ -204,6 +204,17 @@ func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	ok, why := d.readiness()
 	body := map[string]any{"node": d.cfg.NodeName, "members": len(d.node.RingMembers())}
+	if refused := d.node.RefusedMembers(); len(refused) > 0 {
+		// Gossip members that have not proved they belong to the cluster:
+		// they own no key. They do not make the node unready, which would
+		// let anyone who reaches the gossip port take a node out.
+		out := make([]map[string]any, len(refused))
+		for i, r := range refused {
+			out[i] = map[string]any{"name": r.Name, "grpc": r.GRPCAddr, "reason": r.Reason,
+				"since": r.Since.UTC().Format(time.RFC3339Nano), "attempts": r.Attempts}
+		}
+		body["refused_members"] = out
+	}
 	if !ok {
 		body["status"] = "not ready"
 		body["reason"] = why

@@ -143,6 +143,7 @@ func peerTLSDaemons(t *testing.T, prefix string, mod func(*Config)) (*testpki.CA
 		cfg.TLSCertFile, cfg.TLSKeyFile = testpki.WriteCert(t, dir, name, ca.IssueWith(t, name, peerID))
 		cfg.TLSCAFile = caFile
 		cfg.PeerIdentities = []string{peerID}
+		cfg.GossipKeys = []string{"MDEyMzQ1Njc4OWFiY2RlZg=="} // identities need encrypted gossip
 		mod(&cfg)
 		if len(ds) > 0 {
 			cfg.Join = []string{ds[0].GossipAddr()}

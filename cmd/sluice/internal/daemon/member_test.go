@@ -1,0 +1,87 @@
+package daemon
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testrogue"
+	"github.com/sluicehq/sluice/internal/testwait"
+)
+
+// TestPeerIdentitiesNeedGossipEncryption: peer_identities without
+// gossip_keys or cluster_secret_file are refused, naming both settings;
+// with either one they are accepted.
+func TestPeerIdentitiesNeedGossipEncryption(t *testing.T) {
+	cfg := testConfig("x")
+	cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSCAFile = "node.pem", "node.key", "ca.pem"
+	cfg.PeerIdentities = []string{peerID}
+	err := cfg.Validate()
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Field != "peer_identities" || !errors.Is(err, cluster.ErrPlainGossip) ||
+		!strings.Contains(err.Error(), "gossip_keys") || !strings.Contains(err.Error(), "cluster_secret_file") {
+		t.Fatalf("Validate: %v, want an error of peer_identities wrapping cluster.ErrPlainGossip and naming gossip_keys and cluster_secret_file", err)
+	}
+	for name, set := range map[string]func(*Config){
+		"gossip_keys":         func(c *Config) { c.GossipKeys = []string{"MDEyMzQ1Njc4OWFiY2RlZg=="} },
+		"cluster_secret_file": func(c *Config) { c.ClusterSecretFile = "secret" },
+	} {
+		c := cfg.clone()
+		set(&c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("peer_identities with %s: %v", name, err)
+		}
+	}
+}
+
+// TestReadyzListsRefusedMembers joins a stock serf agent holding the
+// gossip key, but not the cluster secret, to a daemon: /readyz names it
+// among refused_members, stays 200 (an outsider cannot take a node out),
+// and sluice_members_refused counts it.
+func TestReadyzListsRefusedMembers(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("a secret the members share\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("0123456789abcdef")
+	cfg := testConfig("a")
+	cfg.ClusterSecretFile = secret
+	cfg.GossipKeys = []string{base64.StdEncoding.EncodeToString(key)}
+	d := start(t, cfg)
+	rogue := testrogue.StartPeer(t, true, nil)
+	if _, err := testrogue.JoinSerf(t, "rogue", rogue.Addr, key, d.GossipAddr()); err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Status  string `json:"status"`
+		Members int    `json:"members"`
+		Refused []struct {
+			Name, GRPC, Reason string
+			Attempts           int
+		} `json:"refused_members"`
+	}
+	testwait.For(t, "/readyz to list the rogue", func() bool {
+		resp := do(t, "GET", "http://"+d.HTTPAddr()+"/readyz", "")
+		body.Refused = nil
+		return resp.status == http.StatusOK && json.Unmarshal(resp.body, &body) == nil && len(body.Refused) == 1
+	})
+	r := body.Refused[0]
+	if body.Status != "ready" || body.Members != 1 || r.Name != "rogue" || r.GRPC != rogue.Addr ||
+		!strings.Contains(r.Reason, "cluster secret") || r.Attempts < 1 {
+		t.Fatalf("/readyz: %+v, want ready, 1 member, the rogue refused for the cluster secret", body)
+	}
+	resp := do(t, "GET", "http://"+d.HTTPAddr()+"/metrics", "")
+	if !strings.Contains(string(resp.body), "\nsluice_members_refused 1\n") {
+		t.Fatalf("/metrics has no sluice_members_refused 1:\n%s", resp.body)
+	}
+	if got := rogue.Checks.Load() + rogue.States.Load(); got != 0 {
+		t.Fatalf("the rogue received %d checks and states", got)
+	}
+}

@@ -1,0 +1,139 @@
+// Package testrogue plays the attacker against a sluice cluster in tests:
+// a stock serf agent that joins the gossip, and a gRPC server that its grpc
+// tag names, serving the Peer service as the attacker likes. Both run for
+// real on 127.0.0.1 and stop when the test ends.
+package testrogue
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/serf/serf"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/sluicehq/sluice/transport"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// Peer is a gRPC server that serves the Peer service as an attacker would:
+// every check answered allowed (or denied, as Allow says), every state and
+// lease taken, and a proof answered as whatever member it is asked to be,
+// with a MAC it cannot compute. It counts what reaches it.
+type Peer struct {
+	pb.UnimplementedPeerServer
+	// Allow is the answer to every check.
+	Allow bool
+	// Addr is where it serves, host:port.
+	Addr string
+	// Checks, States and Leases count the checks, key states and lease
+	// requests it received.
+	Checks, States, Leases atomic.Int64
+}
+
+// StartPeer serves a Peer on 127.0.0.1, under TLS with tlsCfg when it is
+// not nil.
+func StartPeer(t testing.TB, allow bool, tlsCfg *tls.Config) *Peer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := transport.ServerOptions()
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	s := grpc.NewServer(opts...)
+	p := &Peer{Allow: allow, Addr: lis.Addr().String()}
+	pb.RegisterPeerServer(s, p)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	return p
+}
+
+func (p *Peer) answer(items []*pb.RateLimitRequest) []*pb.RateLimitResponse {
+	p.Checks.Add(int64(len(items)))
+	out := make([]*pb.RateLimitResponse, len(items))
+	for i, it := range items {
+		out[i] = &pb.RateLimitResponse{Allowed: p.Allow, Limit: it.Limit, Remaining: it.Limit, Owner: "rogue"}
+	}
+	return out
+}
+
+func (p *Peer) CheckBatch(_ context.Context, in *pb.PeerCheckRequest) (*pb.PeerCheckResponse, error) {
+	return &pb.PeerCheckResponse{Items: p.answer(in.Items)}, nil
+}
+
+func (p *Peer) CheckStream(s pb.Peer_CheckStreamServer) error {
+	for {
+		in, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		if err := s.Send(&pb.PeerCheckResponse{Seq: in.Seq, Owner: "rogue", Items: p.answer(in.Items)}); err != nil {
+			return err
+		}
+	}
+}
+
+func (p *Peer) Transfer(_ context.Context, in *pb.TransferRequest) (*pb.TransferResponse, error) {
+	p.States.Add(int64(len(in.States)))
+	return &pb.TransferResponse{Merged: int32(len(in.States))}, nil
+}
+
+func (p *Peer) Lease(_ context.Context, in *pb.LeaseRequest) (*pb.LeaseResponse, error) {
+	p.Leases.Add(1)
+	return &pb.LeaseResponse{Granted: in.Want, ExpiresAtUnixNano: time.Now().Add(time.Hour).UnixNano()}, nil
+}
+
+func (p *Peer) Prove(_ context.Context, in *pb.ProveRequest) (*pb.ProveResponse, error) {
+	mac := make([]byte, 32)
+	rand.Read(mac)
+	return &pb.ProveResponse{Version: in.Version, Name: in.To, Mac: mac}, nil
+}
+
+// JoinSerf starts a stock serf agent named name, whose grpc tag is
+// grpcAddr, with gossipKey when not nil and serf's name conflict
+// resolution off (an attacker's agent does not yield), joins it to seeds
+// in order and returns it with the join's error.
+func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
+	t.Helper()
+	sc := serf.DefaultConfig()
+	sc.NodeName = name
+	sc.Tags = map[string]string{"grpc": grpcAddr}
+	sc.LogOutput = io.Discard
+	sc.EnableNameConflictResolution = false
+	sc.MemberlistConfig = memberlist.DefaultLocalConfig()
+	ml := sc.MemberlistConfig
+	ml.Name = name
+	ml.BindAddr = "127.0.0.1"
+	ml.BindPort = 0
+	ml.LogOutput = io.Discard
+	// Fast enough to converge in tests (DefaultLocalConfig alone may take
+	// seconds), slow enough to hold under -race.
+	ml.ProbeInterval, ml.ProbeTimeout = 200*time.Millisecond, 100*time.Millisecond
+	ml.GossipInterval, ml.RetransmitMult = 20*time.Millisecond, 4
+	ml.PushPullInterval = 500 * time.Millisecond
+	if gossipKey != nil {
+		kr, err := memberlist.NewKeyring(nil, gossipKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml.Keyring = kr
+		ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
+	}
+	s, err := serf.Create(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	_, err = s.Join(seeds, true)
+	return s, err
+}

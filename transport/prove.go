@@ -1,0 +1,132 @@
+package transport
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// Who may answer the Peer service. PeerAuth makes the callers of a node's
+// Peer service prove they are members; the member a node calls proves it
+// too, before the node routes a key to it, hands keys off to it,
+// replicates to it or takes a lease from it:
+//
+//   - with peer keys (a cluster secret), the caller challenges the member
+//     with Prove: a fresh 32-byte nonce, answered with an HMAC under the
+//     member's peer key of the nonce, both names and the direction;
+//   - under mutual TLS with peer identities, the caller's dial credentials
+//     refuse a server whose verified certificate names no peer identity
+//     (VerifyPeerIdentity), on every connection.
+
+// ProofVersion is the version of the Prove exchange this package speaks.
+const ProofVersion = 1
+
+// ProofNonceLen is the length of a Prove challenge's nonce, in bytes.
+const ProofNonceLen = 32
+
+// MaxProofName bounds the names in a Prove exchange, in bytes.
+const MaxProofName = 256
+
+// ErrUnproven wraps every reason a member failed to prove itself.
+var ErrUnproven = errors.New("transport: member did not prove it belongs to the cluster")
+
+// WithProver makes RegisterPeer answer Prove challenges as the node name,
+// with an HMAC under the first key of the server's PeerAuth (none without
+// keys). Without it, Prove is Unimplemented.
+func WithProver(name string) ServerOption {
+	return func(s *serverConfig) { s.self = name }
+}
+
+// proveMAC is the answer to the challenge nonce that from sent to to.
+func proveMAC(key []byte, from, to string, nonce []byte) []byte {
+	h := hmac.New(sha256.New, key)
+	for _, part := range [][]byte{[]byte("sluice-peer-prove v1"), []byte("answer"), []byte(from), []byte(to), nonce} {
+		h.Write(part)
+		h.Write([]byte{0})
+	}
+	return h.Sum(nil)
+}
+
+func (p *peerServer) Prove(ctx context.Context, in *pb.ProveRequest) (*pb.ProveResponse, error) {
+	if err := p.authorize(ctx); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.cfg.self == "":
+		return nil, status.Error(codes.Unimplemented, "transport: this server answers no proof")
+	case in == nil:
+		return nil, status.Error(codes.InvalidArgument, "transport: nil ProveRequest")
+	case in.Version != ProofVersion:
+		return nil, status.Errorf(codes.FailedPrecondition, "transport: proof version %d, this node speaks %d", in.Version, ProofVersion)
+	case len(in.Nonce) != ProofNonceLen:
+		return nil, status.Errorf(codes.InvalidArgument, "transport: proof nonce of %d bytes, want %d", len(in.Nonce), ProofNonceLen)
+	case len(in.From) > MaxProofName || len(in.To) > MaxProofName:
+		return nil, status.Errorf(codes.InvalidArgument, "transport: proof name longer than %d bytes", MaxProofName)
+	case in.To != p.cfg.self:
+		return nil, status.Errorf(codes.FailedPrecondition, "transport: proof asked of %q, this node is %q", cleanText(in.To, 64), p.cfg.self)
+	}
+	out := &pb.ProveResponse{Version: ProofVersion, Name: p.cfg.self}
+	if a := p.cfg.auth; a != nil && len(a.Keys) > 0 {
+		out.Mac = proveMAC(a.Keys[0], in.From, in.To, in.Nonce)
+	}
+	return out, nil
+}
+
+// Prove challenges the member named to, over conn, on behalf of the node
+// named from, and returns nil when its answer proves one of keys (from
+// PeerKey), or, without keys, when it answers as to at all: under mutual
+// TLS, conn's credentials verify the member's certificate
+// (VerifyPeerIdentity). Every failure wraps ErrUnproven.
+func Prove(ctx context.Context, conn grpc.ClientConnInterface, from, to string, keys [][]byte) error {
+	nonce := make([]byte, ProofNonceLen)
+	rand.Read(nonce) // never fails (crypto/rand)
+	resp, err := pb.NewPeerClient(conn).Prove(ctx, &pb.ProveRequest{Version: ProofVersion, From: from, To: to, Nonce: nonce})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnproven, err)
+	}
+	switch {
+	case resp.Version != ProofVersion:
+		return fmt.Errorf("%w: answer of version %d, want %d", ErrUnproven, resp.Version, ProofVersion)
+	case resp.Name != to:
+		return fmt.Errorf("%w: answer names %q, want %q", ErrUnproven, cleanText(resp.Name, 64), to)
+	case len(keys) == 0:
+		return nil
+	}
+	for _, k := range keys {
+		if hmac.Equal(resp.Mac, proveMAC(k, from, to, nonce)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: answer does not prove the cluster secret", ErrUnproven)
+}
+
+// VerifyPeerIdentity returns a tls.Config.VerifyConnection function, for
+// the client side, that refuses a server whose verified certificate names
+// none of ids (HasIdentity), then runs next when it is not nil. It runs on
+// every connection, resumed ones included.
+func VerifyPeerIdentity(ids []string, next func(tls.ConnectionState) error) func(tls.ConnectionState) error {
+	ids = append([]string(nil), ids...)
+	return func(cs tls.ConnectionState) error {
+		leaf := VerifiedLeaf(cs.VerifiedChains)
+		if leaf == nil {
+			return fmt.Errorf("%w: server presented no verified certificate", ErrUnproven)
+		}
+		if !HasIdentity(leaf, ids) {
+			return fmt.Errorf("%w: server certificate %q names no peer identity", ErrUnproven, cleanText(leaf.Subject.CommonName, 64))
+		}
+		if next != nil {
+			return next(cs)
+		}
+		return nil
+	}
+}

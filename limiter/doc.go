@@ -153,11 +153,17 @@
 // they would on a clock that stood still from the step until the key's
 // next decision; the fixed window and the sliding window counter admit at
 // most one Limit more per step back, as the window that holds the moved
-// count may end sooner than the window it left would have. Concurrent
-// callers read the clock before they take the store's lock, so a reading
-// may arrive after a later one: a step back of the time it waited, which at
-// a window's boundary may admit again the hits that the later window
-// admitted meanwhile.
+// count may end sooner than the window it left would have.
+//
+// Concurrent callers read the clock before they take the store's lock, so
+// a reading may arrive after a later one. A reading at most 100 ms behind
+// the latest that its key's shard of the store has decided at is read as
+// that latest reading, so that a late caller at a window's boundary finds
+// the next window's count where it is, and the limit stays exact; its
+// RetryAfter and Delay count from its own reading. A step back of at most
+// 100 ms is therefore read as time that stood still until the clock is back
+// where it was (a key held up to 100 ms longer); a larger one is bounded as
+// above.
 //
 // Time saturates at the horizon: the latest instant Unix nanoseconds
 // represent, 2262-04-11 23:47:16.854775807 UTC (or, for a now before 1970,

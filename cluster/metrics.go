@@ -161,9 +161,13 @@ func budgetCollectors(n *Node) []prometheus.Collector {
 			Name: "sluice_grpc_message_bytes_reserved",
 			Help: "Bytes of the gRPC server's inbound message budget reserved by calls whose messages are on their way (ServerLimits.MessageBytes bounds it).",
 		}, func() float64 { return float64(stats().Reserved) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_grpc_message_budget_waiting",
+			Help: "gRPC calls whose handlers wait for room in the message budget for their message, each holding its stream window.",
+		}, func() float64 { return float64(stats().Waiting) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_grpc_message_budget_refused_total",
-			Help: "gRPC calls refused with ResourceExhausted for want of room in the message budget.",
+			Help: "gRPC calls refused as they opened: for want of room in the message budget for their stream window, or Peer calls without the peer credential.",
 		}, func() float64 { return float64(stats().Refused) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_grpc_message_timeouts_total",

@@ -138,6 +138,7 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.proofs = newProofs(auth.Open(), cfg.NodeName, cfg.ProofRetry, cfg.ProofRetryMax)
+	n.budget.AuthorizePeers(auth)
 	if n.metrics, err = newMetrics(cfg.Registerer, n); err != nil {
 		return nil, fmt.Errorf("cluster: register metrics: %w", err)
 	}

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,27 +13,44 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
 // The message budget. gRPC buffers the DATA frames of a message until the
 // whole message is in, and it grows a stream's flow-control window to fit
-// the message being read: a client that sends most of a large message on
-// each of many streams and stops makes the server hold those bytes for as
-// long as the streams stay open. So every call reserves, as it opens
-// (tap.ServerInHandle), the most bytes its first message may take
-// (MessageReservation), from a budget shared by all connections
-// (ServerLimits.MessageBytes); a call that finds no room is refused with
-// ResourceExhausted before anything is read. A unary call gives its
-// reservation back once its message is in (stats InPayload); a stream
-// (the Peer service's CheckStream) keeps it until it ends, for the
-// messages that follow. A call whose first message is not all in within
-// ServerLimits.MessageTimeout is cancelled, its stream reset, and its
-// bytes freed. While more than half the budget is in use, one connection
-// may hold at most ServerLimits.ConnMessageBytes of it, its further calls
-// refused, so that a few connections cannot take it all from the others.
-// Nothing waits for room: gRPC reads a connection's frames in the
-// goroutine that runs the tap, and a connection whose reads stopped could
-// neither finish the messages that would free room nor be seen to close.
+// the message its handler reads: a client that sends most of a large
+// message on each of many streams and stops makes the server hold those
+// bytes for as long as the streams stay open. So every call reserves what
+// it may hold, from a budget shared by all connections
+// (ServerLimits.MessageBytes), in two steps:
+//
+//   - as it opens (tap.ServerInHandle, in the goroutine that reads the
+//     connection's frames), StreamWindow: what its stream may receive
+//     before its handler reads, the server's stream window. A call that
+//     finds no room for that is refused with ResourceExhausted before
+//     anything is read; nothing waits there, as a connection whose reads
+//     stopped could neither finish the messages that would free room nor
+//     be seen to close.
+//   - as its handler begins (stats.Begin, in the call's own goroutine,
+//     before gRPC reads its message and grows its window), the rest of
+//     MessageReservation. A call that finds no room waits in its own
+//     goroutine, holding only its stream window, until another call gives
+//     room back or its deadline ends, so that a burst of calls on one
+//     connection is served in turn instead of refused.
+//
+// A unary call gives its reservation back once its message is in (stats
+// InPayload); a stream (the Peer service's CheckStream) keeps it until it
+// ends, for the messages that follow. A call whose first message is not
+// all in within ServerLimits.MessageTimeout is cancelled, its stream
+// reset, and its bytes freed. While more than half the budget is in use,
+// one connection may hold at most ServerLimits.ConnMessageBytes of it, so
+// that a few connections cannot take it all from the others.
+
+// StreamWindow is the flow-control window of a stream that a server with
+// ServerLimits' options gives its callers: what a call may receive before
+// its handler reads (gRPC's least window).
+const StreamWindow = 64 << 10
 
 // MessageReservation is what one call reserves of the message budget:
 // the largest message and its 5-byte gRPC prefix.
@@ -46,11 +64,30 @@ type MessageBudget struct {
 	// afterFunc runs f after d, as time.AfterFunc does; tests replace it.
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
-	mu   sync.Mutex // guards used
+	mu   sync.Mutex // guards used, freed, and each connection's and call's bytes
 	used int64      // bytes reserved by every connection
+	// freed is closed at the next release, for the calls waiting for
+	// room; nil when none waits.
+	freed chan struct{}
 
 	refused  atomic.Int64
 	timedOut atomic.Int64
+	waiting  atomic.Int64
+
+	// peers, when set, is checked for Peer calls as they open
+	// (AuthorizePeers).
+	peers *PeerAuth
+}
+
+// AuthorizePeers makes b check the caller of every Peer call against a as
+// the call opens, before it reserves anything or a byte of its message is
+// read, and refuse the calls a refuses with a's status (Unauthenticated or
+// PermissionDenied): a caller that is no member never holds room a
+// member's message needs. Call it before the server serves.
+func (b *MessageBudget) AuthorizePeers(a *PeerAuth) {
+	if !a.Open() {
+		b.peers = a
+	}
 }
 
 // MessageBudgetStats are a MessageBudget's counters.
@@ -58,8 +95,12 @@ type MessageBudgetStats struct {
 	// Reserved is the bytes reserved now by calls whose messages are
 	// not all in.
 	Reserved int64
-	// Refused counts calls refused with ResourceExhausted for want of
-	// room.
+	// Waiting is the calls whose handlers wait for room for their
+	// message, each holding its stream window.
+	Waiting int64
+	// Refused counts calls refused as they opened: with
+	// ResourceExhausted for want of room for their stream window, or,
+	// Peer calls under AuthorizePeers, for want of the peer credential.
 	Refused int64
 	// TimedOut counts calls cancelled because their first message was
 	// not all in within ServerLimits.MessageTimeout.
@@ -93,7 +134,7 @@ func (b *MessageBudget) Stats() MessageBudgetStats {
 	b.mu.Lock()
 	used := b.used
 	b.mu.Unlock()
-	return MessageBudgetStats{Reserved: used, Refused: b.refused.Load(), TimedOut: b.timedOut.Load()}
+	return MessageBudgetStats{Reserved: used, Waiting: b.waiting.Load(), Refused: b.refused.Load(), TimedOut: b.timedOut.Load()}
 }
 
 // budgetConn is the share of one connection.
@@ -108,60 +149,74 @@ type budgetCall struct {
 	cancel context.CancelCauseFunc
 	stream atomic.Bool // a client stream: keeps its reservation until it ends
 	first  atomic.Bool // its first message is in
-	held   atomic.Bool // its reservation is held
+	held   int64       // bytes reserved; guarded by MessageBudget.mu
 	stop   func() bool // stops the timer of its first message
 }
 
 type budgetConnKey struct{}
 type budgetCallKey struct{}
 
-// reserve takes n bytes for conn, or reports that there is no room: the
-// budget is full, or more than half of it is in use and conn holds its
-// share.
-func (b *MessageBudget) reserve(conn *budgetConn, n int64) bool {
+// reserve takes n bytes for c, or reports that there is no room: the
+// budget is full, or more than half of it is in use and c's connection
+// holds its share. Without room, freed is closed at the next release.
+func (b *MessageBudget) reserve(c *budgetCall, n int64) (ok bool, freed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	total := b.limits.MessageBytes
-	switch {
-	case b.used+n > total:
-		return false
-	case b.used+n > total/2 && conn.used+n > b.limits.ConnMessageBytes:
-		return false
+	if b.used+n > total || b.used+n > total/2 && c.conn.used+n > b.limits.ConnMessageBytes {
+		if b.freed == nil {
+			b.freed = make(chan struct{})
+		}
+		return false, b.freed
 	}
 	b.used += n
-	conn.used += n
-	return true
+	c.conn.used += n
+	c.held += n
+	return true, nil
 }
 
-// release gives back the reservation of c, once.
+// release gives back what c holds.
 func (c *budgetCall) release() {
-	if !c.held.CompareAndSwap(true, false) {
-		return
-	}
 	b := c.b
 	b.mu.Lock()
-	b.used -= MessageReservation
-	c.conn.used -= MessageReservation
-	b.mu.Unlock()
+	defer b.mu.Unlock()
+	if c.held == 0 {
+		return
+	}
+	b.used -= c.held
+	c.conn.used -= c.held
+	c.held = 0
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
 }
 
-// tap is the server's tap.ServerInHandle: it reserves for a new call, or
-// refuses it. It never waits: gRPC reads the connection's frames in the
-// goroutine that runs it.
+// tap is the server's tap.ServerInHandle: it reserves a new call's stream
+// window, or refuses the call. It never waits: gRPC reads the connection's
+// frames in the goroutine that runs it.
 func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn)
 	if conn == nil { // a server without b's stats handler: no budget
 		return ctx, nil
 	}
-	if !b.reserve(conn, MessageReservation) {
+	if b.peers != nil && strings.HasPrefix(info.FullMethodName, "/"+pb.Peer_ServiceDesc.ServiceName+"/") {
+		// Before anything is reserved or read: the caller's certificate
+		// and proof are in ctx and its metadata already.
+		if err := b.peers.authorize(ctx, info.FullMethodName); err != nil {
+			b.refused.Add(1)
+			return nil, err
+		}
+	}
+	c := &budgetCall{b: b, conn: conn}
+	if ok, _ := b.reserve(c, StreamWindow); !ok {
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another message",
+			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another call",
 			info.FullMethodName, b.limits.MessageBytes, b.limits.ConnMessageBytes)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	c := &budgetCall{b: b, conn: conn, cancel: cancel}
-	c.held.Store(true)
+	c.cancel = cancel
 	c.stop = b.afterFunc(b.limits.MessageTimeout, func() {
 		if c.first.Load() {
 			return
@@ -171,6 +226,28 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 		c.release()
 	})
 	return context.WithValue(ctx, budgetCallKey{}, c), nil
+}
+
+// begin reserves the rest of c's message before its handler reads it,
+// waiting in the call's own goroutine for room until ctx, the call's, ends
+// (at its MessageTimeout at the latest). Without room gRPC's read of the
+// message fails on the ended context.
+func (c *budgetCall) begin(ctx context.Context) {
+	b := c.b
+	for {
+		ok, freed := b.reserve(c, MessageReservation-StreamWindow)
+		if ok {
+			return
+		}
+		b.waiting.Add(1)
+		select {
+		case <-freed:
+			b.waiting.Add(-1)
+		case <-ctx.Done():
+			b.waiting.Add(-1)
+			return
+		}
+	}
 }
 
 // TagConn gives each connection its share.
@@ -193,6 +270,7 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	switch s := s.(type) {
 	case *stats.Begin:
 		c.stream.Store(s.IsClientStream)
+		c.begin(ctx)
 	case *stats.InPayload:
 		if c.first.CompareAndSwap(false, true) {
 			c.stop()

@@ -2,9 +2,7 @@ package transport
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,63 +105,78 @@ func awaitEnded(t *testing.T, c net.Conn, n int) {
 	}
 }
 
-// Calls that send most of a large message and stall hold no more than the
-// budget: each connection takes up to half of it, then its share beyond
-// half, its further calls refused with ResourceExhausted; once the budget
-// is full every call is refused, a normal client's included. A normal
-// client's calls succeed while there is room. After MessageTimeout every
-// stalled call is reset and the budget is empty again.
+// Calls that send the start of a large message and stall hold no more
+// than the budget: each holds its stream window from when it opens, and
+// the rest of a whole message once its handler begins, while there is
+// room; the others wait for room holding only their stream window, or
+// are refused when even that does not fit. A
+// normal client's connection, within its share, is served meanwhile.
+// After MessageTimeout every stalled call is reset and
+// the budget is empty again. A call that finds no room even for its
+// stream window is refused.
 func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
-	const r = MessageReservation
+	const r, w = MessageReservation, StreamWindow
 	l := DefaultServerLimits()
 	l.MessageBytes, l.ConnMessageBytes = 8*r, 2*r
 	addr, b, timers := budgetServer(t, l)
 	conn := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	checkWorks(t, conn)
 
+	// 3 connections of 5 calls, each sending 60,000 bytes of a message
+	// that announces MaxMessageSize, within its stream window. Past half
+	// the budget each connection holds at most its share, so 3 of them
+	// leave room for another (4 could fill it).
+	const calls = 15
 	var attackers []net.Conn
-	for i, step := range []struct {
-		calls int
-		want  MessageBudgetStats // after this connection
-	}{
-		{calls: 5, want: MessageBudgetStats{Reserved: 4 * r, Refused: 1}}, // up to half
-		{calls: 3, want: MessageBudgetStats{Reserved: 6 * r, Refused: 2}}, // its share beyond half
-		{calls: 3, want: MessageBudgetStats{Reserved: 8 * r, Refused: 3}}, // the rest
-		{calls: 2, want: MessageBudgetStats{Reserved: 8 * r, Refused: 6}}, // and the normal client's call
-	} {
-		attackers = append(attackers, stallCalls(t, addr, step.calls, 200_000))
-		testwait.For(t, fmt.Sprintf("step %d: the calls to be reserved for or refused as %+v", i, step.want), func() bool {
-			return b.Stats() == step.want
-		})
-		if s := b.Stats(); s.Reserved > l.MessageBytes {
-			t.Fatalf("step %d: %d bytes reserved, more than the budget %d", i, s.Reserved, l.MessageBytes)
-		}
-		if step.want.Reserved < l.MessageBytes {
-			checkWorks(t, conn)
-			continue
-		}
-		if i == 2 {
-			_, err := pb.NewPeerClient(conn).CheckBatch(ctxT(t), &pb.PeerCheckRequest{})
-			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "budget") {
-				t.Fatalf("step %d: a call with the budget full: %v, want ResourceExhausted naming the budget", i, err)
-			}
-		}
+	for range 3 {
+		attackers = append(attackers, stallCalls(t, addr, 5, 60_000))
 	}
-	for i, c := range attackers {
-		awaitEnded(t, c, []int{1, 1, 1, 2}[i]) // the refused calls
+	// What each call holds: its window, and the rest of a message when
+	// its handler found room; a call refused holds nothing.
+	full := func(s MessageBudgetStats) int64 { return (s.Reserved - (calls-s.Refused)*w) / (r - w) }
+	testwait.For(t, "every stalled call to hold a message, wait for room or be refused", func() bool {
+		s := b.Stats()
+		held := s.Reserved - (calls-s.Refused)*w
+		return held >= 0 && held%(r-w) == 0 && full(s)+s.Waiting+s.Refused == calls
+	})
+	s := b.Stats()
+	if s.Reserved > l.MessageBytes || s.Waiting == 0 {
+		t.Fatalf("stats %+v: want at most %d bytes reserved, and some calls waiting", s, l.MessageBytes)
+	}
+	t.Logf("%d calls hold a message, %d wait, %d refused: %d bytes reserved", full(s), s.Waiting, s.Refused, s.Reserved)
+
+	// A normal client's connection holds none of it: within its share,
+	// its calls are served at once.
+	checkWorks(t, conn)
+	for _, c := range attackers {
+		c.Close()
+	}
+	testwait.For(t, "the budget to empty", func() bool { s := b.Stats(); return s.Reserved == 0 && s.Waiting == 0 })
+
+	// Stalled calls whose time is up are reset, and give back what they
+	// held.
+	c := stallCalls(t, addr, 3, 60_000)
+	testwait.For(t, "3 stalled calls to hold their messages", func() bool { return b.Stats().Reserved == 3*r })
+	if n := timers.fire(); n != 3 {
+		t.Fatalf("%d timers pending, want one per stalled call (3)", n)
+	}
+	awaitEnded(t, c, 3)
+	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
+	if s := b.Stats(); s.TimedOut != 3 {
+		t.Errorf("%d calls timed out, want 3", s.TimedOut)
 	}
 
-	// Their time is up: every stalled call is reset.
-	if n := timers.fire(); n != 8 {
-		t.Fatalf("%d timers pending, want one per stalled call (8)", n)
+	// With room for fewer stream windows than calls, the rest are
+	// refused, and what is reserved stays within the budget.
+	small := l
+	small.MessageBytes, small.ConnMessageBytes = r, r
+	addr2, b2, _ := budgetServer(t, small)
+	c2 := stallCalls(t, addr2, 40, 1000)
+	testwait.For(t, "calls beyond the room for their windows to be refused", func() bool { return b2.Stats().Refused > 0 })
+	if s := b2.Stats(); s.Reserved > small.MessageBytes {
+		t.Fatalf("%d bytes reserved, more than the budget %d", s.Reserved, small.MessageBytes)
 	}
-	for i, c := range attackers[:3] {
-		awaitEnded(t, c, []int{4, 2, 2}[i])
-	}
-	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
-	if s := b.Stats(); s.TimedOut != 8 {
-		t.Errorf("%d calls timed out, want 8", s.TimedOut)
-	}
+	c2.Close()
 	checkWorks(t, conn)
 }
 

@@ -53,19 +53,19 @@ type ServerLimits struct {
 	MaxConcurrentStreams uint32
 	// MessageBytes bounds the bytes of inbound messages that every
 	// connection together may make the server hold before the messages
-	// are all in: each call opened reserves the largest message
-	// (MaxMessageSize) until its message is in, a stream until it ends,
-	// and a call that finds no room is refused with ResourceExhausted
-	// (see MessageBudget). A connection's calls not yet read by their
-	// handlers are never refused while they fit in half of it. At least
-	// ConnMessageBytes. Default 256 MiB (about 190 calls whose messages
-	// are on their way).
+	// are all in: each call opened reserves its stream window
+	// (StreamWindow), and the rest of the largest message
+	// (MessageReservation) as its handler begins, until its message is in
+	// (a stream: until it ends). A call that finds no room for its window
+	// is refused with ResourceExhausted; one that finds no room for the
+	// rest waits for it (see MessageBudget). At least ConnMessageBytes.
+	// Default 256 MiB (about 190 calls whose messages are on their way).
 	MessageBytes int64
 	// ConnMessageBytes is the most of MessageBytes one connection may
-	// hold while more than half of it is in use: its calls beyond it are
-	// refused with ResourceExhausted, so that many connections are needed
-	// to fill the budget, and the last half of it goes to many. At least
-	// MessageReservation (one call). Default 4 MiB.
+	// hold while more than half of it is in use: its calls beyond it wait
+	// (or, for want of room for their window, are refused), so that many
+	// connections are needed to fill the budget, and the last half of it
+	// goes to many. At least MessageReservation (one call). Default 4 MiB.
 	ConnMessageBytes int64
 	// MessageTimeout is how long a call's first message may take to
 	// arrive whole once the call is open: a call still waiting for the
@@ -150,7 +150,7 @@ func (l ServerLimits) serverOptions(b *MessageBudget) []grpc.ServerOption {
 		grpc.StatsHandler(b),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.ForceServerCodecV2(wireCodec{}),
-		grpc.InitialWindowSize(WindowSize),
+		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(WindowSize),
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),

@@ -20,7 +20,8 @@ import (
 )
 
 // stallGRPC opens a connection to addr with calls CheckBatch calls, each
-// sending 100,000 bytes of a message of transport.MaxMessageSize and
+// sending 60,000 bytes (within its stream window) of a message of
+// transport.MaxMessageSize and
 // nothing more, and returns it; it discards what the daemon sends.
 func stallGRPC(t *testing.T, addr string, calls int) net.Conn {
 	t.Helper()
@@ -40,7 +41,7 @@ func stallGRPC(t *testing.T, addr string, calls int) net.Conn {
 	out.WriteString(http2.ClientPreface)
 	fr := http2.NewFramer(&out, nil)
 	fr.WriteSettings()
-	body := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(transport.MaxMessageSize)), make([]byte, 100_000)...)
+	body := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(transport.MaxMessageSize)), make([]byte, 60_000)...)
 	for i := range calls {
 		id := uint32(2*i + 1)
 		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true})
@@ -55,11 +56,12 @@ func stallGRPC(t *testing.T, addr string, calls int) net.Conn {
 }
 
 // The daemon's gRPC port holds unfinished messages within
-// grpc_message_bytes: a connection takes up to half, and holding more
-// than its share (one call), its further calls are refused; a legitimate
-// client's checks
-// meanwhile succeed; the budget in use shows in /metrics; a connection
-// closed gives back what its calls held.
+// grpc_message_bytes: every call holds its stream window, and a whole
+// message once its handler begins while the connection is within half the
+// budget, or within its share (one call) past half; its further calls
+// wait for room. A legitimate client's checks meanwhile succeed; the
+// budget in use shows in /metrics; a connection closed gives back what
+// its calls held.
 func TestGRPCUnfinishedMessagesWithinTheBudget(t *testing.T) {
 	const r = transport.MessageReservation
 	cfg := testConfig("grpc-budget")
@@ -84,18 +86,29 @@ func TestGRPCUnfinishedMessagesWithinTheBudget(t *testing.T) {
 	}
 	check()
 
-	half := MinGRPCMessageBytes / 2 / r // calls that fit in half the budget
-	const calls = 40
+	const calls, w = 40, transport.StreamWindow
 	attacker := stallGRPC(t, d.GRPCAddr(), calls)
-	testwait.For(t, "the attacker to hold half the budget, the rest of its calls refused", func() bool {
+	// Every call of the attacker holds its window and a whole message,
+	// waits for room holding its window, or was refused (past half the
+	// budget, beyond its share): which, depends on the order its calls
+	// reach their handlers. It holds at most half the budget and its
+	// share.
+	var held float64
+	testwait.For(t, "every call of the attacker to hold a message, wait or be refused", func() bool {
 		m := scrape(t, base)
-		return m["sluice_grpc_message_bytes_reserved"] == float64(half*r) &&
-			m["sluice_grpc_message_budget_refused_total"] == float64(calls-half)
+		held = m["sluice_grpc_message_bytes_reserved"]
+		waiting, refused := m["sluice_grpc_message_budget_waiting"], m["sluice_grpc_message_budget_refused_total"]
+		messages := held - (calls-refused)*w
+		full := messages / (r - w)
+		return messages >= 0 && full == float64(int64(full)) && full+waiting+refused == calls
 	})
+	if limit := float64(MinGRPCMessageBytes/2 + r); held > limit {
+		t.Fatalf("the attacker holds %v bytes, more than half the budget and its share (%v)", held, limit)
+	}
 	check()
 	check()
-	if m := scrape(t, base); m["sluice_grpc_message_bytes_reserved"] != float64(half*r) {
-		t.Errorf("%v bytes reserved after the legitimate checks, want the attacker's %d", m["sluice_grpc_message_bytes_reserved"], half*r)
+	if m := scrape(t, base); m["sluice_grpc_message_bytes_reserved"] != held {
+		t.Errorf("%v bytes reserved after the legitimate checks, want the attacker's %v", m["sluice_grpc_message_bytes_reserved"], held)
 	}
 	attacker.Close()
 	testwait.For(t, "the closed connection's calls to give their reservations back", func() bool {

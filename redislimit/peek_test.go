@@ -41,8 +41,8 @@ var peekChanges = []struct {
 
 // TestPeekKeepsState: a peek (0 hits, no Reset) of a key decides as
 // limiter's peek does and leaves the key's bytes in Redis as they were,
-// for every algorithm the key holds, whatever algorithm, Limit, Period,
-// Burst or behavior the peek carries; also where the clock stepped back
+// and its TTL not set again, for every algorithm the key holds, whatever
+// algorithm, Limit, Period, Burst or behavior the peek carries; also where the clock stepped back
 // behind the state's times and where the state has expired. A Reset of 0
 // hits is no peek: it clears the key.
 func TestPeekKeepsState(t *testing.T) {
@@ -95,6 +95,7 @@ func TestPeekKeepsState(t *testing.T) {
 		write.Hits = 3
 		check("write", write)
 		before := get(key)
+		ttl := rdb.PTTL(ctx, key).Val()
 
 		peekAll := func(when string) {
 			t.Helper()
@@ -104,6 +105,10 @@ func TestPeekKeepsState(t *testing.T) {
 				check(algo.String()+" "+when+" peek "+pc.name, req)
 				if after := get(key); !bytes.Equal(after, before) {
 					t.Fatalf("%s: a peek %s with %s changed the key:\nbefore %x\nafter  %x", algo, when, pc.name, before, after)
+				}
+				// A write sets the TTL afresh; real time only lowers it.
+				if now := rdb.PTTL(ctx, key).Val(); now <= 0 || now > ttl {
+					t.Fatalf("%s: after a peek %s with %s the key's TTL is %v, was %v", algo, when, pc.name, now, ttl)
 				}
 			}
 		}

@@ -1,6 +1,6 @@
 -- sluice redislimit: one decision on one key, atomically.
 --
--- KEYS[1]  the key's state: a string, format version 1 (see format.go).
+-- KEYS[1]  the key's state: a string, format version 1 (see the state below).
 -- ARGV[1]  algorithm (limiter.Algorithm), ARGV[2] hits, ARGV[3] limit,
 -- ARGV[4]  period in microseconds (0 with a calendar), ARGV[5] capacity
 --          (the effective burst), ARGV[6] behavior bits,
@@ -13,6 +13,13 @@
 -- Returns {allowed, remaining, resetAt, retryAfter, delay, now}, times in
 -- microseconds; {-1, now} when no calendar window given holds now.
 --
+-- The order of limiter's decide: a state that is expired, or reset,
+-- starts fresh; a live state of another algorithm is converted (convert);
+-- a live state of the request's algorithm has its times bounded by now
+-- (boundTimes); a refund gives hits back; the algorithm decides. A
+-- request that only reads (0 hits, no Reset) is decided the same way and
+-- writes nothing.
+--
 -- Numbers are doubles: every time and count stays an integer below 2^53,
 -- and products that could pass it go through muldiv.
 
@@ -21,6 +28,10 @@ if redis.replicate_commands then redis.replicate_commands() end
 local HORIZON = 9007199254740992 -- 2^53 us, 2255-06-05: every time saturates here
 local EPS = 1e-9                 -- the buckets' tolerance, as limiter's
 local MAXLOG = 4096              -- limiter.MaxLogEntries
+local MAXLIMIT = 1e12            -- limiter.MaxLimit
+-- GCRA's tatLead (the third word) bounds the TAT when below this: limiter
+-- keeps it in 56 bits of nanoseconds, and a larger lead bounds nothing.
+local MAXLEAD = 72057594037928
 local VERSION = 1
 
 local TOKEN, LEAKY, FIXED, SLOG, SCOUNTER, GCRA = 1, 2, 3, 4, 5, 6
@@ -47,6 +58,10 @@ if ARGV[9] then
 end
 
 local function has(bit) return math.floor(behavior / bit) % 2 == 1 end
+
+-- reads: a peek that does not reset, which limiter decides on a copy of
+-- the state and never keeps.
+local reads = hits == 0 and not has(RESET)
 
 -- floordiv is floor(a/b) for b > 0, exact for |a| < 2^53.
 local function floordiv(a, b)
@@ -92,8 +107,9 @@ local function muldiv(a, b, c, up, cap)
   return math.min(q, cap)
 end
 
--- The state: its algorithm, expiry and three words, as limiter's. The
--- sliding window log's words are its quantum, its entry count and its
+-- The state: its algorithm, expiry and three words, as limiter's (GCRA's
+-- third is tatLead, how far ahead of its writer's now the TAT was; 0
+-- bounds nothing). The sliding window log's words are its quantum, its entry count and its
 -- base, and its entries follow them: logN entries of 16 bytes in logBody,
 -- oldest first, each (at, cum), where cum counts the entry's hits and
 -- those of every entry before it since the one whose cum is logBase, so
@@ -142,12 +158,6 @@ if bounds and not calendarWindow(now) then
   return {-1, now}
 end
 
--- A state of another algorithm, expired, or reset starts fresh.
-if st.algo ~= algo or st.exp <= now or has(RESET) then
-  st = {algo = algo, exp = 0, w = {0, 0, 0}}
-  logBody, logN, logBase, quantum = '', 0, 0, 0
-end
-
 -- The buckets.
 local function drainTime(amount)
   if amount <= 0 then return 0 end
@@ -156,9 +166,11 @@ local function drainTime(amount)
   return t
 end
 
-local function levelAt(level, last, t)
+-- levelAt is a level stored at last as it stands at t, drained at limit
+-- per p.
+local function levelAt(level, last, t, p)
   if level > 0 and t > last then
-    level = level - (t - last) * limit / period
+    level = level - (t - last) * limit / p
     if level < EPS then level = 0 end
   end
   return level
@@ -174,7 +186,7 @@ local function bucketRemaining(level)
 end
 
 local function bucketRetry(level, last, exp, probe)
-  local function admits(d) return levelAt(level, last, now + d) + probe <= capacity + EPS end
+  local function admits(d) return levelAt(level, last, now + d, period) + probe <= capacity + EPS end
   local lo, hi = 0, exp - now
   local guess = math.min(addsat(last, drainTime(level + probe - capacity - EPS)), exp) - now
   if guess > lo and guess < hi then
@@ -351,12 +363,262 @@ local function gcraBehind(t)
   return behind
 end
 
+-- periodOf is the request's Period, or with a calendar the length of the
+-- window that holds now.
+local function periodOf()
+  if bounds then
+    local s, e = calendarWindow(now)
+    return e - s
+  end
+  return period
+end
+
+-- counterCounts is the sliding window counter's counts as a decision at
+-- now with Period p reads them: the start of now's window, its count and
+-- the previous window's.
+local function counterCounts(p)
+  local start = floordiv(now, p) * p
+  local ws, cur, prev = st.w[1], st.w[2], st.w[3]
+  if cur > 0 or prev > 0 then
+    local q = counterPeriod(p)
+    if q ~= p then
+      cur, prev = regroup(ws, q, cur, prev, start, p)
+    elseif ws == start then
+    elseif ws == start - p then
+      prev, cur = cur, 0
+    else
+      -- Both windows are over (boundTimes has moved a window after
+      -- now's to now's).
+      cur, prev = 0, 0
+    end
+  end
+  return start, cur, prev
+end
+
+-- counterRemaining is limit - cur - prev*(p-elapsed)/p rounded down, at
+-- least 0.
+local function counterRemaining(lim, p, cur, prev, elapsed)
+  return math.max(lim - cur - muldiv(prev, p - elapsed, p, true, MAXLIMIT + 1), 0)
+end
+
+-- decideAlgorithm decides h hits of the request's algorithm on st, a
+-- state of it, at now, and writes the result into st (and the log):
+-- limiter's decideAlgorithm. drain is DrainOverLimit.
+local function decideAlgorithm(h, drain)
+  local probe = math.max(h, 1)
+  drain = drain and h > 0
+  local allowed, remaining, retry, delay = 0, 0, 0, 0
+  if algo == TOKEN or algo == LEAKY then
+    -- boundTimes has bounded the level's time by now.
+    local level = levelAt(st.w[1], st.w[2], now, period)
+    if level + probe <= capacity + EPS then
+      allowed = 1
+      if algo == LEAKY then delay = drainTime(level) end
+      level = level + h
+    elseif drain and level < capacity then
+      level = capacity
+    end
+    remaining = bucketRemaining(level)
+    st.w[1], st.w[2] = level, now
+    st.exp = math.min(addsat(now, drainTime(level)), HORIZON)
+    if allowed == 0 then retry = bucketRetry(level, now, st.exp, probe) end
+  elseif algo == FIXED then
+    -- The stored count is that of now's window: a window that is over
+    -- left the state expired, and boundTimes has moved one after now's
+    -- to now's; after a change of Period its hits count in now's.
+    local start, stop = windowBounds(now)
+    local count = st.w[2]
+    if count + probe <= limit then
+      allowed = 1
+      count = count + h
+    else
+      if drain and count < limit then count = limit end
+      retry = stop - now
+    end
+    remaining = math.max(limit - count, 0)
+    st.w[1], st.w[2] = start, count
+    st.exp = now
+    if count > 0 then st.exp = stop end
+  elseif algo == SCOUNTER then
+    local p = period
+    local start, cur, prev = counterCounts(p)
+    local elapsed = now - start
+    remaining = counterRemaining(limit, p, cur, prev, elapsed)
+    if probe <= remaining then
+      allowed = 1
+      cur = cur + h
+      remaining = remaining - h
+    else
+      if drain then
+        cur = cur + remaining
+        remaining = 0
+      end
+      if cur + probe <= limit then
+        retry = weightedWait(limit - cur - probe, p, prev) - elapsed
+      else
+        retry = p - elapsed + weightedWait(limit - probe, p, cur)
+      end
+    end
+    st.w[1], st.w[2], st.w[3] = start, cur, prev
+    st.exp = counterExpiry(start, cur, prev, p, now)
+  elseif algo == GCRA then
+    local t = gcraInterval()
+    local ahead = HORIZON - now
+    local behind = gcraBehind(t)
+    local tolerance = capacity * t
+    local room = tolerance - probe * t
+    if behind <= room then
+      allowed = 1
+      behind = math.min(behind + h * t, ahead)
+    else
+      if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
+      retry = behind - room
+    end
+    remaining = math.max(math.floor((tolerance - behind) / t), 0)
+    -- The third word is tatLead: how far ahead of now this TAT is.
+    st.w[1], st.w[2], st.w[3] = now + behind, t, behind
+    st.exp = now + behind
+  else -- SLOG
+    logExpire(now - period)
+    local total = logTotal()
+    if total + probe <= limit then
+      allowed = 1
+      if h > 0 then
+        logAdd(now, h)
+        total = total + h
+      end
+    else
+      if drain and total < limit then
+        logAdd(now, limit - total)
+        total = limit
+      end
+      -- Wait until enough of the oldest hits expire: probe <= limit, so
+      -- 0 < need <= total.
+      local need = total + probe - limit
+      local i = firstEntry(function(j)
+        local _, cum = entry(j)
+        return cum - logBase >= need
+      end)
+      retry = entry(i) + period - now
+    end
+    remaining = math.max(limit - total, 0)
+    st.w = {quantum, logN, logBase}
+    st.exp = now
+    if logN > 0 then st.exp = addsat(entry(logN), period) end
+  end
+  return allowed, remaining, retry, delay
+end
+
+-- consumed is how many hits st, a live state of another algorithm than
+-- the request's, still counts at now, read with the request's Limit and
+-- Period (periodOf) where the state keeps no rate: limiter's consumed. A
+-- bucket's level drained at the request's rate, rounded up; a fixed
+-- window's count; the sliding window counter's estimate over the
+-- request's Period, rounded up; the log's hits after now-Period; GCRA's
+-- outstanding time at its own interval in hits, rounded up. At most
+-- MAXLIMIT.
+local function consumed()
+  local p = periodOf()
+  local c = 0
+  if st.algo == TOKEN or st.algo == LEAKY then
+    local level = levelAt(st.w[1], st.w[2], now, p) - EPS
+    if level > 0 then c = math.min(math.ceil(level), MAXLIMIT) end
+  elseif st.algo == FIXED then
+    c = st.w[2]
+  elseif st.algo == SCOUNTER then
+    -- The counter's own rule with room for every hit: what it has left
+    -- below MAXLIMIT is what it counts.
+    local start, cur, prev = counterCounts(p)
+    c = MAXLIMIT - counterRemaining(MAXLIMIT, p, cur, prev, now - start)
+  elseif st.algo == GCRA then
+    local t = st.w[2]
+    if t > 0 and st.w[1] > now then
+      local d = st.w[1] - now
+      c = floordiv(d, t)
+      if c * t < d then c = c + 1 end
+    end
+  else -- SLOG
+    local k = firstEntry(function(i) return entry(i) > now - p end)
+    if k == 1 then
+      c = logTotal()
+    else
+      local _, cum = entry(k - 1)
+      c = lastCum() - cum
+    end
+  end
+  return math.min(math.max(c, 0), MAXLIMIT)
+end
+
+local function startFresh()
+  st = {algo = algo, exp = 0, w = {0, 0, 0}}
+  logClear()
+end
+
+-- convert carries st, a live state of another algorithm, into the
+-- request's: the state that algorithm has after taking, from fresh at now,
+-- the hits st still counts (consumed), at most its capacity.
+local function convert()
+  local c = consumed()
+  startFresh()
+  if c > 0 then decideAlgorithm(math.min(c, capacity), false) end
+end
+
+-- logBoundTimes moves the entries after now to now, merged into one.
+local function logBoundTimes()
+  local i = logN
+  while i > 0 and entry(i) > now do i = i - 1 end
+  if i == logN then return end
+  local last = lastCum()
+  logBody, logN = string.sub(logBody, 1, i * RECORD), i
+  if joinsLast(now) then
+    logBody = string.sub(logBody, 1, (i - 1) * RECORD) .. struct.pack('<dd', now, last)
+  else
+    logBody = logBody .. struct.pack('<dd', now, last)
+    logN = logN + 1
+  end
+end
+
+-- boundTimes reads a live state of the request's algorithm whose times lie
+-- after now (the clock stepped back) as written at now: limiter's
+-- boundTimes.
+local function boundTimes()
+  if algo == TOKEN or algo == LEAKY then
+    if st.w[2] > now then st.w[2] = now end
+  elseif algo == GCRA then
+    local lead = st.w[3]
+    if lead > 0 and lead < MAXLEAD and st.w[1] > addsat(now, lead) then st.w[1] = now + lead end
+  elseif algo == FIXED then
+    -- A window that began after now, not one that began after now's
+    -- began: that is a longer Period's, which counts in now's.
+    if st.w[1] > now and st.w[2] > 0 then st.w[1] = windowBounds(now) end
+  elseif algo == SCOUNTER then
+    local p = period
+    local start = floordiv(now, p) * p
+    local ws, cur, prev = st.w[1], st.w[2], st.w[3]
+    if (cur > 0 or prev > 0) and ws > start and (ws > now or counterPeriod(p) == p) then
+      cur = math.max(cur, math.min(cur + prev, limit))
+      st.w[1], st.w[2], st.w[3] = start, cur, 0
+      st.exp = counterExpiry(start, cur, 0, p, now)
+    end
+  else
+    logBoundTimes()
+  end
+end
+
+if st.exp <= now or has(RESET) then
+  startFresh()
+elseif st.algo ~= algo then
+  convert()
+else
+  boundTimes()
+end
+
 -- Refund gives hits back, then the request is a peek.
 if has(REFUND) then
   local h = hits
   if algo == TOKEN or algo == LEAKY then
     local last = st.w[2]
-    local level = levelAt(st.w[1], last, now)
+    local level = levelAt(st.w[1], last, now, period)
     st.w[1], st.w[2] = math.max(level - h, 0), math.max(last, now)
   elseif algo == FIXED then
     local start = windowBounds(now)
@@ -376,129 +638,11 @@ if has(REFUND) then
   hits, behavior = 0, 0
 end
 
-local probe = math.max(hits, 1)
-local drain = has(DRAIN) and hits > 0
-local allowed, remaining, retry, delay = 0, 0, 0, 0
+local allowed, remaining, retry, delay = decideAlgorithm(hits, has(DRAIN))
 
-if algo == TOKEN or algo == LEAKY then
-  local last = st.w[2]
-  local level = levelAt(st.w[1], last, now)
-  if now > last or level == 0 then last = now end
-  if level + probe <= capacity + EPS then
-    allowed = 1
-    if algo == LEAKY then delay = last - now + drainTime(level) end
-    level = level + hits
-  elseif drain and level < capacity then
-    level = capacity
-  end
-  remaining = bucketRemaining(level)
-  st.w[1], st.w[2] = level, last
-  st.exp = math.min(addsat(last, drainTime(level)), HORIZON)
-  if allowed == 0 then retry = bucketRetry(level, last, st.exp, probe) end
-elseif algo == FIXED then
-  local start, stop = windowBounds(now)
-  local ws = st.w[1]
-  if ws > start and st.w[2] > 0 and st.exp > now then
-    local s, e = windowBounds(ws)
-    if s then start, stop = s, e else start, stop = ws, st.exp end
-  end
-  local count = st.w[2]
-  if count + probe <= limit then
-    allowed = 1
-    count = count + hits
-  else
-    if drain and count < limit then count = limit end
-    retry = stop - now
-  end
-  remaining = math.max(limit - count, 0)
-  st.w[1], st.w[2] = start, count
-  st.exp = now
-  if count > 0 then st.exp = stop end
-elseif algo == SCOUNTER then
-  local p = period
-  local start = floordiv(now, p) * p
-  local t = now
-  local ws, cur, prev = st.w[1], st.w[2], st.w[3]
-  if cur > 0 or prev > 0 then
-    local q = counterPeriod(p)
-    if q ~= p then
-      cur, prev = regroup(ws, q, cur, prev, start, p)
-    elseif ws == start then
-    elseif ws == start - p then
-      prev, cur = cur, 0
-    elseif ws > start then
-      t, start = ws, ws
-    else
-      cur, prev = 0, 0
-    end
-  end
-  local elapsed = t - start
-  remaining = math.max(limit - cur - muldiv(prev, p - elapsed, p, true, 1e12 + 1), 0)
-  if probe <= remaining then
-    allowed = 1
-    cur = cur + hits
-    remaining = remaining - hits
-  else
-    if drain then
-      cur = cur + remaining
-      remaining = 0
-    end
-    if cur + probe <= limit then
-      retry = weightedWait(limit - cur - probe, p, prev) - elapsed
-    else
-      retry = p - elapsed + weightedWait(limit - probe, p, cur)
-    end
-  end
-  st.w[1], st.w[2], st.w[3] = start, cur, prev
-  -- When now is older than the stored window, the decision is made as at
-  -- that window's start, as limiter's decideSlidingCounter makes it.
-  st.exp = counterExpiry(start, cur, prev, p, t)
-elseif algo == GCRA then
-  local t = gcraInterval()
-  local ahead = HORIZON - now
-  local behind = gcraBehind(t)
-  local tolerance = capacity * t
-  local room = tolerance - probe * t
-  if behind <= room then
-    allowed = 1
-    behind = math.min(behind + hits * t, ahead)
-  else
-    if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
-    retry = behind - room
-  end
-  remaining = math.max(math.floor((tolerance - behind) / t), 0)
-  st.w[1], st.w[2] = now + behind, t
-  st.exp = now + behind
-else -- SLOG
-  logExpire(now - period)
-  local total = logTotal()
-  if total + probe <= limit then
-    allowed = 1
-    if hits > 0 then
-      logAdd(now, hits)
-      total = total + hits
-    end
-  else
-    if drain and total < limit then
-      logAdd(now, limit - total)
-      total = limit
-    end
-    -- Wait until enough of the oldest hits expire: probe <= limit, so
-    -- 0 < need <= total.
-    local need = total + probe - limit
-    local i = firstEntry(function(j)
-      local _, cum = entry(j)
-      return cum - logBase >= need
-    end)
-    retry = entry(i) + period - now
-  end
-  remaining = math.max(limit - total, 0)
-  st.w = {quantum, logN, logBase}
-  st.exp = now
-  if logN > 0 then st.exp = addsat(entry(logN), period) end
-end
-
-if st.exp > now then
+if reads then
+  -- A peek keeps nothing: limiter decides it on a copy.
+elseif st.exp > now then
   local value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
   if algo == SLOG then value = value .. logBody end
   -- The key lives until its state is fresh again, to the millisecond.

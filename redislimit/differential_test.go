@@ -52,115 +52,203 @@ type traceParams struct {
 	period       time.Duration
 }
 
-// TestDifferential runs the same random traces, parameter changes,
-// behaviors and algorithm switches included, through Redis and through
-// limiter.Store at the same instants, and requires the same decisions:
-// Allowed and Remaining exactly, ResetAt, RetryAfter and Delay within
-// timeTolerance.
-func TestDifferential(t *testing.T) {
-	srv := startRedis(t)
-	clock := &testClock{now: time.Date(2026, 3, 29, 0, 59, 0, 0, time.UTC)}
-	rl := newTestLimiter(t, clock, srv.addr())
-	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
-	if err != nil {
-		t.Fatal(err)
+// Periods are whole microseconds, as Redis needs; 8 and 7 per 3s drain
+// the buckets by inexact floats.
+var traceMoves = []traceParams{
+	{limit: 10, burst: 0, period: time.Second},
+	{limit: 8, burst: 12, period: 3 * time.Second},
+	{limit: 40, burst: 20, period: 200 * time.Millisecond},
+	{limit: 3, burst: 5, period: time.Minute},
+	{limit: 1000, burst: 0, period: time.Second},
+	{limit: 7, burst: 9, period: 3 * time.Second}, // 428571.43 us a hit
+}
+
+// GCRA's moves keep its emission interval, 100 ms: after a change of
+// interval Redis rounds the rescheduled arrival time up to a microsecond
+// where limiter rounds it up to a nanosecond, and the next change scales
+// that difference by the ratio of the intervals (TestGCRAIntervalChange
+// covers the change itself). For the same reason a trace switches a key
+// to GCRA only where Period/Limit is a whole number of microseconds.
+var gcraTraceMoves = []traceParams{
+	{limit: 10, burst: 0, period: time.Second},
+	{limit: 20, burst: 15, period: 2 * time.Second},
+	{limit: 30, burst: 4, period: 3 * time.Second},
+}
+
+// differential runs traces through Redis (rl) and the in-memory limiter
+// (mem) at the instants of one clock.
+type differential struct {
+	rl     *Limiter
+	mem    sluice.Limiter
+	clock  *testClock
+	berlin *time.Location
+	// stepsBack: the clock steps back by more than 100 ms now and then.
+	stepsBack bool
+	// switches and foreignPeeks count the requests of another algorithm
+	// than the key's, and those of them with 0 hits.
+	switches, foreignPeeks int
+}
+
+// run sends one trace of steps random requests of algo's key, drawn from
+// rng: time moves by whole microseconds, parameters change, behaviors and
+// peeks come and go, and now and then a request of another algorithm
+// converts the key. It fails t at the first decision that differs.
+func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.Algorithm, steps int) {
+	t.Helper()
+	ctx := context.Background()
+	key := fmt.Sprintf("k%d", seed)
+	name := algo.String()
+	moves := traceMoves
+	if algo == limiter.GCRA {
+		moves = gcraTraceMoves
 	}
-	mem := sluice.NewLocal(store, clock.read)
+	p := moves[rng.IntN(len(moves))]
+	var history []string
+	// gcraFresh: the key's last write was a GCRA decision that left it
+	// fresh, its TAT at that instant. limiter.Store keeps such a state,
+	// with its TAT's lead unknown (0), and a clock that steps back behind
+	// that instant finds its TAT ahead, unbounded; Redis deletes the key
+	// of a fresh state, and finds it fresh. The clock does not step back
+	// then (see doc.go).
+	gcraFresh := false
+	for step := range steps {
+		// Time moves by whole microseconds, mostly little.
+		switch rng.IntN(10) {
+		case 0:
+			d.clock.now = d.clock.now.Add(time.Duration(rng.Int64N(int64(5*p.period)/1000)) * time.Microsecond)
+		case 1, 2:
+		default:
+			d.clock.now = d.clock.now.Add(time.Duration(rng.Int64N(int64(p.period/20)/1000+1)) * time.Microsecond)
+		case 3:
+			if d.stepsBack && !gcraFresh && rng.IntN(3) == 0 {
+				// Back from the last instant by more than the 100 ms
+				// within which limiter.Store reads a reading as its
+				// shard's latest (the script reads the time under its
+				// own atomicity, and has no such rule).
+				back := 100*time.Millisecond + time.Duration(1+rng.Int64N(int64(2*p.period)/1000))*time.Microsecond
+				d.clock.now = d.clock.now.Add(-back)
+			}
+		}
+		if rng.IntN(40) == 0 {
+			p = moves[rng.IntN(len(moves))]
+		}
+		req := limiter.Request{Name: name, Key: key, Limit: p.limit, Period: p.period, Burst: p.burst, Algorithm: algo}
+		if algo == limiter.FixedWindow && seed%3 == 2 {
+			req.Calendar, req.Location, req.Period = limiter.Minute, d.berlin, 0
+		}
+		req.Hits = rng.Int64N(min(req.Capacity(), 4) + 1)
+		switch rng.IntN(30) {
+		case 0:
+			req.Behavior = limiter.Reset
+		case 1, 2:
+			req.Behavior = limiter.DrainOverLimit
+		case 3:
+			req.Behavior = limiter.Refund
+		}
+		if rng.IntN(60) == 0 { // another algorithm on the same key
+			req.Algorithm = limiter.Algorithms[rng.IntN(len(limiter.Algorithms))]
+			if req.Algorithm == limiter.GCRA && int64(p.period/time.Microsecond)%p.limit != 0 {
+				req.Algorithm = algo // GCRA's interval would differ (see gcraTraceMoves)
+			}
+			req.Calendar, req.Location, req.Period = limiter.NoCalendar, nil, p.period
+			req.Hits = min(req.Hits, req.Capacity())
+			if req.Algorithm != algo {
+				d.switches++
+				if req.Hits == 0 {
+					d.foreignPeeks++
+				}
+			}
+		}
+		history = append(history, fmt.Sprintf("%v %+v", d.clock.now.Format(time.RFC3339Nano), req))
+		if len(history) > 6 {
+			history = history[1:]
+		}
+		want, werr := d.mem.Check(ctx, req)
+		got, gerr := d.rl.Check(ctx, req)
+		if (werr != nil) != (gerr != nil) {
+			t.Fatalf("seed %d %s step %d %+v: limiter error %v, redis error %v", seed, algo, step, req, werr, gerr)
+		}
+		if werr != nil {
+			continue
+		}
+		if req.Hits > 0 || req.Behavior&limiter.Reset != 0 { // a write
+			gcraFresh = req.Algorithm == limiter.GCRA && want.ResetAt.Equal(d.clock.now)
+		}
+		if got.WithoutOwner {
+			t.Fatalf("seed %d %s step %d: decided without Redis", seed, algo, step)
+		}
+		if msg := compareDecisions(want.Decision, got.Decision); msg != "" {
+			t.Fatalf("seed %d %s step %d at %v, %+v:\n%s\nlimiter %+v\nredis   %+v\nlast requests:\n%s",
+				seed, algo, step, d.clock.now.Format(time.RFC3339Nano), req, msg, want.Decision, got.Decision, strings.Join(history, "\n"))
+		}
+	}
+}
+
+// newDifferential returns a differential on a redis-server of its own.
+func newDifferential(t *testing.T, stepsBack bool) *differential {
+	srv := startRedis(t)
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	if err != nil {
 		t.Skipf("no zone database: %v", err)
 	}
-	// Periods are whole microseconds, as Redis needs; 8 and 7 per 3s
-	// drain the buckets by inexact floats.
-	params := []traceParams{
-		{limit: 10, burst: 0, period: time.Second},
-		{limit: 8, burst: 12, period: 3 * time.Second},
-		{limit: 40, burst: 20, period: 200 * time.Millisecond},
-		{limit: 3, burst: 5, period: time.Minute},
-		{limit: 1000, burst: 0, period: time.Second},
-		{limit: 7, burst: 9, period: 3 * time.Second}, // 428571.43 us a hit
+	clock := &testClock{now: time.Date(2026, 3, 29, 0, 59, 0, 0, time.UTC)}
+	return &differential{rl: newTestLimiter(t, clock, srv.addr()), clock: clock, berlin: berlin, stepsBack: stepsBack}
+}
+
+// newMemory returns sluice.Local over a new limiter.Store on d's clock.
+func (d *differential) newMemory(t *testing.T) sluice.Limiter {
+	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
+	if err != nil {
+		t.Fatal(err)
 	}
-	// GCRA's moves keep its emission interval, 100 ms: after a change of
-	// interval Redis rounds the rescheduled arrival time up to a
-	// microsecond where limiter rounds it up to a nanosecond, and the next
-	// change scales that difference by the ratio of the intervals
-	// (TestGCRAIntervalChange covers the change itself).
-	gcraParams := []traceParams{
-		{limit: 10, burst: 0, period: time.Second},
-		{limit: 20, burst: 15, period: 2 * time.Second},
-		{limit: 30, burst: 4, period: 3 * time.Second},
-	}
-	ctx := context.Background()
-	seeds := 12
+	return sluice.NewLocal(store, d.clock.read)
+}
+
+// TestDifferential runs the same random traces, parameter changes,
+// behaviors, algorithm switches and peeks with other parameters included,
+// through Redis and through limiter.Store at the same instants, and
+// requires the same decisions: Allowed and Remaining exactly, ResetAt,
+// RetryAfter and Delay within timeTolerance. The clock never steps back
+// here: limiter.Store reads a reading at most 100 ms behind its shard's
+// latest as the latest, where the script reads TIME under its own
+// atomicity, so a step back within that reach would differ for that
+// reason alone (TestDifferentialClockSteps steps back further).
+func TestDifferential(t *testing.T) {
+	newDifferential(t, false).runAll(t, 12, 22)
+}
+
+// TestDifferentialClockSteps runs traces as TestDifferential does through
+// a clock that also steps back, by more than 100 ms and up to two
+// periods: Redis bounds the state's times by now as limiter's boundTimes
+// does, converting and peeking included.
+func TestDifferentialClockSteps(t *testing.T) {
+	newDifferential(t, true).runAll(t, 8, 23)
+}
+
+// runAll runs a trace of 400 steps (150 with -short, and a quarter of
+// the seeds) for every algorithm and seed, the random numbers of a seed
+// drawn from its PCG stream, and requires that the traces switched
+// algorithms and peeked with another one. When the clock steps back each
+// trace has a store of its own, so that the latest reading of the key's
+// shard is the trace's own last instant.
+func (d *differential) runAll(t *testing.T, seeds int, stream uint64) {
+	t.Helper()
 	steps := 400
 	if testing.Short() {
-		seeds, steps = 3, 150
+		seeds, steps = max(seeds/4, 2), 150
 	}
+	d.mem = d.newMemory(t)
 	for seed := range seeds {
-		rng := rand.New(rand.NewPCG(uint64(seed), 22))
+		rng := rand.New(rand.NewPCG(uint64(seed), stream))
 		for _, algo := range limiter.Algorithms {
-			key := fmt.Sprintf("k%d", seed)
-			name := algo.String()
-			moves := params
-			if algo == limiter.GCRA {
-				moves = gcraParams
+			if d.stepsBack {
+				d.mem = d.newMemory(t)
 			}
-			p := moves[rng.IntN(len(moves))]
-			var history []string
-			for step := range steps {
-				// Time moves by whole microseconds, mostly little.
-				switch rng.IntN(10) {
-				case 0:
-					clock.now = clock.now.Add(time.Duration(rng.Int64N(int64(5*p.period)/1000)) * time.Microsecond)
-				case 1, 2:
-				default:
-					clock.now = clock.now.Add(time.Duration(rng.Int64N(int64(p.period/20)/1000+1)) * time.Microsecond)
-				}
-				if rng.IntN(40) == 0 {
-					p = moves[rng.IntN(len(moves))]
-				}
-				req := limiter.Request{Name: name, Key: key, Limit: p.limit, Period: p.period, Burst: p.burst, Algorithm: algo}
-				if algo == limiter.FixedWindow && seed%3 == 2 {
-					req.Calendar, req.Location, req.Period = limiter.Minute, berlin, 0
-				}
-				req.Hits = rng.Int64N(min(req.Capacity(), 4) + 1)
-				switch rng.IntN(30) {
-				case 0:
-					req.Behavior = limiter.Reset
-				case 1, 2:
-					req.Behavior = limiter.DrainOverLimit
-				case 3:
-					req.Behavior = limiter.Refund
-				}
-				if rng.IntN(60) == 0 { // another algorithm on the same key
-					req.Algorithm = limiter.Algorithms[rng.IntN(len(limiter.Algorithms))]
-					if req.Algorithm == limiter.GCRA && int64(p.period/time.Microsecond)%p.limit != 0 {
-						req.Algorithm = algo // GCRA's interval would differ (see gcraParams)
-					}
-					req.Calendar, req.Location, req.Period = limiter.NoCalendar, nil, p.period
-					req.Hits = min(req.Hits, req.Capacity())
-				}
-				history = append(history, fmt.Sprintf("%v %+v", clock.now.Format(time.RFC3339Nano), req))
-				if len(history) > 6 {
-					history = history[1:]
-				}
-				want, werr := mem.Check(ctx, req)
-				got, gerr := rl.Check(ctx, req)
-				if (werr != nil) != (gerr != nil) {
-					t.Fatalf("seed %d %s step %d %+v: limiter error %v, redis error %v", seed, algo, step, req, werr, gerr)
-				}
-				if werr != nil {
-					continue
-				}
-				if got.WithoutOwner {
-					t.Fatalf("seed %d %s step %d: decided without Redis", seed, algo, step)
-				}
-				if msg := compareDecisions(want.Decision, got.Decision); msg != "" {
-					t.Fatalf("seed %d %s step %d at %v, %+v:\n%s\nlimiter %+v\nredis   %+v\nlast requests:\n%s",
-						seed, algo, step, clock.now.Format(time.RFC3339Nano), req, msg, want.Decision, got.Decision, strings.Join(history, "\n"))
-				}
-			}
+			d.run(t, rng, seed, algo, steps)
 		}
+	}
+	if d.switches == 0 || d.foreignPeeks == 0 {
+		t.Errorf("the traces switched algorithms %d times, %d of them peeks: want both", d.switches, d.foreignPeeks)
 	}
 }
 

@@ -29,13 +29,30 @@
 //     holds the server's time, or answers with that time so that the
 //     caller hands the windows around it.
 //
+// The script decides in limiter's order. A request of another algorithm
+// than the key's live state converts the state as limiter does: the hits
+// the state still counts at now, read with the request's Limit and
+// Period and limiter's rounding, are taken by the new algorithm from
+// fresh, at most its capacity, so a spent key stays spent. A peek (Hits
+// 0 without Reset) decides on the state as read and writes nothing (no
+// SET, PEXPIRE or DEL), whatever its algorithm, Limit, Period, Burst or
+// calendar: the key's bytes and TTL stay as they were. The server's clock
+// rarely steps back, but when it does the script bounds the state's times
+// by now as limiter does, GCRA's arrival time by the lead the decision
+// that wrote it recorded in the state. One difference remains: a decision
+// that leaves a key fresh deletes it, where limiter's store keeps the
+// fresh state. Only GCRA's fresh state says anything, its arrival time at
+// that instant with no lead recorded, so after the clock steps back to
+// before that instant limiter holds the key until then and Redis finds it
+// fresh.
+//
 // One key holds a decision's whole state: prefix + "{name:key}", name and
 // key escaped, so that the hash tag is the limit key itself and Redis
 // Cluster spreads limits over every shard (see Key). The value is a
 // versioned binary string: a format version, the algorithm, the expiry
 // and three numbers, 34 bytes, and for the sliding window log 16 bytes per
 // entry. A key expires (PX) when its state is fresh again; a decision that
-// leaves it fresh deletes it. The sliding window log holds at most
+// leaves it fresh deletes it, and a peek leaves it as it is. The sliding window log holds at most
 // limiter.MaxLogEntries entries: a log that would pass it merges its
 // entries into coarser ones, each into the latest of its run of a
 // quantum, a power of two microseconds less than Period/1023, so that

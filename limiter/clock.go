@@ -34,8 +34,9 @@ func boundTimes(st *state, lg *windowLog, req *Request, now int64) bool {
 		}
 	case GCRA:
 		// tatLead is below 2^56, so now+lead never overflows when now
-		// is negative.
-		if lead := st.tatLead(); lead > 0 && lead < maxTATLead && st.tat() > addSat(now, lead) {
+		// is negative. A received state carries none: clampReceived
+		// bounds its TAT by the request's tolerance.
+		if lead := st.tatLead(); !st.isReceived() && lead < maxTATLead && st.tat() > addSat(now, lead) {
 			st.setTAT(now+lead, st.interval())
 			return true
 		}

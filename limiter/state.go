@@ -1,6 +1,9 @@
 package limiter
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // state is one key's state for any algorithm: expireAt and three words,
 // which no code but the accessors below reads or writes. The sliding
@@ -86,9 +89,12 @@ func (st *state) setLevel(level float64, at int64) {
 	st.words[0], st.words[1] = int64(math.Float64bits(level)), at
 }
 
-// GCRA's words. An interval of 0 marks the fresh state. tatLead is 0 when
-// unknown (a received state) and saturates at maxTATLead (about 2.3
-// years), which bounds nothing (see boundTimes).
+// GCRA's words. An interval of 0 marks the fresh state. tatLead is what
+// the last decision wrote, 0 when it left the TAT at its now (a refund, a
+// reset, a lease returned: a step back then reads the key as not spent);
+// a received state's is 0 until its first decision, which clamps it
+// first (clampReceived). It saturates at maxTATLead (about 2.3 years),
+// which bounds nothing (see boundTimes).
 func (st *state) tat() int64                 { return st.words[0] }
 func (st *state) interval() int64            { return st.words[1] }
 func (st *state) setTAT(tat, interval int64) { st.words[0], st.words[1] = tat, interval }
@@ -119,12 +125,27 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		if *lg != nil {
 			(*lg).clear()
 		}
-	case st.algo() != req.Algorithm:
-		convert(st, lg, req, now)
-	case st.isReceived():
-		clampReceived(st, *lg, req, now)
 	default:
-		boundTimes(st, *lg, req, now)
+		// Times after now (a clock set back, a peer's ahead) are bounded
+		// as the state's own algorithm reads them, before a conversion
+		// counts what it holds.
+		own := req
+		if st.algo() != req.Algorithm {
+			r := *req
+			r.Algorithm = st.algo()
+			if r.Algorithm != FixedWindow && r.Calendar != NoCalendar {
+				r.Period, r.Calendar = time.Duration(periodOf(req, now)), NoCalendar
+			}
+			own = &r
+		}
+		if st.isReceived() {
+			clampReceived(st, *lg, own, now)
+		} else {
+			boundTimes(st, *lg, own, now)
+		}
+		if st.algo() != req.Algorithm {
+			convert(st, lg, req, now)
+		}
 	}
 	if req.Behavior&Refund != 0 {
 		refund(st, *lg, req, now)

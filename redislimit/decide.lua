@@ -586,7 +586,7 @@ local function boundTimes()
     if st.w[2] > now then st.w[2] = now end
   elseif algo == GCRA then
     local lead = st.w[3]
-    if lead > 0 and lead < MAXLEAD and st.w[1] > addsat(now, lead) then st.w[1] = now + lead end
+    if lead < MAXLEAD and st.w[1] > addsat(now, lead) then st.w[1] = now + lead end
   elseif algo == FIXED then
     -- A window that began after now, not one that began after now's
     -- began: that is a longer Period's, which counts in now's.

@@ -104,13 +104,6 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 	}
 	p := moves[rng.IntN(len(moves))]
 	var history []string
-	// gcraFresh: the key's last write was a GCRA decision that left it
-	// fresh, its TAT at that instant. limiter.Store keeps such a state,
-	// with its TAT's lead unknown (0), and a clock that steps back behind
-	// that instant finds its TAT ahead, unbounded; Redis deletes the key
-	// of a fresh state, and finds it fresh. The clock does not step back
-	// then (see doc.go).
-	gcraFresh := false
 	for step := range steps {
 		// Time moves by whole microseconds, mostly little.
 		switch rng.IntN(10) {
@@ -120,7 +113,7 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 		default:
 			d.clock.now = d.clock.now.Add(time.Duration(rng.Int64N(int64(p.period/20)/1000+1)) * time.Microsecond)
 		case 3:
-			if d.stepsBack && !gcraFresh && rng.IntN(3) == 0 {
+			if d.stepsBack && rng.IntN(3) == 0 {
 				// Back from the last instant by more than the 100 ms
 				// within which limiter.Store reads a reading as its
 				// shard's latest (the script reads the time under its
@@ -170,9 +163,6 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 		}
 		if werr != nil {
 			continue
-		}
-		if req.Hits > 0 || req.Behavior&limiter.Reset != 0 { // a write
-			gcraFresh = req.Algorithm == limiter.GCRA && want.ResetAt.Equal(d.clock.now)
 		}
 		if got.WithoutOwner {
 			t.Fatalf("seed %d %s step %d: decided without Redis", seed, algo, step)

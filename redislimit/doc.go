@@ -39,12 +39,9 @@
 // calendar: the key's bytes and TTL stay as they were. The server's clock
 // rarely steps back, but when it does the script bounds the state's times
 // by now as limiter does, GCRA's arrival time by the lead the decision
-// that wrote it recorded in the state. One difference remains: a decision
-// that leaves a key fresh deletes it, where limiter's store keeps the
-// fresh state. Only GCRA's fresh state says anything, its arrival time at
-// that instant with no lead recorded, so after the clock steps back to
-// before that instant limiter holds the key until then and Redis finds it
-// fresh.
+// that wrote it recorded in the state. A decision that leaves a key fresh
+// deletes it, where limiter's store keeps the fresh state; both then read
+// the key as not spent after a step back.
 //
 // One key holds a decision's whole state: prefix + "{name:key}", name and
 // key escaped, so that the hash tag is the limit key itself and Redis

@@ -14,9 +14,9 @@
 -- microseconds; {-1, now} when no calendar window given holds now.
 --
 -- The order of limiter's decide: a state that is expired, or reset,
--- starts fresh; a live state of another algorithm is converted (convert);
--- a live state of the request's algorithm has its times bounded by now
--- (boundTimes); a refund gives hits back; the algorithm decides. A
+-- starts fresh; a live state has its times bounded by now as its own
+-- algorithm reads them (boundTimes), then, of another algorithm, is
+-- converted (convert); a refund gives hits back; the algorithm decides. A
 -- request that only reads (0 hits, no Reset) is decided the same way and
 -- writes nothing.
 --
@@ -578,21 +578,21 @@ local function logBoundTimes()
   end
 end
 
--- boundTimes reads a live state of the request's algorithm whose times lie
--- after now (the clock stepped back) as written at now: limiter's
--- boundTimes.
-local function boundTimes()
-  if algo == TOKEN or algo == LEAKY then
+-- boundTimes reads a live state of algorithm a, the state's own, whose
+-- times lie after now (the clock stepped back) as written at now:
+-- limiter's boundTimes.
+local function boundTimes(a)
+  if a == TOKEN or a == LEAKY then
     if st.w[2] > now then st.w[2] = now end
-  elseif algo == GCRA then
+  elseif a == GCRA then
     local lead = st.w[3]
     if lead < MAXLEAD and st.w[1] > addsat(now, lead) then st.w[1] = now + lead end
-  elseif algo == FIXED then
+  elseif a == FIXED then
     -- A window that began after now, not one that began after now's
     -- began: that is a longer Period's, which counts in now's.
     if st.w[1] > now and st.w[2] > 0 then st.w[1] = windowBounds(now) end
-  elseif algo == SCOUNTER then
-    local p = period
+  elseif a == SCOUNTER then
+    local p = periodOf()
     local start = floordiv(now, p) * p
     local ws, cur, prev = st.w[1], st.w[2], st.w[3]
     if (cur > 0 or prev > 0) and ws > start and (ws > now or counterPeriod(p) == p) then
@@ -607,10 +607,11 @@ end
 
 if st.exp <= now or has(RESET) then
   startFresh()
-elseif st.algo ~= algo then
-  convert()
 else
-  boundTimes()
+  -- Times after now are bounded as the state's own algorithm reads them,
+  -- before a conversion counts what it holds.
+  boundTimes(st.algo)
+  if st.algo ~= algo then convert() end
 end
 
 -- Refund gives hits back, then the request is a peek.

@@ -100,6 +100,20 @@ func startJoined(ctx context.Context, c *config, first *daemon, name string, arg
 	return second, nil
 }
 
+// startPair starts two daemons with args, named prefix-a and prefix-b, the
+// second joined to the first, and waits until both are ready with two
+// members.
+func startPair(ctx context.Context, c *config, prefix string, args ...string) (a, b *daemon, err error) {
+	if a, err = startDaemon(ctx, c, prefix+"-a", args...); err != nil {
+		return nil, nil, err
+	}
+	if b, err = startJoined(ctx, c, a, prefix+"-b", args...); err != nil {
+		a.stop(stopGrace)
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
 // waitReady polls /readyz until the daemon is ready with at least members
 // cluster members, or fails at until.
 func (d *daemon) waitReady(ctx context.Context, until time.Time, members int) error {

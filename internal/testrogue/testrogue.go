@@ -1,7 +1,9 @@
 // Package testrogue plays the attacker against a sluice cluster in tests:
 // a stock serf agent that joins the gossip, and a gRPC server that its grpc
 // tag names, serving the Peer service as the attacker likes. Both run for
-// real on 127.0.0.1 and stop when the test ends.
+// real on 127.0.0.1 and stop when the test ends (StartPeer, JoinSerf), or
+// when a program that is no test stops them (ServePeer, Join), as
+// cmd/sluice-attack does.
 package testrogue
 
 import (
@@ -39,23 +41,38 @@ type Peer struct {
 }
 
 // StartPeer serves a Peer on 127.0.0.1, under TLS with tlsCfg when it is
-// not nil.
+// not nil, until the test ends.
 func StartPeer(t testing.TB, allow bool, tlsCfg *tls.Config) *Peer {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	p, stop, err := ServePeer(allow, tlsCfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return p
+}
+
+// ServePeer serves a Peer on 127.0.0.1, under TLS with tlsCfg when it is
+// not nil, until stop is called; stop returns once the server has stopped.
+// It is StartPeer for a program that is no test.
+func ServePeer(allow bool, tlsCfg *tls.Config) (p *Peer, stop func(), err error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
 	}
 	opts := transport.ServerOptions()
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	s := grpc.NewServer(opts...)
-	p := &Peer{Allow: allow, Addr: lis.Addr().String()}
+	p = &Peer{Allow: allow, Addr: lis.Addr().String()}
 	pb.RegisterPeerServer(s, p)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return p
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		s.Serve(lis)
+	}()
+	return p, func() { s.Stop(); <-served }, nil
 }
 
 func (p *Peer) answer(items []*pb.RateLimitRequest) []*pb.RateLimitResponse {
@@ -102,9 +119,22 @@ func (p *Peer) Prove(_ context.Context, in *pb.ProveRequest) (*pb.ProveResponse,
 // JoinSerf starts a stock serf agent named name, whose grpc tag is
 // grpcAddr, with gossipKey when not nil and serf's name conflict
 // resolution off (an attacker's agent does not yield), joins it to seeds
-// in order and returns it with the join's error.
+// in order and returns it with the join's error. The agent shuts down
+// when the test ends.
 func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
 	t.Helper()
+	s, err := Join(name, grpcAddr, gossipKey, seeds...)
+	if s == nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	return s, err
+}
+
+// Join is JoinSerf for a program that is no test: it returns a nil agent
+// when the agent could not start, and the agent with the join's error
+// otherwise. The caller shuts the agent down.
+func Join(name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
 	sc := serf.DefaultConfig()
 	sc.NodeName = name
 	sc.Tags = map[string]string{"grpc": grpcAddr}
@@ -124,16 +154,15 @@ func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...st
 	if gossipKey != nil {
 		kr, err := memberlist.NewKeyring(nil, gossipKey)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		ml.Keyring = kr
 		ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
 	}
 	s, err := serf.Create(sc)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(func() { s.Shutdown() })
 	_, err = s.Join(seeds, true)
 	return s, err
 }

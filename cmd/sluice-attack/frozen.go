@@ -19,7 +19,7 @@ import (
 // owns the keys.
 func frozenOwner(ctx context.Context, c *config) (*row, error) {
 	args := []string{"--peer-timeout", c.peerTimeout.String()}
-	a, b, err := startPair(ctx, c, "frozen", args...)
+	a, b, err := startPair(ctx, c, "frozen", nil, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,6 @@
 // Command sluice-attack runs hostile workloads against real sluice daemons
 // and measures what they cost. Each attack gets a fresh `sluice serve`
-// child process (two for frozen-owner, public-flood and rogue-member) and,
+// child process (two for frozen-owner, public-flood and the rogue-member attacks) and,
 // unless it says otherwise, 16
 // concurrent attackers; meanwhile a legitimate client checks a key of its
 // own, one check at a time, each with a deadline. The program prints a
@@ -81,6 +81,7 @@ type attack struct {
 var attacks = []attack{
 	{"peer-transfer", peerTransfer},
 	{"rogue-member", rogueMember},
+	{"rogue-member-mtls", rogueMemberTLS},
 	{"reset", resetAttack},
 	{"lower-count", lowerCount},
 	{"decode-amplification", decodeAmplification},

@@ -5,12 +5,14 @@ import (
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +20,9 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/internal/testrogue"
+	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -62,8 +66,70 @@ func rogueMember(ctx context.Context, c *config) (*row, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--cluster-secret-file", secretFile}
-	a, b, err := startPair(ctx, c, "rogue", args...)
+	return rogueAttack(ctx, c, &rogueSetup{
+		prefix: "rogue", args: []string{"--cluster-secret-file", secretFile}, gossipKey: gossipKey,
+		daemons: "--cluster-secret-file", insider: "the gossip key derived from the secret but not the secret",
+	})
+}
+
+// rogueMemberTLS is rogueMember under mutual TLS: the daemons' certificates
+// carry a peer identity, --peer-identities names it, and --gossip-keys
+// encrypts gossip. Each rogue server presents a certificate of the same
+// CA without the identity, as the API clients' do.
+func rogueMemberTLS(ctx context.Context, c *config) (*row, error) {
+	const identity = "spiffe://sluice.test/peer"
+	ca, err := testpki.New("sluice-attack CA")
+	if err != nil {
+		return nil, err
+	}
+	caFile, err := ca.WriteCAFile(c.tmp, "rogue-ca.crt")
+	if err != nil {
+		return nil, err
+	}
+	node, err := ca.IssueCert("node", identity)
+	if err != nil {
+		return nil, err
+	}
+	certFile, keyFile, err := testpki.WriteCertFiles(c.tmp, "rogue-node", node)
+	if err != nil {
+		return nil, err
+	}
+	caller, err := ca.IssueCert("api-client")
+	if err != nil {
+		return nil, err
+	}
+	gossipKey := []byte(rand.Text()[:16])
+	// The daemons' peer key is derived from the gossip key: the insiders
+	// answer the challenge, and only the certificate keeps them out.
+	proofKey, err := transport.PeerKey(gossipKey)
+	if err != nil {
+		return nil, err
+	}
+	return rogueAttack(ctx, c, &rogueSetup{
+		prefix: "rogue-tls",
+		args: []string{"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-file", caFile,
+			"--peer-identities", identity, "--gossip-keys", base64.StdEncoding.EncodeToString(gossipKey)},
+		gossipKey: gossipKey, proofKey: proofKey, rogueTLS: ca.Config(caller), clientTLS: ca.Config(caller),
+		daemons: "mutual TLS, --peer-identities and --gossip-keys",
+		insider: "the gossip key, so the peer key derived from it, and an API client's certificate of the cluster's CA",
+	})
+}
+
+// rogueSetup is how a rogue-member attack's daemons and rogues are set up.
+type rogueSetup struct {
+	prefix    string   // of the daemons' names
+	args      []string // the daemons'
+	gossipKey []byte   // the insiders'
+	proofKey  []byte   // the rogue servers' answer to Prove; nil: a random MAC
+	// rogueTLS is the rogue servers' TLS; clientTLS this program's, to the
+	// daemons. nil: in the clear.
+	rogueTLS, clientTLS *tls.Config
+	daemons, insider    string // how the daemons are set up, what the insiders hold
+}
+
+// rogueAttack runs a rogue-member attack set up as s.
+func rogueAttack(ctx context.Context, c *config, s *rogueSetup) (*row, error) {
+	a, b, err := startPair(ctx, c, s.prefix, s.clientTLS, s.args...)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +137,7 @@ func rogueMember(ctx context.Context, c *config) (*row, error) {
 	defer b.stop(stopGrace)
 	daemons := []*daemon{a, b}
 
-	rogues, err := startRogues(c.attackers, gossipKey, a.gossip, b.gossip)
+	rogues, err := startRogues(c.attackers, s.gossipKey, s.proofKey, s.rogueTLS, a.gossip, b.gossip)
 	defer rogues.stop()
 	if err != nil {
 		return nil, err
@@ -107,19 +173,19 @@ func rogueMember(ctx context.Context, c *config) (*row, error) {
 	}
 	r.legit = l.stop()
 	stopWatch()
-	refused, metric := watch.refusedNow()
+	refused, metric, reasons := watch.refusedNow()
 	checks, states, leases := rogues.received()
 	rogues.stop()
 	r.proc = worse(a.stop(stopGrace), b.stop(stopGrace))
 
 	half := c.attackers / 2
 	outsiders, insiders := c.attackers-half, half
-	r.did = fmt.Sprintf("%d stock serf agents, each naming in its grpc tag a gRPC server of its own that answers allowed to every check and takes every state and lease, join two daemons with --cluster-secret-file: %d with no gossip key, %d with the gossip key derived from the secret but not the secret; meanwhile the legitimate client checks %d keys (%d of each daemon), %d per day each, for %v",
-		c.attackers, outsiders, insiders, len(lk.checks), c.count(rogueKeysEach), rogueLimit, c.duration)
+	r.did = fmt.Sprintf("%d stock serf agents, each naming in its grpc tag a gRPC server of its own that answers allowed to every check and takes every state and lease, join two daemons with %s: %d with no gossip key, %d with %s; meanwhile the legitimate client checks %d keys (%d of each daemon), %d per day each, for %v",
+		c.attackers, s.daemons, outsiders, insiders, s.insider, len(lk.checks), c.count(rogueKeysEach), rogueLimit, c.duration)
 	admitted, exact, over := lk.admitted()
-	r.result = fmt.Sprintf("joined gossip: %d of %d without the key, %d of %d insiders; entered a ring: %d (ring members at most %d); refused_members %s, sluice_members_refused %s; checks, states, leases at rogue servers: %d, %d, %d; admitted on the legitimate keys: %d, exact %d",
+	r.result = fmt.Sprintf("joined gossip: %d of %d without the key, %d of %d insiders; entered a ring: %d (ring members at most %d); refused_members %s%s, sluice_members_refused %s; checks, states, leases at rogue servers: %d, %d, %d; admitted on the legitimate keys: %d, exact %d",
 		rogues.outsidersJoined(), outsiders, rogues.insidersJoined(), insiders, max(watch.maxMembers()-len(daemons), 0), watch.maxMembers(),
-		strings.Join(refused, "/"), strings.Join(metric, "/"), checks, states, leases, admitted, exact)
+		strings.Join(refused, "/"), parens(strings.Join(reasons, "; ")), strings.Join(metric, "/"), checks, states, leases, admitted, exact)
 	switch {
 	case rogues.outsidersJoined() > 0:
 		r.miss("%d agents without the gossip key joined the gossip", rogues.outsidersJoined())
@@ -142,6 +208,14 @@ func rogueMember(ctx context.Context, c *config) (*row, error) {
 	}
 	r.judge(c)
 	return r, nil
+}
+
+// parens is s in parentheses after a space, or "" for "".
+func parens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
 }
 
 // rogueRequest is a legitimate key with a limit: rogueLimit per
@@ -212,12 +286,14 @@ type rogueSet struct {
 }
 
 // startRogues starts n rogue servers and joins an agent naming each to
-// seeds, all at once. On an error, the caller still stops the set.
-func startRogues(n int, gossipKey []byte, seeds ...string) (*rogueSet, error) {
+// seeds, all at once; the servers serve under serverTLS when it is not
+// nil, and answer proofs under proofKey when it is not nil. On an error, the caller still stops the set.
+func startRogues(n int, gossipKey, proofKey []byte, serverTLS *tls.Config, seeds ...string) (*rogueSet, error) {
 	s := &rogueSet{peers: make([]*testrogue.Peer, n), stops: make([]func(), n), agents: make([]*serf.Serf, n), joined: make([]bool, n)}
 	errs := make([]error, n)
 	swarm(n, func(i int) {
-		p, stop, err := testrogue.ServePeer(true, nil)
+		p := &testrogue.Peer{Allow: true, ProofKey: proofKey}
+		stop, err := testrogue.ServePeer(p, serverTLS)
 		if err != nil {
 			errs[i] = err
 			return
@@ -283,25 +359,25 @@ func (s *rogueSet) stop() {
 // members they report, and which gossip members they refuse.
 type readyWatch struct {
 	daemons []*daemon
-	client  *http.Client
 	most    atomic.Int64 // ring members, the most any daemon reported
 }
 
 func newReadyWatch(daemons []*daemon) *readyWatch {
-	return &readyWatch{daemons: daemons, client: &http.Client{Timeout: time.Second}}
+	return &readyWatch{daemons: daemons}
 }
 
 // readyBody is what the watch reads of /readyz.
 type readyBody struct {
 	Members int `json:"members"`
 	Refused []struct {
-		Name string `json:"name"`
+		Name   string `json:"name"`
+		Reason string `json:"reason"`
 	} `json:"refused_members"`
 }
 
 // read reads d's /readyz and notes its ring members.
 func (w *readyWatch) read(d *daemon) (*readyBody, error) {
-	res, err := w.client.Get("http://" + d.httpAddr + "/readyz")
+	res, err := d.web.Get(d.url("/readyz"))
 	if err != nil {
 		return nil, err
 	}
@@ -363,17 +439,23 @@ func (w *readyWatch) run() (stop func()) {
 func (w *readyWatch) maxMembers() int { return int(w.most.Load()) }
 
 // refusedNow returns, per daemon, how many members /readyz lists as
-// refused and what sluice_members_refused says.
-func (w *readyWatch) refusedNow() (listed, metric []string) {
+// refused and what sluice_members_refused says, and the reasons listed, of
+// every daemon, each once.
+func (w *readyWatch) refusedNow() (listed, metric, reasons []string) {
 	for _, d := range w.daemons {
 		l, m := "?", "?"
 		if body, err := w.read(d); err == nil {
 			l = fmt.Sprint(len(body.Refused))
+			for _, r := range body.Refused {
+				if !slices.Contains(reasons, r.Reason) {
+					reasons = append(reasons, r.Reason)
+				}
+			}
 		}
-		if s, err := scrape(w.client, "http://"+d.httpAddr+"/metrics"); err == nil {
+		if s, err := scrape(d.web, d.url("/metrics")); err == nil {
 			m = fmt.Sprint(s["sluice_members_refused"])
 		}
 		listed, metric = append(listed, l), append(metric, m)
 	}
-	return listed, metric
+	return listed, metric, reasons
 }

@@ -28,11 +28,15 @@ import (
 // Peer is a gRPC server that serves the Peer service as an attacker would:
 // every check answered allowed (or denied, as Allow says), every state and
 // lease taken, and a proof answered as whatever member it is asked to be,
-// with a MAC it cannot compute. It counts what reaches it.
+// with a MAC it cannot compute unless ProofKey is set. It counts what reaches it.
 type Peer struct {
 	pb.UnimplementedPeerServer
 	// Allow is the answer to every check.
 	Allow bool
+	// ProofKey, when set, is the peer key (transport.PeerKey) Prove
+	// answers under, as an attacker that has it would; otherwise the
+	// answer's MAC is random.
+	ProofKey []byte
 	// Addr is where it serves, host:port.
 	Addr string
 	// Checks, States and Leases count the checks, key states and lease
@@ -44,7 +48,8 @@ type Peer struct {
 // not nil, until the test ends.
 func StartPeer(t testing.TB, allow bool, tlsCfg *tls.Config) *Peer {
 	t.Helper()
-	p, stop, err := ServePeer(allow, tlsCfg)
+	p := &Peer{Allow: allow}
+	stop, err := ServePeer(p, tlsCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,27 +57,27 @@ func StartPeer(t testing.TB, allow bool, tlsCfg *tls.Config) *Peer {
 	return p
 }
 
-// ServePeer serves a Peer on 127.0.0.1, under TLS with tlsCfg when it is
-// not nil, until stop is called; stop returns once the server has stopped.
-// It is StartPeer for a program that is no test.
-func ServePeer(allow bool, tlsCfg *tls.Config) (p *Peer, stop func(), err error) {
+// ServePeer serves p on 127.0.0.1, under TLS with tlsCfg when it is not
+// nil, until stop is called; it sets p.Addr, and stop returns once the
+// server has stopped. It is StartPeer for a program that is no test.
+func ServePeer(p *Peer, tlsCfg *tls.Config) (stop func(), err error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	opts := transport.ServerOptions()
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	s := grpc.NewServer(opts...)
-	p = &Peer{Allow: allow, Addr: lis.Addr().String()}
+	p.Addr = lis.Addr().String()
 	pb.RegisterPeerServer(s, p)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
 		s.Serve(lis)
 	}()
-	return p, func() { s.Stop(); <-served }, nil
+	return func() { s.Stop(); <-served }, nil
 }
 
 func (p *Peer) answer(items []*pb.RateLimitRequest) []*pb.RateLimitResponse {
@@ -113,6 +118,9 @@ func (p *Peer) Lease(_ context.Context, in *pb.LeaseRequest) (*pb.LeaseResponse,
 func (p *Peer) Prove(_ context.Context, in *pb.ProveRequest) (*pb.ProveResponse, error) {
 	mac := make([]byte, 32)
 	rand.Read(mac)
+	if p.ProofKey != nil {
+		mac = transport.ProveMAC(p.ProofKey, in.From, in.To, in.Nonce)
+	}
 	return &pb.ProveResponse{Version: in.Version, Name: in.To, Mac: mac}, nil
 }
 

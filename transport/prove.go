@@ -47,8 +47,11 @@ func WithProver(name string) ServerOption {
 	return func(s *serverConfig) { s.self = name }
 }
 
-// proveMAC is the answer to the challenge nonce that from sent to to.
-func proveMAC(key []byte, from, to string, nonce []byte) []byte {
+// ProveMAC is the MAC that answers the challenge nonce that from sent to
+// to, under the peer key key (PeerKey): what a member's ProveResponse
+// carries. It is exported for programs that play a member, such as
+// internal/testrogue; a node's server answers with it through WithProver.
+func ProveMAC(key []byte, from, to string, nonce []byte) []byte {
 	h := hmac.New(sha256.New, key)
 	for _, part := range [][]byte{[]byte("sluice-peer-prove v1"), []byte("answer"), []byte(from), []byte(to), nonce} {
 		h.Write(part)
@@ -77,7 +80,7 @@ func (p *peerServer) Prove(ctx context.Context, in *pb.ProveRequest) (*pb.ProveR
 	}
 	out := &pb.ProveResponse{Version: ProofVersion, Name: p.cfg.self}
 	if a := p.cfg.auth; a != nil && len(a.Keys) > 0 {
-		out.Mac = proveMAC(a.Keys[0], in.From, in.To, in.Nonce)
+		out.Mac = ProveMAC(a.Keys[0], in.From, in.To, in.Nonce)
 	}
 	return out, nil
 }
@@ -103,7 +106,7 @@ func Prove(ctx context.Context, conn grpc.ClientConnInterface, from, to string, 
 		return nil
 	}
 	for _, k := range keys {
-		if hmac.Equal(resp.Mac, proveMAC(k, from, to, nonce)) {
+		if hmac.Equal(resp.Mac, ProveMAC(k, from, to, nonce)) {
 			return nil
 		}
 	}

@@ -47,11 +47,11 @@ func TestProveSecret(t *testing.T) {
 
 	// An answer is bound to its nonce, names and direction.
 	nonce := make([]byte, ProofNonceLen)
-	mac := proveMAC(key, "caller", "owner", nonce)
+	mac := ProveMAC(key, "caller", "owner", nonce)
 	for name, other := range map[string][]byte{
-		"another nonce":  proveMAC(key, "caller", "owner", append([]byte{1}, nonce[1:]...)),
-		"another caller": proveMAC(key, "mallory", "owner", nonce),
-		"swapped names":  proveMAC(key, "owner", "caller", nonce),
+		"another nonce":  ProveMAC(key, "caller", "owner", append([]byte{1}, nonce[1:]...)),
+		"another caller": ProveMAC(key, "mallory", "owner", nonce),
+		"swapped names":  ProveMAC(key, "owner", "caller", nonce),
 	} {
 		if string(other) == string(mac) {
 			t.Errorf("%s gives the same answer", name)

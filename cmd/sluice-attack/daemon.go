@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -24,6 +26,18 @@ type daemon struct {
 	name                       string
 	httpAddr, grpcAddr, gossip string
 	log                        *logTail
+	// tls is the client side of its TLS, nil when it serves in the clear;
+	// web reaches its HTTP port.
+	tls *tls.Config
+	web *http.Client
+}
+
+// url is path on the daemon's HTTP port.
+func (d *daemon) url(path string) string {
+	if d.tls != nil {
+		return "https://" + d.httpAddr + path
+	}
+	return "http://" + d.httpAddr + path
 }
 
 // Bounds on a daemon's start and stop.
@@ -36,6 +50,12 @@ const (
 // those that bind every port on 127.0.0.1, and waits until it reports
 // ready. The daemon reads no SLUICE_* variable of this environment.
 func startDaemon(ctx context.Context, c *config, name string, args ...string) (*daemon, error) {
+	return startDaemonTLS(ctx, c, name, nil, args...)
+}
+
+// startDaemonTLS is startDaemon for a daemon whose args turn TLS on:
+// clientTLS is the client side, for this program's calls to its ports.
+func startDaemonTLS(ctx context.Context, c *config, name string, clientTLS *tls.Config, args ...string) (*daemon, error) {
 	argv := append([]string{"serve",
 		"--node-name", name,
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
@@ -49,7 +69,8 @@ func startDaemon(ctx context.Context, c *config, name string, args ...string) (*
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.sluice, err)
 	}
-	d := &daemon{proc: p, name: name, log: tail}
+	d := &daemon{proc: p, name: name, log: tail, tls: clientTLS,
+		web: &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: clientTLS}}}
 	fail := func(format string, a ...any) (*daemon, error) {
 		d.stop(stopGrace)
 		return nil, fmt.Errorf("daemon %s: %s; its log ends:\n%s", name, fmt.Sprintf(format, a...), tail.last())
@@ -87,7 +108,7 @@ func daemonEnv() []string {
 // startJoined starts a second daemon, named name, with args, that joins
 // first, and waits until both are ready with two members.
 func startJoined(ctx context.Context, c *config, first *daemon, name string, args ...string) (*daemon, error) {
-	second, err := startDaemon(ctx, c, name, append(slices.Clone(args), "--join", first.gossip)...)
+	second, err := startDaemonTLS(ctx, c, name, first.tls, append(slices.Clone(args), "--join", first.gossip)...)
 	if err != nil {
 		return nil, err
 	}
@@ -100,13 +121,26 @@ func startJoined(ctx context.Context, c *config, first *daemon, name string, arg
 	return second, nil
 }
 
+// startPair starts two daemons with args (clientTLS as in startDaemonTLS), named prefix-a and prefix-b, the
+// second joined to the first, and waits until both are ready with two
+// members.
+func startPair(ctx context.Context, c *config, prefix string, clientTLS *tls.Config, args ...string) (a, b *daemon, err error) {
+	if a, err = startDaemonTLS(ctx, c, prefix+"-a", clientTLS, args...); err != nil {
+		return nil, nil, err
+	}
+	if b, err = startJoined(ctx, c, a, prefix+"-b", args...); err != nil {
+		a.stop(stopGrace)
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
 // waitReady polls /readyz until the daemon is ready with at least members
 // cluster members, or fails at until.
 func (d *daemon) waitReady(ctx context.Context, until time.Time, members int) error {
-	client := &http.Client{Timeout: time.Second}
 	var last string
 	for time.Now().Before(until) && ctx.Err() == nil {
-		res, err := client.Get("http://" + d.httpAddr + "/readyz")
+		res, err := d.web.Get(d.url("/readyz"))
 		if err == nil {
 			var body struct {
 				Members int `json:"members"`
@@ -131,6 +165,9 @@ func (d *daemon) waitReady(ctx context.Context, until time.Time, members int) er
 
 // dial returns a client connection to the daemon's gRPC port.
 func (d *daemon) dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if d.tls != nil {
+		return grpc.NewClient(d.grpcAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(d.tls))}, opts...)...)
+	}
 	return dial(d.grpcAddr, opts...)
 }
 

@@ -19,15 +19,11 @@ import (
 // owns the keys.
 func frozenOwner(ctx context.Context, c *config) (*row, error) {
 	args := []string{"--peer-timeout", c.peerTimeout.String()}
-	a, err := startDaemon(ctx, c, "frozen-a", args...)
+	a, b, err := startPair(ctx, c, "frozen", nil, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer a.stop(stopGrace)
-	b, err := startJoined(ctx, c, a, "frozen-b", args...)
-	if err != nil {
-		return nil, err
-	}
 	defer b.stop(stopGrace)
 	conn, err := a.dial()
 	if err != nil {
@@ -91,10 +87,16 @@ func frozenOwner(ctx context.Context, c *config) (*row, error) {
 // ownedBy returns n legitimate requests of distinct keys that client's node
 // says owner owns: their peeks' decisions name it.
 func ownedBy(ctx context.Context, client pb.SluiceClient, owner string, n int) ([]*pb.RateLimitRequest, error) {
+	return ownedOf(ctx, client, owner, n, func(i int) *pb.RateLimitRequest { return legitRequest(fmt.Sprintf("frozen-%d", i)) })
+}
+
+// ownedOf returns n of the requests req(0), req(1)... that client's node
+// says owner owns: their peeks' decisions name it.
+func ownedOf(ctx context.Context, client pb.SluiceClient, owner string, n int, req func(i int) *pb.RateLimitRequest) ([]*pb.RateLimitRequest, error) {
 	var keys []*pb.RateLimitRequest
 	for i := 0; len(keys) < n && i < 100*n; i++ {
-		req := legitRequest(fmt.Sprintf("frozen-%d", i))
-		peek := proto.Clone(req).(*pb.RateLimitRequest)
+		r := req(i)
+		peek := proto.Clone(r).(*pb.RateLimitRequest)
 		peek.Hits = proto.Int64(0)
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		res, err := client.Check(cctx, &pb.CheckRequest{Request: peek})
@@ -103,7 +105,7 @@ func ownedBy(ctx context.Context, client pb.SluiceClient, owner string, n int) (
 			return nil, fmt.Errorf("finding keys of %s: %w", owner, err)
 		}
 		if res.GetResponse().GetOwner() == owner {
-			keys = append(keys, req)
+			keys = append(keys, r)
 		}
 	}
 	if len(keys) < n {

@@ -1,8 +1,9 @@
 // Command sluice-attack runs hostile workloads against real sluice daemons
 // and measures what they cost. Each attack gets a fresh `sluice serve`
-// child process (two for frozen-owner and public-flood) and, unless it says otherwise, 16
-// concurrent attackers; meanwhile a legitimate client checks a key of its
-// own, one check at a time, each with a deadline. The program prints a
+// child process (two for frozen-owner, public-flood and the rogue-member
+// attacks) and, unless it says otherwise, 16 concurrent attackers;
+// meanwhile a legitimate client checks a key of its own, one check at a
+// time, each with a deadline. The program prints a
 // markdown table for the README's Security section: per attack, what the
 // attackers did, what they got, the daemon's peak resident memory (VmHWM of
 // /proc/<pid>/status, and the child's rusage) and the legitimate client's
@@ -79,6 +80,8 @@ type attack struct {
 // attacks lists every attack, in the order they run.
 var attacks = []attack{
 	{"peer-transfer", peerTransfer},
+	{"rogue-member", rogueMember},
+	{"rogue-member-mtls", rogueMemberTLS},
 	{"reset", resetAttack},
 	{"lower-count", lowerCount},
 	{"decode-amplification", decodeAmplification},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "lower-count", "idle-connections", "public-flood", "yaml-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality"}
+	selected := []string{"reset", "lower-count", "idle-connections", "public-flood", "yaml-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality", "rogue-member", "rogue-member-mtls"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -50,6 +51,10 @@ func TestRunScaledDown(t *testing.T) {
 		{"grpc-partial-message", []string{"MB sent; ", " MB |"}},
 		{"http-partial-body", []string{"connections opened", " MB |"}},
 		{"metric-cardinality", []string{"sluice_envoy_hits_total has", " MB |"}},
+		{"rogue-member", []string{"joined gossip: 0 of 2 without the key, 2 of 2 insiders; entered a ring: 0 (ring members at most 2); refused_members 2/2 (",
+			"does not prove the cluster secret", "sluice_members_refused 2/2; checks, states, leases at rogue servers: 0, 0, 0", " MB |", ", worst "}},
+		{"rogue-member-mtls", []string{"joined gossip: 0 of 2 without the key, 2 of 2 insiders; entered a ring: 0 (ring members at most 2); refused_members 2/2 (",
+			`server certificate \"api-client\" names no peer identity`, "sluice_members_refused 2/2; checks, states, leases at rogue servers: 0, 0, 0", " MB |", ", worst "}},
 	} {
 		row := tableRow(out, tt.attack)
 		if row == "" {
@@ -65,7 +70,16 @@ func TestRunScaledDown(t *testing.T) {
 			t.Errorf("%s did not run: %s", tt.attack, row)
 		}
 	}
+	// Every check on the rogue-member attacks' keys was decided by their
+	// owners, exactly.
+	for _, attack := range []string{"rogue-member", "rogue-member-mtls"} {
+		if m := admittedRE.FindStringSubmatch(tableRow(out, attack)); m == nil || m[1] != m[2] || m[1] == "0" {
+			t.Errorf("%s admitted %q, want as many as an exact limit, and some", attack, m)
+		}
+	}
 }
+
+var admittedRE = regexp.MustCompile(`admitted on the legitimate keys: (\d+), exact (\d+)`)
 
 // tableRow returns the markdown row of attack in out.
 func tableRow(out, attack string) string {

@@ -1,5 +1,7 @@
 // Package testpki issues throwaway certificates for tests: a CA, and
 // certificates it signs for 127.0.0.1, usable by servers and clients.
+// Each function that takes a testing.TB has a twin that returns its error
+// instead, for a program that is no test (cmd/sluice-attack).
 package testpki
 
 import (
@@ -29,9 +31,14 @@ type CA struct {
 // NewCA returns a CA named name, valid for an hour either side of now.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
+	return must[*CA](t)(New(name))
+}
+
+// New is NewCA for a program that is no test.
+func New(name string) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
@@ -44,15 +51,27 @@ func NewCA(t testing.TB, name string) *CA {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &CA{Cert: cert, Key: key, Pool: pool}
+	return &CA{Cert: cert, Key: key, Pool: pool}, nil
+}
+
+// must returns a function that fails the test on an error, and otherwise
+// returns the value.
+func must[T any](t testing.TB) func(T, error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 }
 
 // Issue returns a certificate for name, for server and client use, valid
@@ -66,21 +85,26 @@ func (ca *CA) Issue(t testing.TB, name string) tls.Certificate {
 // identity spiffe://sluice.test/peer.
 func (ca *CA) IssueWith(t testing.TB, name string, uris ...string) tls.Certificate {
 	t.Helper()
+	return must[tls.Certificate](t)(ca.IssueCert(name, uris...))
+}
+
+// IssueCert is IssueWith for a program that is no test.
+func (ca *CA) IssueCert(name string, uris ...string) (tls.Certificate, error) {
 	var us []*url.URL
 	for _, u := range uris {
 		p, err := url.Parse(u)
 		if err != nil {
-			t.Fatal(err)
+			return tls.Certificate{}, err
 		}
 		us = append(us, p)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return tls.Certificate{}, err
 	}
 	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
 	if err != nil {
-		t.Fatal(err)
+		return tls.Certificate{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
@@ -95,9 +119,9 @@ func (ca *CA) IssueWith(t testing.TB, name string, uris ...string) tls.Certifica
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
-		t.Fatal(err)
+		return tls.Certificate{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 // Config returns a TLS config presenting cert and trusting ca for both
@@ -114,26 +138,40 @@ func (ca *CA) Config(cert tls.Certificate) *tls.Config {
 // WriteCA writes the CA certificate as PEM to dir/name and returns the path.
 func (ca *CA) WriteCA(t testing.TB, dir, name string) string {
 	t.Helper()
-	return writePEM(t, filepath.Join(dir, name), "CERTIFICATE", ca.Cert.Raw)
+	return must[string](t)(ca.WriteCAFile(dir, name))
+}
+
+// WriteCAFile is WriteCA for a program that is no test.
+func (ca *CA) WriteCAFile(dir, name string) (string, error) {
+	return writePEM(filepath.Join(dir, name), "CERTIFICATE", ca.Cert.Raw)
 }
 
 // WriteCert writes cert and its key as PEM files in dir, named after name,
 // and returns their paths.
 func WriteCert(t testing.TB, dir, name string, cert tls.Certificate) (certFile, keyFile string) {
 	t.Helper()
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	certFile, keyFile, err := WriteCertFiles(dir, name, cert)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile = writePEM(t, filepath.Join(dir, name+".crt"), "CERTIFICATE", cert.Certificate[0])
-	keyFile = writePEM(t, filepath.Join(dir, name+".key"), "PRIVATE KEY", key)
 	return certFile, keyFile
 }
 
-func writePEM(t testing.TB, path, typ string, der []byte) string {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
+// WriteCertFiles is WriteCert for a program that is no test.
+func WriteCertFiles(dir, name string, cert tls.Certificate) (certFile, keyFile string, err error) {
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return "", "", err
 	}
-	return path
+	if certFile, err = writePEM(filepath.Join(dir, name+".crt"), "CERTIFICATE", cert.Certificate[0]); err != nil {
+		return "", "", err
+	}
+	if keyFile, err = writePEM(filepath.Join(dir, name+".key"), "PRIVATE KEY", key); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
+}
+
+func writePEM(path, typ string, der []byte) (string, error) {
+	return path, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }

@@ -1,7 +1,9 @@
 // Package testrogue plays the attacker against a sluice cluster in tests:
 // a stock serf agent that joins the gossip, and a gRPC server that its grpc
 // tag names, serving the Peer service as the attacker likes. Both run for
-// real on 127.0.0.1 and stop when the test ends.
+// real on 127.0.0.1 and stop when the test ends (StartPeer, JoinSerf), or
+// when a program that is no test stops them (ServePeer, Join), as
+// cmd/sluice-attack does.
 package testrogue
 
 import (
@@ -26,11 +28,15 @@ import (
 // Peer is a gRPC server that serves the Peer service as an attacker would:
 // every check answered allowed (or denied, as Allow says), every state and
 // lease taken, and a proof answered as whatever member it is asked to be,
-// with a MAC it cannot compute. It counts what reaches it.
+// with a MAC it cannot compute unless ProofKey is set. It counts what reaches it.
 type Peer struct {
 	pb.UnimplementedPeerServer
 	// Allow is the answer to every check.
 	Allow bool
+	// ProofKey, when set, is the peer key (transport.PeerKey) Prove
+	// answers under, as an attacker that has it would; otherwise the
+	// answer's MAC is random.
+	ProofKey []byte
 	// Addr is where it serves, host:port.
 	Addr string
 	// Checks, States and Leases count the checks, key states and lease
@@ -39,23 +45,39 @@ type Peer struct {
 }
 
 // StartPeer serves a Peer on 127.0.0.1, under TLS with tlsCfg when it is
-// not nil.
+// not nil, until the test ends.
 func StartPeer(t testing.TB, allow bool, tlsCfg *tls.Config) *Peer {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &Peer{Allow: allow}
+	stop, err := ServePeer(p, tlsCfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return p
+}
+
+// ServePeer serves p on 127.0.0.1, under TLS with tlsCfg when it is not
+// nil, until stop is called; it sets p.Addr, and stop returns once the
+// server has stopped. It is StartPeer for a program that is no test.
+func ServePeer(p *Peer, tlsCfg *tls.Config) (stop func(), err error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
 	opts := transport.ServerOptions()
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	s := grpc.NewServer(opts...)
-	p := &Peer{Allow: allow, Addr: lis.Addr().String()}
+	p.Addr = lis.Addr().String()
 	pb.RegisterPeerServer(s, p)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return p
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		s.Serve(lis)
+	}()
+	return func() { s.Stop(); <-served }, nil
 }
 
 func (p *Peer) answer(items []*pb.RateLimitRequest) []*pb.RateLimitResponse {
@@ -96,15 +118,31 @@ func (p *Peer) Lease(_ context.Context, in *pb.LeaseRequest) (*pb.LeaseResponse,
 func (p *Peer) Prove(_ context.Context, in *pb.ProveRequest) (*pb.ProveResponse, error) {
 	mac := make([]byte, 32)
 	rand.Read(mac)
+	if p.ProofKey != nil {
+		mac = transport.ProveMAC(p.ProofKey, in.From, in.To, in.Nonce)
+	}
 	return &pb.ProveResponse{Version: in.Version, Name: in.To, Mac: mac}, nil
 }
 
 // JoinSerf starts a stock serf agent named name, whose grpc tag is
 // grpcAddr, with gossipKey when not nil and serf's name conflict
 // resolution off (an attacker's agent does not yield), joins it to seeds
-// in order and returns it with the join's error.
+// in order and returns it with the join's error. The agent shuts down
+// when the test ends.
 func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
 	t.Helper()
+	s, err := Join(name, grpcAddr, gossipKey, seeds...)
+	if s == nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown() })
+	return s, err
+}
+
+// Join is JoinSerf for a program that is no test: it returns a nil agent
+// when the agent could not start, and the agent with the join's error
+// otherwise. The caller shuts the agent down.
+func Join(name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
 	sc := serf.DefaultConfig()
 	sc.NodeName = name
 	sc.Tags = map[string]string{"grpc": grpcAddr}
@@ -124,16 +162,15 @@ func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...st
 	if gossipKey != nil {
 		kr, err := memberlist.NewKeyring(nil, gossipKey)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		ml.Keyring = kr
 		ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
 	}
 	s, err := serf.Create(sc)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(func() { s.Shutdown() })
 	_, err = s.Join(seeds, true)
 	return s, err
 }

@@ -92,8 +92,11 @@
 // the new algorithm releases hits it admitted at that instant, which may be
 // sooner than the old one would have (a window that ends, a bucket that
 // drains): carrying the old release time would need state dated after now,
-// which no algorithm keeps. A peek does not convert; the first check that
-// can write does. Refusing such a request instead would make middleware,
+// which no algorithm keeps. Before the conversion counts c, the state's
+// times are bounded by now as its own algorithm reads them (see below), so
+// a clock set back or a peer's clock ahead never makes a switch read a
+// spent key as fresh. A peek does not convert; the first check that can
+// write does. Refusing such a request instead would make middleware,
 // which fails open on errors, unlimit a key whose rule changed its
 // algorithm.
 //

@@ -283,8 +283,13 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 			t.Errorf("%s: check after the leave: %+v %v", n.Config().NodeName, d, err)
 		}
 	}
-	if logs := nodes[0].logs.String(); strings.Contains(logs, "level=ERROR") {
-		t.Errorf("e2e-0 logged errors:\n%s", logs)
+	// memberlist logs at ERROR what a loaded machine makes of its probes
+	// (a ping's timeout, a packet to a closed connection): gossip retries
+	// them. Any other error is sluice's own.
+	for _, line := range strings.Split(nodes[0].logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") && !strings.Contains(line, `msg="memberlist: `) {
+			t.Errorf("e2e-0 logged an error: %s", line)
+		}
 	}
 }
 

@@ -84,18 +84,20 @@ func (d *Daemon) readHeld(w http.ResponseWriter, r *http.Request, held *int64) (
 		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than %d bytes (max_body_bytes)", d.cfg.MaxBodyBytes)
 	}
 	in := http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
-	// A body of a declared length takes it from the budget before any of
-	// it is read, and one buffer; another grows as it comes.
-	first := int64(512)
+	// The buffer grows as the body comes, doubling, so that what it takes
+	// from the budget is at most twice what has arrived: a declared length
+	// that does not come holds nothing. It never grows past the declared
+	// length (and a byte to read the end).
+	limit := d.cfg.MaxBodyBytes + 1
 	if r.ContentLength > 0 {
-		first = r.ContentLength + 1 // room to read the end
+		limit = r.ContentLength + 1
 	}
 	var buf []byte
 	for {
 		if len(buf) == cap(buf) {
-			size := first
+			size := min(int64(freeBodyBytes), limit)
 			if cap(buf) > 0 {
-				size = min(2*int64(cap(buf)), d.cfg.MaxBodyBytes+1)
+				size = min(2*int64(cap(buf)), limit)
 			}
 			if more := max(size-freeBodyBytes, 0) - *held; more > 0 {
 				if !d.bodies.take(more) {

@@ -122,11 +122,14 @@ func TestHTTPBodyTimeout(t *testing.T) {
 	}
 }
 
-// The HTTP listener holds at most http_max_connections open: one more is
-// not served until another closes.
+// http_max_connections bounds the connections open at once, and idle
+// keep-alive connections cannot hold it: a connection beyond the cap takes
+// the slot of the one idle longest, which is closed. With every connection
+// busy, one beyond the cap waits until a slot frees.
 func TestHTTPConnectionCap(t *testing.T) {
 	cfg := testConfig("http-cap")
 	cfg.HTTPMaxConnections = 3
+	cfg.HTTPBodyTimeout = time.Minute
 	d := start(t, cfg)
 	get := "GET /healthz HTTP/1.1\r\nHost: sluice\r\n\r\n"
 	dialGet := func() net.Conn {
@@ -140,22 +143,42 @@ func TestHTTPConnectionCap(t *testing.T) {
 		}
 		return c
 	}
-	var held []net.Conn
+	var idle []net.Conn
 	for range cfg.HTTPMaxConnections {
 		c := dialGet()
 		if status, _ := readResponse(t, c); status != http.StatusOK {
-			t.Fatalf("connection %d: %d", len(held)+1, status)
+			t.Fatalf("connection %d: %d", len(idle)+1, status)
 		}
-		held = append(held, c) // kept alive, idle
+		idle = append(idle, c) // kept alive, idle
 	}
+	// Beyond the cap, with all three idle: served, and the first closed.
+	if status, _ := readResponse(t, dialGet()); status != http.StatusOK {
+		t.Fatalf("a connection beyond the cap, the others idle: %d", status)
+	}
+	idle[0].SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := idle[0].Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection idle longest is still open")
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+
+	// Three busy connections, each in the middle of a body.
+	var busy []net.Conn
+	for range cfg.HTTPMaxConnections {
+		busy = append(busy, sendPartial(t, d, 64<<10, 1000))
+	}
+	testwait.For(t, "the three busy connections to hold every slot", func() bool {
+		return len(d.httpConns.slots) == cfg.HTTPMaxConnections
+	})
 	extra := dialGet()
-	// Not served while the others are open: no answer comes in this
+	// Not served while the others are busy: no answer comes in this
 	// while, however long (a slow server only makes the check weaker).
 	extra.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	if n, err := extra.Read(make([]byte, 1)); n > 0 || err == nil {
-		t.Fatal("a connection beyond http_max_connections was served")
+		t.Fatal("a connection beyond http_max_connections was served while the others were busy")
 	}
-	held[0].Close()
+	busy[0].Close()
 	if status, _ := readResponse(t, extra); status != http.StatusOK {
 		t.Fatalf("the waiting connection, once a slot is free: %d", status)
 	}

@@ -445,7 +445,7 @@ var fields = []field{
 		parse: func(c *Config, v string) error { return parseDuration(&c.HTTPBodyTimeout, v) },
 		check: func(c *Config) error { return positive(c.HTTPBodyTimeout) },
 		show:  func(c *Config) string { return c.HTTPBodyTimeout.String() }},
-	{key: "http_max_connections", usage: "most HTTP connections open at once; more wait to be accepted",
+	{key: "http_max_connections", usage: "most HTTP connections open at once; one more closes the connection idle longest, or waits",
 		parse: func(c *Config, v string) error { return parseInt(&c.HTTPMaxConnections, v) },
 		check: func(c *Config) error {
 			if c.HTTPMaxConnections < 1 {

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -108,9 +107,11 @@ type Daemon struct {
 	publicLis  net.Listener
 	publicDone chan struct{}
 	lis        net.Listener
-	srv        *http.Server
-	served     chan struct{} // closed when srv.Serve has returned
-	serveMu    sync.Mutex    // guards serveErr
+	// httpConns is lis's connection cap, before TLS (http_max_connections).
+	httpConns *connLimit
+	srv       *http.Server
+	served    chan struct{} // closed when srv.Serve has returned
+	serveMu   sync.Mutex    // guards serveErr
 	// serveErr is srv.Serve's error other than http.ErrServerClosed.
 	serveErr error
 
@@ -202,7 +203,8 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 	if d.lis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("daemon: listen on http_addr: %w", err)
 	}
-	d.lis = netutil.LimitListener(d.lis, cfg.HTTPMaxConnections)
+	d.httpConns = newConnLimit(d.lis, cfg.HTTPMaxConnections)
+	d.lis = d.httpConns
 	if tlsCfg != nil {
 		// Verified when presented; the API's handlers require one
 		// (requireClientCert), probes and scrapers do not.
@@ -256,6 +258,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		ConnState:         d.httpConns.track, // idle connections give their slots up at the cap
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.logger.Handler(), slog.LevelWarn),
 	}

@@ -227,8 +227,9 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 
 // giveBackLocked takes back up to hits of from's grants of req's key, the
 // earliest expiring first, and returns how many it took from grants that
-// had not settled and from grants that had, and of all those how many were
-// of a fixed window that has not ended at now.
+// had not settled and from grants that had (less what of them has drained
+// since: see drained), and of all those how many were of a fixed window
+// that has not ended at now.
 func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64) (open, settled, inWindow int64) {
 	gs := g.grantsLocked(hash)
 	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
@@ -244,7 +245,7 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		gr.hits -= k
 		hits -= k
 		if gr.settled {
-			settled += k
+			settled += k - gr.drained(req, k, now)
 		} else {
 			open += k
 		}
@@ -295,4 +296,21 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 		}
 		h.locks[i].Unlock()
 	}
+}
+
+// drained is how many of k hits that entered the bucket when gr expired
+// have drained by now, at the faster of the grant's and req's rates, at
+// most k. Refunding only the rest never gives back room that others have
+// taken since: the hits that entered raise the level by at most k less
+// what has drained since, whatever else was admitted.
+func (gr *grant) drained(req *limiter.Request, k, now int64) int64 {
+	elapsed := now - gr.expires
+	if !deferred(gr.req.Algorithm) || elapsed <= 0 {
+		return 0
+	}
+	rate := max(float64(gr.req.Limit)/float64(gr.req.Period), float64(req.Limit)/float64(req.Period))
+	if d := float64(elapsed) * rate; d < float64(k) {
+		return int64(d)
+	}
+	return k
 }

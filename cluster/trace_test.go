@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -281,11 +282,17 @@ func TestTracingOffAddsNoAllocation(t *testing.T) {
 			if _, err := nd.Check(ctx, req); err != nil {
 				t.Fatal(err)
 			}
-			allocs := testing.AllocsPerRun(1000, func() {
-				if _, err := nd.Check(ctx, req); err != nil {
-					t.Fatal(err)
-				}
-			})
+			// AllocsPerRun counts the whole process's allocations: the
+			// least of three runs leaves out what goroutines of tests
+			// before this one allocate meanwhile.
+			allocs := math.Inf(1)
+			for range 3 {
+				allocs = min(allocs, testing.AllocsPerRun(1000, func() {
+					if _, err := nd.Check(ctx, req); err != nil {
+						t.Fatal(err)
+					}
+				}))
+			}
 			t.Logf("%.1f allocations per local check", allocs)
 			// A local check allocated 1 before tracing existed, measured
 			// the same way.

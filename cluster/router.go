@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/breaker"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -50,10 +51,10 @@ const (
 // pick is the router's answer for one key.
 type pick struct {
 	way     way
-	peer    string       // the node forwarded to, with wayOwner and wayPrevious
-	client  *peer.Client // its client
-	breaker *breaker     // its breaker
-	probe   bool         // the pick took its breaker's half-open probe
+	peer    string           // the node forwarded to, with wayOwner and wayPrevious
+	client  *peer.Client     // its client
+	breaker *breaker.Breaker // its breaker
+	probe   bool             // the pick took its breaker's half-open probe
 }
 
 // router picks where checks go. Safe for concurrent use.
@@ -90,9 +91,9 @@ func (r *router) pick(hash uint64) pick {
 	}
 	c, ok := r.peers.Get(target)
 	br := r.breakers.get(target)
-	may, probe := ok && br.closed(), false
+	may, probe := ok && br.Closed(), false
 	if ok && !may {
-		may = br.allow(r.now().UnixNano(), r.cooldown)
+		may = br.Allow(r.now().UnixNano(), r.cooldown)
 		probe = may
 	}
 	switch {
@@ -112,7 +113,7 @@ func (r *router) pick(hash uint64) pick {
 func (r *router) release(p *pick) {
 	if p.probe {
 		p.probe = false
-		p.breaker.giveBack()
+		p.breaker.GiveBack()
 	}
 }
 
@@ -139,7 +140,7 @@ func (r *router) done(p *pick, err error) outcome {
 	down := err != nil && errors.Is(err, transport.ErrUnavailable)
 	if !down && callerGone(err) {
 		if probe {
-			p.breaker.giveBack()
+			p.breaker.GiveBack()
 		}
 		return decided
 	}
@@ -147,7 +148,7 @@ func (r *router) done(p *pick, err error) outcome {
 	if down {
 		now = r.now().UnixNano()
 	}
-	p.breaker.done(probe, !down, now, r.threshold, r.cooldown)
+	p.breaker.Done(probe, !down, now, r.threshold, r.cooldown)
 	switch {
 	case err == nil:
 		return decided
@@ -193,5 +194,5 @@ func batchErr(rs []transport.Result) error {
 // mayLease reports whether a lease request to owner may be made now: its
 // breaker is not open.
 func (r *router) mayLease(owner string, now int64) bool {
-	return r.breakers.get(owner).openUntil.Load() <= now
+	return !r.breakers.get(owner).Open(now)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/breaker"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -30,7 +31,7 @@ type Limiter struct {
 	script *redis.Script
 	local  *sluice.Local
 	over   *overLimit // nil unless Config.OverLimitCache
-	brks   sync.Map   // node address ("" for one server) -> *breaker
+	brks   sync.Map   // node address ("" for one server) -> *breaker.Breaker
 	closed atomic.Bool
 
 	// clock is the clock of this process: the local store's, the
@@ -187,8 +188,12 @@ func (l *Limiter) run(ctx context.Context, calls []call) error {
 		node := l.nodeOf(tctx, c.key)
 		c.gate = gates[node]
 		if c.gate == nil {
-			c.gate = &gate{b: l.breakerFor(node)}
-			c.gate.probe, c.gate.open = c.gate.b.allow(now)
+			b := l.breakerFor(node)
+			c.gate = &gate{b: b, open: b.Closed()}
+			if !c.gate.open {
+				c.gate.open = b.Allow(now.UnixNano(), l.cfg.BreakerCooldown)
+				c.gate.probe = c.gate.open // half-open: this run probes
+			}
 			gates[node] = c.gate
 		}
 		if c.gate.open {
@@ -215,9 +220,11 @@ func (l *Limiter) run(ctx context.Context, calls []call) error {
 		switch {
 		case !g.open:
 		case gaveUp && g.failed:
-			g.b.giveBack(g.probe)
+			if g.probe {
+				g.b.GiveBack()
+			}
 		default:
-			g.b.done(g.probe, !g.failed, now, l.cfg.BreakerThreshold, l.cfg.BreakerCooldown)
+			g.b.Done(g.probe, !g.failed, now.UnixNano(), int32(l.cfg.BreakerThreshold), l.cfg.BreakerCooldown)
 		}
 	}
 	if err == nil && len(send) < len(calls) {
@@ -229,7 +236,7 @@ func (l *Limiter) run(ctx context.Context, calls []call) error {
 // gate is one node's breaker as one run passes it: whether calls may go
 // (open), whether this run holds the probe, and whether a call failed.
 type gate struct {
-	b           *breaker
+	b           *breaker.Breaker
 	open, probe bool
 	failed      bool
 }
@@ -251,12 +258,12 @@ func (l *Limiter) nodeOf(ctx context.Context, key string) string {
 
 // breakerFor returns node's breaker, made on first use. Nodes are the
 // servers of one deployment, so the map stays small.
-func (l *Limiter) breakerFor(node string) *breaker {
+func (l *Limiter) breakerFor(node string) *breaker.Breaker {
 	if b, ok := l.brks.Load(node); ok {
-		return b.(*breaker)
+		return b.(*breaker.Breaker)
 	}
-	b, _ := l.brks.LoadOrStore(node, new(breaker))
-	return b.(*breaker)
+	b, _ := l.brks.LoadOrStore(node, new(breaker.Breaker))
+	return b.(*breaker.Breaker)
 }
 
 var errBreakerOpen = errors.New("redislimit: breaker open")

@@ -331,8 +331,8 @@ func TestBadState(t *testing.T) {
 	if r := res[len(reqs)]; r.Err != nil || r.WithoutOwner || !r.Allowed {
 		t.Errorf("the good request beside them: %+v", r)
 	}
-	if b := l.breakerFor(""); b.isOpen() || b.failures != 0 {
-		t.Errorf("bad states counted as %d Redis failures", b.failures)
+	if b := l.breakerFor(""); !b.Closed() || b.Failures() != 0 {
+		t.Errorf("bad states counted as %d Redis failures", b.Failures())
 	}
 }
 
@@ -482,7 +482,7 @@ func TestRedisKilled(t *testing.T) {
 			}
 			testwait.For(t, "traffic decided by Redis", func() bool { return fromRedis.Load() > 0 })
 			srv.kill()
-			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && l.breakerFor("").isOpen() })
+			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && !l.breakerFor("").Closed() })
 			stop.Store(true)
 			wg.Wait()
 			if n := badOnes.Load(); n != 0 {
@@ -604,11 +604,11 @@ func TestClusterExact(t *testing.T) {
 			}
 		}
 	}
-	if !l.breakerFor(victim.addr()).isOpen() {
+	if l.breakerFor(victim.addr()).Closed() {
 		t.Error("the dead master's breaker is closed")
 	}
 	for _, s := range rc.nodes[1:] {
-		if l.breakerFor(s.addr()).isOpen() {
+		if !l.breakerFor(s.addr()).Closed() {
 			t.Errorf("the breaker of %s, alive, is open", s.addr())
 		}
 	}

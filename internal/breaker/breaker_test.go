@@ -1,4 +1,4 @@
-package cluster
+package breaker
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 
 func TestBreakerSteps(t *testing.T) {
 	const threshold, cooldown = 3, time.Second
-	var b breaker
+	var b Breaker
 	at := func(d time.Duration) int64 { return time.Unix(1000, 0).Add(d).UnixNano() }
 	steps := []struct {
 		at        time.Duration
@@ -41,11 +41,11 @@ func TestBreakerSteps(t *testing.T) {
 	for i, s := range steps {
 		now := at(s.at)
 		if s.outcome == "ok" && !s.wantAllow {
-			b.done(probe, true, now, threshold, cooldown)
+			b.Done(probe, true, now, threshold, cooldown)
 			continue
 		}
-		open := !b.closed()
-		got := b.allow(now, cooldown)
+		open := !b.Closed()
+		got := b.Allow(now, cooldown)
 		if got != s.wantAllow {
 			t.Fatalf("step %d at %v: allow = %v, want %v", i, s.at, got, s.wantAllow)
 		}
@@ -53,7 +53,7 @@ func TestBreakerSteps(t *testing.T) {
 			probe = open
 		}
 		if s.outcome != "" {
-			b.done(probe, s.outcome == "ok", now, threshold, cooldown)
+			b.Done(probe, s.outcome == "ok", now, threshold, cooldown)
 		}
 	}
 }

@@ -104,20 +104,12 @@ func (p *parser) errorf(n *yaml.Node, format string, a ...any) error {
 	return e
 }
 
-// resolve follows aliases.
-func resolve(n *yaml.Node) *yaml.Node {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	return n
-}
-
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
 
 // collection returns n resolved when it is of kind; nil for null, or with
 // an error that wants what want says.
 func (p *parser) collection(n *yaml.Node, kind yaml.Kind, want string) (*yaml.Node, error) {
-	n = resolve(n)
+	n = yamlfile.Deref(n)
 	switch {
 	case isNull(n):
 		return nil, nil
@@ -163,7 +155,7 @@ func describe(n *yaml.Node) string {
 
 // scalar returns n resolved, and an error unless it is a scalar.
 func (p *parser) scalar(n *yaml.Node, want string) (*yaml.Node, error) {
-	n = resolve(n)
+	n = yamlfile.Deref(n)
 	if n.Kind != yaml.ScalarNode {
 		return nil, p.errorf(n, "want %s, not %s", want, describe(n))
 	}
@@ -267,7 +259,7 @@ func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
 
 // rateLimit reads a rate_limit block; null is none.
 func (p *parser) rateLimit(n *yaml.Node) (*RateLimit, error) {
-	if isNull(resolve(n)) {
+	if isNull(yamlfile.Deref(n)) {
 		return nil, nil
 	}
 	rl := &RateLimit{}

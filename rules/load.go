@@ -170,7 +170,7 @@ func (l *loader) document(data []byte) *yaml.Node {
 		l.errs = append(l.errs, &Error{File: l.file, Line: 1, Column: 1, Message: "the file holds no document", Err: ErrEmptyDocument})
 		return nil
 	}
-	root = deref(root)
+	root = yamlfile.Deref(root)
 	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
 		l.errorf(root, "", ErrEmptyDocument, "the document is empty (write \"rules: []\" for no rules)")
 		return nil
@@ -201,7 +201,7 @@ func (l *loader) reader(err error) {
 }
 
 func (l *loader) rules(n *yaml.Node) []Rule {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	if n.Kind != yaml.SequenceNode {
 		l.errorf(n, "rules", ErrWrongType, "rules must be a list, not %s", kindName(n))
 		return nil
@@ -217,7 +217,7 @@ func (l *loader) rules(n *yaml.Node) []Rule {
 		if len(l.errs) >= maxErrors {
 			break // the report is full; Parse returns it
 		}
-		item = deref(item)
+		item = yamlfile.Deref(item)
 		l.ruleNodes[i] = item
 		l.pos[i] = map[string]*yaml.Node{}
 		l.rule(i, item, &rules[i])
@@ -315,7 +315,7 @@ func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
 }
 
 func (l *loader) match(i int, n *yaml.Node, base string, m *Match) {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	if n.Kind != yaml.MappingNode {
 		l.errorf(n, base, ErrWrongType, "match must be a mapping, not %s", kindName(n))
 		return
@@ -348,7 +348,7 @@ func (l *loader) match(i int, n *yaml.Node, base string, m *Match) {
 // keys (the reader has refused repeated ones).
 func (l *loader) mapping(n *yaml.Node, base string, f func(key string, k, v *yaml.Node)) {
 	for j := 0; j+1 < len(n.Content); j += 2 {
-		k, v := deref(n.Content[j]), n.Content[j+1]
+		k, v := yamlfile.Deref(n.Content[j]), n.Content[j+1]
 		if k.Kind != yaml.ScalarNode {
 			l.errorf(k, base, ErrWrongType, "a mapping key must be a string, not %s", kindName(k))
 			continue
@@ -359,7 +359,7 @@ func (l *loader) mapping(n *yaml.Node, base string, f func(key string, k, v *yam
 
 func (l *loader) find(n *yaml.Node, key string) *yaml.Node {
 	for j := 0; j+1 < len(n.Content); j += 2 {
-		if deref(n.Content[j]).Value == key {
+		if yamlfile.Deref(n.Content[j]).Value == key {
 			return n.Content[j+1]
 		}
 	}
@@ -372,7 +372,7 @@ func (l *loader) unknown(k *yaml.Node, base, key, want string) {
 
 // str returns a scalar's text; any non-null scalar is accepted as text.
 func (l *loader) str(n *yaml.Node, field string) (string, bool) {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
 		l.errorf(n, field, ErrWrongType, "want a string, not %s", kindName(n))
 		return "", false
@@ -381,7 +381,7 @@ func (l *loader) str(n *yaml.Node, field string) (string, bool) {
 }
 
 func (l *loader) int(n *yaml.Node, field string) (int64, bool) {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
 		l.errorf(n, field, ErrWrongType, "want an integer, not %s", kindName(n))
@@ -391,7 +391,7 @@ func (l *loader) int(n *yaml.Node, field string) (int64, bool) {
 }
 
 func (l *loader) bool(n *yaml.Node, field string) (bool, bool) {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	var v bool
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&v) != nil {
 		l.errorf(n, field, ErrWrongType, "want true or false, not %s", kindName(n))
@@ -403,7 +403,7 @@ func (l *loader) bool(n *yaml.Node, field string) (bool, bool) {
 // strList reads a list of strings, recording each item's node as
 // rel[i]. With scalarOK a single string stands for a list of one.
 func (l *loader) strList(n *yaml.Node, field string, pos map[string]*yaml.Node, rel string, scalarOK bool) []string {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	if scalarOK && n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" {
 		pos[rel+"[0]"] = n
 		return []string{n.Value}
@@ -416,7 +416,7 @@ func (l *loader) strList(n *yaml.Node, field string, pos map[string]*yaml.Node, 
 	for j, item := range n.Content {
 		s, ok := l.str(item, fmt.Sprintf("%s[%d]", field, j))
 		if ok {
-			pos[fmt.Sprintf("%s[%d]", rel, len(out))] = deref(item)
+			pos[fmt.Sprintf("%s[%d]", rel, len(out))] = yamlfile.Deref(item)
 			out = append(out, s)
 		}
 	}
@@ -426,7 +426,7 @@ func (l *loader) strList(n *yaml.Node, field string, pos map[string]*yaml.Node, 
 // strMap reads a mapping of strings to strings, recording each value's
 // node as rel.name.
 func (l *loader) strMap(n *yaml.Node, field string, pos map[string]*yaml.Node, rel string) map[string]string {
-	n = deref(n)
+	n = yamlfile.Deref(n)
 	if n.Kind != yaml.MappingNode {
 		l.errorf(n, field, ErrWrongType, "want a mapping of names to strings, not %s", kindName(n))
 		return nil
@@ -481,13 +481,6 @@ func join(base, key string) string {
 		return key
 	}
 	return base + "." + key
-}
-
-func deref(n *yaml.Node) *yaml.Node {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	return n
 }
 
 func kindName(n *yaml.Node) string {

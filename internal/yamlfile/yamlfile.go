@@ -333,7 +333,7 @@ func (w *walker) walk(n *yaml.Node, depth int) (int, error) {
 		var seen map[string]*yaml.Node
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			if key := deref(k); key.Kind == yaml.ScalarNode {
+			if key := Deref(k); key.Kind == yaml.ScalarNode {
 				if seen == nil {
 					seen = make(map[string]*yaml.Node, len(n.Content)/2)
 				}
@@ -347,7 +347,7 @@ func (w *walker) walk(n *yaml.Node, depth int) (int, error) {
 			if err != nil {
 				return 0, err
 			}
-			w.path = append(w.path, step{key: deref(k)})
+			w.path = append(w.path, step{key: Deref(k)})
 			hv, err := w.walk(v, depth+1)
 			if err != nil {
 				return 0, err
@@ -402,7 +402,9 @@ func (w *walker) field() string {
 	return b.String()
 }
 
-func deref(n *yaml.Node) *yaml.Node {
+// Deref follows n's aliases to the node they name. Parse has checked that
+// every alias names one.
+func Deref(n *yaml.Node) *yaml.Node {
 	for n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}

@@ -241,7 +241,7 @@ func FuzzParse(f *testing.F) {
 			if n.Kind == yaml.MappingNode {
 				seen := map[string]bool{}
 				for i := 0; i+1 < len(n.Content); i += 2 {
-					k := deref(n.Content[i])
+					k := Deref(n.Content[i])
 					if k.Kind == yaml.ScalarNode && seen[k.Value] {
 						t.Fatalf("accepted the key %q twice", k.Value)
 					}

@@ -1021,7 +1021,7 @@ func applyYAML(cfg *Config, name string, data []byte) error {
 	if root == nil {
 		return nil // an empty file sets nothing
 	}
-	root = deref(root)
+	root = yamlfile.Deref(root)
 	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
 		return nil // only comments
 	}
@@ -1029,7 +1029,7 @@ func applyYAML(cfg *Config, name string, data []byte) error {
 		return fail(root, "", errors.New("is not a mapping of settings"))
 	}
 	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := deref(root.Content[i]), deref(root.Content[i+1])
+		k, v := yamlfile.Deref(root.Content[i]), yamlfile.Deref(root.Content[i+1])
 		if k.Kind != yaml.ScalarNode {
 			return fail(k, "", errors.New("a setting's name must be text"))
 		}
@@ -1065,13 +1065,6 @@ func yamlError(name string, err error) error {
 	return &ConfigError{Source: name, Line: ye.Line, Column: ye.Column, Field: ye.Field, Err: errors.New(msg)}
 }
 
-func deref(n *yaml.Node) *yaml.Node {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	return n
-}
-
 // yamlText returns v as the text its field parses: a scalar's value, or a
 // list's items joined by commas.
 func yamlText(f *field, v *yaml.Node) (string, error) {
@@ -1084,7 +1077,7 @@ func yamlText(f *field, v *yaml.Node) (string, error) {
 		}
 		items := make([]string, len(v.Content))
 		for i, it := range v.Content {
-			it = deref(it)
+			it = yamlfile.Deref(it)
 			if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
 				return "", fmt.Errorf("item %d at line %d is not a single value", i+1, it.Line)
 			}

@@ -100,6 +100,27 @@
 // which fails open on errors, unlimit a key whose rule changed its
 // algorithm.
 //
+// Both kinds of change release hits sooner when the new rate is laxer: a
+// far shorter Period or higher Limit drains a bucket or ends a window
+// early, and a round trip through another algorithm (A->B->A) counts only
+// what the intermediate state still holds. [StoreConfig].KeepStrictest
+// closes that for callers who may not reset a key: the store keeps,
+// beside each live key, the rate its state was last charged under (Limit,
+// Burst, Period or Calendar and Location, and the state's Algorithm), and
+// a request at another rate is decided with the state's Algorithm and the
+// strictest of both rates: the longer period (with a fixed window's
+// Calendar, if it is the longer), over it the least Limit either rate
+// allows (rounded down), and the least capacity. The state is never
+// converted to another algorithm and never read at a laxer rate, so no
+// request without Reset lowers what the key counts: a cut of Limit or
+// Burst takes effect at once and keeps what was consumed, while a raise,
+// a shorter Period or another Algorithm takes effect once the key's state
+// is fresh (or after a Reset). A request for more Hits than the
+// strictest capacity is denied, consuming nothing, with RetryAfter until
+// the key is fresh, when its own rate takes effect. The decision's Limit
+// is the strictest rate's. A state received by [Store.Merge] carries no
+// rate; the first decision after it charges at its own request's.
+//
 // After a Period or Calendar change, the count of a fixed window that is not
 // over counts in the current window. The sliding window counter places each
 // of its two counts, those of its current and previous windows under the old

@@ -301,6 +301,7 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	} else {
 		wasChanged := e.isChanged()
 		e.state = snapshotState(sn)
+		delete(sh.rates, e) // unknown: the next decision charges its own
 		if wasChanged {
 			e.setChanged()
 		}

@@ -34,6 +34,15 @@ type StoreConfig struct {
 	// Merge changed, for Changed (replication). It costs one mark per
 	// decision.
 	TrackChanges bool
+	// KeepStrictest makes a key's live state keep the strictest rate any
+	// request has charged it under since it was fresh: a request whose
+	// Algorithm, Limit, Period, Calendar or Burst differ from that rate is
+	// decided with the state's algorithm and the strictest of both rates
+	// (see the package comment), so that no request that may not reset a
+	// key lowers what it counts by changing its parameters. A cut takes
+	// effect at once; anything laxer (a raise, a shorter Period, another
+	// Algorithm) once the key's state is fresh, or after a Reset.
+	KeepStrictest bool
 }
 
 // DefaultStoreConfig returns 128 shards, at most 1,000,000 entries and at
@@ -62,9 +71,14 @@ const (
 	// LogEntryBytes is the memory of one entry of a log's array, which
 	// grows by doubling to at most MaxLogEntries entries.
 	LogEntryBytes = 16
+	// RateOverhead is what KeepStrictest adds to each key: the rate
+	// its state was charged under (32 bytes) in a map by entry, whose
+	// slot with its 8-byte pointer and control byte takes at most 94
+	// bytes in a table at least 7/16 full.
+	RateOverhead = 96
 	// MaxKeyBytes is the most one key costs: the longest store key, 1153
 	// bytes in a 1280-byte allocation, and a log full at MaxLogEntries.
-	MaxKeyBytes = 1280 + EntryOverhead + LogOverhead + MaxLogEntries*LogEntryBytes
+	MaxKeyBytes = 1280 + EntryOverhead + RateOverhead + LogOverhead + MaxLogEntries*LogEntryBytes
 )
 
 // allocSize is n bytes rounded up to a size the allocator may give them:
@@ -80,6 +94,15 @@ func allocSize(n int) int64 {
 
 // entryBytes is what MaxBytes counts for a key of keyLen bytes.
 func entryBytes(keyLen int) int64 { return allocSize(keyLen) + EntryOverhead }
+
+// entryBytes is what MaxBytes counts for a key of keyLen bytes in sh,
+// with its rate under KeepStrictest.
+func (sh *shard) entryBytes(keyLen int) int64 {
+	if sh.rates != nil {
+		return entryBytes(keyLen) + RateOverhead
+	}
+	return entryBytes(keyLen)
+}
 
 // logBytes is what MaxBytes counts for a log (nil: none). The array's
 // capacity is a power of two, which the allocator gives exactly.
@@ -150,6 +173,9 @@ type shard struct {
 	m  map[string]*entry
 	// logs holds the sliding window logs of the entries that have one.
 	logs map[string]*windowLog
+	// rates holds, under KeepStrictest (nil otherwise), the rate each
+	// entry's state was last charged under.
+	rates map[*entry]charged
 	// head is the most recently used entry, tail the least.
 	head, tail *entry
 	// changed lists the entries marked changed since the last Changed;
@@ -182,6 +208,9 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
 		s.shards[i].logs = make(map[string]*windowLog)
+		if cfg.KeepStrictest {
+			s.shards[i].rates = make(map[*entry]charged)
+		}
 	}
 	return s, nil
 }
@@ -250,6 +279,14 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	if found && (req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog) {
 		lg = sh.logs[e.key]
 	}
+	if c := sh.rates[e]; found && e.expireAt > now && req.Behavior&Reset == 0 && c.known() {
+		m := strictest(c, e.algo(), req, now)
+		req = &m
+		if want == 0 && req.Hits > req.Capacity() {
+			sh.touchLocked(e)
+			return 0, overCapacity(e.state, lg, req, now)
+		}
+	}
 	if want == 0 && req.reads() {
 		var st state
 		if found {
@@ -279,6 +316,7 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			s.resizeLocked(sh, e, after-before, now)
 		}
 		if want == 0 || took > 0 {
+			sh.chargeLocked(e, req)
 			s.markChangedLocked(sh, e)
 		}
 		return took, d
@@ -293,9 +331,18 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	}
 	if st.expireAt > now { // only state that is not fresh is worth keeping
 		e := s.insertLocked(sh, string(k), st, lg, now)
+		sh.chargeLocked(e, req)
 		s.markChangedLocked(sh, e)
 	}
 	return took, d
+}
+
+// chargeLocked records req's rate as the one e's state was charged
+// under, under KeepStrictest. sh.mu must be held.
+func (sh *shard) chargeLocked(e *entry, req *Request) {
+	if sh.rates != nil {
+		sh.rates[e] = chargedOf(req)
+	}
 }
 
 // lateReading is how far behind the latest reading of its shard a
@@ -344,7 +391,7 @@ func take(st *state, lg **windowLog, req *Request, now, want int64) (int64, Deci
 // least recently used keys first while the shard has no room for it, and
 // returns its entry. sh.mu must be held.
 func (s *Store) insertLocked(sh *shard, key string, st state, lg *windowLog, now int64) *entry {
-	need := entryBytes(len(key)) + logBytes(lg)
+	need := sh.entryBytes(len(key)) + logBytes(lg)
 	for sh.tail != nil && (s.perShard > 0 && len(sh.m) >= s.perShard || s.perBytes > 0 && sh.bytes+need > s.perBytes) {
 		s.evictLocked(sh, sh.tail, now)
 	}
@@ -420,7 +467,8 @@ func (sh *shard) touchLocked(e *entry) {
 func (sh *shard) removeLocked(e *entry) int64 {
 	sh.unlinkLocked(e)
 	delete(sh.m, e.key)
-	freed := entryBytes(len(e.key))
+	freed := sh.entryBytes(len(e.key))
+	delete(sh.rates, e)
 	if e.algo() == SlidingWindowLog {
 		freed += logBytes(sh.logs[e.key])
 		delete(sh.logs, e.key)

@@ -358,6 +358,9 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Lease = d.cfg.Lease
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes
+	// Callers who may not reset a key may not lower what it counts by
+	// changing its rate either.
+	c.Store.KeepStrictest = d.cfg.Destructive == DestructiveDeny || d.cfg.Destructive == DestructiveAdmins
 	c.ServerLimits = d.cfg.GRPCMessageBudget()
 	c.Logger = d.logger.With("component", "cluster")
 	c.Clock = d.opts.now

@@ -128,10 +128,16 @@ func lowerAttempts(a limiter.Algorithm) []lowerAttempt {
 		{"refund", func(r *limiter.Request) { r.Hits, r.Behavior = 3, limiter.Refund }, "invalid", "refused"},
 		{"reset", func(r *limiter.Request) { r.Hits, r.Behavior = 0, limiter.Reset }, "refused", "refused"},
 		{"drain_over_limit", func(r *limiter.Request) { r.Hits, r.Behavior = 1, limiter.DrainOverLimit }, "refused", "refused"},
-		{"peek at limit 3,000,000", func(r *limiter.Request) { r.Hits, r.Limit = 0, 3_000_000 }, "allowed", "allowed"},
+		{"peek at limit 3,000,000", func(r *limiter.Request) { r.Hits, r.Limit = 0, 3_000_000 }, "denied", "denied"},
 		{"peek at limit 1", func(r *limiter.Request) { r.Hits, r.Limit = 0, 1 }, "denied", "denied"},
 		{"peek at period 1µs", func(r *limiter.Request) { r.Hits, r.Period = 0, time.Microsecond }, "denied", "denied"},
 		{"peek at period 1000h", func(r *limiter.Request) { r.Hits, r.Period = 0, 1000*time.Hour }, "denied", "denied"},
+		// Checks that would charge the key at a laxer rate are decided at
+		// the strictest rate it was charged under (limiter.StoreConfig
+		// KeepStrictest), which finds it spent.
+		{"check at limit 3,000,000", func(r *limiter.Request) { r.Hits, r.Limit = 1, 3_000_000 }, "denied", "denied"},
+		{"check at period 1ms", func(r *limiter.Request) { r.Hits, r.Period = 1, time.Millisecond }, "denied", "denied"},
+		{"check at limit 3,000 per 1ms", func(r *limiter.Request) { r.Hits, r.Limit, r.Period = 1, 3000, time.Millisecond }, "denied", "denied"},
 	}
 	for _, b := range limiter.Algorithms {
 		if b == a {
@@ -139,7 +145,10 @@ func lowerAttempts(a limiter.Algorithm) []lowerAttempt {
 		}
 		out = append(out,
 			lowerAttempt{"peek with " + b.String(), func(r *limiter.Request) { r.Hits, r.Algorithm = 0, b }, "denied", "denied"},
-			lowerAttempt{"check with " + b.String(), func(r *limiter.Request) { r.Hits, r.Algorithm = 1, b }, "denied", "denied"})
+			lowerAttempt{"check with " + b.String(), func(r *limiter.Request) { r.Hits, r.Algorithm = 1, b }, "denied", "denied"},
+			lowerAttempt{"check with " + b.String() + " at 3,000 per 1ms", func(r *limiter.Request) {
+				r.Hits, r.Algorithm, r.Limit, r.Period = 1, b, 3000, time.Millisecond
+			}, "denied", "denied"})
 	}
 	return out
 }
@@ -183,6 +192,10 @@ func TestNoCallerLowersACount(t *testing.T) {
 					if got := api.inspect(t, spend.Name, spend.Key, other); !strings.HasSuffix(got, "200") && !strings.HasSuffix(got, "OK") {
 						t.Errorf("%s: inspect after %s: %s", api.name, at.name, got)
 					}
+					// Time for a laxer rate to have drained or ended what
+					// the key counts, and far less than one hit's share
+					// of 3 an hour.
+					clk.Advance(100 * time.Millisecond)
 					if got := api.check(t, spent); got != "denied" {
 						t.Fatalf("%s: after %s, a check of the spent key: %s", api.name, at.name, got)
 					}

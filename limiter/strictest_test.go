@@ -1,0 +1,181 @@
+package limiter
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// rateVariant is a change of a request's rate that a caller may try.
+type rateVariant struct {
+	name string
+	set  func(r *Request)
+}
+
+// rateVariants are the changes an attacker tries on a key charged under
+// base's rate: every other algorithm, with base's rate and with a laxer
+// one, a higher Limit or Burst, a shorter or longer Period, a cut, and
+// calendar windows.
+func rateVariants(base Request) []rateVariant {
+	vs := []rateVariant{
+		{"limit_up", func(r *Request) { r.Limit = 1_000_000 }},
+		{"period_down", func(r *Request) { r.Period = time.Millisecond }},
+		{"limit_up_period_down", func(r *Request) { r.Limit, r.Period = 1_000_000, time.Millisecond }},
+		{"period_up", func(r *Request) { r.Period = time.Hour }},
+		{"limit_cut", func(r *Request) { r.Limit = 3 }},
+		{"burst_up", func(r *Request) { r.Burst = 1000 }},
+		{"burst_up_limit_down", func(r *Request) { r.Limit, r.Burst = 1, 1000 }},
+	}
+	for _, a := range Algorithms {
+		if a == base.Algorithm {
+			continue
+		}
+		vs = append(vs,
+			rateVariant{"to_" + a.String(), func(r *Request) { r.Algorithm = a }},
+			rateVariant{"to_" + a.String() + "_lax", func(r *Request) {
+				r.Algorithm, r.Limit, r.Period = a, 1_000_000, time.Millisecond
+			}})
+	}
+	for _, c := range []Calendar{Minute, Hour} {
+		vs = append(vs, rateVariant{"calendar_" + c.String(), func(r *Request) {
+			r.Algorithm, r.Calendar, r.Period, r.Limit = FixedWindow, c, 0, 1_000_000
+		}})
+	}
+	return vs
+}
+
+// TestKeepStrictestSurvey attacks a key charged at 10 hits a minute, for
+// every algorithm, with every rate variant: interleaved with the rightful
+// caller's checks (the variant first, then the variant and a return to
+// the base rate, A->B->A), and before the rightful caller's first check
+// (a key claimed at a laxer rate). No sequence of checks without Reset
+// admits more than the strictest rate seen allows: the rightful caller is
+// admitted no more than alone on the key, and the attacker's hits and
+// the caller's together no more than if every check had used the base
+// rate.
+func TestKeepStrictestSurvey(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
+	const steps, step = 40, 100 * time.Millisecond
+	for _, a := range Algorithms {
+		base := Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: a}
+		for _, v := range rateVariants(base) {
+			for _, order := range []string{"spent_first", "claimed_first", "round_trip"} {
+				t.Run(fmt.Sprintf("%s/%s/%s", a, v.name, order), func(t *testing.T) {
+					attacked := newStrictStore(t)
+					alone := newStrictStore(t)  // the rightful caller alone
+					asBase := newStrictStore(t) // every check at the base rate
+					bad := base
+					v.set(&bad)
+					if err := bad.Validate(); err != nil {
+						t.Skipf("variant invalid for %s: %v", a, err)
+					}
+					var legit, legitAlone, total, totalBase int64
+					check := func(s *Store, r Request, at time.Time) int64 {
+						d, err := s.CheckAt(r, at)
+						if err != nil {
+							t.Fatalf("%+v: %v", r, err)
+						}
+						if d.Allowed {
+							return r.Hits
+						}
+						return 0
+					}
+					attack := func(at time.Time) {
+						total += check(attacked, bad, at)
+						totalBase += check(asBase, base, at)
+						if order == "round_trip" {
+							back := base
+							back.Hits = 0 // a peek at the base rate
+							check(attacked, back, at)
+							total += check(attacked, bad, at)
+							totalBase += check(asBase, base, at)
+						}
+					}
+					if order == "claimed_first" {
+						attack(t0)
+					} else {
+						for range base.Capacity() {
+							n := check(attacked, base, t0)
+							legit, total = legit+n, total+n
+							n = check(alone, base, t0)
+							legitAlone += n
+							totalBase += check(asBase, base, t0)
+						}
+					}
+					for i := range steps {
+						at := t0.Add(time.Duration(i) * step)
+						attack(at)
+						n := check(attacked, base, at)
+						legit, total = legit+n, total+n
+						legitAlone += check(alone, base, at)
+						totalBase += check(asBase, base, at)
+						if legit > legitAlone {
+							t.Fatalf("step %d: the rightful caller got %d hits, %d alone", i, legit, legitAlone)
+						}
+						if total > totalBase {
+							t.Fatalf("step %d: %d hits admitted in all, %d at the base rate", i, total, totalBase)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestKeepStrictestCutAndRaise: a cut of Limit takes effect at once and
+// keeps what was consumed; a raise waits until the key is fresh, then
+// takes effect; a Reset takes any rate at once.
+func TestKeepStrictestCutAndRaise(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s := newStrictStore(t)
+			base := Request{Name: "n", Key: "k", Hits: 2, Limit: 10, Period: time.Minute, Algorithm: a}
+			cut, raise := base, base
+			cut.Limit, cut.Hits = 3, 1
+			raise.Limit, raise.Hits = 100, 50
+			steps := []struct {
+				name string
+				req  Request
+				at   time.Time
+				want bool
+				lim  int64
+			}{
+				{"2 of 10", base, t0, true, 10},
+				{"cut to 3: 1 left", cut, t0, true, 3},
+				{"cut to 3: spent", cut, t0, false, 3},
+				{"base after the cut: the cut holds", base, t0, false, 3},
+				{"raise: more than the cut's capacity", raise, t0, false, 3},
+				{"raise once fresh", raise, t0.Add(time.Hour), true, 100},
+			}
+			for _, st := range steps {
+				d, err := s.CheckAt(st.req, st.at)
+				if err != nil {
+					t.Fatalf("%s: %v", st.name, err)
+				}
+				if d.Allowed != st.want || d.Limit != st.lim {
+					t.Fatalf("%s: allowed %v limit %d, want %v and %d (%+v)", st.name, d.Allowed, d.Limit, st.want, st.lim, d)
+				}
+				if !d.Allowed && d.RetryAfter <= 0 {
+					t.Fatalf("%s: denied with RetryAfter %v", st.name, d.RetryAfter)
+				}
+			}
+			reset := raise
+			reset.Behavior = Reset
+			if d, _ := s.CheckAt(reset, t0.Add(time.Hour)); !d.Allowed || d.Limit != 100 {
+				t.Fatalf("reset: %+v", d)
+			}
+		})
+	}
+}
+
+func newStrictStore(t testing.TB) *Store {
+	t.Helper()
+	cfg := DefaultStoreConfig()
+	cfg.Shards, cfg.KeepStrictest = 1, true
+	s, err := NewStore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -133,6 +133,17 @@
 // From then on they are the counts of those windows, and the decision,
 // Remaining, ResetAt and RetryAfter follow from them by the formula above.
 //
+// Merge never lowers what a live key counts. A received state of another
+// algorithm than the key's live one is dropped: neither can be read in
+// the other's terms without the rate of the request that will read it.
+// Of the same algorithm, the two are joined: the later fixed window, or
+// the larger count of the same one; each sliding window counter's counts
+// aligned to the later window, the larger of each; the log holding more
+// hits in its window; GCRA's later TAT at the shorter interval; and for
+// the buckets, the level that lasts longer when both drain at one rate
+// (as their levels and expiries tell it), else the larger level at the
+// later time, which is at least what either holds at any rate.
+//
 // A state received from another node ([Store.Merge]) is untrusted. Merge
 // refuses one whose expiry or GCRA arrival time is more than MaxStateLife
 // (the longest one valid request makes a state last: MaxDrain and an hour

@@ -295,8 +295,12 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 			sh.touchLocked(e)
 			return false
 		}
-	} else if e.expireAt > now && e.expireAt >= sn.ExpireAt {
-		// Another algorithm's live state that lasts longer: keep it.
+	} else if e.expireAt > now {
+		// A live state of another algorithm: neither can be read in the
+		// other's terms without the rate of the request that reads it,
+		// and replacing it could count fewer hits. Keep it; the next
+		// decision reads it as its own algorithm does.
+		sh.touchLocked(e)
 		return false
 	} else {
 		wasChanged := e.isChanged()
@@ -318,18 +322,58 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	return true
 }
 
+// sameDrain reports whether two bucket states drain at one rate, as their
+// levels and expiries tell it (within a millionth): a state lasts until
+// its level has drained.
+func sameDrain(a, b *state) bool {
+	ra, rb := drainRate(a), drainRate(b)
+	return ra == rb || math.Abs(ra-rb) <= 1e-6*max(ra, rb)
+}
+
+// drainRate is a bucket state's rate in hits per nanosecond, read from
+// its level and expiry; 0 when it tells none.
+func drainRate(st *state) float64 {
+	if d := st.expireAt - st.levelTime(); d > 0 && st.level() > 0 {
+		return st.level() / float64(d)
+	}
+	return 0
+}
+
 // mergeInto merges sn into st, both live at now and of sn's algorithm, and
 // reports whether st changed. lg is st's log for the sliding window log.
 func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 	switch sn.Algorithm {
-	case TokenBucket, LeakyBucket, GCRA:
-		// Both drain at the same rate, so the level (or TAT) that lasts
-		// longer is the larger one.
-		if sn.ExpireAt <= st.expireAt {
+	case TokenBucket, LeakyBucket:
+		theirs := snapshotState(sn)
+		if sameDrain(st, &theirs) {
+			// Both drain at the same rate, so the level that lasts
+			// longer is the larger one.
+			if sn.ExpireAt <= st.expireAt {
+				return false
+			}
+			st.expireAt = sn.ExpireAt
+			st.setSnapshotWords(sn.Words)
+			break
+		}
+		// Charged at different rates: the one that lasts longer may
+		// hold less. The larger level at the later time is at least
+		// what either holds, read at any rate.
+		level, at := max(st.level(), theirs.level()), max(st.levelTime(), theirs.levelTime())
+		if level == st.level() && at == st.levelTime() && st.expireAt >= sn.ExpireAt {
 			return false
 		}
-		st.expireAt = sn.ExpireAt
-		st.setSnapshotWords(sn.Words)
+		st.setLevel(level, at)
+		st.expireAt = max(st.expireAt, sn.ExpireAt)
+	case GCRA:
+		// The later TAT at the shorter interval counts at least the hits
+		// of either (outstanding time over interval), and lasts as long.
+		theirs := snapshotState(sn)
+		tat, interval := max(st.tat(), theirs.tat()), min(st.interval(), theirs.interval())
+		if tat == st.tat() && interval == st.interval() && st.expireAt >= sn.ExpireAt {
+			return false
+		}
+		st.setTAT(tat, interval)
+		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case FixedWindow:
 		theirs := snapshotState(sn)
 		start, hits := theirs.windowStart(), theirs.windowHits()

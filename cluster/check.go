@@ -230,7 +230,7 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d sluice.Decisio
 	now := n.now()
 	gm := n.grants.lock(hash)
 	gm.Lock()
-	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	n.grants.settleLocked(n.store, hash, now.UnixNano(), req)
 	var out, earliest int64
 	if deferred(req.Algorithm) {
 		// Whatever the behavior: a Reset, a Refund or a DrainOverLimit

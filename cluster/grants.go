@@ -47,14 +47,24 @@ type grant struct {
 }
 
 // enter settles gr at: a token bucket's or GCRA's held hits enter the
-// bucket (the TAT) as hits admitted at that instant. The admission rule
-// kept room for them; DrainOverLimit fills the bucket should it not.
-func (gr *grant) enter(store *limiter.Store, at time.Time) {
+// bucket (the TAT) as hits admitted at that instant, charged under cur, the
+// parameters the owner decides the key with now (the grant's own when cur
+// is of another algorithm). They are charged whatever the bucket holds
+// (limiter.Charge): a larger limit that took the bucket past the grant's
+// capacity meanwhile does not drop them, and a smaller one finds them.
+func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request) {
 	gr.settled = true
-	if deferred(gr.req.Algorithm) && gr.hits > 0 {
-		r := gr.req
-		r.Hits, r.Behavior = min(gr.hits, r.Capacity()), limiter.DrainOverLimit
-		store.CheckAt(r, at) //nolint:errcheck // valid: it was granted
+	if !deferred(gr.req.Algorithm) || gr.hits <= 0 {
+		return
+	}
+	r := gr.req
+	if cur != nil && deferred(cur.Algorithm) && sameKey(cur, &gr.req) {
+		r = *cur
+	}
+	r.Behavior = limiter.Charge
+	for left := gr.hits; left > 0; left -= r.Hits {
+		r.Hits = min(left, r.Capacity()) // Validate's bound on one request
+		store.CheckAt(r, at)             //nolint:errcheck // valid: the key's parameters
 	}
 }
 
@@ -94,6 +104,9 @@ type keyGrants struct {
 	earliest int64 // their earliest expiry (0: none)
 	next     int64 // when settleLocked has something to do
 	latest   int64 // the latest grant time: a now before it stepped back
+	// cur is the limit (Hits 0) of the key's latest decision, grant or
+	// return on this node: the parameters held hits enter under.
+	cur limiter.Request
 }
 
 // update recomputes held, earliest, next and latest from list.
@@ -133,9 +146,19 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // A clock that stepped back finds grants made after now: each is read as
 // made at now (boundTimes), so that it holds its hits for no longer than
 // its TTL from now, as the limiter reads the key's state.
-func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) {
+//
+// req, when not nil, is the request being decided: its parameters become
+// the key's current ones (keyGrants.cur), those expired grants enter under.
+func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, req *limiter.Request) {
 	k := g.shards[hash%decideShards][hash]
-	if k == nil || now < k.next && now >= k.latest {
+	if k == nil {
+		return
+	}
+	if req != nil && sameKey(req, &k.list[0].req) {
+		k.cur = *req
+		k.cur.Hits, k.cur.Behavior = 0, 0
+	}
+	if now < k.next && now >= k.latest {
 		return
 	}
 	gs := k.list
@@ -147,7 +170,7 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64) 
 		if gr.settled || now < gr.expires {
 			continue
 		}
-		gr.enter(store, time.Unix(0, gr.expires))
+		gr.enter(store, time.Unix(0, gr.expires), &k.cur)
 	}
 	gs = slices.DeleteFunc(gs, func(gr grant) bool {
 		return gr.settled && now >= gr.expires+int64(grantReturnGrace)
@@ -223,6 +246,9 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	r := *req
 	r.Hits, r.Behavior = 0, 0
 	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window}))
+	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
+		k.cur = r
+	}
 }
 
 // giveBackLocked takes back up to hits of from's grants of req's key, the
@@ -266,7 +292,7 @@ func (g *grantTable) sweep(h *handover, store *limiter.Store, now int64) {
 	for i := range g.shards {
 		h.locks[i].Lock()
 		for hash := range g.shards[i] {
-			g.settleLocked(store, hash, now)
+			g.settleLocked(store, hash, now, nil)
 		}
 		h.locks[i].Unlock()
 	}
@@ -289,7 +315,7 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 			}
 			for j := range k.list {
 				if !k.list[j].settled {
-					k.list[j].enter(store, now)
+					k.list[j].enter(store, now, &k.cur)
 				}
 			}
 			k.update()

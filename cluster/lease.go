@@ -181,7 +181,7 @@ func (n *Node) lockOwnedKey(req *limiter.Request) (hash uint64, now time.Time, u
 		return 0, time.Time{}, nil, fmt.Errorf("%w: %s does not decide the key now (owner %s)", ErrLeaseRefused, n.cfg.NodeName, o.Name)
 	}
 	now = n.now()
-	n.grants.settleLocked(n.store, hash, now.UnixNano())
+	n.grants.settleLocked(n.store, hash, now.UnixNano(), req)
 	return hash, now, mu.Unlock, nil
 }
 

@@ -25,7 +25,7 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 		probe = 1
 	}
 	d := Decision{Limit: req.Limit}
-	if level+probe <= capacity+bucketEpsilon {
+	if level+probe <= capacity+bucketEpsilon || req.Behavior&Charge != 0 {
 		d.Allowed = true
 		if leaky {
 			// An admitted level is at most the capacity, which

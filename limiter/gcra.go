@@ -15,7 +15,7 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 	// when behind + probe*t <= tolerance.
 	room := tolerance - probe*t
 	d := Decision{Limit: req.Limit}
-	if behind <= room {
+	if behind <= room || req.Behavior&Charge != 0 {
 		d.Allowed = true
 		behind = min(behind+req.Hits*t, ahead)
 	} else {

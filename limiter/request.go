@@ -117,8 +117,15 @@ const (
 	// a fresh key has, and the decision reports the state after the refund
 	// as a peek would.
 	Refund
+	// Charge consumes Hits whatever the key's state: hits admitted
+	// elsewhere (a lease's, say) that must count here even past the
+	// capacity. A token or leaky bucket's level and a GCRA TAT then go
+	// beyond the burst and drain at the request's rate; nothing is
+	// dropped. Only those three algorithms accept it, and the decision
+	// reports Allowed.
+	Charge
 
-	allBehaviors = Reset | DrainOverLimit | Refund
+	allBehaviors = Reset | DrainOverLimit | Refund | Charge
 )
 
 // Bounds on request fields. They keep every computation inside int64 and
@@ -306,6 +313,8 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Behavior %#x has unknown bits", ErrInvalidBehavior, uint8(r.Behavior))
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
+	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
+		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {

@@ -402,6 +402,9 @@ func validate(req *limiter.Request) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	if req.Behavior&limiter.Charge != 0 {
+		return fmt.Errorf("%w: %w: Charge is decided by the in-process store only", ErrUnsupported, limiter.ErrInvalidBehavior)
+	}
 	if req.Calendar != limiter.NoCalendar {
 		return nil
 	}

@@ -18,6 +18,24 @@ func snapOf(t *testing.T, s *Store, req Request, now time.Time) Snapshot {
 	return sn
 }
 
+// randomTrace returns a store that has decided a random trace of 1 to 20
+// requests of algorithm a, the request and the time after its last step.
+func randomTrace(t *testing.T, rng *rand.Rand, a Algorithm) (Request, *Store, int64) {
+	t.Helper()
+	req := randomRequest(t, rng, a)
+	s := newTestStore(t)
+	now := randomStart(rng)
+	for range 1 + rng.IntN(20) {
+		r := req
+		r.Hits = randomHits(rng, req.Capacity())
+		if _, err := s.CheckAt(r, nsTime(now)); err != nil {
+			t.Fatal(err)
+		}
+		now += randomGap(rng, req)
+	}
+	return req, s, now
+}
+
 func mustMerge(t *testing.T, s *Store, snaps []Snapshot, now time.Time) int {
 	t.Helper()
 	n, err := s.Merge(snaps, now)
@@ -34,17 +52,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(a)))
 			for trace := range 200 {
-				req := randomRequest(t, rng, a)
-				orig := newTestStore(t)
-				now := randomStart(rng)
-				for range 1 + rng.IntN(20) {
-					r := req
-					r.Hits = randomHits(rng, req.Capacity())
-					if _, err := orig.CheckAt(r, nsTime(now)); err != nil {
-						t.Fatal(err)
-					}
-					now += randomGap(rng, req)
-				}
+				req, orig, now := randomTrace(t, rng, a)
 				copyStore := newTestStore(t)
 				var snaps []Snapshot
 				orig.Range(nsTime(now), func(sn Snapshot) bool {

@@ -58,7 +58,8 @@ const (
 // as many as fit in MaxTransferStates states, MaxTransferLogEntries log
 // entries in all and MaxMessageSize bytes, and at least one when there are
 // any (one state with a log of limiter.MaxSnapshotLog entries takes about
-// 100 KB). The peer package sends states in calls of this size.
+// 200 KB: the log goes in both the state format and the earlier form). The
+// peer package sends states in calls of this size.
 func TransferSplit(states []limiter.Snapshot) int {
 	size, logs := transferOverhead, 0
 	for i := range states {
@@ -77,6 +78,15 @@ func stateSize(s *limiter.Snapshot) int {
 	n := 1 + protowire.SizeBytes(len(s.Name)) + 1 + protowire.SizeBytes(len(s.Key)) +
 		2*varintField + // algorithm, expire_at_unix_nano
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
-		len(s.Log)*maxLogEntry
+		len(s.Log)*maxLogEntry +
+		stateFieldSize(s)
 	return 1 + protowire.SizeBytes(n)
+}
+
+// stateFieldSize bounds the size of s's state field (the state format,
+// limiter.Snapshot.AppendBinary): its tag and length, the version and
+// algorithm, name and key with their lengths, at most four integers and
+// two per log entry.
+func stateFieldSize(s *limiter.Snapshot) int {
+	return 1 + 3 + 2 + 2*2 + len(s.Name) + len(s.Key) + (4+2*len(s.Log))*binary.MaxVarintLen64
 }

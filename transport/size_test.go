@@ -236,7 +236,7 @@ func TestTransferSplit(t *testing.T) {
 	}{
 		{"none", nil, 0, false},
 		{"small states", small, 3, false},
-		{"full logs", fullStates(40), 3, false}, // 14 per call: bounded by size
+		{"full logs", fullStates(40), 6, false}, // 7 per call: bounded by size (a log goes in both forms)
 		{"a state over the limits goes alone", huge, 1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -98,9 +98,17 @@ func WithLeaser(l Leaser) ServerOption {
 	return func(s *serverConfig) { s.leaser = l }
 }
 
-// SnapshotToProto returns the wire form of s.
+// SnapshotToProto returns the wire form of s: its state format
+// (limiter.Snapshot.AppendBinary) and, for members that read only the
+// earlier form, its words and log. An invalid s carries only the earlier
+// form, which the receiver refuses.
 func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
+	state, err := s.MarshalBinary()
+	if err != nil {
+		state = nil
+	}
 	m := &pb.KeyState{
+		State:            state,
 		Name:             s.Name,
 		Key:              s.Key,
 		Algorithm:        algorithmToProto(s.Algorithm),
@@ -117,11 +125,32 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 }
 
 // SnapshotFromProto converts m and validates it (limiter.Snapshot.Validate).
-// Errors wrap ErrInvalidArgument or limiter.ErrInvalidSnapshot.
+// With m.State set it reads that alone (limiter.Snapshot.UnmarshalBinary),
+// and its name, key and algorithm must match the fields beside it; without
+// it, the earlier form of words and log. Errors wrap ErrInvalidArgument,
+// limiter.ErrStateFormat or limiter.ErrInvalidSnapshot.
 func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
 		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
 	}
+	if len(m.State) > 0 {
+		var s limiter.Snapshot
+		if err := s.UnmarshalBinary(m.State); err != nil {
+			return limiter.Snapshot{}, err
+		}
+		if a, _ := algorithmFromProto(m.Algorithm); s.Name != m.Name || s.Key != m.Key || s.Algorithm != a {
+			return limiter.Snapshot{}, fmt.Errorf("%w: KeyState state is of %q/%q (%s), its fields say %q/%q (%s)",
+				ErrInvalidArgument, s.Name, s.Key, s.Algorithm, m.Name, m.Key, a)
+		}
+		return s, nil
+	}
+	return snapshotFromWords(m)
+}
+
+// snapshotFromWords reads the earlier form of m: its words and log, the
+// layout of limiter.Snapshot.Words that nodes without the state format
+// send.
+func snapshotFromWords(m *pb.KeyState) (limiter.Snapshot, error) {
 	a, ok := algorithmFromProto(m.Algorithm)
 	if !ok {
 		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState algorithm %d", ErrInvalidArgument, m.Algorithm)

@@ -56,11 +56,51 @@ func TestSnapshotProtoRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(got, sn) {
 			t.Errorf("%s: round trip gave %+v, want %+v", sn.Algorithm, got, sn)
 		}
+		// A member that reads only the earlier form (words and log)
+		// reads the same state from the same message.
+		old, err := snapshotFromWords(m)
+		if err != nil || !reflect.DeepEqual(old, sn) {
+			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Algorithm, old, err, sn)
+		}
+		// And a message from such a member, without state, reads too.
+		m.State = nil
+		if got, err := SnapshotFromProto(m); err != nil || !reflect.DeepEqual(got, sn) {
+			t.Errorf("%s: message without state gave %+v, %v, want %+v", sn.Algorithm, got, err, sn)
+		}
 	}
 }
 
+// TestSnapshotFromProtoStateWins: with state set, the words beside it are
+// not read, and a state that disagrees with the message's fields, is
+// damaged or is of a format version this node does not know is refused.
+func TestSnapshotFromProtoStateWins(t *testing.T) {
+	good := SnapshotToProto(&liveSnapshots(t)[0])
+	tests := []struct {
+		name string
+		mut  func(*pb.KeyState)
+		want error // nil: accepted
+	}{
+		{"words damaged", func(m *pb.KeyState) { m.Words = []int64{-1} }, nil},
+		{"other key", func(m *pb.KeyState) { m.Key = "other" }, ErrInvalidArgument},
+		{"other algorithm", func(m *pb.KeyState) { m.Algorithm = m.Algorithm%6 + 1 }, ErrInvalidArgument},
+		{"truncated state", func(m *pb.KeyState) { m.State = m.State[:len(m.State)-1] }, limiter.ErrStateFormat},
+		{"format version 2", func(m *pb.KeyState) { m.State[0] = 2 }, limiter.ErrStateFormat},
+	}
+	for _, tt := range tests {
+		m := proto.Clone(good).(*pb.KeyState)
+		tt.mut(m)
+		_, err := SnapshotFromProto(m)
+		if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestSnapshotFromProtoRejects: the earlier form, without state, is
+// checked field by field.
 func TestSnapshotFromProtoRejects(t *testing.T) {
 	good := SnapshotToProto(&liveSnapshots(t)[0])
+	good.State = nil
 	tests := []struct {
 		name string
 		mut  func(*pb.KeyState)

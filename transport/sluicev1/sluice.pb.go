@@ -833,10 +833,16 @@ func (x *PeerCheckResponse) GetPadding() []byte {
 }
 
 // KeyState is one key's limiter state, as a node hands it to the key's new
-// owner or copies it to a replica (limiter.Snapshot). words are the
-// algorithm's state words, exactly 3; log is the sliding window log, oldest
-// first, at most 4096 entries. The receiver validates every field and
-// merges the state with its own so that the one that has consumed more wins.
+// owner or copies it to a replica (limiter.Snapshot). state is the key's
+// state in sluice's versioned state format (the Go package
+// github.com/sluicehq/sluice/limiter documents it, Snapshot.AppendBinary):
+// a format version, then the algorithm's named fields. A receiver that finds
+// state reads it alone and refuses a format version it does not know.
+// words and log are the earlier form, which nodes that do not know state
+// read: the algorithm's state words, exactly 3, and the sliding window log,
+// oldest first, at most 4096 entries. Senders fill both while such nodes may
+// be members. The receiver validates every field and merges the state with
+// its own so that the one that has consumed more wins.
 type KeyState struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -846,6 +852,7 @@ type KeyState struct {
 	ExpireAtUnixNano int64       `protobuf:"varint,4,opt,name=expire_at_unix_nano,json=expireAtUnixNano,proto3" json:"expire_at_unix_nano,omitempty"`
 	Words            []int64     `protobuf:"varint,5,rep,packed,name=words,proto3" json:"words,omitempty"`
 	Log              []*LogEntry `protobuf:"bytes,6,rep,name=log,proto3" json:"log,omitempty"`
+	State            []byte      `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -918,6 +925,13 @@ func (x *KeyState) GetWords() []int64 {
 func (x *KeyState) GetLog() []*LogEntry {
 	if x != nil {
 		return x.Log
+	}
+	return nil
+}
+
+func (x *KeyState) GetState() []byte {
+	if x != nil {
+		return x.State
 	}
 	return nil
 }
@@ -2239,14 +2253,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xd0\x01\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xe6\x01\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
 	"\talgorithm\x18\x03 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12-\n" +
 	"\x13expire_at_unix_nano\x18\x04 \x01(\x03R\x10expireAtUnixNano\x12\x14\n" +
 	"\x05words\x18\x05 \x03(\x03R\x05words\x12%\n" +
-	"\x03log\x18\x06 \x03(\v2\x13.sluice.v1.LogEntryR\x03log\"@\n" +
+	"\x03log\x18\x06 \x03(\v2\x13.sluice.v1.LogEntryR\x03log\x12\x14\n" +
+	"\x05state\x18\a \x01(\fR\x05state\"@\n" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +

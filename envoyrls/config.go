@@ -3,6 +3,8 @@ package envoyrls
 import (
 	"fmt"
 	"strings"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Unit is the time unit of a rate limit, numbered as Envoy's
@@ -83,6 +85,10 @@ type Descriptor struct {
 	// ShareThreshold, on a pattern Value, makes every value the pattern
 	// matches share one counter.
 	ShareThreshold bool
+	// Metadata is returned in a response's dynamic metadata
+	// (Config.DynamicMetadata) when the descriptor's limit applies and
+	// is not over; nil for none.
+	Metadata *structpb.Struct
 	// Descriptors are the entries that match the next entry of a
 	// request descriptor.
 	Descriptors []*Descriptor
@@ -223,6 +229,45 @@ func wildcardMatch(parts []string, value string) bool {
 // Rules is immutable and safe for concurrent use.
 type Rules struct {
 	domains map[string]*Domain
+}
+
+// MergeRules returns the rules of domains where a domain given more than
+// once is one domain with the descriptors of each, in order, as
+// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG has it: a descriptor that
+// two of them configure at the top level is an error naming the file of
+// the later one. The merged domain is indexed anew: the domains given
+// must not be used afterwards.
+func MergeRules(domains ...*Domain) (*Rules, error) {
+	var order []string
+	byName := make(map[string][]*Domain)
+	for _, d := range domains {
+		if _, ok := byName[d.Name]; !ok {
+			order = append(order, d.Name)
+		}
+		byName[d.Name] = append(byName[d.Name], d)
+	}
+	merged := make([]*Domain, 0, len(order))
+	for _, name := range order {
+		parts := byName[name]
+		if len(parts) == 1 {
+			merged = append(merged, parts[0])
+			continue
+		}
+		var all []*Descriptor
+		for _, p := range parts {
+			all = append(all, p.Descriptors...)
+			// A duplicate names the file that brings it.
+			if _, err := NewDomain(p.File, name, all); err != nil {
+				return nil, err
+			}
+		}
+		d, err := NewDomain(parts[0].File, name, all)
+		if err != nil {
+			return nil, err
+		}
+		merged = append(merged, d)
+	}
+	return NewRules(merged...)
 }
 
 // NewRules returns the rules of domains; a domain given twice is an error

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/internal/yamlfile"
 )
@@ -42,7 +43,44 @@ var readerConfig = func() yamlfile.Config {
 // deeper than 100 levels and aliases that expand the document beyond a
 // million nodes are refused before any field is read.
 func ParseDomain(file string, data []byte) (*Domain, error) {
-	p := &parser{file: file}
+	return ParseDomainWith(file, data, LoadConfig{Strict: true})
+}
+
+// LoadConfig says how configuration files are read. The zero value, which
+// DefaultLoadConfig returns, is lenient and refuses a domain configured
+// twice.
+type LoadConfig struct {
+	// Strict refuses a key that the format knows but not where it stands
+	// (unit on a descriptor, say). Lenient, the default, ignores such a
+	// key with a warning, as envoyproxy/ratelimit ignores it silently, so
+	// that every file it runs runs here. A key the format does not know
+	// at all is an error either way, as with envoyproxy/ratelimit.
+	Strict bool
+	// MergeDomains makes the files of one domain one configuration
+	// (MergeRules), as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG;
+	// otherwise a domain configured twice is an error wrapping
+	// ErrDuplicateDomain.
+	MergeDomains bool
+	// Warn, when set, receives each key a lenient read ignored, at its
+	// file, line and column. It must not block for long.
+	Warn func(*ConfigError)
+}
+
+// DefaultLoadConfig is lenient and does not merge domains.
+func DefaultLoadConfig() LoadConfig { return LoadConfig{} }
+
+// knownKeys are the keys of envoyproxy/ratelimit's format, wherever they
+// stand: a lenient read ignores one out of place.
+var knownKeys = map[string]bool{
+	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true, "unit": true,
+	"requests_per_unit": true, "unlimited": true, "shadow_mode": true, "quota_mode": true, "name": true,
+	"replaces": true, "detailed_metric": true, "value_to_metric": true, "share_threshold": true, "metadata": true,
+}
+
+// ParseDomainWith reads one configuration file as ParseDomain does, under
+// lc (Strict, and Warn; MergeDomains is for directories).
+func ParseDomainWith(file string, data []byte, lc LoadConfig) (*Domain, error) {
+	p := &parser{file: file, lc: lc}
 	root, err := yamlfile.Parse(file, data, readerConfig)
 	if err != nil {
 		return nil, readerError(file, err)
@@ -92,6 +130,7 @@ func readerError(file string, err error) error {
 // following every alias visits at most a million nodes.
 type parser struct {
 	file string
+	lc   LoadConfig
 }
 
 // errorf returns a *ConfigError at n's line and column (none for a nil
@@ -133,6 +172,12 @@ func (p *parser) mapping(n *yaml.Node, allowed []string, f func(key string, v *y
 			return p.errorf(k, "a key must be text, not %s", describe(k))
 		}
 		if !slices.Contains(allowed, k.Value) {
+			if !p.lc.Strict && knownKeys[k.Value] {
+				if p.lc.Warn != nil {
+					p.lc.Warn(p.errorf(k, "key %q is ignored here (want one of %s)", k.Value, strings.Join(allowed, ", ")).(*ConfigError))
+				}
+				continue
+			}
 			return p.errorf(k, "unknown key %q (want one of %s)", k.Value, strings.Join(allowed, ", "))
 		}
 		if err := f(k.Value, n.Content[i+1]); err != nil {
@@ -247,7 +292,7 @@ func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
 			case "descriptors":
 				ds.Descriptors, err = p.descriptors(v)
 			case "metadata":
-				// Dynamic metadata is not returned; the reader has bounded it.
+				ds.Metadata, err = p.metadata(v)
 			}
 			return err
 		})
@@ -255,6 +300,24 @@ func (p *parser) descriptors(n *yaml.Node) ([]*Descriptor, error) {
 		return err
 	})
 	return out, err
+}
+
+// metadata reads a descriptor's metadata, any mapping, as a structure;
+// null is none. The reader has bounded its size.
+func (p *parser) metadata(n *yaml.Node) (*structpb.Struct, error) {
+	n, err := p.collection(n, yaml.MappingNode, "a mapping")
+	if n == nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := n.Decode(&m); err != nil {
+		return nil, p.errorf(n, "metadata: %v", err)
+	}
+	st, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, p.errorf(n, "metadata: %v", err)
+	}
+	return st, nil
 }
 
 // rateLimit reads a rate_limit block; null is none.
@@ -305,23 +368,32 @@ func (p *parser) rateLimit(n *yaml.Node) (*RateLimit, error) {
 // links of a Kubernetes ConfigMap volume), nor subdirectories. Each file
 // configures one domain; a domain configured by two files is an error
 // wrapping ErrDuplicateDomain. The first invalid file fails the load.
-func LoadDir(dir string) (*Rules, error) {
+// LoadDir is strict, as ParseDomain; LoadDirWith reads under a
+// LoadConfig.
+func LoadDir(dir string) (*Rules, error) { return LoadDirWith(dir, LoadConfig{Strict: true}) }
+
+// LoadDirWith reads every configuration file of dir as LoadDir does,
+// under lc.
+func LoadDirWith(dir string, lc LoadConfig) (*Rules, error) {
 	files, err := configFiles(dir)
 	if err != nil {
 		return nil, err
 	}
-	return parseFiles(files)
+	return parseFiles(files, lc)
 }
 
 // parseFiles parses the files of a directory into its rules.
-func parseFiles(files []configFile) (*Rules, error) {
+func parseFiles(files []configFile, lc LoadConfig) (*Rules, error) {
 	domains := make([]*Domain, 0, len(files))
 	for _, f := range files {
-		d, err := ParseDomain(f.path, f.data)
+		d, err := ParseDomainWith(f.path, f.data, lc)
 		if err != nil {
 			return nil, err
 		}
 		domains = append(domains, d)
+	}
+	if lc.MergeDomains {
+		return MergeRules(domains...)
 	}
 	return NewRules(domains...)
 }

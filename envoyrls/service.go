@@ -14,7 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/limiter"
@@ -104,9 +106,41 @@ type Config struct {
 	// MaxEntries the entries of one descriptor; a request beyond either
 	// is refused with InvalidArgument.
 	MaxDescriptors, MaxEntries int
+	// ShadowMode answers every request OK overall, as envoyproxy/
+	// ratelimit's SHADOW_MODE: the descriptors are counted and their
+	// statuses, the response headers and OnHit still say what would have
+	// happened; OnGlobalShadow is called for each request so turned OK.
+	ShadowMode bool
+	// QuotaMode puts every descriptor in quota mode, as QUOTA_MODE: the
+	// request is over only when all of its limited descriptors are.
+	QuotaMode bool
+	// DynamicMetadata adds envoyproxy/ratelimit's dynamic_metadata to each
+	// response (RESPONSE_DYNAMIC_METADATA): the domain, the descriptors'
+	// entries, limits and hits_addend, the request's hits_addend, and the
+	// metadata of the configured descriptors that were not over.
+	DynamicMetadata bool
+	// ExactReset gives duration_until_reset to the nanosecond. Otherwise
+	// it is whole seconds rounded up, as envoyproxy/ratelimit computes it
+	// (the unit's length less the seconds elapsed in its window, never 0):
+	// Envoy's X-RateLimit-Reset header reads only the seconds.
+	ExactReset bool
+	// StopIncrementOverLimit, as STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+	// charges nothing for a request that is over on any descriptor: the
+	// hits admitted on its other descriptors are given back, and the
+	// descriptor over is left as it was rather than drained. Otherwise
+	// every descriptor is charged on its own, and one over leaves its
+	// window full until it ends, as envoyproxy/ratelimit's counter
+	// going past the limit does.
+	StopIncrementOverLimit bool
 	// OnHit, when set, is called with each descriptor's Hit, for metrics.
 	// It is called on the request's goroutine and must not block.
 	OnHit func(*Hit)
+	// OnUnknownDomain, when set, is called with the domain of each
+	// request that names no configured domain (answered OK); and
+	// OnGlobalShadow with the domain of each request that ShadowMode
+	// turned OK. Both are called on the request's goroutine and must not
+	// block.
+	OnUnknownDomain, OnGlobalShadow func(domain string)
 	// Now is the clock of duration_until_reset and the reset header; it
 	// should be the Limiter's. nil is time.Now.
 	Now func() time.Time
@@ -212,6 +246,9 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 		return nil, status.Errorf(codes.InvalidArgument, "envoyrls: %d descriptors, more than %d", len(req.Descriptors), s.cfg.MaxDescriptors)
 	}
 	domain, _ := s.cfg.Rules.Current().Domain(req.Domain)
+	if domain == nil && s.cfg.OnUnknownDomain != nil {
+		s.cfg.OnUnknownDomain(req.Domain)
+	}
 	items := make([]item, len(req.Descriptors))
 	var replaced map[string]bool
 	for i, d := range req.Descriptors {
@@ -242,14 +279,79 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 	}
 	var results []sluice.Result
 	if len(reqs) > 0 {
-		results = s.cfg.Limiter.CheckMany(ctx, reqs)
-		for _, r := range results {
+		var err error
+		if results, err = s.check(ctx, items, reqs); err != nil {
+			return nil, err
+		}
+	}
+	return s.respond(req, items, results, now), nil
+}
+
+// check counts reqs, the requests of the counted items, and returns their
+// results. A descriptor over its limit leaves its window full, as
+// envoyproxy/ratelimit's counter going past the limit does: the requests
+// are decided without DrainOverLimit, so that a rejected one reports what
+// was left before it (the statistics of a request that straddles the
+// limit need it), and those rejected with room left are drained after.
+// With StopIncrementOverLimit a request over on any descriptor is given
+// back instead.
+func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
+	results := s.cfg.Limiter.CheckMany(ctx, reqs)
+	var again []limiter.Request
+	anyOver := false
+	for i := range items {
+		it := &items[i]
+		if it.counted < 0 {
+			continue
+		}
+		r := results[it.counted]
+		if r.Err != nil {
+			return nil, limiterError(r.Err)
+		}
+		before, _ := it.counts(r.Decision.Decision)
+		over := before+it.hits > uint64(it.limit.RequestsPerUnit)
+		anyOver = anyOver || over
+		if over && !s.cfg.StopIncrementOverLimit && !r.Decision.Allowed && r.Decision.Remaining > 0 {
+			drain := reqs[it.counted]
+			drain.Hits, drain.Behavior = r.Decision.Remaining, limiter.DrainOverLimit
+			again = append(again, drain)
+		}
+	}
+	if s.cfg.StopIncrementOverLimit && anyOver {
+		for i := range items {
+			it := &items[i]
+			if it.counted >= 0 && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+				refund := reqs[it.counted]
+				refund.Behavior = limiter.Refund
+				again = append(again, refund)
+			}
+		}
+	}
+	if len(again) > 0 {
+		// What the first decisions said stands: a failure here leaves a
+		// window less full than envoyproxy/ratelimit's would be, and
+		// fails the request as the first would.
+		for _, r := range s.cfg.Limiter.CheckMany(ctx, again) {
 			if r.Err != nil {
 				return nil, limiterError(r.Err)
 			}
 		}
 	}
-	return s.respond(items, results, req.Domain, now), nil
+	return results, nil
+}
+
+// counts returns the hits the window of it held before and after its
+// request, as envoyproxy/ratelimit's counter would: after is before plus
+// the descriptor's hits, whether admitted or not.
+func (it *item) counts(d limiter.Decision) (before, after uint64) {
+	limit := uint64(it.limit.RequestsPerUnit)
+	left := uint64(max(d.Remaining, 0))
+	used := limit - min(left, limit)
+	if d.Allowed && it.hits > 0 {
+		// The request's hits (at most the limit) are in used.
+		used -= min(it.hits, limit, used)
+	}
+	return used, used + it.hits
 }
 
 // resolve finds the limit of descriptor d of req.
@@ -286,10 +388,10 @@ func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDesc
 	return it, nil
 }
 
-// request is the limiter.Request that counts it under limit l: a fixed
-// window that, like envoyproxy/ratelimit's counter, stays full once a
-// request was over (DrainOverLimit). A descriptor's hits beyond the limit
-// could never be admitted: they take all of the window.
+// request is the limiter.Request that counts it under limit l, in a
+// fixed window (check drains it when the request is over). A
+// descriptor's hits beyond the limit could never be admitted: they take
+// all of the window.
 func (s *Service) request(it *item, l *RateLimit) limiter.Request {
 	r := limiter.Request{
 		Name:      limitNames[l.Unit],
@@ -297,7 +399,6 @@ func (s *Service) request(it *item, l *RateLimit) limiter.Request {
 		Hits:      int64(min(it.hits, uint64(l.RequestsPerUnit))),
 		Limit:     int64(l.RequestsPerUnit),
 		Algorithm: limiter.FixedWindow,
-		Behavior:  limiter.DrainOverLimit,
 	}
 	r.Period, r.Calendar = s.window(l.Unit)
 	return r
@@ -367,7 +468,7 @@ func limiterError(err error) error {
 }
 
 // respond builds the response from the items and the limiter's results.
-func (s *Service) respond(items []item, results []sluice.Result, domain string, now time.Time) *rlsv3.RateLimitResponse {
+func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []sluice.Result, now time.Time) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
@@ -387,26 +488,25 @@ func (s *Service) respond(items []item, results []sluice.Result, domain string, 
 			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		var over bool
-		var remaining int64
+		var before, after uint64
 		if it.counted >= 0 {
-			dec := results[it.counted].Decision
-			over = !dec.Allowed || it.hits > uint64(l.RequestsPerUnit)
-			if !over {
-				remaining = dec.Remaining
-			}
+			before, after = it.counts(results[it.counted].Decision.Decision)
 		} else { // a limit of 0 per unit
-			over = it.hits > 0
+			after = it.hits
 		}
+		limit := uint64(l.RequestsPerUnit)
+		over := after > limit
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
 			Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
 		}
-		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
-		st.DurationUntilReset = durationpb.New(s.windowEnd(l.Unit, now).Sub(now))
+		if !over {
+			st.LimitRemaining = uint32(limit - after)
+		}
+		st.DurationUntilReset = durationpb.New(s.untilReset(l.Unit, now))
 		if over && !it.shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		if it.quota {
+		if it.quota || s.cfg.QuotaMode {
 			quotas++
 			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 				quotasOver++
@@ -417,11 +517,11 @@ func (s *Service) respond(items []item, results []sluice.Result, domain string, 
 		// The headers show the limit closest to being reached: the last
 		// enforced one over, else the first with the least remaining.
 		if closest == nil || st.LimitRemaining < closest.LimitRemaining ||
-			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota) {
+			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
 			closest, closestUnit = st, l.Unit
 		}
 		if s.cfg.OnHit != nil {
-			s.cfg.OnHit(s.hit(it, domain, over, uint64(remaining)))
+			s.cfg.OnHit(s.hit(it, req.Domain, before, after))
 		}
 	}
 	if quotas > 0 && quotas == quotasOver {
@@ -435,30 +535,112 @@ func (s *Service) respond(items []item, results []sluice.Result, domain string, 
 			{Key: h.Reset, Value: strconv.FormatInt(int64((reset+time.Second-1)/time.Second), 10)},
 		}
 	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && s.cfg.ShadowMode {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		if s.cfg.OnGlobalShadow != nil {
+			s.cfg.OnGlobalShadow(req.Domain)
+		}
+	}
+	if s.cfg.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, items, resp.Statuses)
+	}
 	return resp
 }
 
-// hit returns the statistics of one counted descriptor: over says it was
-// over its limit, remaining what an admitted one left.
-func (s *Service) hit(it *item, domain string, over bool, remaining uint64) *Hit {
+// untilReset is duration_until_reset of a limit of unit u at now: whole
+// seconds rounded up, or exact with Config.ExactReset.
+func (s *Service) untilReset(u Unit, now time.Time) time.Duration {
+	d := s.windowEnd(u, now).Sub(now)
+	if s.cfg.ExactReset {
+		return d
+	}
+	return (d + time.Second - 1) / time.Second * time.Second
+}
+
+// hit returns the statistics of one counted descriptor whose window held
+// before hits, and after with the descriptor's, as envoyproxy/ratelimit
+// counts them: a request that goes over counts the hits beyond the limit
+// over (all of them when the window was full already) and those between
+// the near-limit threshold and the limit near; one within the limit
+// counts its hits within and those above the threshold near.
+func (s *Service) hit(it *item, domain string, before, after uint64) *Hit {
 	h := &Hit{Domain: domain, Key: it.match.MetricKey(), TotalHits: it.hits}
 	if h.Key == "" { // a limit Envoy sent: envoyproxy/ratelimit names it by the request's entries
 		h.Key = it.match.overrideMetricKey()
 	}
-	if over {
-		// The limiter admits all of a descriptor's hits or none.
-		h.OverLimit = it.hits
-		if it.shadow {
-			h.ShadowMode = it.hits
-		}
-		return h
-	}
-	h.WithinLimit = it.hits
 	limit := uint64(it.limit.RequestsPerUnit)
-	near := uint64(math.Floor(float64(limit) * s.cfg.NearLimitRatio))
-	after := limit - remaining
-	if after > near {
-		h.NearLimit = min(it.hits, after-near)
+	// envoyproxy/ratelimit multiplies in single precision.
+	near := uint64(math.Floor(float64(float32(limit) * float32(s.cfg.NearLimitRatio))))
+	switch {
+	case after > limit && before >= limit:
+		h.OverLimit = it.hits
+	case after > limit:
+		h.OverLimit = after - limit
+		h.NearLimit = limit - max(near, before)
+	default:
+		h.WithinLimit = it.hits
+		if after > near {
+			h.NearLimit = after - max(near, before)
+		}
+	}
+	if it.shadow {
+		h.ShadowMode = h.OverLimit
 	}
 	return h
+}
+
+// dynamicMetadata is envoyproxy/ratelimit's dynamic metadata of a
+// response: the domain, each descriptor's entries ("key=value"), limit
+// and hits_addend, the request's hits_addend when set, and the metadata
+// of the configured descriptors whose status is OK, merged (the first
+// value of a key wins, structures merge).
+func dynamicMetadata(req *rlsv3.RateLimitRequest, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(req.Domain)}
+	ds := make([]*structpb.Value, 0, len(req.Descriptors))
+	for _, d := range req.Descriptors {
+		entries := make([]*structpb.Value, len(d.Entries))
+		for i, e := range d.Entries {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if o := d.GetLimit(); o != nil {
+			f["limit"] = structpb.NewStringValue(fmt.Sprintf("requests_per_unit:%d unit:%s", o.RequestsPerUnit, o.Unit))
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))
+		}
+		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: ds})
+	if req.HitsAddend != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(req.HitsAddend))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i := range items {
+		it := &items[i]
+		if statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT || it.limit == nil || it.limit.Unlimited ||
+			it.match.Descriptor == nil || it.match.Descriptor.Metadata == nil {
+			continue
+		}
+		mergeStruct(passed, it.match.Descriptor.Metadata)
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// mergeStruct adds src's fields to dst: a field dst lacks is copied, two
+// structures merge, and otherwise dst's value stays.
+func mergeStruct(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		if !ok {
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+			continue
+		}
+		if hs, vs := have.GetStructValue(), v.GetStructValue(); hs != nil && vs != nil {
+			mergeStruct(hs, vs)
+		}
+	}
 }

@@ -39,7 +39,7 @@ func TestHitsAddend(t *testing.T) {
 		{name: "a descriptor's 0 peeks", hits: 3, descs: descs(desc("user=a", "hits=0")), want: "OK; OK 4" + m},
 		{name: "5 do not fit in 4: over, and the window is full", descs: descs(desc("user=a", "hits=5")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "so 1 is over too", descs: descs(desc("user=a")), want: "OVER_LIMIT; OVER 0" + m},
-		{name: "a peek of a full window is over", descs: descs(desc("user=a", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
+		{name: "a peek of a full window is OK with none left, as upstream's check-then-charge", descs: descs(desc("user=a", "hits=0")), want: "OK; OK 0" + m},
 		{name: "11 never fit in 10", descs: descs(desc("user=c", "hits=11")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "and fill the window", descs: descs(desc("user=c")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "the next minute", advance: 40 * time.Second, descs: descs(desc("user=c", "hits=10")), want: "OK; OK 0/10/minute t=1m0s"},
@@ -48,7 +48,9 @@ func TestHitsAddend(t *testing.T) {
 	if want := (Hit{Domain: "hits", Key: "hits.user", TotalHits: 2, WithinLimit: 2, NearLimit: 0}); hits[3] != want {
 		t.Errorf("hit of user=a hits=2: %+v, want %+v", hits[3], want)
 	}
-	if want := (Hit{Domain: "hits", Key: "hits.user", TotalHits: 5, OverLimit: 5}); hits[6] != want {
+	// 6 used, 5 more: as upstream, the one beyond 10 is over and the two
+	// between the threshold (8) and the limit near.
+	if want := (Hit{Domain: "hits", Key: "hits.user", TotalHits: 5, OverLimit: 1, NearLimit: 2}); hits[6] != want {
 		t.Errorf("hit over: %+v, want %+v", hits[6], want)
 	}
 	if want := (Hit{Domain: "hits", Key: "hits.user", TotalHits: 10, WithinLimit: 10, NearLimit: 2}); hits[len(hits)-1] != want {
@@ -96,11 +98,18 @@ func TestUnits(t *testing.T) {
 	} {
 		t.Run(tc.unit+"/"+map[Alignment]string{AlignCalendar: "calendar", AlignEpoch: "epoch"}[tc.align], func(t *testing.T) {
 			e := newEnv(t, []string{unitsConfig}, func(c *Config) { c.Alignment = tc.align })
+			exact := newEnv(t, []string{unitsConfig}, func(c *Config) { c.Alignment = tc.align; c.ExactReset = true })
 			d := descs(desc("u=" + tc.unit))
 			l := " 0/1/" + tc.unit + " t="
-			e.run("units", []step{
+			// duration_until_reset is whole seconds rounded up, never 0,
+			// unless ExactReset.
+			exact.run("units", []step{
 				{name: "the one", descs: d, want: "OK; OK" + l + tc.reset.String()},
 				{name: "one more, a nanosecond before the end", advance: tc.reset - time.Nanosecond, descs: d, want: "OVER_LIMIT; OVER" + l + "1ns"},
+			})
+			e.run("units", []step{
+				{name: "the one", descs: d, want: "OK; OK" + l + tc.reset.String()},
+				{name: "one more, a nanosecond before the end", advance: tc.reset - time.Nanosecond, descs: d, want: "OVER_LIMIT; OVER" + l + "1s"},
 			})
 			e.clk.Advance(time.Nanosecond)
 			for i, want := range []string{"OK; OK" + l, "OVER_LIMIT; OVER" + l} {

@@ -28,6 +28,9 @@ type WatchConfig struct {
 	// Tick, when set, replaces the poll ticker: each value received makes
 	// a poll.
 	Tick <-chan time.Time
+	// Load says how the files are read: lenient by default. Its Warn
+	// receives the keys ignored at each load of changed files.
+	Load LoadConfig
 }
 
 // MinPollInterval is the shortest PollInterval: each poll reads every
@@ -84,7 +87,7 @@ func WatchDir(dir string, cfg WatchConfig) (*Watcher, error) {
 			}
 			var sum [sha256.Size]byte
 			h.Sum(sum[:0])
-			return sum, func() (*Rules, error) { return parseFiles(files) }, nil
+			return sum, func() (*Rules, error) { return parseFiles(files, cfg.Load) }, nil
 		},
 		Describe: func(r *Rules) []any { return []any{"domains", r.Len()} },
 		OnReload: cfg.OnReload,

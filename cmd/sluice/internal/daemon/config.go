@@ -123,6 +123,40 @@ type Config struct {
 	// that get a label value of their own; the hits of the others, and of
 	// keys longer than 256 bytes, count under "_other".
 	EnvoyMetricKeys int
+	// EnvoyStrictConfig refuses a configuration file with a key of the
+	// format out of place (unit on a descriptor, say); otherwise such a
+	// key is ignored with a warning (logged and counted in
+	// sluice_envoy_config_warnings_total), as envoyproxy/ratelimit
+	// ignores it.
+	EnvoyStrictConfig bool
+	// EnvoyMergeDomains merges the files of one domain
+	// (MERGE_DOMAIN_CONFIG); otherwise a domain in two files is an error.
+	EnvoyMergeDomains bool
+	// EnvoyShadowMode answers every request OK overall (SHADOW_MODE),
+	// counting as usual; EnvoyQuotaMode puts every descriptor in quota
+	// mode (QUOTA_MODE); EnvoyDynamicMetadata adds envoyproxy/ratelimit's
+	// dynamic metadata to responses (RESPONSE_DYNAMIC_METADATA);
+	// EnvoyStopIncrementOverLimit charges nothing for a request over on
+	// any descriptor (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	EnvoyShadowMode, EnvoyQuotaMode, EnvoyDynamicMetadata, EnvoyStopIncrementOverLimit bool
+	// EnvoyExactReset gives duration_until_reset to the nanosecond rather
+	// than in whole seconds rounded up, as envoyproxy/ratelimit does.
+	EnvoyExactReset bool
+	// EnvoyXDSAddr, host:port of an xDS management server, makes Envoy's
+	// rate limit service take its configuration from there (state of the
+	// world, RateLimitConfig resources of type
+	// ratelimit.config.ratelimit.v3.RateLimitConfig, as Envoy Gateway
+	// serves them) instead of EnvoyConfigDir; the two exclude each
+	// other. EnvoyXDSNodeID is the node id the daemon gives the server.
+	// With EnvoyXDSCAFile (PEM) the connection uses TLS verified by it,
+	// and EnvoyXDSCertFile and EnvoyXDSKeyFile present a client
+	// certificate; EnvoyXDSServerName overrides the name verified.
+	EnvoyXDSAddr       string
+	EnvoyXDSNodeID     string
+	EnvoyXDSCAFile     string
+	EnvoyXDSCertFile   string
+	EnvoyXDSKeyFile    string
+	EnvoyXDSServerName string
 	// ShutdownDelay is how long the daemon reports not ready before it
 	// stops accepting requests, so that load balancers notice first.
 	ShutdownDelay time.Duration
@@ -241,6 +275,7 @@ func DefaultConfig() Config {
 		EnvoyResponseHeaders: EnvoyHeadersOff,
 		EnvoyWindowAlignment: EnvoyAlignCalendar,
 		EnvoyMetricKeys:      1000,
+		EnvoyXDSNodeID:       "default",
 		MaxBatchItems:        transport.MaxBatchItems,
 		ShutdownTimeout:      10 * time.Second,
 		LogFormat:            "json",
@@ -612,6 +647,59 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.AdminIdentities = splitList(v); return nil },
 		check: func(c *Config) error { return checkIdentities(c.AdminIdentities) },
 		show:  func(c *Config) string { return strings.Join(c.AdminIdentities, ",") }},
+	boolSetting("envoy_strict_config", "refuse an Envoy configuration file with a known key out of place; by default such a key is ignored with a warning, as envoyproxy/ratelimit ignores it",
+		func(c *Config) *bool { return &c.EnvoyStrictConfig }),
+	boolSetting("envoy_merge_domains", "merge the Envoy configuration files of one domain (MERGE_DOMAIN_CONFIG) rather than refuse them",
+		func(c *Config) *bool { return &c.EnvoyMergeDomains }),
+	boolSetting("envoy_shadow_mode", "answer every Envoy rate limit request OK, counting as usual (SHADOW_MODE)",
+		func(c *Config) *bool { return &c.EnvoyShadowMode }),
+	boolSetting("envoy_quota_mode", "put every Envoy descriptor in quota mode (QUOTA_MODE)",
+		func(c *Config) *bool { return &c.EnvoyQuotaMode }),
+	boolSetting("envoy_dynamic_metadata", "add envoyproxy/ratelimit's dynamic metadata to Envoy responses (RESPONSE_DYNAMIC_METADATA)",
+		func(c *Config) *bool { return &c.EnvoyDynamicMetadata }),
+	boolSetting("envoy_stop_increment_over_limit", "charge nothing for an Envoy request over on any descriptor (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)",
+		func(c *Config) *bool { return &c.EnvoyStopIncrementOverLimit }),
+	boolSetting("envoy_exact_reset", "give Envoy's duration_until_reset to the nanosecond rather than in whole seconds rounded up",
+		func(c *Config) *bool { return &c.EnvoyExactReset }),
+	{key: "envoy_xds_addr", usage: "xDS management server, host:port, that configures Envoy's rate limit service (RateLimitConfig resources, state of the world) instead of envoy_config_dir",
+		parse: func(c *Config, v string) error { c.EnvoyXDSAddr = v; return nil },
+		check: func(c *Config) error {
+			switch {
+			case c.EnvoyXDSAddr == "":
+				return nil
+			case c.EnvoyConfigDir != "":
+				return errors.New("envoy_xds_addr and envoy_config_dir exclude each other")
+			}
+			return checkEndpoint(c.EnvoyXDSAddr)
+		},
+		show: func(c *Config) string { return c.EnvoyXDSAddr }},
+	{key: "envoy_xds_node_id", usage: "node id the daemon gives envoy_xds_addr's server",
+		parse: func(c *Config, v string) error { c.EnvoyXDSNodeID = v; return nil },
+		check: func(c *Config) error {
+			if c.EnvoyXDSAddr != "" {
+				return checkName(c.EnvoyXDSNodeID)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return c.EnvoyXDSNodeID }},
+	{key: "envoy_xds_ca_file", usage: "PEM bundle that verifies envoy_xds_addr's server; turns on TLS to it",
+		parse: func(c *Config, v string) error { c.EnvoyXDSCAFile = v; return nil },
+		show:  func(c *Config) string { return c.EnvoyXDSCAFile }},
+	{key: "envoy_xds_cert_file", usage: "PEM client certificate presented to envoy_xds_addr's server (with envoy_xds_key_file and envoy_xds_ca_file)",
+		parse: func(c *Config, v string) error { c.EnvoyXDSCertFile = v; return nil },
+		check: func(c *Config) error {
+			if (c.EnvoyXDSCertFile == "") != (c.EnvoyXDSKeyFile == "") || (c.EnvoyXDSCertFile != "" && c.EnvoyXDSCAFile == "") {
+				return errors.New("envoy_xds_cert_file and envoy_xds_key_file go together, and need envoy_xds_ca_file")
+			}
+			return nil
+		},
+		show: func(c *Config) string { return c.EnvoyXDSCertFile }},
+	{key: "envoy_xds_key_file", usage: "PEM key of envoy_xds_cert_file",
+		parse: func(c *Config, v string) error { c.EnvoyXDSKeyFile = v; return nil },
+		show:  func(c *Config) string { return c.EnvoyXDSKeyFile }},
+	{key: "envoy_xds_server_name", usage: "name verified in envoy_xds_addr's certificate; empty: its host",
+		parse: func(c *Config, v string) error { c.EnvoyXDSServerName = v; return nil },
+		show:  func(c *Config) string { return c.EnvoyXDSServerName }},
 	{key: "tracing_endpoint", usage: "OTLP/gRPC collector that receives traces, host:port; empty: no tracing",
 		parse: func(c *Config, v string) error { c.TracingEndpoint = v; return nil },
 		check: func(c *Config) error {
@@ -643,6 +731,13 @@ var fields = []field{
 	{key: "tracing_keys", usage: "record client keys in spans (personal data in many deployments)",
 		parse: func(c *Config, v string) error { return parseBool(&c.TracingKeys, v) },
 		show:  func(c *Config) string { return strconv.FormatBool(c.TracingKeys) }},
+}
+
+// boolSetting is a setting of the boolean field ptr returns.
+func boolSetting(key, usage string, ptr func(*Config) *bool) field {
+	return field{key: key, usage: usage,
+		parse: func(c *Config, v string) error { return parseBool(ptr(c), v) },
+		show:  func(c *Config) string { return strconv.FormatBool(*ptr(c)) }}
 }
 
 // The values of Config.EnvoyResponseHeaders and EnvoyWindowAlignment.

@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
@@ -99,6 +100,12 @@ type Daemon struct {
 	// envoy keeps Config.EnvoyConfigDir current for Envoy's rate limit
 	// service; nil without one.
 	envoy *envoyrls.Watcher
+	// envoySvc serves Envoy's rate limit service, for POST /json too;
+	// registerPublic sets it, nil without an Envoy configuration.
+	envoySvc *envoyrls.Service
+	// health is grpc.health.v1 on the public gRPC API, its status
+	// following readiness (refreshHealth).
+	health *health.Server
 	// public serves the public gRPC API on publicLis, grpc_addr, with
 	// Config.PeerAddr; both are nil without it, the node's server
 	// serving the public API beside the Peer service. publicDone is
@@ -150,6 +157,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}),
 	)
 	d.metrics = newHTTPMetrics(d.reg)
+	d.health = health.NewServer()
 	d.bodies = newBodyBudget(cfg.HTTPBodyBudget(), d.reg)
 
 	tlsCfg, err := cfg.tlsConfig()
@@ -241,6 +249,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}
 		return nil, fmt.Errorf("daemon: start node (gossip_addr %s, %s %s): %w", cfg.GossipAddr, peerKey, cc.GRPCAddr, err)
 	}
+	d.refreshHealth()
 	if d.publicLis != nil {
 		if err = d.servePublic(tlsCfg); err != nil {
 			closeListeners()
@@ -520,6 +529,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.shuttingDown.Store(true)
+	d.health.Shutdown() // NOT_SERVING to every watcher, from now on
 	if d.cfg.ShutdownDelay > 0 {
 		d.opts.sleep(ctx, d.cfg.ShutdownDelay)
 	}
@@ -558,6 +568,7 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 // the node, without leaving the cluster (other members see it fail). Safe after Shutdown.
 func (d *Daemon) Close() error {
 	d.shuttingDown.Store(true)
+	d.health.Shutdown()
 	d.srv.Close()
 	<-d.served
 	d.stopPublic(context.Background(), false)

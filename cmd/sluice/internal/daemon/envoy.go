@@ -1,6 +1,10 @@
 package daemon
 
 import (
+	"strconv"
+	"sync/atomic"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
@@ -22,6 +26,7 @@ const (
 func (d *Daemon) watchEnvoy() error {
 	wc := envoyrls.DefaultWatchConfig()
 	wc.Logger = d.logger.With("component", "envoyrls")
+	wc.Load = d.envoyLoadConfig()
 	if d.opts.envoyCfg != nil {
 		d.opts.envoyCfg(&wc)
 	}
@@ -36,6 +41,30 @@ func (d *Daemon) watchEnvoy() error {
 	d.logger.Info("sluice: envoy rate limit configuration loaded", "dir", d.cfg.EnvoyConfigDir, "domains", w.Current().Len())
 	return nil
 }
+
+// envoyLoadConfig is how Envoy configuration files and xDS resources are
+// read: lenient unless envoy_strict_config, each key ignored logged and
+// counted.
+func (d *Daemon) envoyLoadConfig() envoyrls.LoadConfig {
+	warnings := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_envoy_config_warnings_total",
+		Help: "Keys of Envoy configuration files ignored where they stand (known keys out of place), as envoyproxy/ratelimit ignores them; envoy_strict_config refuses them instead.",
+	})
+	d.reg.MustRegister(warnings)
+	logger := d.logger.With("component", "envoyrls")
+	return envoyrls.LoadConfig{
+		Strict:       d.cfg.EnvoyStrictConfig,
+		MergeDomains: d.cfg.EnvoyMergeDomains,
+		Warn: func(e *envoyrls.ConfigError) {
+			warnings.Inc()
+			logger.Warn("sluice: envoy configuration key ignored", "err", e.Error())
+		},
+	}
+}
+
+// unknownDomainLogEvery is the least time between two logs of requests
+// of unknown domains; the metric counts every one.
+const unknownDomainLogEvery = 10 * time.Second
 
 // registerEnvoy is part of registerPublic: Envoy's rate limit
 // service, counting through the node, beside the node's own services.
@@ -53,6 +82,9 @@ func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	if d.cfg.EnvoyWindowAlignment == EnvoyAlignEpoch {
 		cfg.Alignment = envoyrls.AlignEpoch
 	}
+	cfg.ShadowMode, cfg.QuotaMode = d.cfg.EnvoyShadowMode, d.cfg.EnvoyQuotaMode
+	cfg.DynamicMetadata, cfg.ExactReset = d.cfg.EnvoyDynamicMetadata, d.cfg.EnvoyExactReset
+	cfg.StopIncrementOverLimit = d.cfg.EnvoyStopIncrementOverLimit
 	hits := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_envoy_hits_total",
 		Help: "Hits of the descriptors of Envoy's rate limit service, by domain, metric key (envoyproxy/ratelimit's, detailed_metric and value_to_metric included; beyond envoy_metric_keys keys, or longer than 256 bytes, _other) and stat: total_hits, within_limit, near_limit, over_limit, shadow_mode.",
@@ -77,10 +109,47 @@ func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
 			}
 		}
 	}
+	byDomain := func(name, help string) (*prometheus.CounterVec, error) {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"domain"})
+		return c, d.reg.Register(c)
+	}
+	unknown, err := byDomain("sluice_envoy_unknown_domain_total",
+		"Requests of Envoy's rate limit service naming a domain that is not configured, answered OK, by domain (beyond 256 domains, or longer than 256 bytes, _other).")
+	if err != nil {
+		return err
+	}
+	shadowed, err := byDomain("sluice_envoy_global_shadow_mode_total",
+		"Requests of Envoy's rate limit service over the limit that envoy_shadow_mode answered OK, by domain (beyond 256 domains, or longer than 256 bytes, _other).")
+	if err != nil {
+		return err
+	}
+	// The domain of a request comes from its caller: bounded apart from
+	// the configured ones, so that unknown names cannot push them out.
+	unknownDomains := labelset.New(envoyMetricDomains, maxEnvoyMetricLabel)
+	var lastLog atomic.Int64 // unix nanoseconds of the last log of an unknown domain
+	logger := d.logger.With("component", "envoyrls")
+	cfg.OnUnknownDomain = func(domain string) {
+		unknown.WithLabelValues(unknownDomains.Label(domain)).Inc()
+		now := d.opts.now().UnixNano()
+		if last := lastLog.Load(); now-last >= int64(unknownDomainLogEvery) && lastLog.CompareAndSwap(last, now) {
+			logger.Warn("sluice: envoy rate limit request of an unknown domain, answered OK (logged at most every 10s; sluice_envoy_unknown_domain_total counts them all)",
+				"domain", strconv.QuoteToASCII(truncate(domain, maxEnvoyMetricLabel)))
+		}
+	}
+	cfg.OnGlobalShadow = func(domain string) { shadowed.WithLabelValues(domains.Label(domain)).Inc() }
 	svc, err := envoyrls.New(cfg)
 	if err != nil {
 		return err
 	}
 	svc.Register(s)
+	d.envoySvc = svc
 	return nil
+}
+
+// truncate returns s cut to at most n bytes.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }

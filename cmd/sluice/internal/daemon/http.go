@@ -174,6 +174,8 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/rules/check", d.requireClientCert(d.handleRulesCheck))
 	mux.HandleFunc("GET /v1/admin/keys", d.requireClientCert(d.handleInspect))
 	mux.HandleFunc("POST /v1/admin/keys/reset", d.requireClientCert(d.handleReset))
+	mux.HandleFunc("POST /json", d.requireClientCert(d.handleEnvoyJSON))
+	mux.HandleFunc("GET /healthcheck", d.handleHealthcheck)
 	mux.HandleFunc("GET /healthz", d.handleHealthz)
 	mux.HandleFunc("GET /readyz", d.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))

@@ -22,6 +22,7 @@ import (
 // node's RegisterServices, and s the node's own server.
 func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	n.RegisterPublicAPI(s)
+	d.registerHealth(s)
 	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil {

@@ -1,0 +1,237 @@
+package envoyrls
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// parityConfig has a limit of 10 a minute (near-limit threshold 8), one
+// in shadow mode, two small ones and descriptors with metadata.
+const parityConfig = `
+domain: p
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: a
+    metadata: {team: {name: alpha}, tier: gold}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: b
+    metadata: {team: {size: 2}, tier: silver}
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+// The near, over and shadow statistics of a request that straddles the
+// limit are envoyproxy/ratelimit's (base_limiter.go): the hits beyond the
+// limit are over (all of them once the window is full), those between
+// the threshold and the limit near; within_limit counts only admitted
+// requests.
+func TestStraddleStatistics(t *testing.T) {
+	e := newEnv(t, []string{parityConfig})
+	const m = "/10/minute t=40s"
+	for i, s := range []struct {
+		d        *rlDesc
+		want     string
+		wantHits Hit
+	}{
+		{desc("user=x", "hits=7"), "OK; OK 3" + m, Hit{TotalHits: 7, WithinLimit: 7}},
+		{desc("user=x", "hits=3"), "OK; OK 0" + m, Hit{TotalHits: 3, WithinLimit: 3, NearLimit: 2}},
+		{desc("user=x", "hits=2"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 2, OverLimit: 2}},
+		{desc("user=y", "hits=9"), "OK; OK 1" + m, Hit{TotalHits: 9, WithinLimit: 9, NearLimit: 1}},
+		{desc("user=y", "hits=4"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 4, OverLimit: 3, NearLimit: 1}},
+		{desc("user=y"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 1, OverLimit: 1}}, // the window was left full
+		{desc("user=y", "hits=0"), "OK; OK 0" + m, Hit{}},                           // check-then-charge: full is not over
+		{desc("user=z", "hits=0"), "OK; OK 10" + m, Hit{}},
+		{desc("user=w", "hits=12"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 12, OverLimit: 2, NearLimit: 2}},
+		{desc("user=w", "hits=0"), "OK; OK 0" + m, Hit{}},
+		{desc("shadow=s", "hits=12"), "OK; OK 0" + m, Hit{TotalHits: 12, OverLimit: 2, NearLimit: 2, ShadowMode: 2}},
+		{desc("shadow=s"), "OK; OK 0" + m, Hit{TotalHits: 1, OverLimit: 1, ShadowMode: 1}},
+	} {
+		if got := summary(e.call("p", 0, s.d)); got != s.want {
+			t.Errorf("step %d: got %s, want %s", i, got, s.want)
+		}
+		hits := e.takeHits()
+		if len(hits) != 1 {
+			t.Fatalf("step %d: %d hits reported", i, len(hits))
+		}
+		got := hits[0]
+		got.Domain, got.Key = "", ""
+		if got != s.wantHits {
+			t.Errorf("step %d: hit %+v, want %+v", i, got, s.wantHits)
+		}
+	}
+}
+
+// Global shadow mode answers OK overall while the descriptors are
+// counted and their statuses, headers and statistics say what would have
+// happened, as envoyproxy/ratelimit's SHADOW_MODE; each request turned OK
+// is reported.
+func TestGlobalShadowMode(t *testing.T) {
+	var shadowed []string
+	e := newEnv(t, []string{parityConfig}, func(c *Config) {
+		c.ShadowMode = true
+		c.Headers = XRateLimitHeaders()
+		c.OnGlobalShadow = func(d string) { shadowed = append(shadowed, d) }
+	})
+	const m = "/2/minute t=40s"
+	e.run("p", []step{
+		{descs: descs(desc("b=1", "hits=2")), want: "OK; OK 0" + m + "; X-RateLimit-Limit: 2; X-RateLimit-Remaining: 0; X-RateLimit-Reset: 40"},
+		{name: "over, answered OK", descs: descs(desc("b=1")), want: "OK; OVER 0" + m + "; X-RateLimit-Limit: 2; X-RateLimit-Remaining: 0; X-RateLimit-Reset: 40"},
+		{name: "still counted", advance: 39 * time.Second, descs: descs(desc("b=1")), want: "OK; OVER 0/2/minute t=1s; X-RateLimit-Limit: 2; X-RateLimit-Remaining: 0; X-RateLimit-Reset: 1"},
+		{name: "next window", advance: time.Second, descs: descs(desc("b=1")), want: "OK; OK 1/2/minute t=1m0s; X-RateLimit-Limit: 2; X-RateLimit-Remaining: 1; X-RateLimit-Reset: 60"},
+	})
+	if strings.Join(shadowed, ",") != "p,p" {
+		t.Errorf("requests turned OK: %q, want two of p", shadowed)
+	}
+	hits := e.takeHits()
+	if hits[1].OverLimit != 1 || hits[1].ShadowMode != 0 {
+		t.Errorf("statistics of the request over: %+v, want over_limit 1 (shadow_mode counts per-descriptor shadow only, as upstream)", hits[1])
+	}
+}
+
+// Global quota mode makes every descriptor a quota: a request is over
+// only when all of its limited descriptors are.
+func TestGlobalQuotaMode(t *testing.T) {
+	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.QuotaMode = true })
+	const a, b = "/5/minute t=40s", "/2/minute t=40s"
+	e.run("p", []step{
+		{descs: descs(desc("a=1", "hits=4"), desc("b=1", "hits=2")), want: "OK; OK 1" + a + "; OK 0" + b},
+		{name: "b over, a not", descs: descs(desc("a=1"), desc("b=1")), want: "OK; OK 0" + a + "; OVER 0" + b},
+		{name: "both over", descs: descs(desc("a=1"), desc("b=1")), want: "OVER_LIMIT; OVER 0" + a + "; OVER 0" + b},
+	})
+}
+
+// With StopIncrementOverLimit a request over on any descriptor charges
+// none, and the one over is not drained; without it each descriptor is
+// charged on its own and the one over is left full.
+func TestStopIncrementOverLimit(t *testing.T) {
+	const a, b = "/5/minute t=40s", "/2/minute t=40s"
+	for _, tc := range []struct {
+		stop bool
+		want string // a peek of a and b after the request over
+	}{
+		{false, "OK; OK 4" + a + "; OK 0" + b},
+		{true, "OK; OK 5" + a + "; OK 1" + b},
+	} {
+		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = tc.stop })
+		e.run("p", []step{
+			{descs: descs(desc("b=1")), want: "OK; OK 1" + b},
+			{name: "b over", descs: descs(desc("a=1"), desc("b=1", "hits=2")), want: "OVER_LIMIT; OK 4" + a + "; OVER 0" + b},
+			{name: "peek", descs: descs(desc("a=1", "hits=0"), desc("b=1", "hits=0")), want: tc.want},
+		})
+	}
+	// A descriptor over with more hits than its limit, admitted capped,
+	// is given back too.
+	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = true })
+	e.run("p", []step{
+		{descs: descs(desc("b=1", "hits=3")), want: "OVER_LIMIT; OVER 0" + b},
+		{descs: descs(desc("b=1", "hits=0")), want: "OK; OK 2" + b},
+	})
+}
+
+// Dynamic metadata is envoyproxy/ratelimit's: the domain, the request's
+// descriptors and hits_addend, and the metadata of the descriptors not
+// over, merged.
+func TestDynamicMetadata(t *testing.T) {
+	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.DynamicMetadata = true })
+	md := func(r *rlsv3.RateLimitResponse) string {
+		b, err := protojson.Marshal(r.DynamicMetadata)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.ReplaceAll(string(b), " ", "")
+	}
+	r := e.call("p", 3, desc("a=1"), desc("b=1", "hits=2"))
+	want := `{"descriptors":[{"entries":["a=1"]},{"entries":["b=1"],"hitsAddend":2}],"domain":"p","hitsAddend":3,"metadata":{"team":{"name":"alpha","size":2},"tier":"gold"}}`
+	if got := md(r); got != want {
+		t.Errorf("both OK:\n got %s\nwant %s", got, want)
+	}
+	r = e.call("p", 0, desc("a=1"), desc("b=1"))
+	want = `{"descriptors":[{"entries":["a=1"]},{"entries":["b=1"]}],"domain":"p","metadata":{"team":{"name":"alpha"},"tier":"gold"}}`
+	if got := md(r); got != want {
+		t.Errorf("b over:\n got %s\nwant %s", got, want)
+	}
+	if r := newEnv(t, []string{parityConfig}).call("p", 0, desc("a=1")); r.DynamicMetadata != nil {
+		t.Error("dynamic metadata without DynamicMetadata")
+	}
+}
+
+// A request of an unknown domain is answered OK and reported.
+func TestUnknownDomain(t *testing.T) {
+	var unknown []string
+	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.OnUnknownDomain = func(d string) { unknown = append(unknown, d) } })
+	e.run("nope", []step{{descs: descs(desc("user=x")), want: "OK; OK"}})
+	e.run("p", []step{{descs: descs(desc("user=x")), want: "OK; OK 9/10/minute t=40s"}})
+	if strings.Join(unknown, ",") != "nope" {
+		t.Errorf("unknown domains reported: %q, want nope", unknown)
+	}
+}
+
+// A lenient read ignores a key of the format out of place, with a warning
+// at its position, where a strict read refuses it; a key the format does
+// not know is an error either way, as with envoyproxy/ratelimit.
+func TestLenientLoad(t *testing.T) {
+	const misplaced = "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: minute, requests_per_unit: 1, key: x}\n"
+	if _, err := ParseDomain("f.yaml", []byte(misplaced)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `f.yaml:4:5: unknown key "unit"`) {
+		t.Errorf("strict: %v", err)
+	}
+	var warnings []string
+	lc := LoadConfig{Warn: func(e *ConfigError) { warnings = append(warnings, e.Error()) }}
+	d, err := ParseDomainWith("f.yaml", []byte(misplaced), lc)
+	if err != nil {
+		t.Fatalf("lenient: %v", err)
+	}
+	if m := d.Match([]Entry{{"k", "v"}}); m.Descriptor == nil || m.Descriptor.RateLimit.Unit != Minute {
+		t.Errorf("lenient: the descriptor's limit is not read: %+v", m.Descriptor)
+	}
+	want := []string{`envoyrls: f.yaml:4:5: key "unit" is ignored here`, `envoyrls: f.yaml:5:54: key "key" is ignored here`}
+	if len(warnings) != 2 || !strings.HasPrefix(warnings[0], want[0]) || !strings.HasPrefix(warnings[1], want[1]) {
+		t.Errorf("warnings %q, want %q...", warnings, want)
+	}
+	for _, strict := range []bool{false, true} {
+		_, err := ParseDomainWith("f.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    colour: red\n"), LoadConfig{Strict: strict})
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `f.yaml:4:5: unknown key "colour"`) {
+			t.Errorf("strict %v, unknown key: %v", strict, err)
+		}
+	}
+}
+
+// MergeDomains makes the files of one domain one configuration; a
+// descriptor both configure is an error naming the later file.
+func TestMergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: d\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	write("b.yaml", "domain: d\ndescriptors:\n  - {key: b, rate_limit: {unit: minute, requests_per_unit: 2}}\n")
+	if _, err := LoadDirWith(dir, LoadConfig{}); !errors.Is(err, ErrDuplicateDomain) {
+		t.Errorf("without merging: %v", err)
+	}
+	r, err := LoadDirWith(dir, LoadConfig{MergeDomains: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := r.Domain("d")
+	for _, key := range []string{"a", "b"} {
+		if m := d.Match([]Entry{{key, "v"}}); m.Descriptor == nil {
+			t.Errorf("merged domain: %s has no limit", key)
+		}
+	}
+	write("c.yaml", "domain: d\ndescriptors:\n  - key: x\n  - {key: a, rate_limit: {unit: hour, requests_per_unit: 3}}\n")
+	if _, err := LoadDirWith(dir, LoadConfig{MergeDomains: true}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `c.yaml:4: duplicate descriptor "d.a"`) {
+		t.Errorf("a descriptor in two files: %v", err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -102,11 +103,11 @@ func serverMicros(stats string) float64 {
 // pipelined, the window's start in the key) and go-redis/redis_rate's
 // GCRA, on one redis-server, 1,000,000 per minute on 1000 keys.
 func BenchmarkRedis(b *testing.B) {
-	srv := startRedis(b)
+	srv := testredis.Start(b)
 	for _, algo := range limiter.Algorithms {
 		b.Run(algo.String(), func(b *testing.B) {
-			l := newTestLimiter(b, nil, srv.addr())
-			runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
+			l := newTestLimiter(b, nil, srv.Addr())
+			runCallers(b, srv.Addr(), func(ctx context.Context, key string) error {
 				d, err := l.Check(ctx, limiter.Request{Name: "bench", Key: key, Hits: 1, Limit: 1_000_000, Period: time.Minute, Algorithm: algo})
 				if err == nil && d.WithoutOwner {
 					err = fmt.Errorf("decided without Redis")
@@ -116,10 +117,10 @@ func BenchmarkRedis(b *testing.B) {
 		})
 	}
 	b.Run("envoy_incrby_expire", func(b *testing.B) {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		defer rdb.Close()
 		period := int64(60)
-		runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
+		runCallers(b, srv.Addr(), func(ctx context.Context, key string) error {
 			// The window's start in the key; INCRBY then EXPIRE in one
 			// pipeline; the count decides on the client.
 			window := time.Now().Unix() / period * period
@@ -137,10 +138,10 @@ func BenchmarkRedis(b *testing.B) {
 		})
 	})
 	b.Run("redis_rate_gcra", func(b *testing.B) {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		defer rdb.Close()
 		rl := redis_rate.NewLimiter(rdb)
-		runCallers(b, srv.addr(), func(ctx context.Context, key string) error {
+		runCallers(b, srv.Addr(), func(ctx context.Context, key string) error {
 			res, err := rl.Allow(ctx, "redis_rate_bench:"+key, redis_rate.PerMinute(1_000_000))
 			if err == nil && res.Allowed != 1 {
 				err = fmt.Errorf("denied: %+v", res)
@@ -156,15 +157,15 @@ func BenchmarkRedis(b *testing.B) {
 // every check goes to the policy, the breaker letting one probe through a
 // second.
 func BenchmarkRedisDown(b *testing.B) {
-	srv := startRedis(b)
+	srv := testredis.Start(b)
 	cfg := DefaultConfig()
-	cfg.Addrs = []string{srv.addr()}
+	cfg.Addrs = []string{srv.Addr()}
 	l, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	srv.kill()
+	srv.Kill()
 	runCallers(b, "", func(ctx context.Context, key string) error {
 		d, err := l.Check(ctx, limiter.Request{Name: "bench", Key: key, Hits: 1, Limit: 1_000_000, Period: time.Minute, Algorithm: limiter.GCRA})
 		if err == nil && !d.WithoutOwner {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -176,13 +177,13 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 
 // newDifferential returns a differential on a redis-server of its own.
 func newDifferential(t *testing.T, stepsBack bool) *differential {
-	srv := startRedis(t)
+	srv := testredis.Start(t)
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	if err != nil {
 		t.Skipf("no zone database: %v", err)
 	}
 	clock := &testClock{now: time.Date(2026, 3, 29, 0, 59, 0, 0, time.UTC)}
-	return &differential{rl: newTestLimiter(t, clock, srv.addr()), clock: clock, berlin: berlin, stepsBack: stepsBack}
+	return &differential{rl: newTestLimiter(t, clock, srv.Addr()), clock: clock, berlin: berlin, stepsBack: stepsBack}
 }
 
 // newMemory returns sluice.Local over a new limiter.Store on d's clock.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -16,9 +17,9 @@ import (
 // requests pass, the third is limited; with Redis killed, the policy
 // (allow, here) lets requests through.
 func TestHTTPMiddlewareOnRedis(t *testing.T) {
-	srv := startRedis(t)
+	srv := testredis.Start(t)
 	cfg := DefaultConfig()
-	cfg.Addrs = []string{srv.addr()}
+	cfg.Addrs = []string{srv.Addr()}
 	cfg.Unreachable = sluice.PolicyAllow
 	lim, err := New(cfg)
 	if err != nil {
@@ -61,7 +62,7 @@ rules:
 			t.Errorf("request %d: %d with %s remaining, want %d with %s", i, code, remaining, want.code, want.remaining)
 		}
 	}
-	srv.kill()
+	srv.Kill()
 	if code, _ := get(); code != 200 {
 		t.Errorf("with Redis down and PolicyAllow: %d, want 200", code)
 	}

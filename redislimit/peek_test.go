@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -46,11 +47,11 @@ var peekChanges = []struct {
 // behind the state's times and where the state has expired. A Reset of 0
 // hits is no peek: it clears the key.
 func TestPeekKeepsState(t *testing.T) {
-	srv := startRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+	srv := testredis.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
-	rl := newTestLimiter(t, clock, srv.addr())
+	rl := newTestLimiter(t, clock, srv.Addr())
 	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
 	if err != nil {
 		t.Fatal(err)

@@ -83,6 +83,28 @@ func (l *Limiter) Close() error {
 	return l.client.Close()
 }
 
+// Ping reports whether Redis answers within Config.Timeout: the server,
+// or every master of a cluster. It returns ErrClosed on a closed Limiter.
+func (l *Limiter) Ping(ctx context.Context) error {
+	if err := l.callError(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	if cc, ok := l.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			if err := m.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("redislimit: %s: %w", m.Options().Addr, err)
+			}
+			return nil
+		})
+	}
+	if err := l.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redislimit: %w", err)
+	}
+	return nil
+}
+
 // WithoutOwner counts the checks the Unreachable policy decided.
 func (l *Limiter) WithoutOwner() int64 { return l.withoutOwner.Load() }
 

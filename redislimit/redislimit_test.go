@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -66,8 +67,8 @@ func admitConcurrently(t *testing.T, limiters []*Limiter, req limiter.Request) i
 // (three instances, each with its own connections), admit exactly the
 // limit, every algorithm, on the server's clock.
 func TestExactUnderConcurrency(t *testing.T) {
-	srv := startRedis(t)
-	limiters := []*Limiter{newTestLimiter(t, nil, srv.addr()), newTestLimiter(t, nil, srv.addr()), newTestLimiter(t, nil, srv.addr())}
+	srv := testredis.Start(t)
+	limiters := []*Limiter{newTestLimiter(t, nil, srv.Addr()), newTestLimiter(t, nil, srv.Addr()), newTestLimiter(t, nil, srv.Addr())}
 	prefix := limiters[0].cfg.Prefix
 	for _, l := range limiters {
 		l.cfg.Prefix = prefix
@@ -192,12 +193,12 @@ func TestKeys(t *testing.T) {
 
 // startWithLimiter starts a redis-server and returns it, a Limiter on it
 // and a plain client of it, all stopped when t ends.
-func startWithLimiter(t *testing.T) (*redisServer, *Limiter, *redis.Client) {
+func startWithLimiter(t *testing.T) (*testredis.Server, *Limiter, *redis.Client) {
 	t.Helper()
-	srv := startRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr()})
+	srv := testredis.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	return srv, newTestLimiter(t, nil, srv.addr()), rdb
+	return srv, newTestLimiter(t, nil, srv.Addr()), rdb
 }
 
 // TestBoundedKeys: every key expires when its state is fresh again, and a
@@ -237,7 +238,7 @@ func TestBoundedKeys(t *testing.T) {
 
 	// The log: 5000 distinct instants of one hit each in one period.
 	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
-	tl := newTestLimiter(t, clock, srv.addr())
+	tl := newTestLimiter(t, clock, srv.Addr())
 	req := limiter.Request{Name: "log", Key: "k", Hits: 1, Limit: 4500, Period: time.Hour, Algorithm: limiter.SlidingWindowLog}
 	key := Key(tl.cfg.Prefix, req.Name, req.Key)
 	admitted := 0
@@ -341,8 +342,8 @@ func TestBadState(t *testing.T) {
 // misses, the script says the server's time, and the second pass counts in
 // the window around it.
 func TestCalendarAcrossClocks(t *testing.T) {
-	srv := startRedis(t)
-	l := newTestLimiter(t, nil, srv.addr())
+	srv := testredis.Start(t)
+	l := newTestLimiter(t, nil, srv.Addr())
 	l.clock = func() time.Time { return time.Now().Add(-time.Hour) }
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	if err != nil {
@@ -365,9 +366,9 @@ func TestCalendarAcrossClocks(t *testing.T) {
 // TestGCRAIntervalChange: a change of GCRA's interval reschedules what is
 // outstanding at the new interval, rounded up to a microsecond.
 func TestGCRAIntervalChange(t *testing.T) {
-	srv := startRedis(t)
+	srv := testredis.Start(t)
 	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
-	l := newTestLimiter(t, clock, srv.addr())
+	l := newTestLimiter(t, clock, srv.Addr())
 	ctx := context.Background()
 	req := limiter.Request{Name: "gcra", Key: "k", Hits: 5, Limit: 10, Period: time.Second, Algorithm: limiter.GCRA}
 	for _, step := range []struct {
@@ -422,11 +423,11 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func TestRedisKilled(t *testing.T) {
 	for _, policy := range []sluice.Policy{sluice.PolicyLocal, sluice.PolicyAllow, sluice.PolicyDeny} {
 		t.Run(policy.String(), func(t *testing.T) {
-			srv := startRedis(t)
+			srv := testredis.Start(t)
 			clock := &testClock{now: time.Now()}
 			var mu sync.Mutex // guards clock.now, moved under traffic
 			cfg := DefaultConfig()
-			cfg.Addrs = []string{srv.addr()}
+			cfg.Addrs = []string{srv.Addr()}
 			cfg.Timeout = 2 * time.Second
 			cfg.Unreachable = policy
 			cfg.BreakerThreshold = 3
@@ -481,7 +482,7 @@ func TestRedisKilled(t *testing.T) {
 				}()
 			}
 			testwait.For(t, "traffic decided by Redis", func() bool { return fromRedis.Load() > 0 })
-			srv.kill()
+			srv.Kill()
 			testwait.For(t, "the breaker open", func() bool { return fromPolicy.Load() > 100 && !l.breakerFor("").Closed() })
 			stop.Store(true)
 			wg.Wait()
@@ -513,7 +514,7 @@ func TestRedisKilled(t *testing.T) {
 				t.Errorf("%d calls after the cooldown, want one probe", n)
 			}
 
-			srv.restart()
+			srv.Restart()
 			testwait.For(t, "decisions by Redis again", func() bool {
 				advance(cfg.BreakerCooldown)
 				d, err := l.Check(ctx, req)
@@ -534,8 +535,8 @@ func TestClusterExact(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
-	rc := startCluster(t, 3, 0)
-	limiters := []*Limiter{newTestLimiter(t, nil, rc.addrs()...), newTestLimiter(t, nil, rc.addrs()...), newTestLimiter(t, nil, rc.addrs()...)}
+	rc := testredis.StartCluster(t, 3, 0)
+	limiters := []*Limiter{newTestLimiter(t, nil, rc.Addrs()...), newTestLimiter(t, nil, rc.Addrs()...), newTestLimiter(t, nil, rc.Addrs()...)}
 	for _, l := range limiters {
 		l.cfg.Prefix = "c:"
 	}
@@ -579,16 +580,16 @@ func TestClusterExact(t *testing.T) {
 
 	// One master killed: a batch over every master is decided by Redis
 	// where its master lives, and by the policy only where it died.
-	victim := rc.nodes[0]
+	victim := rc.Nodes[0]
 	onVictim := map[int]bool{}
 	for i, r := range reqs {
 		m, err := cc.MasterForKey(ctx, Key(limiters[0].cfg.Prefix, r.Name, r.Key))
 		if err != nil {
 			t.Fatal(err)
 		}
-		onVictim[i] = m.Options().Addr == victim.addr()
+		onVictim[i] = m.Options().Addr == victim.Addr()
 	}
-	victim.kill()
+	victim.Kill()
 	// Each node has its breaker: the dead master's opens after
 	// BreakerThreshold failed batches, the others stay closed.
 	l := limiters[0]
@@ -604,12 +605,12 @@ func TestClusterExact(t *testing.T) {
 			}
 		}
 	}
-	if l.breakerFor(victim.addr()).Closed() {
+	if l.breakerFor(victim.Addr()).Closed() {
 		t.Error("the dead master's breaker is closed")
 	}
-	for _, s := range rc.nodes[1:] {
-		if !l.breakerFor(s.addr()).Closed() {
-			t.Errorf("the breaker of %s, alive, is open", s.addr())
+	for _, s := range rc.Nodes[1:] {
+		if !l.breakerFor(s.Addr()).Closed() {
+			t.Errorf("the breaker of %s, alive, is open", s.Addr())
 		}
 	}
 }
@@ -623,9 +624,9 @@ func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster with replicas")
 	}
-	rc := startCluster(t, 3, 1)
+	rc := testredis.StartCluster(t, 3, 1)
 	cfg := DefaultConfig()
-	cfg.Addrs = rc.addrs()
+	cfg.Addrs = rc.Addrs()
 	cfg.Timeout = time.Second
 	cfg.Unreachable = sluice.PolicyDeny
 	cfg.BreakerCooldown = 50 * time.Millisecond
@@ -652,16 +653,16 @@ func TestClusterFailover(t *testing.T) {
 		n, err := master.Do(ctx, "WAIT", 1, 100).Int()
 		return err == nil && n >= 1
 	})
-	var victim *redisServer
-	for _, s := range rc.nodes {
-		if s.addr() == master.Options().Addr {
+	var victim *testredis.Server
+	for _, s := range rc.Nodes {
+		if s.Addr() == master.Options().Addr {
 			victim = s
 		}
 	}
 	if victim == nil {
 		t.Fatalf("the key's master %s is none of the nodes started", master.Options().Addr)
 	}
-	victim.kill()
+	victim.Kill()
 
 	var withoutOwner int
 	testwait.For(t, "Redis deciding again after the failover", func() bool {
@@ -693,13 +694,13 @@ func TestClusterFailover(t *testing.T) {
 // or a denial that leaves hits remaining go to Redis; the cache holds at
 // most its bound; it is off by default.
 func TestOverLimitCache(t *testing.T) {
-	srv := startRedis(t)
-	if l := newTestLimiter(t, nil, srv.addr()); l.over != nil {
+	srv := testredis.Start(t)
+	if l := newTestLimiter(t, nil, srv.Addr()); l.over != nil {
 		t.Fatal("the over-limit cache is on by default")
 	}
 	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
 	cfg := DefaultConfig()
-	cfg.Addrs = []string{srv.addr()}
+	cfg.Addrs = []string{srv.Addr()}
 	cfg.Prefix = "over:"
 	cfg.OverLimitCache = 2
 	l, err := New(cfg)
@@ -783,7 +784,7 @@ func TestOverLimitCache(t *testing.T) {
 func TestRedisSlow(t *testing.T) {
 	srv, _, rdb := startWithLimiter(t)
 	cfg := DefaultConfig()
-	cfg.Addrs = []string{srv.addr()}
+	cfg.Addrs = []string{srv.Addr()}
 	cfg.Timeout = 100 * time.Millisecond
 	cfg.Unreachable = sluice.PolicyDeny
 	cfg.BreakerCooldown = time.Millisecond

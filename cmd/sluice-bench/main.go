@@ -24,6 +24,15 @@
 // latencies: plain Go round trips on as many loopback TCP connections as the
 // cluster has links between nodes, without gRPC or sluice (see loopback.go).
 //
+// With -scenario redis it compares, in one run on one redis-server (started
+// on a free loopback port, or -redis-addr), sluice's Redis backend (each
+// algorithm), envoyproxy/ratelimit's scheme (INCRBY and EXPIRE pipelined)
+// and go-redis/redis_rate's GCRA, then sluice's own cluster on the same
+// workload, with the server's time per check and the bytes per key in
+// Redis (see redis.go):
+//
+//	go run ./cmd/sluice-bench -scenario redis -callers 64 -keys 1000 -duration 5s
+//
 // -procs sets GOMAXPROCS for every scenario; by default it is Go's own.
 package main
 
@@ -32,6 +41,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -60,7 +70,7 @@ func main() {
 	memprofile := flag.String("memprofile", "", "write a heap profile (with what the runs allocated) to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
 	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
-	scenario := flag.String("scenario", "throughput", "throughput; failover: hits forgotten when an owner is killed hard; loopback: plain Go TCP round trips on the cluster's links")
+	scenario := flag.String("scenario", "throughput", "throughput; failover: hits forgotten when an owner is killed hard; loopback: plain Go TCP round trips on the cluster's links; redis: sluice's Redis backend against envoyproxy/ratelimit's scheme, go-redis/redis_rate and sluice's cluster")
 	procs := flag.Int("procs", 0, "GOMAXPROCS (0: Go's default)")
 	size := flag.Int("size", 256, "loopback: bytes per message")
 	trials := flag.Int("trials", 5, "failover: trials")
@@ -72,6 +82,8 @@ func main() {
 	leaseShare := flag.Float64("lease-share", 0.1, "most of a key's capacity one lease takes")
 	limitedRate := flag.Int64("limited-rate", 20_000, "hits per second of the limited hot-key run with -leases")
 	limitedAlgo := flag.String("limited-algorithm", "token_bucket", "algorithm of the limited hot-key run: token_bucket, gcra, or fixed_window (windows of 100ms)")
+	redisAddr := flag.String("redis-addr", "", "redis: host:port of the Redis to use (empty: start redis-server on a free loopback port)")
+	redisServer := flag.String("redis-server", "redis-server", "redis: the redis-server program started without -redis-addr")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
 	flag.Parse()
 	if *procs < 0 {
@@ -101,6 +113,16 @@ func main() {
 			os.Exit(2)
 		}
 		if err := failover(*trials, *callers, *rate, *interval); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	if *scenario == "redis" {
+		if *nodes < 1 || *callers < 1 || *keys < 1 || *duration <= 0 || *maxChecks < 1 {
+			fmt.Fprintln(os.Stderr, "sluice-bench: -nodes, -callers, -keys, -duration and -max-checks must be positive")
+			os.Exit(2)
+		}
+		if err := redisBench(*redisAddr, *redisServer, *nodes, *callers, *keys, *duration, *maxChecks); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -326,13 +348,31 @@ func (h *histogram) quantile(q float64) time.Duration {
 // run makes checks of tmpl (its Key replaced when keys > 1) and counts as
 // errors the checks that failed, were denied or were decided without owner.
 func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks int, tmpl limiter.Request) result {
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = "client:" + strconv.Itoa(i)
-	}
+	names := keyNames(keys)
 	if keys == 1 && tmpl.Key != "" {
 		names[0] = tmpl.Key
 	}
+	return drive(callers, d, maxChecks, func(ctx context.Context, rng *rand.Rand) bool {
+		req := tmpl
+		req.Key = names[rng.IntN(keys)]
+		dec, err := nodes[rng.IntN(len(nodes))].Check(ctx, req)
+		return err == nil && dec.Allowed && !dec.WithoutOwner
+	})
+}
+
+// keyNames are the names of n client keys.
+func keyNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "client:" + strconv.Itoa(i)
+	}
+	return names
+}
+
+// drive runs callers goroutines, each calling check over and over with a
+// random source of its own, for d or at most maxChecks calls in all, and
+// returns the calls' latencies; a call that returns false is an error.
+func drive(callers int, d time.Duration, maxChecks int, check func(ctx context.Context, rng *rand.Rand) bool) result {
 	perCaller := maxChecks / callers
 	lats := make([]histogram, callers)
 	errs := make([]int, callers)
@@ -340,27 +380,22 @@ func run(nodes []*cluster.Node, callers, keys int, d time.Duration, maxChecks in
 	stop := time.Now().Add(d)
 	r := measure(func() {
 		for c := range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(c), 7))
-				req := tmpl
 				ctx := context.Background()
 				h := &lats[c]
 				for i := 0; i < perCaller; i++ {
 					if i%64 == 0 && time.Now().After(stop) {
 						break
 					}
-					req.Key = names[rng.IntN(keys)]
-					n := nodes[rng.IntN(len(nodes))]
 					t0 := time.Now()
-					dec, err := n.Check(ctx, req)
+					ok := check(ctx, rng)
 					h.record(time.Since(t0))
-					if err != nil || !dec.Allowed || dec.WithoutOwner {
+					if !ok {
 						errs[c]++
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 	})
@@ -413,6 +448,7 @@ func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]
 	return startWith(n, func(i int) cluster.Config {
 		cfg := cluster.DefaultConfig()
 		cfg.NodeName = fmt.Sprintf("bench-%d", i)
+		cfg.Logger = slog.New(slog.DiscardHandler)
 		cfg.GossipAddr = "127.0.0.1:0"
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -68,5 +69,16 @@ func TestLoopbackRoundTrips(t *testing.T) {
 	}
 	if r.lat.quantile(0.5) <= 0 {
 		t.Fatalf("median round trip %v", r.lat.quantile(0.5))
+	}
+}
+
+// The Redis scenario runs every scheme on a redis-server it starts, and
+// sluice's cluster, each admitting every check of a limit never reached.
+func TestRedisScenario(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not found on PATH")
+	}
+	if err := redisBench("", "redis-server", 1, 4, 10, 50*time.Millisecond, 400); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -151,6 +151,10 @@ func (d *Daemon) handleInspect(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusForbidden, err.Error(), &itemError{Code: "permission_denied", Message: err.Error()})
 		return
 	}
+	if d.node == nil {
+		writeProblem(w, http.StatusNotImplemented, "inspect reads a key's state in a cluster node's store: backend redis keeps it in Redis, read by its script alone", &itemError{Code: "unimplemented"})
+		return
+	}
 	ins, err := d.node.Inspect(r.Context(), name, key)
 	if err != nil {
 		ierr := toItemError(err)
@@ -244,7 +248,7 @@ func (d *Daemon) handleReset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Deny, not decide here: an owner out of reach resets nothing.
-	dec, err := d.node.Check(r.Context(), req, sluice.OnUnreachable(sluice.PolicyDeny))
+	dec, err := d.limiter.Check(r.Context(), req, sluice.OnUnreachable(sluice.PolicyDeny))
 	if err != nil {
 		ierr := toItemError(err)
 		writeProblem(w, statusFor(ierr), ierr.Message, ierr)

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/yamlfile"
+	"github.com/sluicehq/sluice/redislimit"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -223,7 +224,60 @@ type Config struct {
 	TracingSampleRatio float64
 	// TracingKeys adds client keys to spans (cluster.Config.TraceKeys).
 	TracingKeys bool
+
+	// Backend is where counters live: BackendCluster (the default), the
+	// embedded cluster of sluice nodes that gossip and forward checks to
+	// their keys' owners, or BackendRedis, a Redis server or Redis Cluster
+	// (package redislimit), where the daemon is stateless and runs no
+	// gossip and no Peer service. With BackendRedis the settings of a
+	// cluster that name peers (join, peer_addr, gossip_keys,
+	// peer_identities, cluster_secret_file) and tracing_endpoint are
+	// refused; the other cluster settings (gossip_addr, gossip_profile,
+	// retry_join_interval, advertise_host, peer_timeout, replicas,
+	// replicate_interval, leave_timeout, lease_*) are ignored, with a
+	// warning at start when they differ from their defaults. unreachable,
+	// deny_retry_after, breaker_threshold and breaker_cooldown apply to
+	// Redis's nodes as to peers, and max_keys and max_bytes bound the
+	// store the local policy decides on while Redis is unreachable.
+	Backend string
+	// RedisAddrs are host:port addresses of one Redis server (one
+	// address) or of Redis Cluster nodes (several; the cluster's other
+	// nodes are found from them).
+	RedisAddrs []string
+	// RedisUsername and RedisPassword authenticate (AUTH; a username for
+	// Redis ACLs, or none for the default user). RedisPasswordFile holds
+	// the password instead, read at start with surrounding space trimmed.
+	RedisUsername     string
+	RedisPassword     string
+	RedisPasswordFile string
+	// RedisTLS connects to Redis with TLS, verified by RedisTLSCAFile
+	// (the system's roots when empty) for RedisTLSServerName (the
+	// address's host when empty); RedisTLSCertFile and RedisTLSKeyFile
+	// are a client certificate for a Redis that requires one.
+	RedisTLS           bool
+	RedisTLSCAFile     string
+	RedisTLSCertFile   string
+	RedisTLSKeyFile    string
+	RedisTLSServerName string
+	// RedisTimeout bounds one check (or batch) on Redis, connecting
+	// included; past it the unreachable policy decides.
+	RedisTimeout time.Duration
+	// RedisPrefix begins every key the daemon writes in Redis.
+	RedisPrefix string
+	// RedisPoolSize is the most connections to each Redis node; 0 is
+	// go-redis's default, 10 per CPU.
+	RedisPoolSize int
+	// RedisOverLimitCache is the most keys remembered in the daemon as
+	// admitting nothing until their retry_after, denied without a call to
+	// Redis (redislimit.Config.OverLimitCache); 0, the default, is off.
+	RedisOverLimitCache int
 }
+
+// The values of Config.Backend.
+const (
+	BackendCluster = "cluster"
+	BackendRedis   = "redis"
+)
 
 // Bounds on Config fields.
 const (
@@ -250,6 +304,7 @@ const (
 // 7946, gRPC on 7947 and HTTP on 8080 of every interface.
 func DefaultConfig() Config {
 	cc := cluster.DefaultConfig()
+	rd := redislimit.DefaultConfig()
 	return Config{
 		GossipAddr:           cc.GossipAddr,
 		GRPCAddr:             cc.GRPCAddr,
@@ -268,6 +323,9 @@ func DefaultConfig() Config {
 		MaxKeys:              cc.Store.MaxEntries,
 		MaxBytes:             cc.Store.MaxBytes,
 		Destructive:          DestructiveAllow,
+		Backend:              BackendCluster,
+		RedisTimeout:         rd.Timeout,
+		RedisPrefix:          rd.Prefix,
 		MaxBodyBytes:         1 << 20,
 		HTTPBodyTimeout:      10 * time.Second,
 		HTTPMaxConnections:   4096,
@@ -731,6 +789,107 @@ var fields = []field{
 	{key: "tracing_keys", usage: "record client keys in spans (personal data in many deployments)",
 		parse: func(c *Config, v string) error { return parseBool(&c.TracingKeys, v) },
 		show:  func(c *Config) string { return strconv.FormatBool(c.TracingKeys) }},
+	{key: "backend", usage: "where counters live: cluster (sluice nodes that gossip) or redis (a Redis server or Redis Cluster; no gossip)",
+		parse: func(c *Config, v string) error { c.Backend = v; return nil },
+		check: func(c *Config) error { return oneOf(c.Backend, BackendCluster, BackendRedis) },
+		show:  func(c *Config) string { return c.Backend }},
+	{key: "redis_addrs", list: true, usage: "with backend redis: host:port of one Redis server, or of several Redis Cluster nodes, comma-separated",
+		parse: func(c *Config, v string) error { c.RedisAddrs = splitList(v); return nil },
+		check: func(c *Config) error {
+			if len(c.RedisAddrs) > maxRedisAddrs {
+				return fmt.Errorf("%d addresses, more than %d", len(c.RedisAddrs), maxRedisAddrs)
+			}
+			for i, a := range c.RedisAddrs {
+				if err := checkEndpoint(a); err != nil {
+					return fmt.Errorf("address %d: %w", i+1, err)
+				}
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strings.Join(c.RedisAddrs, ",") }},
+	{key: "redis_username", usage: "Redis ACL user to AUTH as; empty: the default user",
+		parse: func(c *Config, v string) error { c.RedisUsername = v; return nil },
+		check: func(c *Config) error { return checkSecretText(c.RedisUsername) },
+		show:  func(c *Config) string { return c.RedisUsername }},
+	{key: "redis_password", usage: "Redis password (AUTH); prefer redis_password_file",
+		parse: func(c *Config, v string) error { c.RedisPassword = v; return nil },
+		check: func(c *Config) error { return checkSecretText(c.RedisPassword) },
+		show: func(c *Config) string {
+			if c.RedisPassword == "" {
+				return ""
+			}
+			return "<set>"
+		}},
+	{key: "redis_password_file", usage: "file holding the Redis password (AUTH), read at start",
+		parse: func(c *Config, v string) error { c.RedisPasswordFile = v; return nil },
+		show:  func(c *Config) string { return c.RedisPasswordFile }},
+	{key: "redis_tls", usage: "connect to Redis with TLS",
+		parse: func(c *Config, v string) error { return parseBool(&c.RedisTLS, v) },
+		show:  func(c *Config) string { return strconv.FormatBool(c.RedisTLS) }},
+	{key: "redis_tls_ca_file", usage: "PEM CA bundle verifying Redis's certificate (default: the system's roots)",
+		parse: func(c *Config, v string) error { c.RedisTLSCAFile = v; return nil },
+		show:  func(c *Config) string { return c.RedisTLSCAFile }},
+	{key: "redis_tls_cert_file", usage: "PEM client certificate presented to Redis, with redis_tls_key_file",
+		parse: func(c *Config, v string) error { c.RedisTLSCertFile = v; return nil },
+		show:  func(c *Config) string { return c.RedisTLSCertFile }},
+	{key: "redis_tls_key_file", usage: "PEM private key of redis_tls_cert_file",
+		parse: func(c *Config, v string) error { c.RedisTLSKeyFile = v; return nil },
+		show:  func(c *Config) string { return c.RedisTLSKeyFile }},
+	{key: "redis_tls_server_name", usage: "name Redis's certificate must carry (default: the host of each address)",
+		parse: func(c *Config, v string) error { c.RedisTLSServerName = v; return nil },
+		check: func(c *Config) error { return checkHost(c.RedisTLSServerName) },
+		show:  func(c *Config) string { return c.RedisTLSServerName }},
+	{key: "redis_timeout", usage: "deadline of a check (or batch) on Redis, connecting included; the unreachable policy decides after",
+		parse: func(c *Config, v string) error { return parseDuration(&c.RedisTimeout, v) },
+		check: func(c *Config) error {
+			if c.RedisTimeout <= 0 || c.RedisTimeout > time.Minute {
+				return fmt.Errorf("%v is outside (0, 1m]", c.RedisTimeout)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return c.RedisTimeout.String() }},
+	{key: "redis_prefix", usage: "prefix of every key written in Redis",
+		parse: func(c *Config, v string) error { c.RedisPrefix = v; return nil },
+		check: func(c *Config) error {
+			if len(c.RedisPrefix) > redislimit.MaxPrefixLen {
+				return fmt.Errorf("is %d bytes, more than %d", len(c.RedisPrefix), redislimit.MaxPrefixLen)
+			}
+			return checkSecretText(c.RedisPrefix)
+		},
+		show: func(c *Config) string { return c.RedisPrefix }},
+	{key: "redis_pool_size", usage: "most connections to each Redis node; 0: 10 per CPU",
+		parse: func(c *Config, v string) error { return parseInt(&c.RedisPoolSize, v) },
+		check: func(c *Config) error {
+			if c.RedisPoolSize < 0 || c.RedisPoolSize > maxRedisPoolSize {
+				return fmt.Errorf("%d is outside [0, %d]", c.RedisPoolSize, maxRedisPoolSize)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.RedisPoolSize) }},
+	{key: "redis_over_limit_cache", usage: "most keys remembered as over their limit until their retry_after, denied without a call to Redis; 0: off",
+		parse: func(c *Config, v string) error { return parseInt(&c.RedisOverLimitCache, v) },
+		check: func(c *Config) error {
+			if c.RedisOverLimitCache < 0 || c.RedisOverLimitCache > redislimit.MaxOverLimitCache {
+				return fmt.Errorf("%d is outside [0, %d]", c.RedisOverLimitCache, redislimit.MaxOverLimitCache)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.RedisOverLimitCache) }},
+}
+
+// Bounds of the Redis settings.
+const (
+	maxRedisAddrs    = 1000
+	maxRedisPoolSize = 10_000
+)
+
+// checkSecretText accepts text of at most 1024 bytes of UTF-8 without
+// control characters: a username, password or prefix.
+func checkSecretText(s string) error {
+	if len(s) > 1024 || !utf8.ValidString(s) || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return errors.New("must be UTF-8 of at most 1024 bytes without control characters")
+	}
+	return nil
 }
 
 // boolSetting is a setting of the boolean field ptr returns.
@@ -805,17 +964,26 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 	}
 	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if c.TLSCAFile != "" {
-		pem, err := os.ReadFile(c.TLSCAFile)
+		pool, err := loadCAs("tls_ca_file", c.TLSCAFile)
 		if err != nil {
-			return nil, &ConfigError{Field: "tls_ca_file", Err: err}
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, &ConfigError{Field: "tls_ca_file", Err: fmt.Errorf("%s holds no PEM certificate", c.TLSCAFile)}
+			return nil, err
 		}
 		tc.RootCAs, tc.ClientCAs = pool, pool
 	}
 	return tc, nil
+}
+
+// loadCAs reads the PEM bundle path, the value of the setting field.
+func loadCAs(field, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ConfigError{Field: field, Err: err}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, &ConfigError{Field: field, Err: fmt.Errorf("%s holds no PEM certificate", path)}
+	}
+	return pool, nil
 }
 
 func fieldByKey(key string) *field {
@@ -881,7 +1049,90 @@ func (c *Config) Validate() error {
 	if c.GossipProfile > cluster.ProfileFast {
 		return &ConfigError{Field: "gossip_profile", Err: fmt.Errorf("profile %d is unknown", c.GossipProfile)}
 	}
+	return c.validateBackend()
+}
+
+// validateBackend checks the settings that go with Backend: Redis's with
+// BackendRedis, and none of them with BackendCluster.
+func (c *Config) validateBackend() error {
+	if c.Backend != BackendRedis {
+		for _, s := range redisSettings(c) {
+			if s.set {
+				return &ConfigError{Field: s.key, Err: errors.New("needs backend redis")}
+			}
+		}
+		return nil
+	}
+	for _, s := range peerSettings(c) {
+		if s.set {
+			return &ConfigError{Field: s.key, Err: errors.New("is a setting of backend cluster: backend redis runs no gossip and no peers")}
+		}
+	}
+	switch {
+	case len(c.RedisAddrs) == 0:
+		return &ConfigError{Field: "redis_addrs", Err: errors.New("backend redis needs the address of a Redis server, or of Redis Cluster nodes")}
+	case c.RedisPassword != "" && c.RedisPasswordFile != "":
+		return &ConfigError{Field: "redis_password_file", Err: errors.New("redis_password and redis_password_file exclude each other")}
+	case (c.RedisTLSCertFile == "") != (c.RedisTLSKeyFile == ""):
+		return &ConfigError{Field: "redis_tls_cert_file", Err: errors.New("redis_tls_cert_file and redis_tls_key_file go together")}
+	case !c.RedisTLS && (c.RedisTLSCAFile != "" || c.RedisTLSCertFile != "" || c.RedisTLSServerName != ""):
+		return &ConfigError{Field: "redis_tls", Err: errors.New("redis_tls_ca_file, redis_tls_cert_file and redis_tls_server_name need redis_tls: true")}
+	}
 	return nil
+}
+
+// setting is whether one setting is set to something other than its
+// default.
+type setting struct {
+	key string
+	set bool
+}
+
+// redisSettings are the settings of backend redis.
+func redisSettings(c *Config) []setting {
+	def := DefaultConfig()
+	return []setting{
+		{"redis_addrs", len(c.RedisAddrs) > 0},
+		{"redis_username", c.RedisUsername != ""},
+		{"redis_password", c.RedisPassword != ""},
+		{"redis_password_file", c.RedisPasswordFile != ""},
+		{"redis_tls", c.RedisTLS},
+		{"redis_tls_ca_file", c.RedisTLSCAFile != ""},
+		{"redis_tls_cert_file", c.RedisTLSCertFile != ""},
+		{"redis_tls_key_file", c.RedisTLSKeyFile != ""},
+		{"redis_tls_server_name", c.RedisTLSServerName != ""},
+		{"redis_timeout", c.RedisTimeout != def.RedisTimeout},
+		{"redis_prefix", c.RedisPrefix != def.RedisPrefix},
+		{"redis_pool_size", c.RedisPoolSize != 0},
+		{"redis_over_limit_cache", c.RedisOverLimitCache != 0},
+	}
+}
+
+// peerSettings are the settings of backend cluster that name peers or
+// need a cluster's nodes, refused with backend redis.
+func peerSettings(c *Config) []setting {
+	return []setting{
+		{"join", len(c.Join) > 0},
+		{"peer_addr", c.PeerAddr != ""},
+		{"gossip_keys", len(c.GossipKeys) > 0},
+		{"peer_identities", len(c.PeerIdentities) > 0},
+		{"cluster_secret_file", c.ClusterSecretFile != ""},
+		{"tracing_endpoint", c.TracingEndpoint != ""},
+	}
+}
+
+// ignoredWithRedis names the settings of backend cluster that backend
+// redis ignores and that c sets to other than their defaults.
+func ignoredWithRedis(c *Config) []string {
+	def := DefaultConfig()
+	var out []string
+	for _, key := range []string{"gossip_addr", "gossip_profile", "retry_join_interval", "advertise_host", "peer_timeout",
+		"replicas", "replicate_interval", "leave_timeout", "lease_threshold", "lease_ttl", "lease_share"} {
+		if f := fieldByKey(key); f.show(c) != f.show(&def) {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 func (c *Config) clone() Config {
@@ -890,6 +1141,7 @@ func (c *Config) clone() Config {
 	out.GossipKeys = append([]string(nil), c.GossipKeys...)
 	out.PeerIdentities = append([]string(nil), c.PeerIdentities...)
 	out.AdminIdentities = append([]string(nil), c.AdminIdentities...)
+	out.RedisAddrs = append([]string(nil), c.RedisAddrs...)
 	return out
 }
 

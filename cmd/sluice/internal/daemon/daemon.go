@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/rules"
@@ -90,7 +91,13 @@ type Daemon struct {
 	bodies  *bodyBudget // of the HTTP API's request bodies
 	codec   transport.Codec
 
+	// limiter decides every check of every API: node, or redis with
+	// backend redis.
+	limiter sluice.Limiter
+	// node is the cluster member; nil with backend redis, where redis
+	// decides and no gossip or Peer service runs.
 	node   *cluster.Node
+	redis  *redisBackend
 	tracer *sdktrace.TracerProvider // nil without Config.TracingEndpoint
 	// rules keeps Config.RulesFile current; nil without one. enforcer
 	// applies its rules for POST /v1/rules/check and the Rules service;
@@ -110,6 +117,7 @@ type Daemon struct {
 	// Config.PeerAddr; both are nil without it, the node's server
 	// serving the public API beside the Peer service. publicDone is
 	// closed when public.Serve has returned.
+	// With backend redis there is no node, and public always serves.
 	public     *grpc.Server
 	publicLis  net.Listener
 	publicDone chan struct{}
@@ -188,6 +196,12 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 			}
 		}()
 	}
+	if cfg.Backend == BackendRedis {
+		if err = d.startRedis(tlsCfg); err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
 	cc := d.clusterConfig()
 	cc.TLS = tlsCfg
 	if cc.GossipKeys, err = decodeGossipKeys(cfg.GossipKeys); err != nil {
@@ -249,6 +263,7 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		}
 		return nil, fmt.Errorf("daemon: start node (gossip_addr %s, %s %s): %w", cfg.GossipAddr, peerKey, cc.GRPCAddr, err)
 	}
+	d.limiter = d.node
 	d.refreshHealth()
 	if d.publicLis != nil {
 		if err = d.servePublic(tlsCfg); err != nil {
@@ -261,6 +276,54 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		d.logger.Warn("sluice: peers and API clients share grpc_addr and its connection cap, so that clients that fill it keep peers out: set peer_addr to give peers a port of their own",
 			"grpc", d.node.GRPCAddr())
 	}
+	d.serveHTTP()
+	d.logger.Info("sluice: daemon started", "node", cfg.NodeName, "http", d.HTTPAddr(),
+		"grpc", d.GRPCAddr(), "peer", d.PeerAddr(), "gossip", d.node.GossipAddr(), "join", cfg.Join)
+	return d, nil
+}
+
+// startRedis is New's second half with backend redis: the limiter on
+// Redis, the public gRPC API on grpc_addr and the HTTP server; no node,
+// no gossip, no Peer service. It undoes what it started when it fails.
+func (d *Daemon) startRedis(tlsCfg *tls.Config) (err error) {
+	if ignored := ignoredWithRedis(&d.cfg); len(ignored) > 0 {
+		d.logger.Warn("sluice: backend redis runs no cluster: these settings are ignored", "settings", ignored)
+	}
+	if d.redis, err = newRedisBackend(&d.cfg, d.reg, d.opts.now); err != nil {
+		return err
+	}
+	d.limiter = d.redis
+	defer func() {
+		if err != nil {
+			d.redis.Close()
+		}
+	}()
+	if d.lis, err = net.Listen("tcp", d.cfg.HTTPAddr); err != nil {
+		return fmt.Errorf("daemon: listen on http_addr: %w", err)
+	}
+	d.httpConns = newConnLimit(d.lis, d.cfg.HTTPMaxConnections)
+	d.lis = d.httpConns
+	if tlsCfg != nil {
+		d.lis = tls.NewListener(d.lis, serverTLS(tlsCfg, tls.VerifyClientCertIfGiven))
+	}
+	if d.publicLis, err = d.publicLimits().Listen("tcp", d.cfg.GRPCAddr); err != nil {
+		d.lis.Close()
+		return fmt.Errorf("daemon: listen on grpc_addr: %w", err)
+	}
+	if err = d.servePublic(tlsCfg); err != nil {
+		d.lis.Close()
+		d.publicLis.Close()
+		return err
+	}
+	d.serveHTTP()
+	d.refreshHealth()
+	d.logger.Info("sluice: daemon started", "node", d.cfg.NodeName, "http", d.HTTPAddr(),
+		"grpc", d.GRPCAddr(), "backend", BackendRedis, "redis", d.cfg.RedisAddrs)
+	return nil
+}
+
+// serveHTTP serves the HTTP API on lis.
+func (d *Daemon) serveHTTP() {
 	d.srv = &http.Server{
 		Handler:           d.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -279,9 +342,6 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 			d.serveMu.Unlock()
 		}
 	}()
-	d.logger.Info("sluice: daemon started", "node", cfg.NodeName, "http", d.HTTPAddr(),
-		"grpc", d.GRPCAddr(), "peer", d.PeerAddr(), "gossip", d.node.GossipAddr(), "join", cfg.Join)
-	return d, nil
 }
 
 // publicLimits returns the limits of grpc_addr's server with peer_addr
@@ -311,7 +371,7 @@ func (d *Daemon) servePublic(tlsCfg *tls.Config) error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS(tlsCfg, tls.RequireAndVerifyClientCert))))
 	}
 	d.public = grpc.NewServer(opts...)
-	if err := d.registerPublic(d.public, d.node); err != nil {
+	if err := d.registerPublic(d.public, d.node); err != nil { // node nil with backend redis
 		return fmt.Errorf("daemon: register the public API: %w", err)
 	}
 	srv, lis, logger := d.public, d.publicLis, d.logger
@@ -431,8 +491,12 @@ func sleepTimer(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Node returns the daemon's cluster node.
+// Node returns the daemon's cluster node; nil with backend redis.
 func (d *Daemon) Node() *cluster.Node { return d.node }
+
+// Limiter returns what the daemon decides checks on: the node, or the
+// limiter on Redis with backend redis.
+func (d *Daemon) Limiter() sluice.Limiter { return d.limiter }
 
 // Registry returns the registry /metrics serves.
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
@@ -451,7 +515,7 @@ func (d *Daemon) GRPCAddr() string {
 		return d.node.GRPCAddr()
 	}
 	addr := d.publicLis.Addr().(*net.TCPAddr)
-	if !addr.IP.IsUnspecified() {
+	if !addr.IP.IsUnspecified() || d.node == nil {
 		return addr.String()
 	}
 	host, _, err := net.SplitHostPort(d.node.GRPCAddr())
@@ -462,16 +526,29 @@ func (d *Daemon) GRPCAddr() string {
 }
 
 // PeerAddr returns the address the node advertises to its peers, where
-// they call its Peer service: peer_addr, or grpc_addr without one.
-func (d *Daemon) PeerAddr() string { return d.node.GRPCAddr() }
+// they call its Peer service: peer_addr, or grpc_addr without one; ""
+// with backend redis.
+func (d *Daemon) PeerAddr() string {
+	if d.node == nil {
+		return ""
+	}
+	return d.node.GRPCAddr()
+}
 
-// GossipAddr returns the address other nodes join this one at.
-func (d *Daemon) GossipAddr() string { return d.node.GossipAddr() }
+// GossipAddr returns the address other nodes join this one at; "" with
+// backend redis.
+func (d *Daemon) GossipAddr() string {
+	if d.node == nil {
+		return ""
+	}
+	return d.node.GossipAddr()
+}
 
 // Ready reports what /readyz does: the node is ready (cluster.Node.Ready:
 // it has joined the cluster when it was given addresses to join, and serf
-// runs, which a node name taken by another node stops) and the daemon is
-// not shutting down.
+// runs, which a node name taken by another node stops), or with backend
+// redis Redis answers PING within redis_timeout (every master of a Redis
+// Cluster), and the daemon is not shutting down.
 func (d *Daemon) Ready() bool {
 	ok, _ := d.readiness()
 	return ok
@@ -482,6 +559,10 @@ func (d *Daemon) readiness() (bool, string) {
 	switch {
 	case d.shuttingDown.Load():
 		return false, "shutting down"
+	case d.redis != nil:
+		if err := d.redis.ready(context.Background()); err != nil {
+			return false, "redis does not answer: " + err.Error()
+		}
 	case !d.node.Ready():
 		if len(d.cfg.Join) > 0 {
 			return false, "joining, or not part of the cluster (see the log)"
@@ -544,6 +625,13 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	d.stopPublic(sctx, true)
 	cancel()
 	d.closeRules()
+	if d.redis != nil {
+		if err := d.redis.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("daemon: close redis: %w", err))
+		}
+		d.logger.Info("sluice: daemon stopped", "node", d.cfg.NodeName)
+		return errors.Join(errs...)
+	}
 	switch err := d.node.Leave(); {
 	case err == nil, errors.Is(err, cluster.ErrClosed):
 	case errors.Is(err, cluster.ErrHandoff):
@@ -573,6 +661,9 @@ func (d *Daemon) Close() error {
 	<-d.served
 	d.stopPublic(context.Background(), false)
 	d.closeRules()
+	if d.redis != nil {
+		return d.redis.Close()
+	}
 	err := d.node.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), exportTimeout)
 	defer cancel()

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/labelset"
 )
@@ -67,10 +67,11 @@ func (d *Daemon) envoyLoadConfig() envoyrls.LoadConfig {
 const unknownDomainLogEvery = 10 * time.Second
 
 // registerEnvoy is part of registerPublic: Envoy's rate limit
-// service, counting through the node, beside the node's own services.
-func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, n *cluster.Node) error {
+// service, counting through lim (the node, or Redis), beside the node's
+// own services.
+func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, lim sluice.Limiter) error {
 	cfg := envoyrls.DefaultConfig()
-	cfg.Limiter = serverLimits{n}
+	cfg.Limiter = serverLimits{lim}
 	cfg.Rules = d.envoy
 	cfg.Now = d.opts.now
 	switch d.cfg.EnvoyResponseHeaders {

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/redislimit"
 	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -205,8 +206,11 @@ func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	ok, why := d.readiness()
-	body := map[string]any{"node": d.cfg.NodeName, "members": len(d.node.RingMembers())}
-	if refused := d.node.RefusedMembers(); len(refused) > 0 {
+	body := map[string]any{"node": d.cfg.NodeName, "backend": d.cfg.Backend}
+	if d.node != nil {
+		body["members"] = len(d.node.RingMembers())
+	}
+	if refused := d.refusedMembers(); len(refused) > 0 {
 		// Gossip members that have not proved they belong to the cluster:
 		// they own no key. They do not make the node unready, which would
 		// let anyone who reaches the gossip port take a node out.
@@ -227,6 +231,15 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
+// refusedMembers are the node's refused gossip members; none with
+// backend redis.
+func (d *Daemon) refusedMembers() []cluster.RefusedMember {
+	if d.node == nil {
+		return nil
+	}
+	return d.node.RefusedMembers()
+}
+
 func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	body, release, ok := d.readBody(w, r)
 	if !ok {
@@ -243,7 +256,7 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusForbidden, err.Error(), &itemError{Code: "permission_denied", Field: "behavior", Message: err.Error()})
 		return
 	}
-	dec, err := d.node.Check(r.Context(), req, sluice.OnUnreachable(policy))
+	dec, err := d.limiter.Check(r.Context(), req, sluice.OnUnreachable(policy))
 	if err != nil {
 		ierr := toItemError(err)
 		d.metrics.items.WithLabelValues(resultFor(ierr)).Inc()
@@ -308,7 +321,7 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	now := d.opts.now()
 	for _, g := range groups {
-		for j, res := range d.node.CheckMany(r.Context(), g.reqs, sluice.OnUnreachable(g.policy)) {
+		for j, res := range d.limiter.CheckMany(r.Context(), g.reqs, sluice.OnUnreachable(g.policy)) {
 			i := g.idx[j]
 			if res.Err != nil {
 				ierr := toItemError(res.Err)
@@ -483,7 +496,7 @@ var sentinelFields = []struct {
 // toItemError describes an error of validation or of the node, with the
 // wire protocol's code.
 func toItemError(err error) *itemError {
-	if errors.Is(err, cluster.ErrClosed) {
+	if errors.Is(err, cluster.ErrClosed) || errors.Is(err, redislimit.ErrClosed) {
 		return &itemError{Code: "unavailable", Message: err.Error()}
 	}
 	code, msg := transport.ErrorToProto(err)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/transport"
@@ -19,14 +20,21 @@ import (
 // with the daemon's permits), the rules' enforcer over the node, set
 // before any request can reach it, the Rules service, and Envoy's rate
 // limit service when envoy_config_dir is set. Without peer_addr it is the
-// node's RegisterServices, and s the node's own server.
+// node's RegisterServices, and s the node's own server. With backend
+// redis n is nil and the services decide on Redis.
 func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error {
-	n.RegisterPublicAPI(s)
+	var lim sluice.Limiter = n
 	d.registerHealth(s)
-	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
+	if n != nil {
+		n.RegisterPublicAPI(s)
+	} else {
+		d.redis.register(s, d.permitGRPC)
+		lim = d.redis
+	}
+	d.enforcer = rules.Enforcer{Limiter: serverLimits{lim}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil {
-		return d.registerEnvoy(s, n)
+		return d.registerEnvoy(s, lim)
 	}
 	return nil
 }

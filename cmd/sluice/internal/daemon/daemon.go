@@ -346,6 +346,7 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.AdvertiseHost = d.cfg.AdvertiseHost
 	c.Seeds = d.cfg.Join
 	c.RetryJoinInterval = d.cfg.RetryJoinInterval
+	c.BootstrapExpect = d.cfg.BootstrapExpect
 	c.Profile = d.cfg.GossipProfile
 	c.Unreachable = d.cfg.Unreachable
 	c.DenyRetryAfter = d.cfg.DenyRetryAfter
@@ -457,9 +458,10 @@ func (d *Daemon) PeerAddr() string { return d.node.GRPCAddr() }
 func (d *Daemon) GossipAddr() string { return d.node.GossipAddr() }
 
 // Ready reports what /readyz does: the node is ready (cluster.Node.Ready:
-// it has joined the cluster when it was given addresses to join, and serf
-// runs, which a node name taken by another node stops) and the daemon is
-// not shutting down.
+// it has joined the cluster when it was given addresses to join, it sees
+// bootstrap_expect members or a member of a ready cluster, and serf runs,
+// which a node name taken by another node stops) and the daemon is not
+// shutting down.
 func (d *Daemon) Ready() bool {
 	ok, _ := d.readiness()
 	return ok
@@ -471,10 +473,7 @@ func (d *Daemon) readiness() (bool, string) {
 	case d.shuttingDown.Load():
 		return false, "shutting down"
 	case !d.node.Ready():
-		if len(d.cfg.Join) > 0 {
-			return false, "joining, or not part of the cluster (see the log)"
-		}
-		return false, "not part of the cluster (see the log)"
+		return false, d.node.NotReadyReason()
 	}
 	return true, ""
 }

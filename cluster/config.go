@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -63,6 +64,25 @@ type Config struct {
 	Resolver          Resolver
 	RetryJoinInterval time.Duration
 	Profile           Profile
+	// BootstrapExpect is how many members a node must see at once, itself
+	// included, before it is ready as a cluster that did not exist yet:
+	// set it to the number of nodes that start together (a StatefulSet's
+	// replicas), 1 for a node meant to run alone. A node that sees a
+	// member of a cluster that is ready joins that cluster and is ready
+	// whatever this number. 0, the default, never starts a cluster: the
+	// node is ready only once it has joined one. Until it is ready, a node
+	// decides no key as owner and every check it is asked gets the
+	// unreachable policy (Unreachable, or the request's own); with
+	// PolicyLocal, that is a decision on this node's own store, so deny is
+	// the policy that admits nothing until the cluster has formed
+	// (bootstrap.go). At most MaxBootstrapExpect.
+	BootstrapExpect int
+	// DataDir, when set, is a directory the node keeps what it must
+	// remember across restarts in: the members it has seen
+	// (members.json), which it joins again on start and every
+	// RetryJoinInterval while they are not members, beside Seeds. Empty:
+	// only Seeds are joined again.
+	DataDir string
 
 	// Unreachable is the policy for requests that do not set their own.
 	Unreachable sluice.Policy
@@ -220,6 +240,19 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock returns the time decisions are made at; nil is time.Now.
 	Clock func() time.Time
+
+	// protocol is the range of protocol versions the node advertises;
+	// zero is this build's (thisProtocol). Tests set it to stand in for
+	// other builds.
+	protocol protocolRange
+}
+
+// protocolRange returns the range the node advertises.
+func (c *Config) protocolRange() protocolRange {
+	if c.protocol == (protocolRange{}) {
+		return thisProtocol
+	}
+	return c.protocol
 }
 
 // DefaultConfig returns a config for a node on a LAN: gossip on port 7946
@@ -252,7 +285,8 @@ func DefaultConfig() Config {
 
 // TestConfig returns DefaultConfig changed for nodes in one process on
 // loopback: free ports on 127.0.0.1, the fast gossip profile, short
-// timeouts and a smaller store.
+// timeouts, a smaller store, and BootstrapExpect 1, so that a node given
+// no seeds is ready alone at once.
 func TestConfig(name string) Config {
 	c := DefaultConfig()
 	c.NodeName = name
@@ -266,11 +300,15 @@ func TestConfig(name string) Config {
 	c.LeaveTimeout = 2 * time.Second
 	c.ProofRetry = 20 * time.Millisecond
 	c.ProofRetryMax = time.Second
+	c.BootstrapExpect = 1
 	return c
 }
 
 // MaxReplicas bounds Config.Replicas.
 const MaxReplicas = 5
+
+// MaxBootstrapExpect bounds Config.BootstrapExpect.
+const MaxBootstrapExpect = 1024
 
 // MinInterval bounds the intervals of the node's periodic work from below
 // (RetryJoinInterval, SweepInterval, ReplicateInterval): a loop that ticks
@@ -331,6 +369,15 @@ func (c *Config) Validate() error {
 		return bad("ProofRetry %v is below %v", c.ProofRetry, MinInterval)
 	case c.ProofRetryMax < c.ProofRetry:
 		return bad("ProofRetryMax %v is below ProofRetry %v", c.ProofRetryMax, c.ProofRetry)
+	case c.BootstrapExpect < 0 || c.BootstrapExpect > MaxBootstrapExpect:
+		return bad("BootstrapExpect %d is outside [0, %d]", c.BootstrapExpect, MaxBootstrapExpect)
+	case c.protocol != (protocolRange{}) && !c.protocol.valid():
+		return bad("protocol range %v is empty", c.protocol)
+	}
+	if c.DataDir != "" {
+		if len(c.DataDir) > 4096 || strings.ContainsRune(c.DataDir, 0) {
+			return bad("DataDir must be at most 4096 bytes, without NUL")
+		}
 	}
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {

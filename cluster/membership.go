@@ -93,7 +93,7 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 	sc := serf.DefaultConfig()
 	sc.NodeName = c.NodeName
 	sc.EventCh = events
-	sc.Tags = map[string]string{grpcTag: grpcAddr}
+	sc.Tags = nodeTags(c, grpcAddr, false)
 	// serf's resolution of a name conflict shuts down the member that
 	// loses a vote any gossip member may answer: a live member keeps its
 	// name (memberlist refuses the claim of another address), and the
@@ -125,6 +125,9 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 		sc.ReconnectInterval = 500 * time.Millisecond
 		sc.ReconnectTimeout = time.Minute
 		sc.LeavePropagateDelay = 100 * time.Millisecond
+		// How long SetTags and Leave wait for their broadcast to go
+		// round: Close waits for a SetTags in flight.
+		sc.BroadcastTimeout = time.Second
 	}
 	ml := sc.MemberlistConfig
 	ml.Name = c.NodeName

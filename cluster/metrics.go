@@ -90,8 +90,8 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	}, func() float64 { return float64(n.store.Stats().Expired) })
 	refused := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_members_refused",
-		Help: "Members of the gossip kept out of this node's ring because they have not proved they belong to the cluster.",
-	}, func() float64 { return float64(len(n.proofs.refused())) })
+		Help: "Members of the gossip kept out of this node's ring: they have not proved they belong to the cluster, or speak no protocol version this node speaks.",
+	}, func() float64 { return float64(len(n.RefusedMembers())) })
 	cs := []prometheus.Collector{m.checks, m.latency, m.withoutOwner, m.forwarded, m.batchSize, m.peerLatency, members, refused, entries, evictions, expired}
 	cs = append(cs, budgetCollectors(n)...)
 	for _, c := range append(cs, transferCollectors(&n.transfers)...) {

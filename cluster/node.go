@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,7 @@ type Node struct {
 	grants   grantTable  // leases this node granted as owner (grants.go)
 	leases   *leaseTable // see lease.go
 	proofs   *proofs     // which members have proved themselves (proof.go)
+	versions *versions   // members refused for their protocol version (protocol.go)
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -83,6 +85,13 @@ type Node struct {
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
 
+	// joinedOnce is set once a join of the seeds has succeeded.
+	joinedOnce atomic.Bool
+	readyMu    sync.Mutex    // serialises tryReady
+	readyWake  chan struct{} // wakes readyLoop
+	rememberMu sync.Mutex    // guards remembered and the members file
+	remembered []rememberedMember
+
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
 }
 
@@ -100,7 +109,9 @@ func New(cfg Config) (n *Node, err error) {
 		now:        cfg.Clock,
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
+		readyWake:  make(chan struct{}, 1),
 		transfers:  newTransfers(),
+		versions:   newVersions(cfg.protocolRange()),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -119,6 +130,14 @@ func New(cfg Config) (n *Node, err error) {
 			n = nil
 		}
 	}()
+	if cfg.DataDir != "" {
+		if err = os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("cluster: DataDir: %w", err)
+		}
+		if n.remembered, err = readMembersFile(cfg.DataDir); err != nil {
+			return nil, err
+		}
+	}
 	scfg := cfg.Store
 	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 // for the replicator
 	if n.store, err = limiter.NewStore(scfg); err != nil {
@@ -232,7 +251,7 @@ func New(cfg Config) (n *Node, err error) {
 	if !known { // bound to all interfaces: advertise serf's address
 		self := n.serf.LocalMember()
 		grpcAddr = net.JoinHostPort(self.Addr.String(), grpcAddr[1:])
-		if err = n.serf.SetTags(map[string]string{grpcTag: grpcAddr}); err != nil {
+		if err = n.serf.SetTags(nodeTags(&cfg, grpcAddr, false)); err != nil {
 			return nil, fmt.Errorf("cluster: set tags: %w", err)
 		}
 	}
@@ -242,30 +261,33 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(n.sweepLoop)
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
-	if len(cfg.Seeds) == 0 {
-		n.handover.setReady(true, n.now())
-	} else if _, jerr := n.join(cfg.Seeds); jerr != nil {
-		n.logger.Warn("cluster: join failed; not ready, retrying: until it joins, the node decides no key as owner and checks get the unreachable policy",
-			"seeds", cfg.Seeds, "retry", cfg.RetryJoinInterval, "err", jerr)
-		n.goFunc(n.retryJoinLoop)
+	if len(cfg.Seeds) > 0 {
+		if _, jerr := n.join(cfg.Seeds); jerr != nil {
+			n.logger.Warn("cluster: join failed; not ready, retrying: until it joins, the node decides no key as owner and checks get the unreachable policy",
+				"seeds", cfg.Seeds, "retry", cfg.RetryJoinInterval, "err", jerr)
+		}
 	}
+	if !n.tryReady() {
+		n.logger.Warn("cluster: not ready: until it is, the node decides no key as owner and checks get the unreachable policy",
+			"reason", n.NotReadyReason())
+	}
+	n.goFunc(n.readyLoop)
+	n.goFunc(n.rejoinLoop)
 	n.logger.Info("cluster: node started", "name", cfg.NodeName, "gossip", n.GossipAddr(), "grpc", grpcAddr)
 	return n, nil
 }
 
-// joined makes the node ready once it has joined: its ring is rebuilt from
-// the members the join brought in before it decides any key as owner.
+// joined records that the node has joined its seeds, and makes it ready
+// when bootstrap.go allows: its ring is rebuilt from the members the join
+// brought in before it decides any key as owner.
 func (n *Node) joined() {
 	if n.closed.Load() || n.serf.State() != serf.SerfAlive {
 		return
 	}
+	n.joinedOnce.Store(true)
 	n.rebuild(0)
-	if n.awaitProofs() {
-		n.rebuild(0)
-	}
-	n.handover.setReady(true, n.now())
-	n.transfers.wakeHandoff() // arms the hand-over's timeout
 	n.logger.Info("cluster: joined", "members", n.ring.Len())
+	n.tryReady()
 }
 
 // watchSerf makes the node not ready, and says why, when serf stops while
@@ -285,8 +307,9 @@ func (n *Node) watchSerf() {
 }
 
 // Ready reports whether the node decides the keys it owns: it has joined
-// the cluster of its seeds (at once when it has none), serf runs, and it
-// is neither closed nor leaving. Until then every check it is asked about
+// the cluster of its seeds, when it has any, and sees a cluster that has
+// formed (Config.BootstrapExpect; bootstrap.go), serf runs, and it is
+// neither closed nor leaving. Until then every check it is asked about
 // a key it would own gets the unreachable policy, with WithoutOwner set.
 func (n *Node) Ready() bool { return !n.closed.Load() && n.handover.ready.Load() }
 
@@ -475,7 +498,7 @@ func (n *Node) eventLoop() {
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
-	members := n.proofs.admit(ringMembers(n.serf.Members(), n.logger), n.now())
+	members := n.proofs.admit(n.compatibleRingMembers(), n.now())
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
 		if m.Name != n.cfg.NodeName {
@@ -490,6 +513,9 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
 	n.transfers.wakeHandoff()
+	if !n.handover.ready.Load() {
+		n.wakeReady()
+	}
 	if kind == 0 || n.cfg.Events == nil {
 		return
 	}
@@ -514,25 +540,6 @@ func (n *Node) sweepLoop() {
 		case <-t.C:
 			n.grants.sweep(n.handover, n.store, n.now().UnixNano())
 			n.store.Sweep(n.now())
-		}
-	}
-}
-
-func (n *Node) retryJoinLoop() {
-	t := time.NewTicker(n.cfg.RetryJoinInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.shutdown:
-			return
-		case <-t.C:
-			// join resolves the seeds again: a headless service's
-			// pods that started since are found.
-			_, err := n.join(n.cfg.Seeds)
-			if err == nil {
-				return
-			}
-			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", n.cfg.Seeds, "err", err)
 		}
 	}
 }

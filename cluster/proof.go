@@ -289,9 +289,13 @@ func (n *Node) awaitProofs() (waited bool) {
 	}
 }
 
-// RefusedMembers returns the members of the gossip that have not proved
-// they belong to the cluster (see Config.ClusterSecret and
-// Config.PeerIdentities), sorted by name: they own no key, and no check,
-// hand-off, replica or lease goes to them. Always empty with peer
-// authentication off.
-func (n *Node) RefusedMembers() []RefusedMember { return n.proofs.refused() }
+// RefusedMembers returns the members of the gossip this node keeps out of
+// its ring, sorted by name: those that have not proved they belong to the
+// cluster (see Config.ClusterSecret and Config.PeerIdentities), and those
+// that speak no protocol version this node speaks (protocol.go). They own
+// no key, and no check, hand-off, replica or lease goes to them.
+func (n *Node) RefusedMembers() []RefusedMember {
+	out := append(n.proofs.refused(), n.versions.list()...)
+	slices.SortFunc(out, func(a, b RefusedMember) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}

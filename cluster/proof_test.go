@@ -405,7 +405,7 @@ func TestRogueTagNamingAMember(t *testing.T) {
 	}
 
 	own := testrogue.StartPeer(t, true, nil)
-	if err := agent.SetTags(map[string]string{"grpc": own.Addr}); err != nil {
+	if err := agent.SetTags(testrogue.Tags(own.Addr)); err != nil {
 		t.Fatal(err)
 	}
 	if err := testcluster.WaitFor(10*time.Second, func() error {

@@ -43,8 +43,8 @@ const (
 	// wayDown: the owner cannot be called (no client, or its breaker is
 	// open): the unreachable policy decides.
 	wayDown
-	// wayNotReady: this node is not part of the cluster: the unreachable
-	// policy decides.
+	// wayNotReady: this node is not ready, so not part of a cluster
+	// that formed: the unreachable policy decides, whoever owns the key.
 	wayNotReady
 )
 
@@ -74,15 +74,18 @@ type router struct {
 
 // pick returns where a check of the key of hash goes now.
 func (r *router) pick(hash uint64) pick {
+	if !r.hand.ready.Load() {
+		// Not part of a cluster that formed (bootstrap.go), or no longer:
+		// its ring may hold members that are not ready either, and
+		// would only send the check back.
+		return pick{way: wayNotReady}
+	}
 	st, owner := r.hand.stateOf(hash)
 	target, w := owner.Name, wayOwner
 	switch st {
 	case owned:
 		return pick{way: wayHere}
 	case pending:
-		if !r.hand.ready.Load() {
-			return pick{way: wayNotReady}
-		}
 		prev, ok := r.hand.previous(hash)
 		if !ok {
 			return pick{way: wayWait}

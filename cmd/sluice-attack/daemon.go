@@ -60,6 +60,7 @@ func startDaemonTLS(ctx context.Context, c *config, name string, clientTLS *tls.
 		"--node-name", name,
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--log-format", "json", "--shutdown-timeout", "2s", "--leave-timeout", "2s",
+		"--bootstrap-expect", "1",
 	}, args...)
 	cmd := exec.Command(c.sluice, argv...)
 	cmd.Env = daemonEnv()

@@ -66,13 +66,16 @@ func serve(t *testing.T, name string, args ...string) *served {
 			"SLUICE_NODE_NAME":      name,
 			"SLUICE_GOSSIP_PROFILE": "fast",
 			"SLUICE_LOG_FORMAT":     "text",
+			// Flags override these (a flag given twice is a list).
+			"SLUICE_GOSSIP_ADDR":      "127.0.0.1:0",
+			"SLUICE_BOOTSTRAP_EXPECT": "1", // ready alone when it joins no one
 		}),
 		stdout:  io.Discard,
 		stderr:  s.logs,
 		onReady: func(d *daemon.Daemon) { ready <- d },
 	}
 	all := append([]string{"serve",
-		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--retry-join-interval", "100ms", "--log-level", "warn"}, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -483,5 +486,81 @@ func TestCommandsDialGRPCAddr(t *testing.T) {
 		if code != tc.wantCode || !strings.Contains(stdout+stderr, tc.wantOut) {
 			t.Errorf("%v on %s: exit %d, stdout %q, stderr %q; want exit %d with %q", tc.args, tc.addr, code, stdout, stderr, tc.wantCode, tc.wantOut)
 		}
+	}
+}
+
+// httpAllowed posts one check of key (a daily limit of 1) to base and
+// reports whether it was admitted.
+func httpAllowed(t *testing.T, base, key string) bool {
+	t.Helper()
+	body := fmt.Sprintf(`{"name":"quick","key":%q,"limit":1,"period":"24h","algorithm":"fixed_window","unreachable":"deny"}`, key)
+	resp, err := probe.Post(base+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("check %s on %s: %d %s", key, base, resp.StatusCode, b)
+	}
+	return strings.Contains(string(b), `"allowed":true`)
+}
+
+// TestQuickStartRestartDoesNotSplit follows the quick start: three
+// daemons with bootstrap_expect 3, the first with nothing to join, the
+// others joining it. The first stops gracefully and starts again at its
+// address, still with nothing to join. It must not become a cluster of
+// its own: /readyz answers 200 only once it routes to all three again,
+// and keys whose limit of 1 was used before the restart admit nothing
+// more, through it or the others.
+func TestQuickStartRestartDoesNotSplit(t *testing.T) {
+	expect := []string{"--bootstrap-expect", "3"}
+	first := serve(t, "quick-0", expect...)
+	addr := first.GossipAddr()
+	second := serve(t, "quick-1", append(expect, "--join", addr)...)
+	for _, n := range []*served{first, second} {
+		if s, body := httpGet(t, n.base+"/readyz"); s != http.StatusServiceUnavailable || !strings.Contains(body, "BootstrapExpect") {
+			t.Fatalf("%s /readyz with 2 of 3 nodes: %d %s", n.Config().NodeName, s, body)
+		}
+	}
+	third := serve(t, "quick-2", append(expect, "--join", addr)...)
+	nodes := []*served{first, second, third}
+	for _, n := range nodes {
+		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to be ready", func() bool {
+			s, body := httpGet(t, n.base+"/readyz")
+			return s == http.StatusOK && strings.Contains(body, `"members":3`)
+		})
+	}
+	const keys = 30
+	for i := range keys {
+		if !httpAllowed(t, second.base, fmt.Sprintf("k%d", i)) {
+			t.Fatalf("k%d: the first check was not admitted", i)
+		}
+	}
+	if err := first.stop(t); err != nil {
+		t.Fatalf("stop quick-0: %v\n%s", err, first.logs)
+	}
+	restarted := serve(t, "quick-0", append(expect, "--gossip-addr", addr)...)
+	testwait.ForTimeout(t, 20*time.Second, "the restarted node to be ready", func() bool {
+		s, body := httpGet(t, restarted.base+"/readyz")
+		if s == http.StatusOK && !strings.Contains(body, `"members":3`) {
+			t.Fatalf("the restarted node is ready in a cluster of its own: %s", body)
+		}
+		return s == http.StatusOK
+	})
+	owned := 0
+	for i := range keys {
+		key := fmt.Sprintf("k%d", i)
+		if m, _ := restarted.Node().Owner("quick", key); m.Name == "quick-0" {
+			owned++
+		}
+		for _, n := range []*served{restarted, second, third} {
+			if httpAllowed(t, n.base, key) {
+				t.Fatalf("%s admitted %s again after the restart", n.Config().NodeName, key)
+			}
+		}
+	}
+	if owned == 0 {
+		t.Fatal("the restarted node owns none of the keys: the test proves nothing")
 	}
 }

@@ -124,8 +124,16 @@ func (p *Peer) Prove(_ context.Context, in *pb.ProveRequest) (*pb.ProveResponse,
 	return &pb.ProveResponse{Version: in.Version, Name: in.To, Mac: mac}, nil
 }
 
-// JoinSerf starts a stock serf agent named name, whose grpc tag is
-// grpcAddr, with gossipKey when not nil and serf's name conflict
+// Tags returns the serf tags of a member whose gRPC address is grpcAddr:
+// the grpc tag and the protocol range sluice speaks (pmin and pmax,
+// cluster.ProtocolVersionMin and Max), so that the agent is refused for
+// what it cannot prove, not for its version.
+func Tags(grpcAddr string) map[string]string {
+	return map[string]string{"grpc": grpcAddr, "pmin": "1", "pmax": "1"}
+}
+
+// JoinSerf starts a stock serf agent named name, whose tags are
+// Tags(grpcAddr), with gossipKey when not nil and serf's name conflict
 // resolution off (an attacker's agent does not yield), joins it to seeds
 // in order and returns it with the join's error. The agent shuts down
 // when the test ends.
@@ -145,7 +153,7 @@ func JoinSerf(t testing.TB, name, grpcAddr string, gossipKey []byte, seeds ...st
 func Join(name, grpcAddr string, gossipKey []byte, seeds ...string) (*serf.Serf, error) {
 	sc := serf.DefaultConfig()
 	sc.NodeName = name
-	sc.Tags = map[string]string{"grpc": grpcAddr}
+	sc.Tags = Tags(grpcAddr)
 	sc.LogOutput = io.Discard
 	sc.EnableNameConflictResolution = false
 	sc.MemberlistConfig = memberlist.DefaultLocalConfig()

@@ -305,6 +305,7 @@ func (c *cluster) start(nd *node) {
 		"--gossip-profile", "fast",
 		"--unreachable", "local",
 		"--retry-join-interval", "500ms",
+		"--bootstrap-expect", "1", // a node joined by the others' retries is ready alone, as the tests expect
 		"--log-format", "text", "--log-level", "info",
 	)
 	args = append(args, c.args...)

@@ -56,7 +56,12 @@ type Config struct {
 	// every pod. Empty starts a new cluster.
 	Join              []string
 	RetryJoinInterval time.Duration
-	GossipProfile     cluster.Profile
+	// BootstrapExpect is how many nodes start a new cluster together
+	// (cluster.Config.BootstrapExpect): a node is ready once it sees that
+	// many members, or a member of a cluster that is ready. 1 runs a node
+	// alone; 0, the default, only joins a cluster that is ready.
+	BootstrapExpect int
+	GossipProfile   cluster.Profile
 	// Unreachable is the policy of checks that set none.
 	Unreachable    sluice.Policy
 	DenyRetryAfter time.Duration
@@ -446,6 +451,15 @@ var fields = []field{
 		parse: func(c *Config, v string) error { return parseDuration(&c.RetryJoinInterval, v) },
 		check: func(c *Config) error { return atLeast(c.RetryJoinInterval, cluster.MinInterval) },
 		show:  func(c *Config) string { return c.RetryJoinInterval.String() }},
+	{key: "bootstrap_expect", usage: "how many nodes start a new cluster together: ready once that many members are seen, or a member of a ready cluster; 1 runs alone, 0 only joins a ready cluster",
+		parse: func(c *Config, v string) error { return parseInt(&c.BootstrapExpect, v) },
+		check: func(c *Config) error {
+			if c.BootstrapExpect < 0 || c.BootstrapExpect > cluster.MaxBootstrapExpect {
+				return fmt.Errorf("%d is outside [0, %d]", c.BootstrapExpect, cluster.MaxBootstrapExpect)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return strconv.Itoa(c.BootstrapExpect) }},
 	{key: "gossip_profile", usage: "gossip timings: lan, or fast for nodes on one host",
 		parse: func(c *Config, v string) error {
 			switch v {

@@ -415,6 +415,7 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.AdvertiseHost = d.cfg.AdvertiseHost
 	c.Seeds = d.cfg.Join
 	c.RetryJoinInterval = d.cfg.RetryJoinInterval
+	c.BootstrapExpect = d.cfg.BootstrapExpect
 	c.Profile = d.cfg.GossipProfile
 	c.Unreachable = d.cfg.Unreachable
 	c.DenyRetryAfter = d.cfg.DenyRetryAfter
@@ -545,9 +546,10 @@ func (d *Daemon) GossipAddr() string {
 }
 
 // Ready reports what /readyz does: the node is ready (cluster.Node.Ready:
-// it has joined the cluster when it was given addresses to join, and serf
-// runs, which a node name taken by another node stops), or with backend
-// redis Redis answers PING within redis_timeout (every master of a Redis
+// it has joined the cluster when it was given addresses to join, it sees
+// bootstrap_expect members or a member of a ready cluster, and serf runs,
+// which a node name taken by another node stops), or with backend redis
+// Redis answers PING within redis_timeout (every master of a Redis
 // Cluster), and the daemon is not shutting down.
 func (d *Daemon) Ready() bool {
 	ok, _ := d.readiness()
@@ -564,10 +566,7 @@ func (d *Daemon) readiness() (bool, string) {
 			return false, "redis does not answer: " + err.Error()
 		}
 	case !d.node.Ready():
-		if len(d.cfg.Join) > 0 {
-			return false, "joining, or not part of the cluster (see the log)"
-		}
-		return false, "not part of the cluster (see the log)"
+		return false, d.node.NotReadyReason()
 	}
 	return true, ""
 }

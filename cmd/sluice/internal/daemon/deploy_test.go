@@ -331,6 +331,12 @@ func TestKubernetesManifests(t *testing.T) {
 	if cfg.NodeName != "sluice-0" || cfg.AdvertiseHost != "10.1.2.3" {
 		t.Errorf("node name %q and advertise host %q, want the pod's name and IP", cfg.NodeName, cfg.AdvertiseHost)
 	}
+	// Every pod joins the others, so none starts the cluster alone: they
+	// form it once they all see each other.
+	if cfg.BootstrapExpect != sts.Replicas {
+		t.Errorf("bootstrap_expect %d, want the StatefulSet's replicas %d: the pods would never be ready, or could form apart",
+			cfg.BootstrapExpect, sts.Replicas)
+	}
 
 	// Ports: the daemon's, the container's, the Services'. Peers have a
 	// port of their own, which clients' Service does not reach.

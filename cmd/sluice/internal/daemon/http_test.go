@@ -26,7 +26,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // testConfig is DefaultConfig for a daemon in a test: loopback, free
-// ports, fast gossip.
+// ports, fast gossip, and ready alone when it joins no one
+// (bootstrap_expect 1).
 func testConfig(name string) Config {
 	c := DefaultConfig()
 	c.NodeName = name
@@ -35,6 +36,7 @@ func testConfig(name string) Config {
 	c.HTTPAddr = "127.0.0.1:0"
 	c.GossipProfile = cluster.ProfileFast
 	c.RetryJoinInterval = 100 * time.Millisecond
+	c.BootstrapExpect = 1
 	c.MaxKeys = 100_000
 	return c
 }

@@ -1,0 +1,274 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+)
+
+// A node is ready (it decides the keys it owns) only inside a cluster that
+// has formed, never as a cluster of its own by accident. It is ready once
+//   - it has joined its seeds, when it has any (join), and
+//   - it sees, among the members of its ring (alive, proved, speaking a
+//     protocol version it speaks), either Config.BootstrapExpect members,
+//     itself included, or a member that is ready already and says so in
+//     its bootTag.
+// The first starts a cluster: the nodes that start together each wait
+// until they all see each other. The second joins one: a node that
+// restarts, or is added later, is ready once it has joined a member of a
+// cluster that formed. A node with BootstrapExpect 0 never starts a
+// cluster. Once ready, a node stays ready until it leaves or closes,
+// whoever fails.
+//
+// Nodes do not stay apart: every RetryJoinInterval a node joins the
+// addresses of its seeds and of the members it remembers (Config.DataDir)
+// that are not alive members, so that a node that left and came back, or
+// two halves that formed apart, find each other; their rings merge, and
+// the hand-off merges their states, the more consumed winning.
+
+// nodeTags returns the serf tags a node advertises.
+func nodeTags(c *Config, grpcAddr string, boot bool) map[string]string {
+	p := c.protocolRange()
+	t := map[string]string{
+		grpcTag:     grpcAddr,
+		protoMinTag: strconv.Itoa(int(p.min)),
+		protoMaxTag: strconv.Itoa(int(p.max)),
+	}
+	if boot {
+		t[bootTag] = "1"
+	}
+	return t
+}
+
+// bootstrapState says whether the ring lets the node be ready and, when
+// not, why.
+func (n *Node) bootstrapState() (ok bool, why string) {
+	if len(n.cfg.Seeds) > 0 && !n.joinedOnce.Load() {
+		return false, fmt.Sprintf("joining the seeds %v", n.cfg.Seeds)
+	}
+	members := n.ring.Members()
+	if n.cfg.BootstrapExpect > 0 && len(members) >= n.cfg.BootstrapExpect {
+		return true, ""
+	}
+	in := make(map[string]bool, len(members))
+	for _, m := range members {
+		in[m.Name] = true
+	}
+	for _, m := range n.serf.Members() {
+		if m.Name != n.cfg.NodeName && in[m.Name] && m.Status == serf.StatusAlive && m.Tags[bootTag] == "1" {
+			return true, ""
+		}
+	}
+	if n.cfg.BootstrapExpect == 0 {
+		return false, "waiting to join a cluster that is ready (BootstrapExpect 0 starts none)"
+	}
+	return false, fmt.Sprintf("waiting for %d members to start a cluster (BootstrapExpect), %d seen, and no member of a ready cluster",
+		n.cfg.BootstrapExpect, len(members))
+}
+
+// NotReadyReason says why the node is not ready, or "" when it is.
+func (n *Node) NotReadyReason() string {
+	switch {
+	case n.Ready():
+		return ""
+	case n.closed.Load():
+		return "closed or leaving"
+	case n.serf.State() != serf.SerfAlive:
+		return "serf stopped (another node has this node's name?)"
+	}
+	if ok, why := n.bootstrapState(); !ok {
+		return why
+	}
+	return "waiting for the members found to prove themselves"
+}
+
+// tryReady makes the node ready when bootstrapState allows it, after the
+// members it found have answered their challenges, so that it does not
+// decide keys as owner while its ring lacks members about to prove
+// themselves. It reports whether the node is ready.
+func (n *Node) tryReady() bool {
+	n.readyMu.Lock()
+	defer n.readyMu.Unlock()
+	if n.Ready() {
+		return true
+	}
+	if n.closed.Load() || n.serf.State() != serf.SerfAlive {
+		return false
+	}
+	if ok, _ := n.bootstrapState(); !ok {
+		return false
+	}
+	if n.awaitProofs() {
+		n.rebuild(0)
+		if ok, _ := n.bootstrapState(); !ok {
+			return false
+		}
+	}
+	if n.closed.Load() {
+		return false
+	}
+	n.handover.setReady(true, n.now())
+	n.transfers.wakeHandoff() // arms the hand-over's timeout
+	// serf's SetTags waits until the update has gone round the gossip
+	// (up to its BroadcastTimeout): not on the caller's time.
+	n.goFunc(n.advertiseReady)
+	n.logger.Info("cluster: ready", "members", n.ring.Len())
+	n.rememberMembers()
+	return true
+}
+
+// advertiseReady sets the node's bootTag, so that nodes that start later
+// join its cluster.
+func (n *Node) advertiseReady() {
+	if n.closed.Load() {
+		return
+	}
+	if err := n.serf.SetTags(nodeTags(&n.cfg, n.GRPCAddr(), true)); err != nil && !n.closed.Load() {
+		n.logger.Warn("cluster: advertising that the node is ready is slow to reach every member", "err", err)
+	}
+}
+
+// wakeReady tells readyLoop to look again; it never blocks.
+func (n *Node) wakeReady() {
+	select {
+	case n.readyWake <- struct{}{}:
+	default:
+	}
+}
+
+// readyLoop makes the node ready when a membership change allows it.
+func (n *Node) readyLoop() {
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-n.readyWake:
+			if n.tryReady() {
+				return
+			}
+		}
+	}
+}
+
+// rejoinLoop joins, every RetryJoinInterval (and at once when the node
+// remembers members), the seeds until they answer, and then the addresses of seeds and remembered
+// members that are not alive members.
+func (n *Node) rejoinLoop() {
+	t := time.NewTicker(n.cfg.RetryJoinInterval)
+	defer t.Stop()
+	n.rememberMu.Lock()
+	remembered := len(n.remembered) > 0
+	n.rememberMu.Unlock()
+	if remembered { // New joined the seeds; the remembered members wait for no tick
+		n.rejoin()
+	}
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-t.C:
+		}
+		n.rejoin()
+	}
+}
+
+// rejoin is one pass of rejoinLoop.
+func (n *Node) rejoin() {
+	if len(n.cfg.Seeds) > 0 && !n.joinedOnce.Load() {
+		// join resolves the seeds again: a headless service's pods
+		// that started since are found.
+		if _, err := n.join(n.cfg.Seeds); err != nil {
+			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", n.cfg.Seeds, "err", err)
+		}
+	}
+	n.rememberMembers()
+	targets := n.rejoinTargets()
+	if len(targets) == 0 || n.closed.Load() {
+		return
+	}
+	k, err := n.serf.Join(targets, true)
+	if k > 0 {
+		n.logger.Info("cluster: joined seeds or remembered members that were not members", "reached", k, "addresses", targets)
+		if len(n.cfg.Seeds) > 0 && !n.joinedOnce.Load() && n.knowsAnotherMember() {
+			n.joined()
+		}
+		return
+	}
+	n.logger.Debug("cluster: seeds and remembered members that are not members did not answer", "addresses", targets, "err", err)
+}
+
+// rejoinTargets returns the gossip addresses of the seeds and of the
+// remembered members that no alive or leaving member has, this node's
+// left out.
+func (n *Node) rejoinTargets() []string {
+	n.rememberMu.Lock()
+	want := append([]string(nil), n.cfg.Seeds...)
+	for _, m := range n.remembered {
+		want = append(want, m.Gossip)
+	}
+	n.rememberMu.Unlock()
+	if len(want) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(n.transfers.ctx, resolveTimeout)
+	defer cancel()
+	addrs, _ := resolveSeeds(ctx, n.resolver, want, n.selfGossip())
+	// A leaving member is going: joining it would only slow its leave.
+	alive := map[string]bool{}
+	for _, m := range n.serf.Members() {
+		if m.Status == serf.StatusAlive || m.Status == serf.StatusLeaving {
+			alive[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+		}
+	}
+	return slices.DeleteFunc(addrs, func(a string) bool {
+		_, hostPort, named := strings.Cut(a, "/")
+		if !named {
+			hostPort = a
+		}
+		return alive[hostPort]
+	})
+}
+
+// rememberMembers records the alive members of the ring, when there are
+// others than this node and they changed, in memory and, with
+// Config.DataDir, in its members file. An empty ring is not recorded:
+// the members seen last are the ones to find again.
+func (n *Node) rememberMembers() {
+	inRing := map[string]bool{}
+	for _, m := range n.ring.Members() {
+		inRing[m.Name] = true
+	}
+	var now []rememberedMember
+	for _, m := range n.serf.Members() {
+		if m.Name == n.cfg.NodeName || !inRing[m.Name] || m.Status != serf.StatusAlive {
+			continue
+		}
+		now = append(now, rememberedMember{Name: m.Name, Gossip: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))})
+	}
+	if len(now) == 0 {
+		return
+	}
+	slices.SortFunc(now, func(a, b rememberedMember) int { return strings.Compare(a.Name, b.Name) })
+	if len(now) > maxRememberedMembers {
+		now = now[:maxRememberedMembers]
+	}
+	n.rememberMu.Lock()
+	defer n.rememberMu.Unlock()
+	if sameMembers(now, n.remembered) {
+		return
+	}
+	n.remembered = now
+	if n.cfg.DataDir == "" {
+		return
+	}
+	if err := writeMembersFile(n.cfg.DataDir, now); err != nil {
+		n.logger.Warn("cluster: could not record the members seen; a restart rejoins only the seeds and the members recorded before",
+			"dir", n.cfg.DataDir, "err", err)
+	}
+}

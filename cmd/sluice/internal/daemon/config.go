@@ -19,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
@@ -816,6 +818,32 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 		tc.RootCAs, tc.ClientCAs = pool, pool
 	}
 	return tc, nil
+}
+
+// xdsCredentials are the transport credentials of the connection to
+// EnvoyXDSAddr: TLS verified by EnvoyXDSCAFile when set, with the client
+// certificate of EnvoyXDSCertFile; without one, none.
+func (c *Config) xdsCredentials() (credentials.TransportCredentials, error) {
+	if c.EnvoyXDSCAFile == "" {
+		return insecure.NewCredentials(), nil
+	}
+	pem, err := os.ReadFile(c.EnvoyXDSCAFile)
+	if err != nil {
+		return nil, &ConfigError{Field: "envoy_xds_ca_file", Err: err}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, &ConfigError{Field: "envoy_xds_ca_file", Err: fmt.Errorf("%s holds no PEM certificate", c.EnvoyXDSCAFile)}
+	}
+	tc := &tls.Config{RootCAs: pool, ServerName: c.EnvoyXDSServerName, MinVersion: tls.VersionTLS12}
+	if c.EnvoyXDSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.EnvoyXDSCertFile, c.EnvoyXDSKeyFile)
+		if err != nil {
+			return nil, &ConfigError{Field: "envoy_xds_cert_file", Err: err}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return credentials.NewTLS(tc), nil
 }
 
 func fieldByKey(key string) *field {

@@ -25,7 +25,7 @@ func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error 
 	d.registerHealth(s)
 	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
-	if d.envoy != nil {
+	if d.envoy != nil || d.envoyXDS != nil {
 		return d.registerEnvoy(s, n)
 	}
 	return nil

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"testing"
@@ -14,22 +15,24 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // serveXDS serves cache with go-control-plane's xDS server on loopback
 // until the returned stop is called or the test ends.
-func serveXDS(t *testing.T, cache cachev3.SnapshotCache, addr string) (string, func()) {
+func serveXDS(t *testing.T, cache cachev3.SnapshotCache, addr string, opts ...grpc.ServerOption) (string, func()) {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, serverv3.NewServer(ctx, cache, nil))
 	go srv.Serve(lis)
 	stop := func() { srv.Stop(); cancel() }
@@ -133,5 +136,45 @@ func TestEnvoyXDSConfig(t *testing.T) {
 	c.EnvoyXDSAddr, c.EnvoyXDSCAFile = "127.0.0.1:1", "/nonexistent/ca.pem"
 	if _, err := New(c, WithLogOutput(&lockedBuffer{})); err == nil {
 		t.Error("New with a missing envoy_xds_ca_file")
+	}
+}
+
+// With envoy_xds_ca_file the connection to the xDS server is TLS, with
+// envoy_xds_cert_file's client certificate: a server that requires one
+// configures the daemon; a daemon without a certificate, or verifying
+// with another CA, gets nothing and stays not ready.
+func TestEnvoyXDSTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "xds CA")
+	srvTLS := ca.Config(ca.Issue(t, "xds-server"))
+	srvTLS.ClientAuth = tls.RequireAndVerifyClientCert
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	snapshotOf(t, cache, "1", 2)
+	addr, _ := serveXDS(t, cache, "127.0.0.1:0", grpc.Creds(credentials.NewTLS(srvTLS)))
+	caFile := ca.WriteCA(t, dir, "ca.pem")
+	certFile, keyFile := testpki.WriteCert(t, dir, "client", ca.Issue(t, "sluice"))
+	otherCA := testpki.NewCA(t, "other CA").WriteCA(t, dir, "other.pem")
+	backoff := WithEnvoyXDS(func(c *envoyrls.XDSConfig) { c.MinBackoff, c.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond })
+	for _, tc := range []struct {
+		name          string
+		ca, cert, key string
+		wantReady     bool
+	}{
+		{"with a client certificate", caFile, certFile, keyFile, true},
+		{"without one", caFile, "", "", false},
+		{"verifying with another CA", otherCA, certFile, keyFile, false},
+	} {
+		cfg := testConfig("xds-tls")
+		cfg.EnvoyXDSAddr, cfg.EnvoyXDSNodeID = addr, "sluice-xds"
+		cfg.EnvoyXDSCAFile, cfg.EnvoyXDSCertFile, cfg.EnvoyXDSKeyFile = tc.ca, tc.cert, tc.key
+		d := start(t, cfg, backoff)
+		if tc.wantReady {
+			testwait.For(t, tc.name+": ready", d.Ready)
+			continue
+		}
+		testwait.For(t, tc.name+": two failed streams", func() bool { return d.envoyXDS.Stats().Disconnects >= 2 })
+		if d.Ready() || d.envoyXDS.Stats().Updates != 0 {
+			t.Errorf("%s: ready %v, %+v", tc.name, d.Ready(), d.envoyXDS.Stats())
+		}
 	}
 }

@@ -204,6 +204,7 @@ func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	d.refreshHealth() // grpc.health.v1's watchers see what probes see
 	ok, why := d.readiness()
 	body := map[string]any{"node": d.cfg.NodeName, "members": len(d.node.RingMembers())}
 	if refused := d.node.RefusedMembers(); len(refused) > 0 {

@@ -5,7 +5,9 @@ go 1.26.0
 require (
 	github.com/buraksezer/consistent v0.10.0
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.36.0
+	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/hashicorp/memberlist v0.7.0
@@ -27,6 +29,7 @@ require (
 )
 
 require (
+	cel.dev/expr v0.24.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cncf/xds/go v0.0.0-20251022180443-0feb69152e9f // indirect

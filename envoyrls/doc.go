@@ -14,8 +14,16 @@
 // the line only). A file is at most [MaxFileBytes], 100 levels of nesting
 // and a million nodes with its aliases expanded, with no key given twice
 // in a mapping: the strict YAML reader refuses the rest before any
-// descriptor is read. A [Watcher] keeps a directory's
-// [Rules] current, keeping the last good version while an edit is invalid.
+// descriptor is read. A known key out of place (unit on a descriptor) is
+// ignored with a warning under a lenient [LoadConfig], as
+// envoyproxy/ratelimit ignores it, and refused under a strict one
+// ([ParseDomain] and [LoadDir] are strict); MergeDomains makes the files
+// of one domain one configuration ([MergeRules]). A [Watcher] keeps a
+// directory's [Rules] current, keeping the last good version while an
+// edit is invalid; an [XDSWatcher] keeps those an xDS management server
+// sends (state of the world, RateLimitConfig resources, as Envoy Gateway
+// serves them), NACKing an invalid response and keeping the last good
+// version while the server is away.
 //
 // A request names a domain and lists descriptors, each a list of key/value
 // entries. Each descriptor is matched against the domain's tree as
@@ -29,7 +37,13 @@
 // the cluster. [Service] answers with a status per descriptor (its code,
 // current_limit, limit_remaining and duration_until_reset), OVER_LIMIT
 // overall when any enforced descriptor is over, and, when configured, the
-// limit closest to being reached in response headers.
+// limit closest to being reached in response headers. duration_until_reset
+// is whole seconds rounded up, as envoyproxy/ratelimit computes it, unless
+// Config.ExactReset; a hits_addend of 0 on a window exactly full is OK
+// with 0 remaining; the near, over and shadow statistics ([Hit]) split a
+// request that straddles the limit as envoyproxy/ratelimit's do. Config
+// has envoyproxy/ratelimit's global switches: ShadowMode, QuotaMode,
+// DynamicMetadata and StopIncrementOverLimit.
 //
 // The package depends on the limiter vocabulary (packages sluice and
 // limiter) and on Envoy's generated types, not on the cluster: the daemon

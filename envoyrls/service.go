@@ -79,10 +79,13 @@ const (
 type Hit struct {
 	// Domain is the request's; Key the limit's metric key (Match.MetricKey).
 	Domain, Key string
-	// TotalHits is the descriptor's hits; each is also WithinLimit or
-	// OverLimit. NearLimit counts the admitted hits above the near-limit
-	// threshold (Config.NearLimitRatio of the limit); ShadowMode the hits
-	// over a shadow-mode limit, reported OK.
+	// TotalHits is the descriptor's hits. As envoyproxy/ratelimit counts
+	// them: an admitted request's hits are WithinLimit, those of them
+	// above the near-limit threshold (Config.NearLimitRatio of the limit)
+	// NearLimit too; a request over counts its hits beyond the limit
+	// OverLimit (all of them when the window was full already) and those
+	// between the threshold and the limit NearLimit. ShadowMode counts
+	// the OverLimit hits of a shadow-mode limit, reported OK.
 	TotalHits, WithinLimit, NearLimit, OverLimit, ShadowMode uint64
 }
 

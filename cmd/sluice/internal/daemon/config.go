@@ -19,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
@@ -736,36 +738,21 @@ var fields = []field{
 	{key: "envoy_xds_addr", usage: "xDS management server, host:port, that configures Envoy's rate limit service (RateLimitConfig resources, state of the world) instead of envoy_config_dir",
 		parse: func(c *Config, v string) error { c.EnvoyXDSAddr = v; return nil },
 		check: func(c *Config) error {
-			switch {
-			case c.EnvoyXDSAddr == "":
+			if c.EnvoyXDSAddr == "" {
 				return nil
-			case c.EnvoyConfigDir != "":
-				return errors.New("envoy_xds_addr and envoy_config_dir exclude each other")
 			}
 			return checkEndpoint(c.EnvoyXDSAddr)
 		},
 		show: func(c *Config) string { return c.EnvoyXDSAddr }},
 	{key: "envoy_xds_node_id", usage: "node id the daemon gives envoy_xds_addr's server",
 		parse: func(c *Config, v string) error { c.EnvoyXDSNodeID = v; return nil },
-		check: func(c *Config) error {
-			if c.EnvoyXDSAddr != "" {
-				return checkName(c.EnvoyXDSNodeID)
-			}
-			return nil
-		},
-		show: func(c *Config) string { return c.EnvoyXDSNodeID }},
+		show:  func(c *Config) string { return c.EnvoyXDSNodeID }},
 	{key: "envoy_xds_ca_file", usage: "PEM bundle that verifies envoy_xds_addr's server; turns on TLS to it",
 		parse: func(c *Config, v string) error { c.EnvoyXDSCAFile = v; return nil },
 		show:  func(c *Config) string { return c.EnvoyXDSCAFile }},
 	{key: "envoy_xds_cert_file", usage: "PEM client certificate presented to envoy_xds_addr's server (with envoy_xds_key_file and envoy_xds_ca_file)",
 		parse: func(c *Config, v string) error { c.EnvoyXDSCertFile = v; return nil },
-		check: func(c *Config) error {
-			if (c.EnvoyXDSCertFile == "") != (c.EnvoyXDSKeyFile == "") || (c.EnvoyXDSCertFile != "" && c.EnvoyXDSCAFile == "") {
-				return errors.New("envoy_xds_cert_file and envoy_xds_key_file go together, and need envoy_xds_ca_file")
-			}
-			return nil
-		},
-		show: func(c *Config) string { return c.EnvoyXDSCertFile }},
+		show:  func(c *Config) string { return c.EnvoyXDSCertFile }},
 	{key: "envoy_xds_key_file", usage: "PEM key of envoy_xds_cert_file",
 		parse: func(c *Config, v string) error { c.EnvoyXDSKeyFile = v; return nil },
 		show:  func(c *Config) string { return c.EnvoyXDSKeyFile }},
@@ -1000,6 +987,28 @@ func loadCAs(field, path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// xdsCredentials are the transport credentials of the connection to
+// EnvoyXDSAddr: TLS verified by EnvoyXDSCAFile when set, with the client
+// certificate of EnvoyXDSCertFile; without one, none.
+func (c *Config) xdsCredentials() (credentials.TransportCredentials, error) {
+	if c.EnvoyXDSCAFile == "" {
+		return insecure.NewCredentials(), nil
+	}
+	pool, err := loadCAs("envoy_xds_ca_file", c.EnvoyXDSCAFile)
+	if err != nil {
+		return nil, err
+	}
+	tc := &tls.Config{RootCAs: pool, ServerName: c.EnvoyXDSServerName, MinVersion: tls.VersionTLS12}
+	if c.EnvoyXDSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.EnvoyXDSCertFile, c.EnvoyXDSKeyFile)
+		if err != nil {
+			return nil, &ConfigError{Field: "envoy_xds_cert_file", Err: err}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return credentials.NewTLS(tc), nil
+}
+
 func fieldByKey(key string) *field {
 	for i := range fields {
 		if fields[i].key == key {
@@ -1036,6 +1045,17 @@ func (c *Config) Validate() error {
 	}
 	if c.TLSCAFile != "" && c.TLSCertFile == "" {
 		return &ConfigError{Field: "tls_ca_file", Err: errors.New("needs tls_cert_file and tls_key_file")}
+	}
+	if c.EnvoyXDSAddr != "" && c.EnvoyConfigDir != "" {
+		return &ConfigError{Field: "envoy_xds_addr", Err: errors.New("envoy_xds_addr and envoy_config_dir exclude each other")}
+	}
+	if c.EnvoyXDSAddr != "" {
+		if err := checkName(c.EnvoyXDSNodeID); err != nil {
+			return &ConfigError{Field: "envoy_xds_node_id", Err: err}
+		}
+	}
+	if (c.EnvoyXDSCertFile == "") != (c.EnvoyXDSKeyFile == "") || (c.EnvoyXDSCertFile != "" && c.EnvoyXDSCAFile == "") {
+		return &ConfigError{Field: "envoy_xds_cert_file", Err: errors.New("envoy_xds_cert_file and envoy_xds_key_file go together, and need envoy_xds_ca_file")}
 	}
 	if len(c.PeerIdentities) > 0 && c.TLSCAFile == "" {
 		return &ConfigError{Field: "peer_identities", Err: errors.New("needs tls_ca_file: identities are read from verified client certificates")}

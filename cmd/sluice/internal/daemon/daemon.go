@@ -41,6 +41,7 @@ type options struct {
 	ready     func(*Daemon)
 	rulesCfg  func(*rules.WatchConfig)
 	envoyCfg  func(*envoyrls.WatchConfig)
+	xdsCfg    func(*envoyrls.XDSConfig)
 }
 
 // WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
@@ -71,6 +72,13 @@ func WithRulesWatch(f func(*rules.WatchConfig)) Option {
 // envoyrls.DefaultWatchConfig with the daemon's logger.
 func WithEnvoyWatch(f func(*envoyrls.WatchConfig)) Option {
 	return func(o *options) { o.envoyCfg = f }
+}
+
+// WithEnvoyXDS lets f change how Config.EnvoyXDSAddr is watched, from
+// envoyrls.DefaultXDSConfig with the daemon's settings: tests back off
+// less.
+func WithEnvoyXDS(f func(*envoyrls.XDSConfig)) Option {
+	return func(o *options) { o.xdsCfg = f }
 }
 
 // WithReady makes Run call f once the daemon serves, with its bound
@@ -107,6 +115,9 @@ type Daemon struct {
 	// envoy keeps Config.EnvoyConfigDir current for Envoy's rate limit
 	// service; nil without one.
 	envoy *envoyrls.Watcher
+	// envoyXDS keeps the configuration Config.EnvoyXDSAddr sends
+	// current instead; nil without one.
+	envoyXDS *envoyrls.XDSWatcher
 	// envoySvc serves Envoy's rate limit service, for POST /json too;
 	// registerPublic sets it, nil without an Envoy configuration.
 	envoySvc *envoyrls.Service
@@ -190,6 +201,17 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 			return nil, err
 		}
 		w := d.envoy
+		defer func() {
+			if err != nil {
+				w.Close()
+			}
+		}()
+	}
+	if cfg.EnvoyXDSAddr != "" {
+		if err := d.watchEnvoyXDS(); err != nil {
+			return nil, err
+		}
+		w := d.envoyXDS
 		defer func() {
 			if err != nil {
 				w.Close()
@@ -561,6 +583,8 @@ func (d *Daemon) readiness() (bool, string) {
 	switch {
 	case d.shuttingDown.Load():
 		return false, "shutting down"
+	case d.envoyXDS != nil && !xdsReady(d.envoyXDS):
+		return false, "waiting for the first Envoy rate limit configuration from envoy_xds_addr"
 	case d.redis != nil:
 		if err := d.redis.ready(context.Background()); err != nil {
 			return false, "redis does not answer: " + err.Error()
@@ -681,6 +705,9 @@ func (d *Daemon) closeRules() {
 	}
 	if d.envoy != nil {
 		d.envoy.Close()
+	}
+	if d.envoyXDS != nil {
+		d.envoyXDS.Close()
 	}
 }
 

@@ -42,6 +42,49 @@ func (d *Daemon) watchEnvoy() error {
 	return nil
 }
 
+// watchEnvoyXDS starts taking Envoy's rate limit configuration from
+// Config.EnvoyXDSAddr, and exports the watcher's counters. The daemon is
+// not ready until the first configuration is accepted; after it, the
+// last good configuration stays in force while the server is away.
+func (d *Daemon) watchEnvoyXDS() error {
+	xc := envoyrls.DefaultXDSConfig()
+	xc.Addr, xc.NodeID = d.cfg.EnvoyXDSAddr, d.cfg.EnvoyXDSNodeID
+	xc.NodeCluster = "sluice"
+	xc.Logger = d.logger.With("component", "envoyrls")
+	xc.Load = d.envoyLoadConfig()
+	creds, err := d.cfg.xdsCredentials()
+	if err != nil {
+		return err
+	}
+	xc.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if d.opts.xdsCfg != nil {
+		d.opts.xdsCfg(&xc)
+	}
+	w, err := envoyrls.WatchXDS(xc)
+	if err != nil {
+		return &ConfigError{Field: "envoy_xds_addr", Err: err}
+	}
+	d.envoyXDS = w
+	d.exportWatcher("sluice_envoy_config", "sluice_envoy_domains", "Domains of Envoy's rate limit service in force, from envoy_xds_addr.", "envoy_xds_addr",
+		func() int { return w.Current().Len() }, func() (int64, int64) { s := w.Stats(); return s.Updates, s.Rejects })
+	d.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_envoy_xds_disconnects_total",
+		Help: "Streams to envoy_xds_addr that ended; the daemon connects again with backoff, the last configuration in force.",
+	}, func() float64 { return float64(w.Stats().Disconnects) }))
+	d.logger.Info("sluice: envoy rate limit configuration from xds", "addr", d.cfg.EnvoyXDSAddr, "node_id", d.cfg.EnvoyXDSNodeID)
+	return nil
+}
+
+// xdsReady reports whether w has accepted a configuration.
+func xdsReady(w *envoyrls.XDSWatcher) bool {
+	select {
+	case <-w.Ready():
+		return true
+	default:
+		return false
+	}
+}
+
 // envoyLoadConfig is how Envoy configuration files and xDS resources are
 // read: lenient unless envoy_strict_config, each key ignored logged and
 // counted.
@@ -72,7 +115,11 @@ const unknownDomainLogEvery = 10 * time.Second
 func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, lim sluice.Limiter) error {
 	cfg := envoyrls.DefaultConfig()
 	cfg.Limiter = serverLimits{lim}
-	cfg.Rules = d.envoy
+	if d.envoyXDS != nil {
+		cfg.Rules = d.envoyXDS
+	} else {
+		cfg.Rules = d.envoy
+	}
 	cfg.Now = d.opts.now
 	switch d.cfg.EnvoyResponseHeaders {
 	case EnvoyHeadersDraft:

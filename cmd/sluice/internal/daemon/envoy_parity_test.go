@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/fakeclock"
@@ -202,6 +203,67 @@ func TestEnvoySettings(t *testing.T) {
 		out := logs.String()
 		if n := strings.Count(out, "unknown domain"); n != 1 || !strings.Contains(out, `key \"unit\" is ignored here`) {
 			t.Errorf("%d logs of the unknown domain (want 1, the clock stands still), and the ignored key:\n%s", n, out)
+		}
+	}
+}
+
+// The other envoyproxy/ratelimit switches through the daemon and
+// go-control-plane's RLS client: merged domain files, a hits_addend of 0
+// on a full window, quota mode, dynamic metadata, no charge for a request
+// over, and upstream's near/over statistics.
+func TestEnvoyModes(t *testing.T) {
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "m1.yaml", "domain: m\ndescriptors:\n  - key: a\n    metadata: {team: alpha}\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	writeEnvoyFile(t, dir, "m2.yaml", "domain: m\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")
+	cfg := testConfig("envoy-modes")
+	cfg.EnvoyConfigDir = dir
+	if _, err := New(cfg, WithLogOutput(&lockedBuffer{})); !errors.Is(err, envoyrls.ErrDuplicateDomain) {
+		t.Fatalf("two files of one domain without envoy_merge_domains: %v", err)
+	}
+	cfg.EnvoyMergeDomains, cfg.EnvoyQuotaMode, cfg.EnvoyDynamicMetadata, cfg.EnvoyStopIncrementOverLimit = true, true, true, true
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	client := rlsClient(t, d.GRPCAddr())
+	call := func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: "m"}
+		for _, e := range entries {
+			one := rlsRequest("m", []string{e}).Descriptors[0]
+			one.HitsAddend = wrapperspb.UInt64(hits)
+			req.Descriptors = append(req.Descriptors, one)
+		}
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for i, s := range []struct {
+		hits    uint64
+		entries []string
+		want    string
+	}{
+		{0, []string{"b=1"}, "OK; OK r=2"},
+		{2, []string{"b=1"}, "OK; OK r=0"},
+		{0, []string{"b=1"}, "OK; OK r=0"},                        // full is not over
+		{1, []string{"a=1", "b=1"}, "OK; OK r=4; OVER_LIMIT r=0"}, // quota mode: a is not over
+		{0, []string{"a=1"}, "OK; OK r=5"},                        // nothing charged for a request over
+	} {
+		if got := rlsSummary(call(s.hits, s.entries...)); got != s.want {
+			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+	}
+	md := call(1, "a=1").DynamicMetadata
+	if md.GetFields()["domain"].GetStringValue() != "m" || md.GetFields()["metadata"].GetStructValue().GetFields()["team"].GetStringValue() != "alpha" {
+		t.Errorf("dynamic metadata: %v", md)
+	}
+	m := scrape(t, "http://"+d.HTTPAddr())
+	for series, want := range map[string]float64{
+		`sluice_envoy_hits_total{domain="m",key="m.b",stat="within_limit"}`: 2,
+		`sluice_envoy_hits_total{domain="m",key="m.b",stat="near_limit"}`:   1,
+		`sluice_envoy_hits_total{domain="m",key="m.b",stat="over_limit"}`:   1,
+	} {
+		if m[series] != want {
+			t.Errorf("%s = %v, want %v", series, m[series], want)
 		}
 	}
 }

@@ -315,6 +315,17 @@ func TestEnvoyReadmeExample(t *testing.T) {
 	if m := d.Match([]envoyrls.Entry{{Key: "remote_address", Value: "192.0.2.1"}}); m.Descriptor == nil || m.Descriptor.RateLimit.RequestsPerUnit != 10 {
 		t.Errorf("the README's edge domain: %+v", m.Descriptor)
 	}
+	// The Envoy Gateway settings load and pass the checks that need no
+	// files.
+	eg := DefaultConfig()
+	eg.NodeName = "eg"
+	if err := applyYAML(&eg, "README.md", []byte(block("# sluice.yaml for the pods behind Envoy Gateway's envoy-ratelimit Service"))); err != nil ||
+		eg.EnvoyXDSAddr != "envoy-gateway:18001" || eg.EnvoyXDSNodeID != "envoy-ratelimit" || eg.GRPCAddr != ":8081" {
+		t.Errorf("the README's Envoy Gateway settings: %+v, %v", eg, err)
+	}
+	if err := eg.Validate(); err != nil {
+		t.Errorf("the README's Envoy Gateway settings: %v", err)
+	}
 }
 
 // 20,000 descriptor values through Envoy's rate limit service, each new,

@@ -205,6 +205,7 @@ func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	d.refreshHealth() // grpc.health.v1's watchers see what probes see
 	ok, why := d.readiness()
 	body := map[string]any{"node": d.cfg.NodeName, "backend": d.cfg.Backend}
 	if d.node != nil {

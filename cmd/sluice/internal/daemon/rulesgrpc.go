@@ -33,7 +33,7 @@ func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error 
 	}
 	d.enforcer = rules.Enforcer{Limiter: serverLimits{lim}, MaxWait: maxRulesWait}
 	transport.RegisterRules(s, rulesServer{d: d})
-	if d.envoy != nil {
+	if d.envoy != nil || d.envoyXDS != nil {
 		return d.registerEnvoy(s, lim)
 	}
 	return nil

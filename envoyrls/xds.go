@@ -1,0 +1,336 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// RateLimitConfigType is the type URL of the xDS resources XDSWatcher
+// reads: go-control-plane's ratelimit.config.ratelimit.v3.RateLimitConfig,
+// one domain each, as Envoy Gateway serves them.
+const RateLimitConfigType = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
+
+// Bounds of an xDS response: its RateLimitConfig resources, and the
+// descriptors of all of them together and their nesting, as a file's
+// YAML reader bounds a file.
+const (
+	MaxXDSResources   = MaxDirFiles
+	MaxXDSDescriptors = 1_000_000
+	MaxXDSDepth       = 100
+	// MaxXDSMessageBytes bounds one response from the server.
+	MaxXDSMessageBytes = 64 << 20
+)
+
+// XDSConfig configures an XDSWatcher. Start from DefaultXDSConfig.
+type XDSConfig struct {
+	// Addr is the management server, host:port; DialOptions add to the
+	// connection's (its transport credentials: TLS, or insecure).
+	Addr        string
+	DialOptions []grpc.DialOption
+	// NodeID is the node id given to the server: a snapshot cache serves
+	// the snapshot set for it. NodeCluster is the node's cluster, when
+	// the server needs one.
+	NodeID, NodeCluster string
+	// Load says how resources become rules: MergeDomains as for files
+	// (Strict and Warn do not apply: resources have no misplaced keys).
+	Load LoadConfig
+	// MinBackoff and MaxBackoff bound the wait before connecting again
+	// after the stream ends or fails: doubling from MinBackoff up to
+	// MaxBackoff, each wait between half and all of it, and back to
+	// MinBackoff once a response arrives.
+	MinBackoff, MaxBackoff time.Duration
+	// Logger receives updates, rejections and reconnections; nil discards
+	// them.
+	Logger *slog.Logger
+	// OnUpdate is called with the rules of each accepted response, and
+	// OnReject with the error of each rejected one (the previous rules
+	// stay), from the watcher's goroutine; they must not block for long.
+	OnUpdate func(*Rules)
+	OnReject func(error)
+}
+
+// DefaultXDSConfig is node id "default" and a backoff from 500ms to 30s.
+func DefaultXDSConfig() XDSConfig {
+	return XDSConfig{NodeID: "default", MinBackoff: 500 * time.Millisecond, MaxBackoff: 30 * time.Second}
+}
+
+// Validate reports the first invalid field.
+func (c *XDSConfig) Validate() error {
+	switch {
+	case c.Addr == "":
+		return fmt.Errorf("%w: Addr is empty", ErrInvalidWatchConfig)
+	case c.NodeID == "":
+		return fmt.Errorf("%w: NodeID is empty", ErrInvalidWatchConfig)
+	case c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("%w: MinBackoff %v must be positive and at most MaxBackoff %v", ErrInvalidWatchConfig, c.MinBackoff, c.MaxBackoff)
+	}
+	return nil
+}
+
+// XDSStats counts what an XDSWatcher has done.
+type XDSStats struct {
+	// Updates are the responses accepted, Rejects those refused (NACKed),
+	// Connects the streams opened, Disconnects those that ended.
+	Updates, Rejects, Connects, Disconnects int64
+	// Version is the version_info of the rules in force; "" before the
+	// first.
+	Version string
+}
+
+// XDSWatcher keeps the Rules a management server sends current, over the
+// aggregated discovery service, state of the world: each response holds
+// every RateLimitConfig resource in force (a resource left out is
+// removed), and is accepted (ACK) when all are valid, or rejected (NACK,
+// with the error) keeping the previous rules. When the stream fails or
+// the server goes away, the last rules stay in force while the watcher
+// connects again with backoff. It is a RulesSource; its methods are safe
+// for concurrent use.
+type XDSWatcher struct {
+	cfg  XDSConfig
+	conn *grpc.ClientConn
+
+	rules  atomic.Pointer[Rules]
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run has returned
+	ready  chan struct{} // closed at the first accepted response
+	once   sync.Once     // closes ready
+
+	mu    sync.Mutex // guards stats
+	stats XDSStats
+}
+
+var _ RulesSource = (*XDSWatcher)(nil)
+
+// WatchXDS starts watching cfg.Addr and returns at once: until the first
+// response is accepted, Current has no domains (Ready tells when it
+// has). Close stops it.
+func WatchXDS(cfg XDSConfig) (*XDSWatcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.DialOptions...),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxXDSMessageBytes)))
+	conn, err := grpc.NewClient(cfg.Addr, cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: xds: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &XDSWatcher{cfg: cfg, conn: conn, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
+	empty, _ := NewRules()
+	w.rules.Store(empty)
+	go w.run(ctx)
+	return w, nil
+}
+
+// Current returns the rules in force; never nil.
+func (w *XDSWatcher) Current() *Rules { return w.rules.Load() }
+
+// Ready is closed once a response has been accepted.
+func (w *XDSWatcher) Ready() <-chan struct{} { return w.ready }
+
+// Stats returns the watcher's counters.
+func (w *XDSWatcher) Stats() XDSStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}
+
+// Close stops watching and waits for the watcher's goroutine; Current
+// keeps returning the last rules. Safe to call more than once.
+func (w *XDSWatcher) Close() error {
+	w.cancel()
+	<-w.done
+	return w.conn.Close()
+}
+
+// run keeps a stream open until ctx ends, with backoff between streams.
+func (w *XDSWatcher) run(ctx context.Context) {
+	defer close(w.done)
+	backoff := w.cfg.MinBackoff
+	for {
+		got, err := w.stream(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		w.count(func(s *XDSStats) { s.Disconnects++ })
+		if got {
+			backoff = w.cfg.MinBackoff
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		w.cfg.Logger.Warn("envoyrls: xds stream ended; the last configuration stays in force", "addr", w.cfg.Addr, "err", err, "retry_in", wait.String())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, w.cfg.MaxBackoff)
+	}
+}
+
+// stream runs one stream: it asks for every RateLimitConfig, then
+// answers each response with an ACK or a NACK. got reports whether a
+// response arrived.
+func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(w.conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return false, err
+	}
+	w.count(func(s *XDSStats) { s.Connects++ })
+	node := &corev3.Node{Id: w.cfg.NodeID, Cluster: w.cfg.NodeCluster}
+	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigType, VersionInfo: w.Stats().Version}
+	// A server may send a version it was told is invalid again at once
+	// (go-control-plane's snapshot cache does, for every NACK): a repeat
+	// is NACKed after a wait that doubles up to MaxBackoff, and reported
+	// once.
+	var rejected string
+	var repeats int
+	for {
+		if err := s.Send(req); err != nil {
+			return got, err
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = true
+		req = &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigType, ResponseNonce: resp.Nonce}
+		rules, err := w.apply(resp)
+		if err != nil {
+			req.VersionInfo = w.Stats().Version
+			req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+			if resp.VersionInfo == rejected && rejected != "" {
+				repeats++
+				t := time.NewTimer(min(w.cfg.MinBackoff<<min(repeats, 20), w.cfg.MaxBackoff))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return got, ctx.Err()
+				case <-t.C:
+				}
+				continue
+			}
+			rejected, repeats = resp.VersionInfo, 0
+			w.count(func(s *XDSStats) { s.Rejects++ })
+			w.cfg.Logger.Error("envoyrls: xds configuration rejected; the previous one stays in force", "version", resp.VersionInfo, "err", err)
+			if w.cfg.OnReject != nil {
+				w.cfg.OnReject(err)
+			}
+			continue
+		}
+		rejected = ""
+		w.rules.Store(rules)
+		w.count(func(s *XDSStats) { s.Updates++; s.Version = resp.VersionInfo })
+		req.VersionInfo = resp.VersionInfo
+		w.once.Do(func() { close(w.ready) })
+		w.cfg.Logger.Info("envoyrls: xds configuration applied", "version", resp.VersionInfo, "domains", rules.Len())
+		if w.cfg.OnUpdate != nil {
+			w.cfg.OnUpdate(rules)
+		}
+	}
+}
+
+func (w *XDSWatcher) count(f func(*XDSStats)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(&w.stats)
+}
+
+// apply returns the rules of a response, or why it is refused.
+func (w *XDSWatcher) apply(resp *discoveryv3.DiscoveryResponse) (*Rules, error) {
+	if resp.TypeUrl != RateLimitConfigType {
+		return nil, fmt.Errorf("envoyrls: xds: response of type %q, want %q", resp.TypeUrl, RateLimitConfigType)
+	}
+	return RulesFromXDS(resp.Resources, w.cfg.Load)
+}
+
+// ErrXDSResource is wrapped by the error of an invalid xDS resource,
+// beside ErrInvalidConfig.
+var ErrXDSResource error = &childError{"envoyrls: invalid xds resource", ErrInvalidConfig}
+
+// RulesFromXDS returns the rules of RateLimitConfig resources, each a
+// domain, with lc.MergeDomains as for files. Each resource's domain is
+// checked as a file's (NewDomain): errors are *ConfigError values whose
+// File is "xds:" and the resource's name. A resource of another type,
+// more than MaxXDSResources, or descriptors beyond MaxXDSDescriptors or
+// MaxXDSDepth are refused.
+func RulesFromXDS(resources []*anypb.Any, lc LoadConfig) (*Rules, error) {
+	if len(resources) > MaxXDSResources {
+		return nil, fmt.Errorf("%w: %d resources, more than %d", ErrXDSResource, len(resources), MaxXDSResources)
+	}
+	domains := make([]*Domain, 0, len(resources))
+	budget := MaxXDSDescriptors
+	for i, res := range resources {
+		var conf rlconfv3.RateLimitConfig
+		if err := res.UnmarshalTo(&conf); err != nil {
+			return nil, fmt.Errorf("%w: resource %d: %v", ErrXDSResource, i, err)
+		}
+		file := "xds:" + conf.Name
+		ds, err := xdsDescriptors(conf.Descriptors, 1, &budget)
+		if err != nil {
+			return nil, &ConfigError{File: file, Err: ErrXDSResource, Message: err.Error()}
+		}
+		d, err := NewDomain(file, conf.Domain, ds)
+		if err != nil {
+			return nil, err
+		}
+		domains = append(domains, d)
+	}
+	if lc.MergeDomains {
+		return MergeRules(domains...)
+	}
+	return NewRules(domains...)
+}
+
+// xdsDescriptors converts descriptors at depth, taking each from budget.
+func xdsDescriptors(in []*rlconfv3.RateLimitDescriptor, depth int, budget *int) ([]*Descriptor, error) {
+	if depth > MaxXDSDepth {
+		return nil, fmt.Errorf("descriptors nest deeper than %d levels", MaxXDSDepth)
+	}
+	out := make([]*Descriptor, 0, len(in))
+	for _, x := range in {
+		if *budget--; *budget < 0 {
+			return nil, fmt.Errorf("more than %d descriptors", MaxXDSDescriptors)
+		}
+		if x == nil {
+			return nil, errors.New("a descriptor is null")
+		}
+		ds := &Descriptor{Key: x.Key, Value: x.Value, ShadowMode: x.ShadowMode, DetailedMetric: x.DetailedMetric}
+		if p := x.RateLimit; p != nil {
+			rl := &RateLimit{Name: p.Name, Unit: Unit(p.Unit), RequestsPerUnit: p.RequestsPerUnit, Unlimited: p.Unlimited}
+			if p.Unit < rlconfv3.RateLimitUnit_UNKNOWN || p.Unit > rlconfv3.RateLimitUnit_DAY {
+				return nil, fmt.Errorf("descriptor %q: unknown rate limit unit %d", x.Key, p.Unit)
+			}
+			for _, r := range p.Replaces {
+				rl.Replaces = append(rl.Replaces, r.GetName())
+			}
+			ds.RateLimit = rl
+		}
+		var err error
+		if ds.Descriptors, err = xdsDescriptors(x.Descriptors, depth+1, budget); err != nil {
+			return nil, err
+		}
+		out = append(out, ds)
+	}
+	return out, nil
+}

@@ -336,7 +336,11 @@ func TestRedisBackendWarnsOfIgnoredSettings(t *testing.T) {
 		edit func(c *Config)
 		want []string
 	}{
-		{"defaults", func(c *Config) { *c = DefaultConfig(); c.NodeName = "w"; c.HTTPAddr, c.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0" }, nil},
+		{"defaults", func(c *Config) {
+			*c = DefaultConfig()
+			c.NodeName = "w"
+			c.HTTPAddr, c.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+		}, nil},
 		{"replicas and leases", func(c *Config) { c.Replicas = 3; c.Lease.Threshold = 100 }, []string{"replicas", "lease_threshold", "gossip_addr"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

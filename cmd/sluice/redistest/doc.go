@@ -7,5 +7,7 @@
 // standalone server that requires AUTH, a standalone server that speaks
 // TLS alone), and send checks of one key from 64 callers spread over the
 // three daemons, over HTTP and gRPC: every algorithm admits exactly its
-// limit. They skip when redis-server or redis-cli is missing.
+// limit. They kill one daemon hard under traffic and start it again: the
+// count, in Redis, loses nothing. They skip when redis-server or
+// redis-cli is missing.
 package redistest

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -278,4 +279,75 @@ func checkOnce(httpc *http.Client, c *client.Client, d *daemon, overHTTP bool, r
 		return false, fmt.Errorf("%s decided without Redis", d.name)
 	}
 	return dec.Allowed, nil
+}
+
+// A daemon killed hard (SIGKILL) while 64 callers check one key through
+// three daemons, then started again, loses no count: the state is in
+// Redis, so the daemons together admit at most the limit, at least the
+// limit less the checks whose answers the kill lost, and once the key is
+// spent every daemon, the restarted one included, denies it.
+func TestDaemonKilledUnderTraffic(t *testing.T) {
+	testredis.NeedBinaries(t, "redis-server")
+	srv := testredis.Start(t)
+	args := []string{"--redis-addrs", srv.Addr()}
+	ds := []*daemon{startDaemon(t, "k0", args...), startDaemon(t, "k1", args...), startDaemon(t, "k2", args...)}
+	httpc := &http.Client{Timeout: 30 * time.Second}
+	defer httpc.CloseIdleConnections()
+	const killLimit = 300
+	req := limiter.Request{Name: "killed", Key: "k", Hits: 1, Limit: killLimit, Period: period, Algorithm: limiter.SlidingWindowCounter}
+	body := fmt.Sprintf(`{"name":%q,"key":%q,"limit":%d,"period":%q,"algorithm":%q}`, req.Name, req.Key, killLimit, period.String(), req.Algorithm.String())
+	var admitted, failed atomic.Int64
+	// phase sends attempts checks from each caller, over HTTP, to the
+	// daemons of ds in turn.
+	phase := func(ds []*daemon, attempts int) {
+		var wg sync.WaitGroup
+		for caller := range callers {
+			wg.Go(func() {
+				for i := range attempts {
+					allowed, err := checkOnce(httpc, nil, ds[(caller+i)%len(ds)], true, req, body)
+					switch {
+					case err != nil:
+						failed.Add(1)
+					case allowed:
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// Under traffic: k1 is killed once a third of the limit is admitted.
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		// Not testwait.For: a failure there must not end the test from
+		// this goroutine.
+		if err := testwait.Until(testwait.Timeout, func() error {
+			if admitted.Load() < killLimit/3 {
+				return errors.New("a third of the limit not admitted yet")
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+		ds[1].cmd.Process.Kill()
+		<-ds[1].exited
+	}()
+	phase(ds, 3)
+	<-killed
+	lost := failed.Load()
+	ds[1] = startDaemon(t, "k1", args...)
+	phase(ds, 3)
+	t.Logf("%d checks failed with the kill", lost)
+	if got := admitted.Load(); got > killLimit || got < killLimit-lost {
+		t.Errorf("%d admitted, want between %d and %d (%d checks failed with the kill)", got, killLimit-lost, killLimit, lost)
+	}
+	if f := failed.Load() - lost; f != 0 {
+		t.Errorf("%d checks failed after the restart", f)
+	}
+	for _, d := range ds {
+		if allowed, err := checkOnce(httpc, nil, d, true, req, body); err != nil || allowed {
+			t.Errorf("%s: a check of the spent key: allowed %v, %v", d.name, allowed, err)
+		}
+	}
 }

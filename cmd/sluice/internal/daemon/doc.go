@@ -2,6 +2,15 @@
 // cluster.Node, the public gRPC API, and an HTTP server for services that
 // speak JSON, with health, readiness and Prometheus metrics.
 //
+// With Config.Backend BackendRedis the daemon builds no node: its
+// counters live in a Redis server or Redis Cluster (package redislimit,
+// behind the sluice.Limiter every adapter takes, in redisBackend), it
+// runs no gossip and no Peer service, and the public gRPC API always has
+// a server of its own on grpc_addr; /readyz is Redis answering PING, and
+// the admin API's inspect answers 501. The settings of a cluster that name
+// peers are refused with it, the cluster's other settings ignored with a
+// warning (Config.Backend).
+//
 // Peers and API clients are separate principals, and with
 // Config.PeerAddr they reach separate ports: the node's gRPC server on
 // peer_addr serves the Peer service alone, and is what the node

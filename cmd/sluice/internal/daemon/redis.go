@@ -13,16 +13,12 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/labelset"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/redislimit"
 	"github.com/sluicehq/sluice/transport"
 )
-
-// maxRedisMetricNames bounds the limit names of sluice_checks_total with
-// a series of their own, as the cluster bounds its own (the rest count
-// under labelset.Overflow).
-const maxRedisMetricNames = 1000
 
 // RedisOwner is the Owner of a decision Redis made, with backend redis;
 // a decision of the unreachable policy names the daemon's node_name.
@@ -132,7 +128,8 @@ func newRedisBackend(cfg *Config, reg prometheus.Registerer, now func() time.Tim
 			Name: "sluice_without_owner_total",
 			Help: "Checks decided without Redis, by the unreachable policy applied.",
 		}, []string{"policy"}),
-		names: labelset.New(maxRedisMetricNames, limiter.MaxNameLen),
+		// Names beyond the cluster's bound count under labelset.Overflow.
+		names: labelset.New(cluster.MaxMetricNames, limiter.MaxNameLen),
 	}
 	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_check_duration_seconds",

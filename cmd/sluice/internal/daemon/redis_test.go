@@ -327,3 +327,41 @@ func TestRedisBackendTLS(t *testing.T) {
 		t.Errorf("New with a missing CA file: %v", err)
 	}
 }
+
+// The cluster's settings that backend redis ignores are named in a
+// warning at start when they differ from their defaults, and only then.
+func TestRedisBackendWarnsOfIgnoredSettings(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		edit func(c *Config)
+		want []string
+	}{
+		{"defaults", func(c *Config) {
+			*c = DefaultConfig()
+			c.NodeName = "w"
+			c.HTTPAddr, c.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+		}, nil},
+		{"replicas and leases", func(c *Config) { c.Replicas = 3; c.Lease.Threshold = 100 }, []string{"replicas", "lease_threshold", "gossip_addr"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig("w")
+			tt.edit(&cfg)
+			cfg.Backend, cfg.RedisAddrs = BackendRedis, []string{"127.0.0.1:1"}
+			logs := new(lockedBuffer)
+			d, err := New(cfg, WithLogOutput(logs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Close()
+			warned := strings.Contains(logs.String(), "these settings are ignored")
+			if warned != (tt.want != nil) {
+				t.Fatalf("warned %v, want %v: %s", warned, tt.want != nil, logs)
+			}
+			for _, key := range tt.want {
+				if !strings.Contains(logs.String(), `"`+key+`"`) {
+					t.Errorf("the warning does not name %s: %s", key, logs)
+				}
+			}
+		})
+	}
+}

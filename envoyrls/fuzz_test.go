@@ -4,6 +4,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // FuzzParseDomain feeds the parser arbitrary files: it never panics, every
@@ -20,7 +24,18 @@ func FuzzParseDomain(f *testing.F) {
 		f.Add(seed, "k", "abc", "s", "x")
 	}
 	f.Fuzz(func(t *testing.T, text, k1, v1, k2, v2 string) {
+		// A lenient read accepts all a strict one does, and fails only
+		// with a *ConfigError too.
+		warned := 0
+		_, lerr := ParseDomainWith("f.yaml", []byte(text), LoadConfig{Warn: func(*ConfigError) { warned++ }})
 		d, err := ParseDomain("f.yaml", []byte(text))
+		if err == nil && (lerr != nil || warned > 0) {
+			t.Fatalf("strict accepts, lenient says %v with %d warnings", lerr, warned)
+		}
+		var lce *ConfigError
+		if lerr != nil && !errors.As(lerr, &lce) {
+			t.Fatalf("lenient error %v (%T) is not a *ConfigError", lerr, lerr)
+		}
 		if err != nil {
 			var ce *ConfigError
 			if !errors.As(err, &ce) || ce.File != "f.yaml" || !strings.HasPrefix(err.Error(), "envoyrls: f.yaml") {
@@ -42,6 +57,27 @@ func FuzzParseDomain(f *testing.F) {
 			if !strings.HasPrefix(m.MetricKey(), d.Name+".") {
 				t.Fatalf("metric key %q outside domain %q", m.MetricKey(), d.Name)
 			}
+		}
+	})
+}
+
+// FuzzRulesFromXDS feeds arbitrary RateLimitConfig bytes: it never
+// panics, and every error wraps ErrInvalidConfig.
+func FuzzRulesFromXDS(f *testing.F) {
+	for _, c := range []*rlconfv3.RateLimitConfig{
+		{Name: "a", Domain: "a", Descriptors: []*rlconfv3.RateLimitDescriptor{{Key: "k", Value: "v*", RateLimit: &rlconfv3.RateLimitPolicy{Unit: 2, RequestsPerUnit: 3, Name: "n", Replaces: []*rlconfv3.RateLimitReplace{{Name: "m"}}}}}},
+		{Name: "b", Domain: "b", Descriptors: []*rlconfv3.RateLimitDescriptor{{Key: "k", Descriptors: []*rlconfv3.RateLimitDescriptor{{Key: "s", RateLimit: &rlconfv3.RateLimitPolicy{Unlimited: true}}}}}},
+	} {
+		b, err := proto.Marshal(c)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		res := []*anypb.Any{{TypeUrl: RateLimitConfigType, Value: data}}
+		if _, err := RulesFromXDS(res, LoadConfig{}); err != nil && !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("error %v (%T) does not wrap ErrInvalidConfig", err, err)
 		}
 	})
 }

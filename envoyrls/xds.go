@@ -53,6 +53,9 @@ type XDSConfig struct {
 	// MaxBackoff, each wait between half and all of it, and back to
 	// MinBackoff once a response arrives.
 	MinBackoff, MaxBackoff time.Duration
+	// After, when set, replaces time.After for the backoff waits, so
+	// that a test can run them on its own clock.
+	After func(time.Duration) <-chan time.Time
 	// Logger receives updates, rejections and reconnections; nil discards
 	// them.
 	Logger *slog.Logger
@@ -125,6 +128,9 @@ func WatchXDS(cfg XDSConfig) (*XDSWatcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.After == nil {
+		cfg.After = time.After
+	}
 	cfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.DialOptions...),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxXDSMessageBytes)))
 	conn, err := grpc.NewClient(cfg.Addr, cfg.DialOptions...)
@@ -175,12 +181,10 @@ func (w *XDSWatcher) run(ctx context.Context) {
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		w.cfg.Logger.Warn("envoyrls: xds stream ended; the last configuration stays in force", "addr", w.cfg.Addr, "err", err, "retry_in", wait.String())
-		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-t.C:
+		case <-w.cfg.After(wait):
 		}
 		backoff = min(backoff*2, w.cfg.MaxBackoff)
 	}
@@ -221,12 +225,10 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 			if resp.VersionInfo == rejected && rejected != "" {
 				repeats++
-				t := time.NewTimer(min(w.cfg.MinBackoff<<min(repeats, 20), w.cfg.MaxBackoff))
 				select {
 				case <-ctx.Done():
-					t.Stop()
 					return got, ctx.Err()
-				case <-t.C:
+				case <-w.cfg.After(min(w.cfg.MinBackoff<<min(repeats, 20), w.cfg.MaxBackoff)):
 				}
 				continue
 			}

@@ -113,6 +113,17 @@ func TestXDSWatcher(t *testing.T) {
 	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
 	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	// The waits run on the test's terms: recorded, and over at once.
+	var waitMu sync.Mutex
+	var waits []time.Duration
+	cfg.After = func(d time.Duration) <-chan time.Time {
+		waitMu.Lock()
+		waits = append(waits, d)
+		waitMu.Unlock()
+		c := make(chan time.Time, 1)
+		c <- testStart
+		return c
+	}
 	var rejected []error
 	var mu sync.Mutex
 	cfg.OnReject = func(err error) { mu.Lock(); rejected = append(rejected, err); mu.Unlock() }
@@ -196,6 +207,13 @@ func TestXDSWatcher(t *testing.T) {
 	e.run("a", []step{{descs: descs(desc("user=y")), want: "OK; OK 6/7/minute t=40s"}})
 	if s := w.Stats(); s.Connects < 2 || s.Updates != 4 {
 		t.Errorf("stats: %+v, want 2 connects or more and 4 updates", s)
+	}
+	waitMu.Lock()
+	defer waitMu.Unlock()
+	for i, d := range waits {
+		if d < 5*time.Millisecond || d > 50*time.Millisecond {
+			t.Errorf("wait %d: %v, outside [MinBackoff/2, MaxBackoff]", i, d)
+		}
 	}
 }
 

@@ -351,3 +351,27 @@ func TestDaemonKilledUnderTraffic(t *testing.T) {
 		}
 	}
 }
+
+// With Redis killed, the daemon's log stays one JSON record a line: what
+// go-redis reports (failed dials) is in it as warnings of component
+// redis, and /readyz says Redis does not answer.
+func TestDaemonLogWhenRedisFails(t *testing.T) {
+	testredis.NeedBinaries(t, "redis-server")
+	srv := testredis.Start(t)
+	d := startDaemon(t, "log", "--redis-addrs", srv.Addr())
+	srv.Kill()
+	testwait.For(t, "/readyz 503 with Redis killed", func() bool {
+		resp, err := http.Get("http://" + d.http + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	testwait.For(t, "go-redis's failures in the log", func() bool { return strings.Contains(d.log(), `"component":"redis"`) })
+	for i, line := range strings.Split(strings.TrimSpace(d.log()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("log line %d is not JSON: %s", i+1, line)
+		}
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
@@ -136,6 +138,10 @@ func TestRedisBackendServesEveryAPI(t *testing.T) {
 		redisStep{"inspect", func(t *testing.T) string {
 			return fmt.Sprintf("HTTP %d", do(t, http.MethodGet, inspectURL(d, "api", "k", ""), "").status)
 		}, "HTTP 501"},
+		redisStep{"inspect over gRPC", func(t *testing.T) string {
+			_, err := c.Inspect(ctx, "api", "k")
+			return status.Code(err).String()
+		}, "Unimplemented"},
 		redisStep{"readyz", func(t *testing.T) string {
 			r := do(t, http.MethodGet, base+"/readyz", "")
 			return fmt.Sprintf("HTTP %d", r.status)

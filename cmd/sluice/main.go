@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, setMemoryLimit: debug.SetMemoryLimit}
+	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, setMemoryLimit: debug.SetMemoryLimit, setRedisLogger: setRedisLogger}
 	code := a.exitCode(a.run(ctx, os.Args[1:]))
 	stop()
 	os.Exit(code)
@@ -45,6 +46,9 @@ type app struct {
 	// (debug.SetMemoryLimit); nil leaves it alone (tests, which share
 	// their process).
 	setMemoryLimit func(int64) int64
+	// setRedisLogger routes go-redis's logger, a global of the process,
+	// into l (setRedisLogger); nil leaves it alone (tests).
+	setRedisLogger func(l *slog.Logger)
 }
 
 // exitError carries a process exit code; err, if set, is printed.
@@ -114,6 +118,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	// GOMEMLIMIT in the environment wins, as the Go runtime has read it.
 	if limit := cfg.SoftMemoryLimit(); limit > 0 && a.setMemoryLimit != nil && a.env("GOMEMLIMIT") == "" {
 		a.setMemoryLimit(limit)
+	}
+	if cfg.Backend == daemon.BackendRedis && a.setRedisLogger != nil {
+		// go-redis logs failed dials on its own, as plain text: they go
+		// into the daemon's log, in its format, instead.
+		a.setRedisLogger(daemon.NewLogger(a.stderr, cfg.LogFormat, slog.LevelWarn).With("component", "redis"))
 	}
 	opts := []daemon.Option{daemon.WithLogOutput(a.stderr)}
 	if a.onReady != nil {

@@ -8,6 +8,7 @@
 // TLS alone), and send checks of one key from 64 callers spread over the
 // three daemons, over HTTP and gRPC: every algorithm admits exactly its
 // limit. They kill one daemon hard under traffic and start it again: the
-// count, in Redis, loses nothing. They skip when redis-server or
+// count, in Redis, loses nothing; and daemons whose callers disagree on a
+// key's limit share one count. They skip when redis-server or
 // redis-cli is missing.
 package redistest

@@ -351,3 +351,69 @@ func TestDaemonKilledUnderTraffic(t *testing.T) {
 		}
 	}
 }
+
+// With Redis killed, the daemon's log stays one JSON record a line: what
+// go-redis reports (failed dials) is in it as warnings of component
+// redis, and /readyz says Redis does not answer.
+func TestDaemonLogWhenRedisFails(t *testing.T) {
+	testredis.NeedBinaries(t, "redis-server")
+	srv := testredis.Start(t)
+	d := startDaemon(t, "log", "--redis-addrs", srv.Addr())
+	srv.Kill()
+	testwait.For(t, "/readyz 503 with Redis killed", func() bool {
+		resp, err := http.Get("http://" + d.http + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	testwait.For(t, "go-redis's failures in the log", func() bool { return strings.Contains(d.log(), `"component":"redis"`) })
+	for i, line := range strings.Split(strings.TrimSpace(d.log()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("log line %d is not JSON: %s", i+1, line)
+		}
+	}
+}
+
+// Callers of one key that disagree on its limit, 100 through one daemon
+// and 50 through another, at once: the count is one, so the checks of
+// limit 50 are admitted only while fewer than 50 hits are counted, and
+// together the daemons admit exactly 100 (limiter's rule: a limit change
+// takes effect at once and keeps what was consumed).
+func TestDaemonsDisagreeOnTheLimit(t *testing.T) {
+	testredis.NeedBinaries(t, "redis-server")
+	srv := testredis.Start(t)
+	args := []string{"--redis-addrs", srv.Addr()}
+	ds := []*daemon{startDaemon(t, "l0", args...), startDaemon(t, "l1", args...)}
+	httpc := &http.Client{Timeout: 30 * time.Second}
+	defer httpc.CloseIdleConnections()
+	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowLog} {
+		var admitted [2]atomic.Int64
+		var failed atomic.Int64
+		var wg sync.WaitGroup
+		for caller := range callers {
+			side := caller % 2
+			lim := []int64{100, 50}[side]
+			req := limiter.Request{Name: "disagree", Key: algo.String(), Hits: 1, Limit: lim, Period: period, Algorithm: algo}
+			body := fmt.Sprintf(`{"name":%q,"key":%q,"limit":%d,"period":%q,"algorithm":%q}`, req.Name, req.Key, lim, period.String(), algo.String())
+			wg.Go(func() {
+				for range attempts {
+					allowed, err := checkOnce(httpc, nil, ds[side], true, req, body)
+					switch {
+					case err != nil:
+						failed.Add(1)
+					case allowed:
+						admitted[side].Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		hundred, fifty := admitted[0].Load(), admitted[1].Load()
+		if failed.Load() > 0 || fifty > 50 || hundred+fifty != 100 {
+			t.Errorf("%v: %d admitted with limit 100, %d with limit 50, %d failed; want 100 in all, at most 50 with limit 50",
+				algo, hundred, fifty, failed.Load())
+		}
+	}
+}

@@ -497,6 +497,12 @@ func (d *Daemon) exportWatcher(prefix, size, sizeHelp, field string, count func(
 	)
 }
 
+// NewLogger returns the daemon's logger on w: format "json" or "text",
+// records of level and above.
+func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	return newLogger(w, format, level)
+}
+
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	ho := &slog.HandlerOptions{Level: level}
 	if format == "text" {

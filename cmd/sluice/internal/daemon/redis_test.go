@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
@@ -136,6 +138,10 @@ func TestRedisBackendServesEveryAPI(t *testing.T) {
 		redisStep{"inspect", func(t *testing.T) string {
 			return fmt.Sprintf("HTTP %d", do(t, http.MethodGet, inspectURL(d, "api", "k", ""), "").status)
 		}, "HTTP 501"},
+		redisStep{"inspect over gRPC", func(t *testing.T) string {
+			_, err := c.Inspect(ctx, "api", "k")
+			return status.Code(err).String()
+		}, "Unimplemented"},
 		redisStep{"readyz", func(t *testing.T) string {
 			r := do(t, http.MethodGet, base+"/readyz", "")
 			return fmt.Sprintf("HTTP %d", r.status)
@@ -363,5 +369,36 @@ func TestRedisBackendWarnsOfIgnoredSettings(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The Redis settings come from the file, the environment and flags like
+// every other: a YAML list of addresses, the password from the
+// environment, a flag over both.
+func TestRedisSettingsFromEverySource(t *testing.T) {
+	file := writeFile(t, `backend: redis
+redis_addrs: [r1:6379, r2:6379, r3:6379]
+redis_timeout: 250ms
+redis_tls: true
+redis_tls_server_name: redis.internal
+unreachable: deny
+redis_prefix: file
+`)
+	cfg, err := Load([]string{"--config", file, "--redis-prefix", "flag:"},
+		envMap(map[string]string{"SLUICE_REDIS_PASSWORD": "from-env", "SLUICE_REDIS_POOL_SIZE": "32", "SLUICE_NODE_NAME": "n"}), new(strings.Builder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintf("%s %v %v %v %s %v %s %s %d", cfg.Backend, cfg.RedisAddrs, cfg.RedisTimeout, cfg.RedisTLS, cfg.RedisTLSServerName,
+		cfg.Unreachable, cfg.RedisPassword, cfg.RedisPrefix, cfg.RedisPoolSize)
+	if want := "redis [r1:6379 r2:6379 r3:6379] 250ms true redis.internal deny from-env flag: 32"; got != want {
+		t.Errorf("loaded %s, want %s", got, want)
+	}
+	rc, err := redisConfig(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.TLS == nil || rc.TLS.ServerName != "redis.internal" || rc.Timeout != 250*time.Millisecond || rc.Unreachable != sluice.PolicyDeny || len(rc.Addrs) != 3 {
+		t.Errorf("redislimit config %+v", rc)
 	}
 }

@@ -203,7 +203,10 @@ func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	ok, why := d.readiness()
-	body := map[string]any{"node": d.cfg.NodeName, "members": len(d.node.RingMembers())}
+	// unconfirmed: members whose hand-over of the keys that moved here this
+	// node still waits for (cluster.Node.Unconfirmed); 0 once settled.
+	body := map[string]any{"node": d.cfg.NodeName, "members": len(d.node.RingMembers()),
+		"unconfirmed": len(d.node.Unconfirmed())}
 	if refused := d.node.RefusedMembers(); len(refused) > 0 {
 		// Gossip members that have not proved they belong to the cluster:
 		// they own no key. They do not make the node unready, which would

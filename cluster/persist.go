@@ -89,7 +89,14 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	}
 	p = &persister{dir: cfg.DataDir, interval: cfg.PersistInterval, logger: logger, release: release,
 		pending: map[stateKey]limiter.Snapshot{}, nextSeq: files.lastSeq + 1, lastWrite: now}
-	last := map[stateKey]limiter.Snapshot{}
+	// A state takes 30 bytes or more on disk: size the map once.
+	var total int64
+	for _, name := range files.all() {
+		if info, err := os.Stat(filepath.Join(cfg.DataDir, name)); err == nil {
+			total += info.Size()
+		}
+	}
+	last := make(map[stateKey]limiter.Snapshot, min(total/30, 1<<24))
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
 		info, _ := os.Stat(path)

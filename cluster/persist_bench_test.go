@@ -74,7 +74,7 @@ func BenchmarkRestore(b *testing.B) {
 	}
 	// The process's CPU time (every goroutine, GC included): on a shared
 	// machine the wall time is the other processes' too.
-	b.ReportMetric((cpu() - began).Seconds()/float64(b.N), "cpu-s/op")
+	b.ReportMetric((cpu()-began).Seconds()/float64(b.N), "cpu-s/op")
 	b.ReportMetric(float64(size)/keys, "disk-B/key")
 	b.ReportMetric(keys, "keys")
 }

@@ -442,7 +442,9 @@ func names(nodes []*node) string {
 type readiness struct {
 	Node    string `json:"node"`
 	Members int    `json:"members"`
-	Status  string `json:"status"`
+	// Unconfirmed: members whose hand-over the node still waits for.
+	Unconfirmed int    `json:"unconfirmed"`
+	Status      string `json:"status"`
 	Reason  string `json:"reason"`
 }
 

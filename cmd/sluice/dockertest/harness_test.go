@@ -445,7 +445,7 @@ type readiness struct {
 	// Unconfirmed: members whose hand-over the node still waits for.
 	Unconfirmed int    `json:"unconfirmed"`
 	Status      string `json:"status"`
-	Reason  string `json:"reason"`
+	Reason      string `json:"reason"`
 }
 
 func (c *cluster) readyz(nd *node) (readiness, error) {

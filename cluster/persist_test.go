@@ -200,3 +200,46 @@ func TestDataDirLocked(t *testing.T) {
 	}
 	b.Close()
 }
+
+// Only the keys that changed are written each interval, and a state that
+// returns to fresh before it would be written is not written at all.
+func TestPersistWritesChangedKeys(t *testing.T) {
+	cfg := cluster.TestConfig("writer")
+	cfg.DataDir = t.TempDir()
+	cfg.PersistInterval = 20 * time.Millisecond
+	nd, err := cluster.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	written := func(step string, want int64) {
+		t.Helper()
+		err := testcluster.WaitFor(10*time.Second, func() error {
+			if got := nd.Stats().Persist.Written; got != want {
+				return fmt.Errorf("%s: %d states written, want %d", step, got, want)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	quotas := dailyQuotas(10)
+	steps := []struct {
+		name        string
+		reqs        []limiter.Request
+		wantWritten int64 // in all
+	}{
+		{"ten new keys", quotas, 10},
+		{"one of them again", quotas[3:4], 11},
+		{"a bucket full again in a nanosecond", []limiter.Request{{Name: "brief", Key: "k", Hits: 1, Limit: 1_000_000_000, Period: time.Second, Algorithm: limiter.TokenBucket}}, 11},
+		{"two more", quotas[:2], 13},
+	}
+	for _, s := range steps {
+		consume(t, nd, s.reqs)
+		written(s.name, s.wantWritten)
+	}
+	if st := nd.Stats().Persist; st.Segments < 3 || st.WriteErrors != 0 {
+		t.Fatalf("%+v: want a segment per step that changed a live key, no errors", st)
+	}
+}

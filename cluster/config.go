@@ -339,7 +339,7 @@ func (c *Config) Validate() error {
 		return bad("ReplicateInterval %v is below %v", c.ReplicateInterval, MinInterval)
 	case c.LeaveTimeout <= 0:
 		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
-	case c.PersistInterval < MinInterval:
+	case c.DataDir != "" && c.PersistInterval < MinInterval:
 		return bad("PersistInterval %v is below %v", c.PersistInterval, MinInterval)
 	case c.DamagedData > SetDamagedAside:
 		return bad("DamagedData %d is unknown", c.DamagedData)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -97,6 +98,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		}
 	}
 	last := make(map[stateKey]limiter.Snapshot, min(total/30, 1<<24))
+	setAside := false
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
 		info, _ := os.Stat(path)
@@ -110,6 +112,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 			p.covered = append(p.covered, name)
 			return nil
 		case errors.As(err, &bad) && cfg.DamagedData == SetDamagedAside:
+			setAside = true
 			logger.Error("cluster: a damaged state file is set aside; the node starts without the states only it held",
 				"file", path, "aside", path+".damaged", "err", err)
 			if rerr := os.Rename(path, path+".damaged"); rerr != nil {
@@ -129,7 +132,11 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		}
 	}
 	for _, name := range files.stale { // covered by the snapshot, or torn
-		os.Remove(filepath.Join(cfg.DataDir, name))
+		if !setAside || strings.HasSuffix(name, ".tmp") {
+			// Kept when a file was set aside: what it covered may be
+			// all that is left of the states it held.
+			os.Remove(filepath.Join(cfg.DataDir, name))
+		}
 	}
 	restored = make([]limiter.Snapshot, 0, len(last))
 	for _, s := range last {

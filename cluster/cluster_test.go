@@ -321,6 +321,8 @@ func TestConfigValidate(t *testing.T) {
 		"negative retry": func(c *cluster.Config) { c.DenyRetryAfter = -1 },
 		"nil server opt": func(c *cluster.Config) { c.ServerOptions = []grpc.ServerOption{nil} },
 		"no budget":      func(c *cluster.Config) { c.ServerLimits.MessageBytes = 0 },
+		"1ns persist":    func(c *cluster.Config) { c.DataDir, c.PersistInterval = "x", time.Nanosecond },
+		"damaged policy": func(c *cluster.Config) { c.DamagedData = 9 },
 	} {
 		cfg := cluster.TestConfig("v")
 		mutate(&cfg)

@@ -77,13 +77,6 @@ type Config struct {
 	// the policy that admits nothing until the cluster has formed
 	// (bootstrap.go). At most MaxBootstrapExpect.
 	BootstrapExpect int
-	// DataDir, when set, is a directory the node keeps what it must
-	// remember across restarts in: the members it has seen
-	// (members.json), which it joins again on start and every
-	// RetryJoinInterval while they are not members, beside Seeds. Empty:
-	// only Seeds are joined again.
-	DataDir string
-
 	// Unreachable is the policy for requests that do not set their own.
 	Unreachable sluice.Policy
 	// DenyRetryAfter is the RetryAfter of a request denied by PolicyDeny.
@@ -105,6 +98,24 @@ type Config struct {
 	ReplicateInterval time.Duration
 	// LeaveTimeout bounds the hand-off of a graceful Leave, both passes.
 	LeaveTimeout time.Duration
+	// DataDir, when set, is the directory where the node keeps the key
+	// states it holds, owned and replicated, so that they outlive its
+	// process (persist.go): every PersistInterval it writes the keys
+	// that changed, on Close (and so at the end of Leave) every live key,
+	// and New restores them and gives each to its owner. It also keeps the
+	// members the node has seen (members.json), which it joins again on
+	// start and every RetryJoinInterval while they are not members, beside
+	// Seeds. A lock file keeps a second process out of it. Empty: states
+	// live only in memory and only Seeds are joined again.
+	DataDir string
+	// PersistInterval is how often the keys that changed are written to
+	// DataDir: what a hard kill of every node may forget is at most this
+	// much traffic.
+	PersistInterval time.Duration
+	// DamagedData says what New does with a damaged, truncated or foreign
+	// state file in DataDir: refuse to start (the default) or set the file
+	// aside and start without its states.
+	DamagedData DamagedDataPolicy
 	// HandoverTimeout bounds how long a node that gained keys when the
 	// membership changed waits for every other member's hand-over
 	// confirmation before it decides them (handover.go), and how long a
@@ -271,6 +282,7 @@ func DefaultConfig() Config {
 		Replicas:          2,
 		ReplicateInterval: 50 * time.Millisecond,
 		LeaveTimeout:      5 * time.Second,
+		PersistInterval:   time.Second,
 		HandoverTimeout:   5 * time.Second,
 		Store:             limiter.DefaultStoreConfig(),
 		Ring:              ring.DefaultConfig(),
@@ -361,6 +373,12 @@ func (c *Config) Validate() error {
 		return bad("ReplicateInterval %v is below %v", c.ReplicateInterval, MinInterval)
 	case c.LeaveTimeout <= 0:
 		return bad("LeaveTimeout %v must be positive", c.LeaveTimeout)
+	case c.DataDir != "" && c.PersistInterval < MinInterval:
+		return bad("PersistInterval %v is below %v", c.PersistInterval, MinInterval)
+	case c.DamagedData > SetDamagedAside:
+		return bad("DamagedData %d is unknown", c.DamagedData)
+	case len(c.DataDir) > 4096:
+		return bad("DataDir is %d bytes, more than 4096", len(c.DataDir))
 	case c.HandoverTimeout <= 0:
 		return bad("HandoverTimeout %v must be positive", c.HandoverTimeout)
 	case c.ProofTimeout <= 0:

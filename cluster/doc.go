@@ -51,6 +51,10 @@
 //     every address but this node's at each attempt;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on
 //     membership changes, built on those; node.go: lifecycle and wiring;
+//   - persist.go, datadir.go: with Config.DataDir, the key states this
+//     node holds written to disk every Config.PersistInterval and at
+//     Close, restored at start and given to their owners; the state
+//     files, their checks and the directory's lock;
 //   - inspect.go: [Node.Inspect], a key's state read where a check would
 //     be decided, and the reset of a key's replicas when its owner resets
 //     it.

@@ -160,12 +160,12 @@ func (t *transfers) stats() TransferStats {
 	}
 }
 
-// startTransfers starts the hand-off loop and, with replicas, the
-// replicator.
+// startTransfers starts the hand-off loop and, with replicas or a data
+// directory, the changes loop.
 func (n *Node) startTransfers() {
 	n.goFunc(n.handoffLoop)
-	if n.cfg.Replicas > 1 {
-		n.goFunc(n.replicateLoop)
+	if n.cfg.Replicas > 1 || n.persist != nil {
+		n.goFunc(n.changesLoop)
 	}
 }
 
@@ -399,7 +399,8 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
 // owner. Both passes run within Config.LeaveTimeout.
 //
 // What may still be lost: states whose transfer failed or did not finish
-// within LeaveTimeout (the error wraps ErrHandoff), and checks that reach
+// within LeaveTimeout (the error wraps ErrHandoff), states with no member
+// left to go to unless Config.DataDir keeps them, and checks that reach
 // this node after its gRPC server stopped, which their senders decide
 // under their unreachable policy.
 func (n *Node) leaveHandoff() error {
@@ -478,7 +479,13 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 	}
-	lost += len(n.transfers.takeForeign()) + unrouted + int(n.transfers.givenUp.Load()-givenUp)
+	lost += len(n.transfers.takeForeign()) + int(n.transfers.givenUp.Load()-givenUp)
+	if n.persist == nil {
+		lost += unrouted
+	} else if unrouted > 0 {
+		// The last member: Close writes them to the data directory.
+		n.logger.Info("cluster: no member left to hand key states to; they stay in the data directory", "states", unrouted)
+	}
 	err := n.serf.Leave()
 	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {

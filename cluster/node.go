@@ -46,6 +46,7 @@ type Stats struct {
 	Transfers     TransferStats
 	Store         limiter.StoreStats
 	Leases        LeaseStats
+	Persist       PersistStats // zero without Config.DataDir
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -55,9 +56,10 @@ type Node struct {
 	now      func() time.Time
 	resolver Resolver // resolves the host names of seeds
 
-	store *limiter.Store
-	ring  *ring.Ring
-	peers *peer.Pool
+	store   *limiter.Store
+	persist *persister // nil without Config.DataDir (persist.go)
+	ring    *ring.Ring
+	peers   *peer.Pool
 
 	metrics  *metrics    // nil without Config.Registerer
 	tracing  *tracing    // nil without Config.TracerProvider
@@ -139,9 +141,15 @@ func New(cfg Config) (n *Node, err error) {
 		}
 	}
 	scfg := cfg.Store
-	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 // for the replicator
+	// For the replicator and the persister.
+	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 || cfg.DataDir != ""
 	if n.store, err = limiter.NewStore(scfg); err != nil {
 		return nil, err
+	}
+	if cfg.DataDir != "" {
+		if err = n.restore(); err != nil {
+			return nil, err
+		}
 	}
 	if n.ring, err = ring.New(cfg.Ring); err != nil {
 		return nil, err
@@ -403,6 +411,7 @@ func (n *Node) Stats() Stats {
 		Transfers:     n.transfers.stats(),
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
+		Persist:       n.persist.stats(),
 	}
 }
 
@@ -425,7 +434,8 @@ func (n *Node) Leave() error {
 }
 
 // Close stops the node at once: inbound gRPC first, then serf, then the
-// node's loops and peer clients, and waits for all of them. Other members
+// node's loops and peer clients, and waits for all of them; with
+// Config.DataDir it then writes every live key state there. Other members
 // see it fail. Safe to call more than once.
 func (n *Node) Close() error {
 	var err error
@@ -451,6 +461,11 @@ func (n *Node) Close() error {
 		}
 		if n.peers != nil {
 			n.peers.Close()
+		}
+		if n.persist != nil { // the loops have stopped: it is Close's now
+			if perr := n.persist.close(n.store, n.now()); perr != nil {
+				err = errors.Join(err, perr)
+			}
 		}
 	})
 	return err

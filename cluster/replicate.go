@@ -26,8 +26,15 @@ func (n *Node) Replicas(name, key string) []ring.Member {
 	return n.ring.Owners(name, key, n.cfg.Replicas)
 }
 
-func (n *Node) replicateLoop() {
-	t := time.NewTicker(n.cfg.ReplicateInterval)
+// changesLoop takes the store's changes for the replicas every
+// ReplicateInterval and, with a data directory, writes them there every
+// PersistInterval (persist.go).
+func (n *Node) changesLoop() {
+	every := n.cfg.PersistInterval
+	if n.cfg.Replicas > 1 && (n.persist == nil || n.cfg.ReplicateInterval < every) {
+		every = n.cfg.ReplicateInterval
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	owners := newOwnersCache(n.ring, n.cfg.Replicas)
 	for {
@@ -35,23 +42,33 @@ func (n *Node) replicateLoop() {
 		case <-n.shutdown:
 			return
 		case <-t.C:
-			n.replicate(owners)
+			n.takeChanges(owners)
+			if n.persist != nil {
+				n.persist.tick(n.store, n.now())
+			}
 		}
 	}
 }
 
-// replicate queues the changed keys this node owns for their replicas; the
-// outbox sends them (and gives up on a batch after replicaAttempts failed
-// calls: the next change sends the key again).
-func (n *Node) replicate(owners *ownersCache) {
+// takeChanges queues the changed keys this node owns for their replicas,
+// and notes every changed key for the persister; the outbox sends the
+// copies (and gives up on a batch after replicaAttempts failed calls: the
+// next change sends the key again).
+func (n *Node) takeChanges(owners *ownersCache) {
 	batches := map[string][]limiter.Snapshot{}
 	n.transfers.changedMu.Lock()
 	if n.transfers.leaving.Load() {
 		n.transfers.changedMu.Unlock()
 		return
 	}
-	self := n.cfg.NodeName
+	self, replicate := n.cfg.NodeName, n.cfg.Replicas > 1
 	n.store.Changed(n.now(), func(s limiter.Snapshot) {
+		if n.persist != nil {
+			n.persist.note(s)
+		}
+		if !replicate {
+			return
+		}
 		ms := owners.get(ring.RouteHash(s.Name, s.Key))
 		if len(ms) == 0 || ms[0].Name != self {
 			return // a copy held here, or a key decided without its owner

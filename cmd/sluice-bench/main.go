@@ -84,6 +84,7 @@ func main() {
 	limitedAlgo := flag.String("limited-algorithm", "token_bucket", "algorithm of the limited hot-key run: token_bucket, gcra, or fixed_window (windows of 100ms)")
 	redisAddr := flag.String("redis-addr", "", "redis: host:port of the Redis to use (empty: start redis-server on a free loopback port)")
 	redisServer := flag.String("redis-server", "redis-server", "redis: the redis-server program started without -redis-addr")
+	persist := flag.Bool("persist", false, "throughput: run the keys workload without and with a data directory per node (Config.DataDir), alternately, twice each")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
 	flag.Parse()
 	if *procs < 0 {
@@ -137,6 +138,12 @@ func main() {
 	}
 	lease := cluster.LeaseConfig{Threshold: *leaseThreshold, TTL: *leaseTTL, Share: *leaseShare}
 	var batches peerBatches
+	if *persist {
+		if err := persistRuns(*nodes, *inflight, &batches, lease, *callers, *keys, *duration, *maxChecks, *cost); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	cl, err := start(*nodes, *inflight, &batches, lease)
 	if err != nil {
 		log.Fatal(err)
@@ -445,6 +452,12 @@ func reportAs(name, unit string, r result, cost bool) {
 }
 
 func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]*cluster.Node, error) {
+	return startIn(n, inflight, batches, lease, nil)
+}
+
+// startIn starts n nodes as start does, node i with data directory
+// dirs[i] when dirs is not nil.
+func startIn(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig, dirs []string) ([]*cluster.Node, error) {
 	return startWith(n, func(i int) cluster.Config {
 		cfg := cluster.DefaultConfig()
 		cfg.NodeName = fmt.Sprintf("bench-%d", i)
@@ -456,8 +469,74 @@ func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]
 		if lease.Threshold > 0 {
 			cfg.Lease = lease
 		}
+		if dirs != nil {
+			cfg.DataDir = dirs[i]
+		}
 		return cfg
 	})
+}
+
+// persistRuns runs the keys workload on clusters without and with a data
+// directory per node, alternately, twice each, and reports the bytes the
+// directories hold per key at the end.
+func persistRuns(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig, callers, keys int, d time.Duration, maxChecks int, cost bool) error {
+	fmt.Printf("GOMAXPROCS %d, %d nodes, %d callers, %d keys, token bucket never limited, %v per run, persist_interval %v\n",
+		runtime.GOMAXPROCS(0), n, callers, keys, d, cluster.DefaultConfig().PersistInterval)
+	daily := unlimited
+	daily.Period, daily.Algorithm = 24*time.Hour, limiter.FixedWindow
+	for round := range 8 {
+		// The standard workload's token buckets are full again within a
+		// nanosecond and are never written; a daily fixed window lasts
+		// the day and is. Each pair runs
+		// memory, data_dir, data_dir, memory.
+		req, workload := unlimited, "standard"
+		if round >= 4 {
+			req, workload = daily, "daily"
+		}
+		var dirs []string
+		name := workload + " memory"
+		if round%4 == 1 || round%4 == 2 {
+			name = workload + " data_dir"
+			for i := range n {
+				dir, err := os.MkdirTemp("", fmt.Sprintf("sluice-bench-%d-", i))
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				dirs = append(dirs, dir)
+			}
+		}
+		cl, err := startIn(n, inflight, batches, lease, dirs)
+		if err != nil {
+			return err
+		}
+		report(name, run(cl, callers, keys, d, maxChecks, req), cost)
+		var written int64
+		for _, nd := range cl {
+			written += nd.Stats().Persist.Written
+		}
+		closeAll(cl)
+		if dirs != nil {
+			var size int64
+			held := 0
+			for _, dir := range dirs {
+				entries, _ := os.ReadDir(dir)
+				for _, e := range entries {
+					if info, err := e.Info(); err == nil && e.Name() != "LOCK" {
+						size += info.Size()
+					}
+				}
+				states, err := cluster.ReadDataDir(dir)
+				if err != nil {
+					return err
+				}
+				held += len(states)
+			}
+			fmt.Printf("%-10s %10d states written while running; after Close, %d bytes on disk holding %d key states (owned and replicated), %.1f bytes per state\n",
+				"", written, size, held, float64(size)/float64(max(held, 1)))
+		}
+	}
+	return nil
 }
 
 // startWith starts n nodes with the configs of config, joined to the first,

@@ -443,8 +443,10 @@ func names(nodes []*node) string {
 type readiness struct {
 	Node    string `json:"node"`
 	Members int    `json:"members"`
-	Status  string `json:"status"`
-	Reason  string `json:"reason"`
+	// Unconfirmed: members whose hand-over the node still waits for.
+	Unconfirmed int    `json:"unconfirmed"`
+	Status      string `json:"status"`
+	Reason      string `json:"reason"`
 }
 
 func (c *cluster) readyz(nd *node) (readiness, error) {

@@ -213,6 +213,14 @@ type Config struct {
 	Replicas          int
 	ReplicateInterval time.Duration
 	LeaveTimeout      time.Duration
+	// DataDir, PersistInterval and DataDamaged are cluster.Config's
+	// DataDir, PersistInterval and DamagedData: where key states outlive
+	// the process, how often changed keys are written there, and what a
+	// damaged state file does to a start (DataDamagedRefuse or
+	// DataDamagedSetAside). Empty DataDir: states live in memory only.
+	DataDir         string
+	PersistInterval time.Duration
+	DataDamaged     string
 	// Lease configures token leases for hot keys (cluster.LeaseConfig);
 	// a Threshold of 0 turns them off.
 	Lease cluster.LeaseConfig
@@ -326,6 +334,8 @@ func DefaultConfig() Config {
 		Replicas:             cc.Replicas,
 		ReplicateInterval:    cc.ReplicateInterval,
 		LeaveTimeout:         cc.LeaveTimeout,
+		PersistInterval:      cc.PersistInterval,
+		DataDamaged:          DataDamagedRefuse,
 		Lease:                cc.Lease,
 		MaxKeys:              cc.Store.MaxEntries,
 		MaxBytes:             cc.Store.MaxBytes,
@@ -665,6 +675,17 @@ var fields = []field{
 		parse: func(c *Config, v string) error { return parseDuration(&c.LeaveTimeout, v) },
 		check: func(c *Config) error { return positive(c.LeaveTimeout) },
 		show:  func(c *Config) string { return c.LeaveTimeout.String() }},
+	{key: "data_dir", usage: "directory where this node keeps the key states it holds, so that they outlive restarts (a volume of its own per node); empty: in memory only",
+		parse: func(c *Config, v string) error { c.DataDir = v; return nil },
+		show:  func(c *Config) string { return c.DataDir }},
+	{key: "persist_interval", usage: "how often the keys that changed are written to data_dir: a kill of every node forgets at most this much traffic",
+		parse: func(c *Config, v string) error { return parseDuration(&c.PersistInterval, v) },
+		check: func(c *Config) error { return atLeast(c.PersistInterval, cluster.MinInterval) },
+		show:  func(c *Config) string { return c.PersistInterval.String() }},
+	{key: "data_damaged", usage: "a damaged, truncated or foreign state file in data_dir: refuse (do not start) or set-aside (rename it *.damaged, start without its states)",
+		parse: func(c *Config, v string) error { c.DataDamaged = v; return nil },
+		check: func(c *Config) error { return oneOf(c.DataDamaged, DataDamagedRefuse, DataDamagedSetAside) },
+		show:  func(c *Config) string { return c.DataDamaged }},
 	{key: "lease_threshold", usage: "checks per second of one key on this node, not its owner, that start leasing its hits; 0: no leases",
 		parse: func(c *Config, v string) error { return parseInt(&c.Lease.Threshold, v) },
 		check: checkLease,
@@ -907,6 +928,12 @@ const (
 	EnvoyHeadersX      = "x-ratelimit"
 	EnvoyAlignCalendar = "calendar"
 	EnvoyAlignEpoch    = "epoch"
+)
+
+// The values of data_damaged.
+const (
+	DataDamagedRefuse   = "refuse"
+	DataDamagedSetAside = "set-aside"
 )
 
 // oneOf checks that v is one of the options.

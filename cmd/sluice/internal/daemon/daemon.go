@@ -447,6 +447,11 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Replicas = d.cfg.Replicas
 	c.ReplicateInterval = d.cfg.ReplicateInterval
 	c.LeaveTimeout = d.cfg.LeaveTimeout
+	c.DataDir = d.cfg.DataDir
+	c.PersistInterval = d.cfg.PersistInterval
+	if d.cfg.DataDamaged == DataDamagedSetAside {
+		c.DamagedData = cluster.SetDamagedAside
+	}
 	c.Lease = d.cfg.Lease
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes

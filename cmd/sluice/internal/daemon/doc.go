@@ -51,7 +51,9 @@
 //	                      shutting down; refused_members lists gossip
 //	                      members that have not proved the peer credential
 //	                      (cluster.Node.RefusedMembers), without making the
-//	                      node unready
+//	                      node unready; unconfirmed counts the members whose
+//	                      hand-over it waits for (cluster.Node.Unconfirmed),
+//	                      0 once settled
 //	GET  /metrics         Prometheus, from the daemon's own registry
 //
 // Checks are validated like the gRPC API validates them (through transport's

@@ -210,6 +210,9 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	body := map[string]any{"node": d.cfg.NodeName, "backend": d.cfg.Backend}
 	if d.node != nil {
 		body["members"] = len(d.node.RingMembers())
+		// unconfirmed: members whose hand-over of the keys that moved here
+		// this node still waits for (cluster.Node.Unconfirmed); 0 once settled.
+		body["unconfirmed"] = len(d.node.Unconfirmed())
 	}
 	if refused := d.refusedMembers(); len(refused) > 0 {
 		// Gossip members that have not proved they belong to the cluster:

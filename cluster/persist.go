@@ -1,0 +1,265 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Persistence: with Config.DataDir set, the node keeps the key states it
+// holds, owned and replicated, in the directory's state files
+// (datadir.go), so that they outlive its process.
+//
+//   - Every PersistInterval the changes loop (replicate.go) takes the keys
+//     the store changed and writes those that changed since the last
+//     segment to a new segment file. The states are read under their
+//     shard's lock, as replication reads them; they are encoded and
+//     written by the changes loop with no lock held.
+//   - When the segments outgrow the snapshot (or 1 MiB), and on Close (so
+//     at the end of Leave), the loop writes a snapshot of every live state
+//     and deletes the files it covers.
+//   - New reads the newest snapshot and the segments after it, keeps the
+//     last state of each key that is still live, merges them into the
+//     store (Store.Merge, which never lowers consumption) and plans its
+//     first hand-off as from a ring of this node alone: every restored key
+//     that the ring now gives another member is handed to it, and every
+//     key it owns is copied to its replicas, whatever the membership is.
+//
+// The bound: a hard kill forgets what the node admitted since its last
+// segment, at most one PersistInterval of traffic plus the write; states
+// that return to fresh within the interval may never be written.
+
+// PersistStats counts what the node kept in and restored from DataDir.
+type PersistStats struct {
+	Restored    int64 // key states restored at start
+	Written     int64 // key states written to segments and snapshots
+	Segments    int64 // segment files written
+	Snapshots   int64 // snapshot files written
+	WriteErrors int64 // writes that failed (their states are tried again)
+}
+
+// persister keeps the node's states in its data directory. Only the
+// changes loop and then Close call it, never at once.
+type persister struct {
+	dir      string
+	interval time.Duration
+	logger   *slog.Logger
+	release  func() // gives the directory's lock back
+
+	// pending holds the states changed since the last segment, the last
+	// of each key.
+	pending   map[stateKey]limiter.Snapshot
+	lastWrite time.Time
+	// nextSeq numbers the next file; every snapshot covers the files
+	// numbered below it.
+	nextSeq uint64
+	// covered lists the files the next snapshot replaces, and
+	// segmentBytes their size beside the snapshot's.
+	covered                     []string
+	segmentBytes, snapshotBytes int
+
+	restored, written, segments, snapshots, writeErrors atomic.Int64
+}
+
+type stateKey struct{ name, key string }
+
+// openPersister locks cfg.DataDir and reads its state files: it returns
+// the last live state of each key at now. A refused file fails it under
+// RefuseDamaged; under SetDamagedAside the file is renamed and skipped.
+func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persister, restored []limiter.Snapshot, err error) {
+	release, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
+	files, err := listStateFiles(cfg.DataDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	p = &persister{dir: cfg.DataDir, interval: cfg.PersistInterval, logger: logger, release: release,
+		pending: map[stateKey]limiter.Snapshot{}, nextSeq: files.lastSeq + 1, lastWrite: now}
+	// A state takes 30 bytes or more on disk: size the map once.
+	var total int64
+	for _, name := range files.all() {
+		if info, err := os.Stat(filepath.Join(cfg.DataDir, name)); err == nil {
+			total += info.Size()
+		}
+	}
+	last := make(map[stateKey]limiter.Snapshot, min(total/30, 1<<24))
+	setAside := false
+	read := func(name string) error {
+		path := filepath.Join(cfg.DataDir, name)
+		info, _ := os.Stat(path)
+		err := readStateFile(path, func(s limiter.Snapshot) { last[stateKey{s.Name, s.Key}] = s })
+		var bad *DataFileError
+		switch {
+		case err == nil:
+			if info != nil {
+				p.segmentBytes += int(info.Size())
+			}
+			p.covered = append(p.covered, name)
+			return nil
+		case errors.As(err, &bad) && cfg.DamagedData == SetDamagedAside:
+			setAside = true
+			logger.Error("cluster: a damaged state file is set aside; the node starts without the states only it held",
+				"file", path, "aside", path+".damaged", "err", err)
+			if rerr := os.Rename(path, path+".damaged"); rerr != nil {
+				return fmt.Errorf("%w: set %s aside: %v", ErrDataDir, path, rerr)
+			}
+			return nil
+		}
+		return err
+	}
+	start := time.Now()
+	for _, name := range files.all() {
+		if err := read(name); err != nil {
+			return nil, nil, err
+		}
+		if name == files.snapshot {
+			p.snapshotBytes, p.segmentBytes = p.segmentBytes, 0
+		}
+	}
+	for _, name := range files.stale { // covered by the snapshot, or torn
+		if !setAside || strings.HasSuffix(name, ".tmp") {
+			// Kept when a file was set aside: what it covered may be
+			// all that is left of the states it held.
+			os.Remove(filepath.Join(cfg.DataDir, name))
+		}
+	}
+	restored = make([]limiter.Snapshot, 0, len(last))
+	for _, s := range last {
+		if s.ExpireAt > now.UnixNano() {
+			restored = append(restored, s)
+		}
+	}
+	p.restored.Store(int64(len(restored)))
+	logger.Info("cluster: key states restored", "dir", cfg.DataDir, "states", len(restored),
+		"files", len(p.covered), "took", time.Since(start))
+	return p, restored, nil
+}
+
+// note records s, a state the store changed, for the next segment.
+func (p *persister) note(s limiter.Snapshot) {
+	p.pending[stateKey{s.Name, s.Key}] = s
+}
+
+// tick writes a segment of the pending states once an interval has passed
+// since the last, then a snapshot of store when the segments outgrow the
+// last one.
+func (p *persister) tick(store *limiter.Store, now time.Time) {
+	if now.Sub(p.lastWrite) < p.interval {
+		return
+	}
+	p.lastWrite = now
+	if len(p.pending) == 0 {
+		return
+	}
+	w := newStateFileWriter()
+	for _, s := range p.pending {
+		if err := w.add(&s); err != nil {
+			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
+		}
+	}
+	name := stateFileName(segmentPrefix, p.nextSeq)
+	data := w.bytes()
+	if err := writeFileSynced(p.dir, name, data); err != nil {
+		p.writeErrors.Add(1)
+		p.logger.Error("cluster: writing key states to the data directory failed; retrying at the next interval", "err", err)
+		return
+	}
+	p.nextSeq++
+	p.written.Add(int64(len(p.pending)))
+	p.segments.Add(1)
+	clear(p.pending)
+	p.covered = append(p.covered, name)
+	p.segmentBytes += len(data)
+	if p.segmentBytes > max(p.snapshotBytes, 1<<20) || len(p.covered) > 1000 {
+		p.snapshot(store, now)
+	}
+}
+
+// snapshot writes every state of store live at now to a new snapshot and
+// removes the files it covers.
+func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
+	w := newStateFileWriter()
+	var states int64
+	// Encoding under the shard's lock is CPU only; the write is after.
+	store.Range(now, func(s limiter.Snapshot) bool {
+		if w.add(&s) == nil {
+			states++
+		}
+		return true
+	})
+	name := stateFileName(snapshotPrefix, p.nextSeq)
+	data := w.bytes()
+	if err := writeFileSynced(p.dir, name, data); err != nil {
+		p.writeErrors.Add(1)
+		p.logger.Error("cluster: writing a snapshot of key states to the data directory failed", "err", err)
+		return err
+	}
+	p.nextSeq++
+	p.written.Add(states)
+	p.snapshots.Add(1)
+	for _, old := range p.covered {
+		os.Remove(filepath.Join(p.dir, old))
+	}
+	p.covered = append(p.covered[:0], name)
+	p.snapshotBytes, p.segmentBytes = len(data), 0
+	clear(p.pending) // the snapshot holds them
+	return nil
+}
+
+// close writes a last snapshot of store and gives the directory back.
+func (p *persister) close(store *limiter.Store, now time.Time) error {
+	err := p.snapshot(store, now)
+	p.release()
+	return err
+}
+
+func (p *persister) stats() PersistStats {
+	if p == nil {
+		return PersistStats{}
+	}
+	return PersistStats{
+		Restored:    p.restored.Load(),
+		Written:     p.written.Load(),
+		Segments:    p.segments.Load(),
+		Snapshots:   p.snapshots.Load(),
+		WriteErrors: p.writeErrors.Load(),
+	}
+}
+
+// restore opens the data directory and merges its states into the store;
+// the first hand-off pass then plans from a ring of this node alone, so
+// that every restored key reaches its owner and replicas now.
+func (n *Node) restore() error {
+	now := n.now()
+	p, restored, err := openPersister(&n.cfg, n.logger, now)
+	if err != nil {
+		return err
+	}
+	n.persist = p
+	if len(restored) == 0 {
+		return nil
+	}
+	if _, err := n.store.Merge(restored, now); err != nil {
+		n.logger.Warn("cluster: some restored key states were refused by the store", "err", err)
+	}
+	// The hand-off pass and the snapshot on Close cover them: they need
+	// not be written or replicated again as changes.
+	n.store.Changed(now, func(limiter.Snapshot) {})
+	n.transfers.prev = []ring.Member{{Name: n.cfg.NodeName}}
+	return nil
+}

@@ -22,7 +22,11 @@ import (
 // node's RegisterServices, and s the node's own server.
 func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error {
 	n.RegisterPublicAPI(s)
-	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait}
+	// A refund of a window rule's hits is made only while the window
+	// that charged them holds, up to a peer call's timeout, past both
+	// ends of the consume and the refund: one may be that long on its
+	// way to the key's owner.
+	d.enforcer = rules.Enforcer{Limiter: serverLimits{n}, MaxWait: maxRulesWait, Now: d.opts.now, ClockSkew: d.cfg.PeerTimeout}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil {
 		return d.registerEnvoy(s, n)

@@ -21,17 +21,7 @@ func serveReclaiming(t *testing.T, b *MessageBudget) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(b.ServerOptions()...)
-	RegisterPeer(s, &echoChecker{})
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(lis) }()
-	t.Cleanup(func() {
-		s.Stop()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return lis.Addr().String()
+	return serveOn(t, lis, b, func(s *grpc.Server) { RegisterPeer(s, &echoChecker{}) })
 }
 
 // TestIdleConnectionsGiveUpTheCap fills a port's connection cap with

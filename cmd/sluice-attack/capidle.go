@@ -14,8 +14,8 @@ import (
 // idleCap: more connections than the gRPC port's cap (4096; grpc_addr,
 // shared with peers: no --peer-addr) that open no call, a third each raw
 // TCP, the HTTP/2 preface alone, and the preface with SETTINGS, held for
-// the hostile phase; meanwhile new clients, one after another, each open a
-// connection of their own and make one check, which must be answered
+// the hostile phase; once they are all open, new clients, one after
+// another, each open a connection of their own and make one check, which must be answered
 // within the legitimate deadline: idle connections give up their slots
 // to new ones instead of holding the cap for the handshake or idle
 // timeouts.
@@ -27,15 +27,22 @@ func idleCap(ctx context.Context, c *config) (*row, error) {
 		var h [3]*held
 		var wg sync.WaitGroup
 		for j, opening := range [][]byte{nil, []byte(preface), settings} {
-			wg.Go(func() { h[j] = holdConns(ctx, c, t.d.grpcAddr, total/3, opening, nil, 0) })
+			h[j] = &held{hold: c.duration}
+			wg.Go(func() { h[j].holdConns(ctx, c, t.d.grpcAddr, total/3, opening, nil, 0) })
 		}
 		var fresh legitStats
 		wg.Go(func() {
 			end := c.hostile()
-			// The flood fills the cap first.
-			select {
-			case <-time.After(min(c.duration/4, 2*time.Second)):
-			case <-ctx.Done():
+			// The flood opens all its connections first: the cap is
+			// full of them, and the kernel's accept queue no longer
+			// overflows with their dials.
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for n := 0; n < 3*(total/3) && time.Now().Before(end) && ctx.Err() == nil; <-tick.C {
+				n = 0
+				for _, hj := range h {
+					n += int(hj.opened.Load() + hj.failed.Load())
+				}
 			}
 			for time.Now().Before(end) && ctx.Err() == nil {
 				began := time.Now()
@@ -54,7 +61,7 @@ func idleCap(ctx context.Context, c *config) (*row, error) {
 			}
 		})
 		wg.Wait()
-		r.did = fmt.Sprintf("%d attackers open %s connections to the gRPC port (cap 4096) that open no call, a third each raw TCP, the HTTP/2 preface, the preface and SETTINGS, held for %v; meanwhile new clients connect one after another and check once",
+		r.did = fmt.Sprintf("%d attackers open %s connections to the gRPC port (cap 4096) that open no call, a third each raw TCP, the HTTP/2 preface, the preface and SETTINGS, held for %v; once they are open, new clients connect one after another and check once",
 			c.attackers, thousands(int64(3*(total/3))), c.duration)
 		r.result = fmt.Sprintf("raw: %s. preface: %s. SETTINGS: %s. New clients: %s",
 			h[0], h[1], h[2], fresh.String())

@@ -56,18 +56,38 @@ func rateVariants(base Request) []rateVariant {
 func TestKeepStrictestSurvey(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
 	const steps, step = 40, 100 * time.Millisecond
+	var bases []Request
 	for _, a := range Algorithms {
-		base := Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: a}
+		bases = append(bases, Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: a})
+	}
+	// Calendar windows: every variant that changes the Period or the
+	// Algorithm leaves them.
+	bases = append(bases, Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Algorithm: FixedWindow, Calendar: Minute})
+	for _, base := range bases {
+		a := base.Algorithm
+		if base.Calendar != NoCalendar {
+			a = 0 // named below by its calendar
+		}
 		for _, v := range rateVariants(base) {
 			for _, order := range []string{"spent_first", "claimed_first", "round_trip"} {
-				t.Run(fmt.Sprintf("%s/%s/%s", a, v.name, order), func(t *testing.T) {
+				name := base.Algorithm.String()
+				if a == 0 {
+					name = "calendar_" + base.Calendar.String()
+				}
+				t.Run(fmt.Sprintf("%s/%s/%s", name, v.name, order), func(t *testing.T) {
 					attacked := newStrictStore(t)
 					alone := newStrictStore(t)  // the rightful caller alone
 					asBase := newStrictStore(t) // every check at the base rate
 					bad := base
 					v.set(&bad)
+					if bad.Calendar != NoCalendar && (bad.Period != 0 || bad.Algorithm != FixedWindow) {
+						bad.Calendar = NoCalendar
+						if bad.Period == 0 {
+							bad.Period = time.Minute
+						}
+					}
 					if err := bad.Validate(); err != nil {
-						t.Skipf("variant invalid for %s: %v", a, err)
+						t.Skipf("variant invalid for %s: %v", name, err)
 					}
 					var legit, legitAlone, total, totalBase int64
 					check := func(s *Store, r Request, at time.Time) int64 {
@@ -178,4 +198,25 @@ func newStrictStore(t testing.TB) *Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestKeepStrictestBytes: MaxBytes counts each key's rate under
+// KeepStrictest, and a sweep gives it back with the key.
+func TestKeepStrictestBytes(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	s := newStrictStore(t)
+	req := Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: GCRA}
+	if _, err := s.CheckAt(req, t0); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Bytes(), entryBytes(len(appendStoreKey(nil, "n", "k")))+RateOverhead; got != want {
+		t.Fatalf("Bytes %d, want %d", got, want)
+	}
+	if n := s.Sweep(t0.Add(time.Hour)); n != 1 || s.Bytes() != 0 {
+		t.Fatalf("swept %d, Bytes %d after", n, s.Bytes())
+	}
+	sh := &s.shards[0]
+	if len(sh.rates) != 0 {
+		t.Fatalf("%d rates left after the sweep", len(sh.rates))
+	}
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -218,5 +219,51 @@ func TestKeepStrictestBytes(t *testing.T) {
 	sh := &s.shards[0]
 	if len(sh.rates) != 0 {
 		t.Fatalf("%d rates left after the sweep", len(sh.rates))
+	}
+}
+
+// TestKeepStrictestRandom sends random valid requests of every algorithm,
+// rate and calendar to a few keys of a KeepStrictest store, at times that
+// step forward and sometimes back: no decision fails or panics, none is
+// negative, and a denial has a RetryAfter.
+func TestKeepStrictestRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := newStrictStore(t)
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	periods := []time.Duration{time.Millisecond, time.Second, time.Minute, time.Hour, 24 * time.Hour}
+	limits := []int64{1, 3, 10, 1000, 1_000_000}
+	n := 20_000
+	if testing.Short() {
+		n = 2_000
+	}
+	for i := range n {
+		r := Request{Name: "n", Key: fmt.Sprint(rng.IntN(4)), Algorithm: Algorithms[rng.IntN(len(Algorithms))],
+			Limit: limits[rng.IntN(len(limits))], Period: periods[rng.IntN(len(periods))]}
+		if rng.IntN(3) == 0 && r.Algorithm.HasBurst() {
+			r.Burst = limits[rng.IntN(len(limits))]
+		}
+		if rng.IntN(8) == 0 {
+			r.Algorithm, r.Period, r.Calendar = FixedWindow, 0, Calendar(1+rng.IntN(int(numCalendars)-1))
+		}
+		r.Hits = rng.Int64N(min(r.Capacity(), 5) + 1)
+		if r.Validate() != nil {
+			continue
+		}
+		switch rng.IntN(10) {
+		case 0:
+			now = now.Add(-time.Duration(rng.Int64N(int64(time.Minute))))
+		default:
+			now = now.Add(time.Duration(rng.Int64N(int64(2 * time.Second))))
+		}
+		d, err := s.CheckAt(r, now)
+		if err != nil {
+			t.Fatalf("step %d: %+v: %v", i, r, err)
+		}
+		if d.Remaining < 0 || d.RetryAfter < 0 || d.Delay < 0 {
+			t.Fatalf("step %d: %+v: negative decision %+v", i, r, d)
+		}
+		if !d.Allowed && r.Hits > 0 && d.RetryAfter == 0 {
+			t.Fatalf("step %d: %+v: denied without RetryAfter: %+v", i, r, d)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -264,6 +265,52 @@ func TestKeepStrictestRandom(t *testing.T) {
 		}
 		if !d.Allowed && r.Hits > 0 && d.RetryAfter == 0 {
 			t.Fatalf("step %d: %+v: denied without RetryAfter: %+v", i, r, d)
+		}
+	}
+}
+
+// TestKeepStrictestAcrossMerge: a key spent on one KeepStrictest store and
+// moved to another by Snapshot and Merge carries its rate: a check at a
+// laxer rate on the receiving store finds it spent, for every algorithm
+// and every variant. A snapshot's rate is validated like a request's.
+func TestKeepStrictestAcrossMerge(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
+	now := t0.Add(time.Second)
+	for _, a := range Algorithms {
+		base := Request{Name: "n", Key: "k", Hits: 10, Limit: 10, Period: time.Minute, Algorithm: a}
+		for _, v := range rateVariants(base) {
+			t.Run(a.String()+"/"+v.name, func(t *testing.T) {
+				bad := base
+				v.set(&bad)
+				bad.Hits = 1
+				if bad.Validate() != nil {
+					t.Skip("invalid variant")
+				}
+				from, to := newStrictStore(t), newStrictStore(t)
+				if d, err := from.CheckAt(base, t0); err != nil || !d.Allowed {
+					t.Fatalf("spending: %+v %v", d, err)
+				}
+				sn := snapOf(t, from, base, now)
+				if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
+					t.Fatalf("snapshot rate %d per %v", sn.RateLimit, sn.RatePeriod)
+				}
+				mustMerge(t, to, []Snapshot{sn}, now)
+				if d, err := to.CheckAt(bad, now); err != nil || d.Allowed {
+					t.Fatalf("after the move, a check at %s admitted: %+v %v", v.name, d, err)
+				}
+				own := base
+				own.Hits = 1
+				if d, err := to.CheckAt(own, now); err != nil || d.Allowed {
+					t.Fatalf("after the move and %s, a check at the key's rate admitted: %+v %v", v.name, d, err)
+				}
+			})
+		}
+	}
+	sn := Snapshot{Name: "n", Key: "k", Algorithm: GCRA, ExpireAt: now.UnixNano() + 1, Words: [3]int64{now.UnixNano() + 1, 1}}
+	for _, bad := range []struct{ limit, burst int64 }{{-1, 1}, {10, 0}, {10, 2 * MaxLimit}, {MaxLimit + 1, 1}} {
+		sn.RateLimit, sn.RateBurst, sn.RatePeriod = bad.limit, bad.burst, time.Minute
+		if err := sn.Validate(); !errors.Is(err, ErrInvalidSnapshot) {
+			t.Errorf("rate %+v: %v, want ErrInvalidSnapshot", bad, err)
 		}
 	}
 }

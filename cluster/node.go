@@ -204,7 +204,9 @@ func New(cfg Config) (n *Node, err error) {
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
-	if n.lis, err = cfg.ServerLimits.Listen("tcp", cfg.GRPCAddr); err != nil {
+	// The budget's own listener: at the cap, a connection with no call
+	// open gives its slot to a new one.
+	if n.lis, err = n.budget.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
 	sopts := n.budget.ServerOptions()

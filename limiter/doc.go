@@ -118,8 +118,11 @@
 // is fresh (or after a Reset). A request for more Hits than the
 // strictest capacity is denied, consuming nothing, with RetryAfter until
 // the key is fresh, when its own rate takes effect. The decision's Limit
-// is the strictest rate's. A state received by [Store.Merge] carries no
-// rate; the first decision after it charges at its own request's.
+// is the strictest rate's. A [Snapshot] carries the key's rate
+// (RateLimit, RateBurst, RatePeriod; not a calendar window's), and
+// [Store.Merge] keeps the strictest of it and the receiving key's; a
+// state received without one is charged at the rate of the first
+// decision after it, bounded as received states are.
 //
 // After a Period or Calendar change, the count of a fixed window that is not
 // over counts in the current window. The sliding window counter places each

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // The state format: how a Snapshot crosses a process, to another node or to
@@ -22,6 +23,8 @@ import (
 //	uvarint  length of Name, then Name's bytes
 //	uvarint  length of Key, then Key's bytes
 //	varint   ExpireAt (Unix ns)
+//	uvarint  RateLimit, uvarint RateBurst, varint RatePeriod (ns): the
+//	         rate the state was last charged under, all 0 when unknown
 //	then per algorithm:
 //	  buckets:  8 bytes level (IEEE 754 float64, little endian), varint levelTime
 //	  fixed:    varint windowStart, uvarint windowHits
@@ -62,7 +65,7 @@ var (
 
 // MaxEncodedState bounds the length of one encoded state: a log of
 // MaxSnapshotLog entries with the longest name and key.
-const MaxEncodedState = 64 + MaxNameLen + MaxKeyLen + MaxSnapshotLog*2*binary.MaxVarintLen64
+const MaxEncodedState = 64 + 3*binary.MaxVarintLen64 + MaxNameLen + MaxKeyLen + MaxSnapshotLog*2*binary.MaxVarintLen64
 
 // AppendBinary appends s in the state format, version StateFormatVersion,
 // to b. s must be valid (Validate); an invalid one is an error.
@@ -77,6 +80,9 @@ func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(len(s.Key)))
 	b = append(b, s.Key...)
 	b = binary.AppendVarint(b, s.ExpireAt)
+	b = binary.AppendUvarint(b, uint64(s.RateLimit))
+	b = binary.AppendUvarint(b, uint64(s.RateBurst))
+	b = binary.AppendVarint(b, int64(s.RatePeriod))
 	st := snapshotState(s)
 	switch s.Algorithm {
 	case TokenBucket, LeakyBucket:
@@ -134,6 +140,9 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 	out.Name = d.text("name", MaxNameLen)
 	out.Key = d.text("key", MaxKeyLen)
 	out.ExpireAt = d.varint("expiry")
+	out.RateLimit = d.count("rate limit")
+	out.RateBurst = d.count("rate burst")
+	out.RatePeriod = time.Duration(d.varint("rate period"))
 	st := freshState(out.Algorithm)
 	switch out.Algorithm {
 	case TokenBucket, LeakyBucket:

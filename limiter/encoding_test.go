@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestStateFormatRoundTrip: every state a store exports, of every
@@ -50,7 +51,44 @@ func sameSnapshot(a, b Snapshot) bool {
 			return false
 		}
 	}
-	return a.Name == b.Name && a.Key == b.Key && a.Algorithm == b.Algorithm && a.ExpireAt == b.ExpireAt && a.Words == b.Words
+	return a.Name == b.Name && a.Key == b.Key && a.Algorithm == b.Algorithm && a.ExpireAt == b.ExpireAt && a.Words == b.Words &&
+		a.RateLimit == b.RateLimit && a.RateBurst == b.RateBurst && a.RatePeriod == b.RatePeriod
+}
+
+// TestStateFormatKeepsRate: the rate a KeepStrictest store charged a key
+// under travels with its state, so that a node restoring it from disk
+// decides the key at no laxer rate.
+func TestStateFormatKeepsRate(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		s := newStrictStore(t)
+		req := Request{Name: "n", Key: "k", Hits: 3, Limit: 10, Period: time.Minute, Algorithm: a}
+		if _, err := s.CheckAt(req, t0); err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		s.Range(t0, func(sn Snapshot) bool {
+			seen++
+			if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
+				t.Fatalf("%s: snapshot rate %d/%s, want 10/1m", a, sn.RateLimit, sn.RatePeriod)
+			}
+			b, err := sn.MarshalBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got Snapshot
+			if err := got.UnmarshalBinary(b); err != nil {
+				t.Fatal(err)
+			}
+			if !sameSnapshot(got, sn) {
+				t.Fatalf("%s: decoded %+v, want %+v", a, got, sn)
+			}
+			return true
+		})
+		if seen != 1 {
+			t.Fatalf("%s: %d snapshots, want 1", a, seen)
+		}
+	}
 }
 
 // TestStateFormatRefuses: each damaged or foreign encoding is refused with

@@ -23,6 +23,13 @@ type Snapshot struct {
 	// Log holds the sliding window log's entries, oldest first; empty for
 	// the other algorithms.
 	Log []LogEntry
+	// RateLimit, RateBurst and RatePeriod are the rate the state was
+	// last charged under, as a store with StoreConfig.KeepStrictest keeps
+	// it (RateBurst the effective burst), so that a receiving store with
+	// KeepStrictest decides the key at no laxer rate. RateLimit 0: unknown
+	// (another store, or a calendar window's rate).
+	RateLimit, RateBurst int64
+	RatePeriod           time.Duration
 }
 
 // LogEntry is Hits admitted at one instant (Unix ns) of a sliding window log.
@@ -106,13 +113,41 @@ func (s *Snapshot) Validate() error {
 			}
 		}
 	}
+	return s.validateRate()
+}
+
+// validateRate checks the rate s carries, if any: one a valid request of
+// s's algorithm could have.
+func (s *Snapshot) validateRate() error {
+	if s.RateLimit == 0 && s.RateBurst == 0 && s.RatePeriod == 0 {
+		return nil
+	}
+	r := s.rateRequest()
+	if r.burst() != s.RateBurst {
+		return fmt.Errorf("%w: rate burst %d, want %d for %s with limit %d", ErrInvalidSnapshot, s.RateBurst, r.burst(), s.Algorithm, s.RateLimit)
+	}
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("%w: rate: %w", ErrInvalidSnapshot, err)
+	}
 	return nil
+}
+
+// rateRequest is a peek of s's key at the rate s carries.
+func (s *Snapshot) rateRequest() Request {
+	r := Request{Name: s.Name, Key: s.Key, Algorithm: s.Algorithm, Limit: s.RateLimit, Period: s.RatePeriod}
+	if s.Algorithm.HasBurst() {
+		r.Burst = s.RateBurst
+	}
+	return r
 }
 
 // snapshotLocked exports e; its shard's lock must be held.
 func (sh *shard) snapshotLocked(e *entry) Snapshot {
 	name, key := splitStoreKey(e.key)
 	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords()}
+	if c := sh.rates[e]; c.known() && c.period > 0 {
+		s.RateLimit, s.RateBurst, s.RatePeriod = c.limit, c.burst, time.Duration(c.period)
+	}
 	if s.Algorithm == SlidingWindowLog {
 		s.Words = [3]int64{}
 		if lg := sh.logs[e.key]; lg != nil {
@@ -282,6 +317,7 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	e, ok := sh.m[string(k)]
 	if !ok {
 		e = s.insertLocked(sh, string(k), snapshotState(sn), snapshotLog(sn), now)
+		sh.takeRateLocked(e, sn, now)
 		s.markChangedLocked(sh, e)
 		return true
 	}
@@ -291,6 +327,7 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	}
 	before := logBytes(lg)
 	if e.expireAt > now && e.algo() == sn.Algorithm {
+		sh.takeRateLocked(e, sn, now)
 		if !mergeInto(&e.state, lg, sn, now) {
 			sh.touchLocked(e)
 			return false
@@ -305,7 +342,8 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	} else {
 		wasChanged := e.isChanged()
 		e.state = snapshotState(sn)
-		delete(sh.rates, e) // unknown: the next decision charges its own
+		delete(sh.rates, e) // unknown unless sn carries it
+		sh.takeRateLocked(e, sn, now)
 		if wasChanged {
 			e.setChanged()
 		}
@@ -337,6 +375,21 @@ func drainRate(st *state) float64 {
 		return st.level() / float64(d)
 	}
 	return 0
+}
+
+// takeRateLocked records, under KeepStrictest, the rate sn carries as
+// the one e's state was charged under: the strictest of it and the rate
+// e has (see strictest), which reads neither state as counting less. A
+// snapshot without a rate changes nothing. sh.mu must be held.
+func (sh *shard) takeRateLocked(e *entry, sn *Snapshot, now int64) {
+	if sh.rates == nil || sn.RateLimit == 0 {
+		return
+	}
+	r := sn.rateRequest()
+	if c := sh.rates[e]; c.known() {
+		r = strictest(c, e.algo(), &r, now)
+	}
+	sh.rates[e] = chargedOf(&r)
 }
 
 // mergeInto merges sn into st, both live at now and of sn's algorithm, and

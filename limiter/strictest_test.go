@@ -1,7 +1,9 @@
 package limiter
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -56,18 +58,38 @@ func rateVariants(base Request) []rateVariant {
 func TestKeepStrictestSurvey(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
 	const steps, step = 40, 100 * time.Millisecond
+	var bases []Request
 	for _, a := range Algorithms {
-		base := Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: a}
+		bases = append(bases, Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: a})
+	}
+	// Calendar windows: every variant that changes the Period or the
+	// Algorithm leaves them.
+	bases = append(bases, Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Algorithm: FixedWindow, Calendar: Minute})
+	for _, base := range bases {
+		a := base.Algorithm
+		if base.Calendar != NoCalendar {
+			a = 0 // named below by its calendar
+		}
 		for _, v := range rateVariants(base) {
 			for _, order := range []string{"spent_first", "claimed_first", "round_trip"} {
-				t.Run(fmt.Sprintf("%s/%s/%s", a, v.name, order), func(t *testing.T) {
+				name := base.Algorithm.String()
+				if a == 0 {
+					name = "calendar_" + base.Calendar.String()
+				}
+				t.Run(fmt.Sprintf("%s/%s/%s", name, v.name, order), func(t *testing.T) {
 					attacked := newStrictStore(t)
 					alone := newStrictStore(t)  // the rightful caller alone
 					asBase := newStrictStore(t) // every check at the base rate
 					bad := base
 					v.set(&bad)
+					if bad.Calendar != NoCalendar && (bad.Period != 0 || bad.Algorithm != FixedWindow) {
+						bad.Calendar = NoCalendar
+						if bad.Period == 0 {
+							bad.Period = time.Minute
+						}
+					}
 					if err := bad.Validate(); err != nil {
-						t.Skipf("variant invalid for %s: %v", a, err)
+						t.Skipf("variant invalid for %s: %v", name, err)
 					}
 					var legit, legitAlone, total, totalBase int64
 					check := func(s *Store, r Request, at time.Time) int64 {
@@ -178,4 +200,117 @@ func newStrictStore(t testing.TB) *Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestKeepStrictestBytes: MaxBytes counts each key's rate under
+// KeepStrictest, and a sweep gives it back with the key.
+func TestKeepStrictestBytes(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	s := newStrictStore(t)
+	req := Request{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Minute, Algorithm: GCRA}
+	if _, err := s.CheckAt(req, t0); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Bytes(), entryBytes(len(appendStoreKey(nil, "n", "k")))+RateOverhead; got != want {
+		t.Fatalf("Bytes %d, want %d", got, want)
+	}
+	if n := s.Sweep(t0.Add(time.Hour)); n != 1 || s.Bytes() != 0 {
+		t.Fatalf("swept %d, Bytes %d after", n, s.Bytes())
+	}
+	sh := &s.shards[0]
+	if len(sh.rates) != 0 {
+		t.Fatalf("%d rates left after the sweep", len(sh.rates))
+	}
+}
+
+// TestKeepStrictestRandom sends random valid requests of every algorithm,
+// rate and calendar to a few keys of a KeepStrictest store, at times that
+// step forward and sometimes back: no decision fails or panics, none is
+// negative, and a denial has a RetryAfter.
+func TestKeepStrictestRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := newStrictStore(t)
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	periods := []time.Duration{time.Millisecond, time.Second, time.Minute, time.Hour, 24 * time.Hour}
+	limits := []int64{1, 3, 10, 1000, 1_000_000}
+	n := 20_000
+	if testing.Short() {
+		n = 2_000
+	}
+	for i := range n {
+		r := Request{Name: "n", Key: fmt.Sprint(rng.IntN(4)), Algorithm: Algorithms[rng.IntN(len(Algorithms))],
+			Limit: limits[rng.IntN(len(limits))], Period: periods[rng.IntN(len(periods))]}
+		if rng.IntN(3) == 0 && r.Algorithm.HasBurst() {
+			r.Burst = limits[rng.IntN(len(limits))]
+		}
+		if rng.IntN(8) == 0 {
+			r.Algorithm, r.Period, r.Calendar = FixedWindow, 0, Calendar(1+rng.IntN(int(numCalendars)-1))
+		}
+		r.Hits = rng.Int64N(min(r.Capacity(), 5) + 1)
+		if r.Validate() != nil {
+			continue
+		}
+		switch rng.IntN(10) {
+		case 0:
+			now = now.Add(-time.Duration(rng.Int64N(int64(time.Minute))))
+		default:
+			now = now.Add(time.Duration(rng.Int64N(int64(2 * time.Second))))
+		}
+		d, err := s.CheckAt(r, now)
+		if err != nil {
+			t.Fatalf("step %d: %+v: %v", i, r, err)
+		}
+		if d.Remaining < 0 || d.RetryAfter < 0 || d.Delay < 0 {
+			t.Fatalf("step %d: %+v: negative decision %+v", i, r, d)
+		}
+		if !d.Allowed && r.Hits > 0 && d.RetryAfter == 0 {
+			t.Fatalf("step %d: %+v: denied without RetryAfter: %+v", i, r, d)
+		}
+	}
+}
+
+// TestKeepStrictestAcrossMerge: a key spent on one KeepStrictest store and
+// moved to another by Snapshot and Merge carries its rate: a check at a
+// laxer rate on the receiving store finds it spent, for every algorithm
+// and every variant. A snapshot's rate is validated like a request's.
+func TestKeepStrictestAcrossMerge(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
+	now := t0.Add(time.Second)
+	for _, a := range Algorithms {
+		base := Request{Name: "n", Key: "k", Hits: 10, Limit: 10, Period: time.Minute, Algorithm: a}
+		for _, v := range rateVariants(base) {
+			t.Run(a.String()+"/"+v.name, func(t *testing.T) {
+				bad := base
+				v.set(&bad)
+				bad.Hits = 1
+				if bad.Validate() != nil {
+					t.Skip("invalid variant")
+				}
+				from, to := newStrictStore(t), newStrictStore(t)
+				if d, err := from.CheckAt(base, t0); err != nil || !d.Allowed {
+					t.Fatalf("spending: %+v %v", d, err)
+				}
+				sn := snapOf(t, from, base, now)
+				if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
+					t.Fatalf("snapshot rate %d per %v", sn.RateLimit, sn.RatePeriod)
+				}
+				mustMerge(t, to, []Snapshot{sn}, now)
+				if d, err := to.CheckAt(bad, now); err != nil || d.Allowed {
+					t.Fatalf("after the move, a check at %s admitted: %+v %v", v.name, d, err)
+				}
+				own := base
+				own.Hits = 1
+				if d, err := to.CheckAt(own, now); err != nil || d.Allowed {
+					t.Fatalf("after the move and %s, a check at the key's rate admitted: %+v %v", v.name, d, err)
+				}
+			})
+		}
+	}
+	sn := Snapshot{Name: "n", Key: "k", Algorithm: GCRA, ExpireAt: now.UnixNano() + 1, Words: [3]int64{now.UnixNano() + 1, 1}}
+	for _, bad := range []struct{ limit, burst int64 }{{-1, 1}, {10, 0}, {10, 2 * MaxLimit}, {MaxLimit + 1, 1}} {
+		sn.RateLimit, sn.RateBurst, sn.RatePeriod = bad.limit, bad.burst, time.Minute
+		if err := sn.Validate(); !errors.Is(err, ErrInvalidSnapshot) {
+			t.Errorf("rate %+v: %v, want ErrInvalidSnapshot", bad, err)
+		}
+	}
 }

@@ -37,6 +37,25 @@ type Enforcer struct {
 	MaxWait time.Duration
 	// After replaces time.After in Wait; nil uses a real timer.
 	After func(time.Duration) <-chan time.Time
+	// Now is the clock that tells a refund of a window limit (fixed
+	// window, sliding window counter) whether the window that charged
+	// the hits is still the current one; nil uses time.Now.
+	Now func() time.Time
+	// ClockSkew is the most the clocks of the nodes that own the keys
+	// may differ from Now. A window limit's hits are given back only when
+	// one window, as Now reads it, holds the instants from ClockSkew
+	// before the consume to ClockSkew after the refund; otherwise they
+	// stay counted, so that a refund never lands in a later window than
+	// the one that charged them (and gives a hit there that was never
+	// taken).
+	ClockSkew time.Duration
+}
+
+func (e *Enforcer) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
 }
 
 // Verdict is the outcome of Enforce.
@@ -58,9 +77,15 @@ type Verdict struct {
 	// request got in first, or the wait was abandoned.
 	Refunded bool
 	// Err is set when the limiter failed for some limit; Allowed is then
-	// false and nothing stays consumed (unless giving it back failed too).
-	// The caller chooses to let the request through or not.
+	// false and nothing stays consumed (unless giving it back failed too,
+	// or the window a hit went into ended before the refund: see
+	// Enforcer.ClockSkew). The caller chooses to let the request through
+	// or not.
 	Err error
+
+	// charged is when the hits were consumed, as Enforcer.Now read it
+	// just before.
+	charged time.Time
 }
 
 // Limit is one rule's part in a verdict.
@@ -122,6 +147,7 @@ func (e *Enforcer) Enforce(ctx context.Context, set *Set, d *Descriptor, hits in
 	for i := range v.Limits {
 		reqs[i] = v.Limits[i].Request
 	}
+	v.charged = e.now()
 	if !e.decide(ctx, v, reqs, true) {
 		e.refund(ctx, v, false)
 		return v
@@ -239,12 +265,15 @@ func (e *Enforcer) Wait(ctx context.Context, v *Verdict) error {
 
 // refund gives back the hits of the consumed limits of v (only of those
 // that rejected, with rejectedOnly), even when ctx is already cancelled,
-// and records the decisions after the refund.
+// and records the decisions after the refund. The hits of a window limit
+// whose window may have ended since the consume stay counted (see
+// ClockSkew).
 func (e *Enforcer) refund(ctx context.Context, v *Verdict, rejectedOnly bool) {
 	var idx []int
 	var reqs []limiter.Request
+	now := e.now()
 	for i := range v.Limits {
-		if l := &v.Limits[i]; l.Consumed && (l.Rejected || !rejectedOnly) {
+		if l := &v.Limits[i]; l.Consumed && (l.Rejected || !rejectedOnly) && e.sameWindow(&l.Request, v.charged, now) {
 			r := l.Request
 			r.Behavior |= limiter.Refund
 			idx = append(idx, i)
@@ -270,4 +299,17 @@ func (e *Enforcer) refund(ctx context.Context, v *Verdict, rejectedOnly bool) {
 		l.Decision = res[j].Decision
 		l.Decision.RetryAfter = retry
 	}
+}
+
+// sameWindow reports whether a refund of req's hits at now, consumed at
+// charged, gives them back to the window that counted them: always for
+// the algorithms without windows; for the windows, when one window holds
+// [charged-ClockSkew, now+ClockSkew].
+func (e *Enforcer) sameWindow(req *limiter.Request, charged, now time.Time) bool {
+	if req.Algorithm != limiter.FixedWindow && req.Algorithm != limiter.SlidingWindowCounter {
+		return true
+	}
+	start, end := req.Window(charged.Add(-e.ClockSkew))
+	last := now.Add(e.ClockSkew)
+	return !last.Before(start) && last.Before(end)
 }

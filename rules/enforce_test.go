@@ -206,16 +206,25 @@ type racer struct {
 	mu    sync.Mutex
 	calls int
 	race  func()
+	// raceAll runs race before every call, not only the second.
+	raceAll bool
+	// afterConsume runs when the second call (the consume) returns.
+	afterConsume func()
 }
 
 func (r *racer) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
 	r.mu.Lock()
 	r.calls++
-	if r.calls == 2 && r.race != nil {
+	calls := r.calls
+	if r.race != nil && (calls == 2 || r.raceAll) {
 		r.race()
 	}
 	r.mu.Unlock()
-	return r.Node.CheckMany(ctx, reqs, opts...)
+	res := r.Node.CheckMany(ctx, reqs, opts...)
+	if calls == 2 && r.afterConsume != nil {
+		r.afterConsume()
+	}
+	return res
 }
 
 // A concurrent request takes the last hit of one limit between the peek
@@ -379,5 +388,85 @@ func TestEnforceRefundAcrossNodes(t *testing.T) {
 	}
 	if got := remaining(t, entry, s, wideName, d); got != 10 {
 		t.Fatalf("%s remaining %d after the refund, want 10", wideName, got)
+	}
+}
+
+// A refund never lands in another window than the one that charged the
+// hits: the request is rejected by one limit (a concurrent request took
+// its last hit between the peek and the consume), and before the refund
+// of the other, a window of 10 a minute, the clock crosses into the next
+// minute and another request takes a hit there: after the consume
+// returns, or while the refund is on its way, within Enforcer.ClockSkew.
+// The refund is not made: the hit it would give back went into the
+// window that ended, and the new window's count is the other request's.
+func TestEnforceRefundStaysInItsWindow(t *testing.T) {
+	cases := []struct {
+		name     string
+		start    time.Duration // into the minute
+		skew     time.Duration
+		advance  time.Duration
+		inFlight bool // the clock crosses during the refund call
+	}{
+		{"crossed before the refund", 40 * time.Second, 0, 30 * time.Second, false},
+		{"crossed in flight, within the skew", 59*time.Second + 500*time.Millisecond, time.Second, 600 * time.Millisecond, true},
+	}
+	for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		for _, c := range cases {
+			t.Run(a.String()+"/"+c.name, func(t *testing.T) {
+				clk := fakeclock.New(time.Unix(1_699_999_980, 0).Add(c.start)) // a minute boundary + start
+				n := newNode(t, clk)
+				s, err := NewSet(
+					Rule{Name: "wide", Algorithm: a, Limit: 10, Period: time.Minute},
+					Rule{Name: "narrow", Algorithm: limiter.TokenBucket, Limit: 1, Period: time.Hour},
+				)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d := &Descriptor{}
+				narrow, _ := s.Rule("narrow")
+				wide, _ := s.Rule("wide")
+				takeNarrow, _ := narrow.Request(d, 1)
+				takeWide, _ := wide.Request(d, 1)
+				cross := func() {
+					clk.Advance(c.advance)
+					if dec, err := n.Check(context.Background(), takeWide); err != nil || !dec.Allowed {
+						t.Errorf("the request of the next window: %+v, %v", dec, err)
+					}
+				}
+				rc := &racer{Node: n, raceAll: true}
+				rc.race = func() {
+					switch {
+					case rc.calls == 2: // between the peek and the consume
+						if dec, err := n.Check(context.Background(), takeNarrow); err != nil || !dec.Allowed {
+							t.Errorf("the racing request: %+v, %v", dec, err)
+						}
+					case rc.calls == 3 && c.inFlight:
+						cross()
+					}
+				}
+				if !c.inFlight {
+					rc.afterConsume = cross
+				}
+				e := &Enforcer{Limiter: rc, Now: clk.Now, ClockSkew: c.skew}
+				v := e.Enforce(context.Background(), s, d, 1)
+				if v.Allowed || v.Err != nil {
+					t.Fatalf("verdict %+v", v)
+				}
+				if c.inFlight && rc.calls < 3 {
+					cross() // no refund was sent to race with
+				}
+				// In the new window: the other request's hit, and for
+				// the sliding window counter the previous window's hit
+				// weighted by what is left of that window.
+				elapsed := (c.start + c.advance) % time.Minute
+				want := int64(9)
+				if a == limiter.SlidingWindowCounter && elapsed < time.Minute {
+					want = 8 // 10 - 1 - 1*(60s-elapsed)/60s, rounded up
+				}
+				if got := remaining(t, n, s, "wide", d); got != want {
+					t.Fatalf("wide remaining %d in the next window, want %d", got, want)
+				}
+			})
+		}
 	}
 }

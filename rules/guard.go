@@ -121,6 +121,7 @@ func NewGuard(lim sluice.Limiter, src Provider, cfg GuardConfig) (*Guard, error)
 	if g.now == nil {
 		g.now = time.Now
 	}
+	g.enf.Now = g.now
 	if g.logger == nil {
 		g.logger = slog.New(slog.DiscardHandler)
 	}

@@ -70,9 +70,12 @@ type MessageBudget struct {
 	// room; nil when none waits.
 	freed chan struct{}
 
-	refused  atomic.Int64
-	timedOut atomic.Int64
-	waiting  atomic.Int64
+	refused   atomic.Int64
+	timedOut  atomic.Int64
+	waiting   atomic.Int64
+	reclaimed atomic.Int64
+
+	connSlots // of the listener of Listen
 
 	// peers, when set, is checked for Peer calls as they open
 	// (AuthorizePeers).
@@ -105,6 +108,9 @@ type MessageBudgetStats struct {
 	// TimedOut counts calls cancelled because their first message was
 	// not all in within ServerLimits.MessageTimeout.
 	TimedOut int64
+	// Reclaimed counts connections of Listen's listener closed with no
+	// call open, at the cap, to give their slots to new ones.
+	Reclaimed int64
 }
 
 // NewMessageBudget returns an empty budget of l's MessageBytes. It fails
@@ -119,7 +125,7 @@ func NewMessageBudget(l ServerLimits) (*MessageBudget, error) {
 func newMessageBudget(l ServerLimits) *MessageBudget {
 	return &MessageBudget{limits: l, afterFunc: func(d time.Duration, f func()) func() bool {
 		return time.AfterFunc(d, f).Stop
-	}}
+	}, connSlots: connSlots{conns: make(map[string]*slotConn)}}
 }
 
 // ServerOptions returns the options a grpc.Server serving sluice should
@@ -134,12 +140,14 @@ func (b *MessageBudget) Stats() MessageBudgetStats {
 	b.mu.Lock()
 	used := b.used
 	b.mu.Unlock()
-	return MessageBudgetStats{Reserved: used, Waiting: b.waiting.Load(), Refused: b.refused.Load(), TimedOut: b.timedOut.Load()}
+	return MessageBudgetStats{Reserved: used, Waiting: b.waiting.Load(), Refused: b.refused.Load(), TimedOut: b.timedOut.Load(),
+		Reclaimed: b.reclaimed.Load()}
 }
 
 // budgetConn is the share of one connection.
 type budgetConn struct {
-	used int64 // guarded by MessageBudget.mu
+	used int64     // guarded by MessageBudget.mu
+	slot *slotConn // its slot of Listen's cap; nil for another listener's
 }
 
 // budgetCall is the reservation of one call.
@@ -250,9 +258,13 @@ func (c *budgetCall) begin(ctx context.Context) {
 	}
 }
 
-// TagConn gives each connection its share.
-func (b *MessageBudget) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, budgetConnKey{}, &budgetConn{})
+// TagConn gives each connection its share, and finds its slot.
+func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	c := &budgetConn{}
+	if info != nil {
+		c.slot = b.slotOf(info.LocalAddr, info.RemoteAddr)
+	}
+	return context.WithValue(ctx, budgetConnKey{}, c)
 }
 
 // HandleConn does nothing: a connection's calls end before it does.
@@ -261,8 +273,17 @@ func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 // TagRPC keeps ctx.
 func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
-// HandleRPC follows the messages of a call that tap reserved for.
+// HandleRPC counts the calls open on each connection, for Listen's cap,
+// and follows the messages of a call that tap reserved for.
 func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn); conn != nil && conn.slot != nil {
+		switch s.(type) {
+		case *stats.Begin:
+			b.callBegan(conn.slot)
+		case *stats.End:
+			b.callEnded(conn.slot)
+		}
+	}
 	c, _ := ctx.Value(budgetCallKey{}).(*budgetCall)
 	if c == nil {
 		return

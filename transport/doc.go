@@ -51,7 +51,10 @@
 // naming the field and the count: the registered services decode through
 // a wrapper, because grpc-go turns any error of a server's codec into
 // Internal. [ServerLimits] bounds connections: how many are open
-// ([ServerLimits.Listen] closes the rest at once), how long a handshake
+// ([ServerLimits.Listen] closes the rest at once; [MessageBudget.Listen]
+// gives the slot of the connection idle longest, with no call open, to
+// the new one, so that connections that open no call hold the cap only
+// until the next one arrives), how long a handshake
 // and an idle connection last, how often clients may ping (peers ping as
 // [PeerKeepalive] says), and how many calls one connection holds open;
 // its [MessageBudget] bounds the bytes of the messages on their way, all

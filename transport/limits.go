@@ -19,8 +19,10 @@ type ServerLimits struct {
 	// MaxConnections is the most connections open at once. A connection
 	// accepted beyond it is closed at once, with a TCP reset, before
 	// anything is read from it; gRPC clients retry with backoff. Counted
-	// by the listener that Listen returns. Default 4096 (about 300 MB of
-	// idle connections).
+	// by the listener that Listen returns. The listener of
+	// MessageBudget.Listen closes instead the connection idle longest
+	// with no call open, if there is one, and serves the new one.
+	// Default 4096 (about 300 MB of idle connections).
 	MaxConnections int
 	// HandshakeTimeout bounds the time from accepting a connection to
 	// having read the client's HTTP/2 preface and first SETTINGS frame

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,13 @@ func serveBudget(t *testing.T, b *MessageBudget, register func(s *grpc.Server), 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, lis, b, register, extra...)
+}
+
+// serveOn serves on lis with b's options and extra, until the test ends,
+// and returns lis's address.
+func serveOn(t *testing.T, lis net.Listener, b *MessageBudget, register func(s *grpc.Server), extra ...grpc.ServerOption) string {
+	t.Helper()
 	s := grpc.NewServer(append(b.ServerOptions(), extra...)...)
 	register(s)
 	served := make(chan error, 1)

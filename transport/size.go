@@ -76,7 +76,7 @@ func TransferSplit(states []limiter.Snapshot) int {
 // length and KeyState).
 func stateSize(s *limiter.Snapshot) int {
 	n := 1 + protowire.SizeBytes(len(s.Name)) + 1 + protowire.SizeBytes(len(s.Key)) +
-		2*varintField + // algorithm, expire_at_unix_nano
+		5*varintField + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
 		len(s.Log)*maxLogEntry +
 		stateFieldSize(s)

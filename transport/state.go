@@ -114,6 +114,9 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 		Algorithm:        algorithmToProto(s.Algorithm),
 		ExpireAtUnixNano: s.ExpireAt,
 		Words:            []int64{s.Words[0], s.Words[1], s.Words[2]},
+		RateLimit:        s.RateLimit,
+		RateBurst:        s.RateBurst,
+		RatePeriodNanos:  int64(s.RatePeriod),
 	}
 	if len(s.Log) > 0 {
 		m.Log = make([]*pb.LogEntry, len(s.Log))
@@ -167,6 +170,10 @@ func snapshotFromWords(m *pb.KeyState) (limiter.Snapshot, error) {
 		Algorithm: a,
 		ExpireAt:  m.ExpireAtUnixNano,
 		Words:     [3]int64{m.Words[0], m.Words[1], m.Words[2]},
+		RateLimit: m.RateLimit,
+		RateBurst: m.RateBurst,
+		// Validate refuses a period outside a request's bounds.
+		RatePeriod: time.Duration(m.RatePeriodNanos),
 	}
 	if len(m.Log) > 0 {
 		s.Log = make([]limiter.LogEntry, len(m.Log))

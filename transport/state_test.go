@@ -15,7 +15,7 @@ import (
 // liveSnapshots returns a snapshot of every algorithm, taken from a store.
 func liveSnapshots(tb testing.TB) []limiter.Snapshot {
 	tb.Helper()
-	s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+	s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1, KeepStrictest: true}) // rates too
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -41,6 +41,9 @@ func liveSnapshots(tb testing.TB) []limiter.Snapshot {
 
 func TestSnapshotProtoRoundTrip(t *testing.T) {
 	for _, sn := range liveSnapshots(t) {
+		if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
+			t.Fatalf("%s: snapshot rate %d per %v, want the store's 10 per 1m", sn.Algorithm, sn.RateLimit, sn.RatePeriod)
+		}
 		b, err := proto.Marshal(SnapshotToProto(&sn))
 		if err != nil {
 			t.Fatal(err)
@@ -117,6 +120,9 @@ func TestSnapshotFromProtoRejects(t *testing.T) {
 		{"negative count", func(m *pb.KeyState) {
 			m.Algorithm, m.Words = pb.Algorithm_ALGORITHM_FIXED_WINDOW, []int64{1, -5, 0}
 		}, limiter.ErrInvalidSnapshot},
+		{"rate without a period", func(m *pb.KeyState) { m.RatePeriodNanos = 0 }, limiter.ErrInvalidSnapshot},
+		{"negative rate", func(m *pb.KeyState) { m.RateLimit = -1 }, limiter.ErrInvalidSnapshot},
+		{"rate above MaxLimit", func(m *pb.KeyState) { m.RateLimit, m.RateBurst = 2*limiter.MaxLimit, 2*limiter.MaxLimit }, limiter.ErrInvalidSnapshot},
 	}
 	for _, tt := range tests {
 		m := proto.Clone(good).(*pb.KeyState)
@@ -170,7 +176,7 @@ func FuzzSnapshotFromProto(f *testing.F) {
 		if err != nil {
 			return
 		}
-		s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+		s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1, KeepStrictest: true}) // rates too
 		if err != nil {
 			t.Fatal(err)
 		}

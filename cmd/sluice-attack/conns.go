@@ -108,6 +108,13 @@ func (h *held) closedAfter(d time.Duration) {
 // counts the connections the other side closed meanwhile.
 func holdConns(ctx context.Context, c *config, addr string, total int, opening []byte, drip func(int) byte, dripEvery time.Duration) *held {
 	h := &held{hold: c.duration}
+	h.holdConns(ctx, c, addr, total, opening, drip, dripEvery)
+	return h
+}
+
+// holdConns is holdConns counting in h, which the caller may read as the
+// connections open.
+func (h *held) holdConns(ctx context.Context, c *config, addr string, total int, opening []byte, drip func(int) byte, dripEvery time.Duration) {
 	end := c.hostile()
 	swarm(c.attackers, func(i int) {
 		var conns []*heldConn
@@ -154,7 +161,6 @@ func holdConns(ctx context.Context, c *config, addr string, total int, opening [
 		}
 		readers.Wait()
 	})
-	return h
 }
 
 // heldConn is a connection an attacker holds.

@@ -26,7 +26,7 @@ func TestRunScaledDown(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot build the daemon: %v", err)
 	}
-	selected := []string{"reset", "lower-count", "idle-connections", "public-flood", "yaml-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality", "rogue-member", "rogue-member-mtls"}
+	selected := []string{"reset", "lower-count", "lower-by-rate", "idle-connections", "idle-connection-cap", "public-flood", "yaml-alias-bomb", "spoofed-forwarded", "grpc-partial-message", "http-partial-body", "metric-cardinality", "rogue-member", "rogue-member-mtls"}
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-sluice", bin, "-attacks", strings.Join(selected, ","),
 		"-scale", "0.005", "-duration", "500ms", "-attackers", "4"}, &stdout, &stderr)
@@ -41,7 +41,9 @@ func TestRunScaledDown(t *testing.T) {
 	}{
 		{"reset", []string{"canary remaining", " MB |", ", worst "}},
 		{"lower-count", []string{"canaries still spent: 12 of 12", " MB |", ", worst "}},
+		{"lower-by-rate", []string{"canaries still spent: 6 of 6", "lax rate: denied", " MB |", ", worst "}},
 		{"idle-connections", []string{"connections opened", " MB |"}},
+		{"idle-connection-cap", []string{"connections opened", "New clients: ", " MB |", ", worst "}},
 		{"public-flood", []string{"connections opened", "through its peer_addr", " MB |", ", worst "}},
 		{"yaml-alias-bomb", []string{"--config: exit 2, bomb.yaml:3:125: a2[23]: the alias *a1 expands the document beyond 1000000 nodes",
 			"--rules-file: exit 1, bomb.yaml:3:125: a2[23]: the alias *a1 expands",

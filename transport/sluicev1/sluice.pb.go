@@ -853,8 +853,15 @@ type KeyState struct {
 	Words            []int64     `protobuf:"varint,5,rep,packed,name=words,proto3" json:"words,omitempty"`
 	Log              []*LogEntry `protobuf:"bytes,6,rep,name=log,proto3" json:"log,omitempty"`
 	State            []byte      `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The rate the state was last charged under (limiter.Snapshot's
+	// RateLimit, RateBurst, RatePeriod), for a receiver that keeps the
+	// strictest rate of each key; rate_limit 0 when unknown. Validated as a
+	// request of the state's algorithm at that rate would be.
+	RateLimit       int64 `protobuf:"varint,8,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	RateBurst       int64 `protobuf:"varint,9,opt,name=rate_burst,json=rateBurst,proto3" json:"rate_burst,omitempty"`
+	RatePeriodNanos int64 `protobuf:"varint,10,opt,name=rate_period_nanos,json=ratePeriodNanos,proto3" json:"rate_period_nanos,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
@@ -934,6 +941,27 @@ func (x *KeyState) GetState() []byte {
 		return x.State
 	}
 	return nil
+}
+
+func (x *KeyState) GetRateLimit() int64 {
+	if x != nil {
+		return x.RateLimit
+	}
+	return 0
+}
+
+func (x *KeyState) GetRateBurst() int64 {
+	if x != nil {
+		return x.RateBurst
+	}
+	return 0
+}
+
+func (x *KeyState) GetRatePeriodNanos() int64 {
+	if x != nil {
+		return x.RatePeriodNanos
+	}
+	return 0
 }
 
 // LogEntry is hits admitted at one instant of a sliding window log.
@@ -2253,7 +2281,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xe6\x01\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xd0\x02\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2261,7 +2289,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x13expire_at_unix_nano\x18\x04 \x01(\x03R\x10expireAtUnixNano\x12\x14\n" +
 	"\x05words\x18\x05 \x03(\x03R\x05words\x12%\n" +
 	"\x03log\x18\x06 \x03(\v2\x13.sluice.v1.LogEntryR\x03log\x12\x14\n" +
-	"\x05state\x18\a \x01(\fR\x05state\"@\n" +
+	"\x05state\x18\a \x01(\fR\x05state\x12\x1d\n" +
+	"\n" +
+	"rate_limit\x18\b \x01(\x03R\trateLimit\x12\x1d\n" +
+	"\n" +
+	"rate_burst\x18\t \x01(\x03R\trateBurst\x12*\n" +
+	"\x11rate_period_nanos\x18\n" +
+	" \x01(\x03R\x0fratePeriodNanos\"@\n" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +

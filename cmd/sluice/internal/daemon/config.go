@@ -199,7 +199,10 @@ type Config struct {
 	// the HTTP and gRPC APIs, the admin API's reset included: DestructiveAllow,
 	// DestructiveDeny or DestructiveAdmins (callers whose certificate
 	// names one of AdminIdentities). Under DestructiveAdmins, inspecting
-	// keys (the admin API's inspect) is for admins only too.
+	// keys (the admin API's inspect) is for admins only too. Under
+	// DestructiveDeny and DestructiveAdmins, the node's store keeps the
+	// strictest rate each live key was charged under
+	// (limiter.StoreConfig.KeepStrictest).
 	Destructive     string
 	AdminIdentities []string
 
@@ -728,7 +731,7 @@ var fields = []field{
 	{key: "cluster_secret_file", usage: "file holding a secret (16 bytes or more) that every peer call proves (default: derived from gossip_keys)",
 		parse: func(c *Config, v string) error { c.ClusterSecretFile = v; return nil },
 		show:  func(c *Config) string { return c.ClusterSecretFile }},
-	{key: "destructive_behaviors", usage: "who may use reset, drain_over_limit and refund (and the admin API's reset): allow, deny, or admins (certificates naming an admin_identities entry; the admin API's inspect is then for admins only too)",
+	{key: "destructive_behaviors", usage: "who may use reset, drain_over_limit and refund (and the admin API's reset): allow, deny, or admins (certificates naming an admin_identities entry; the admin API's inspect is then for admins only too); under deny and admins a live key keeps the strictest rate it was charged under, so a check with another algorithm, a higher limit or a shorter period lowers no count",
 		parse: func(c *Config, v string) error {
 			switch v {
 			case DestructiveAllow, DestructiveDeny, DestructiveAdmins:

@@ -129,10 +129,13 @@ type Daemon struct {
 	// serving the public API beside the Peer service. publicDone is
 	// closed when public.Serve has returned.
 	// With backend redis there is no node, and public always serves.
-	public     *grpc.Server
-	publicLis  net.Listener
-	publicDone chan struct{}
-	lis        net.Listener
+	public    *grpc.Server
+	publicLis net.Listener
+	// publicBudget is the message budget and connection cap of public
+	// and publicLis.
+	publicBudget *transport.MessageBudget
+	publicDone   chan struct{}
+	lis          net.Listener
 	// httpConns is lis's connection cap, before TLS (http_max_connections).
 	httpConns *connLimit
 	srv       *http.Server
@@ -255,7 +258,11 @@ func New(cfg Config, opts ...Option) (d *Daemon, err error) {
 		d.lis = tls.NewListener(d.lis, serverTLS(tlsCfg, tls.VerifyClientCertIfGiven))
 	}
 	if cfg.PeerAddr != "" {
-		if d.publicLis, err = d.publicLimits().Listen("tcp", cfg.GRPCAddr); err != nil {
+		if d.publicBudget, err = transport.NewMessageBudget(d.publicLimits()); err != nil {
+			d.lis.Close()
+			return nil, fmt.Errorf("daemon: grpc_addr: %w", err)
+		}
+		if d.publicLis, err = d.publicBudget.Listen("tcp", cfg.GRPCAddr); err != nil {
 			d.lis.Close()
 			return nil, fmt.Errorf("daemon: listen on grpc_addr: %w", err)
 		}
@@ -385,10 +392,7 @@ func serverTLS(tlsCfg *tls.Config, auth tls.ClientAuthType) *tls.Config {
 // publicLimits and, under TLS, requiring a client certificate when
 // tls_ca_file is set, as the node's server does.
 func (d *Daemon) servePublic(tlsCfg *tls.Config) error {
-	opts, err := d.publicLimits().ServerOptions()
-	if err != nil {
-		return fmt.Errorf("daemon: public gRPC server: %w", err)
-	}
+	opts := d.publicBudget.ServerOptions()
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS(tlsCfg, tls.RequireAndVerifyClientCert))))
 	}

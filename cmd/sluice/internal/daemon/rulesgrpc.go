@@ -31,7 +31,11 @@ func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error 
 		d.redis.register(s, d.permitGRPC)
 		lim = d.redis
 	}
-	d.enforcer = rules.Enforcer{Limiter: serverLimits{lim}, MaxWait: maxRulesWait}
+	// A refund of a window rule's hits is made only while the window
+	// that charged them holds, up to a peer call's timeout, past both
+	// ends of the consume and the refund: one may be that long on its
+	// way to the key's owner.
+	d.enforcer = rules.Enforcer{Limiter: serverLimits{lim}, MaxWait: maxRulesWait, Now: d.opts.now, ClockSkew: d.cfg.PeerTimeout}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil || d.envoyXDS != nil {
 		return d.registerEnvoy(s, lim)

@@ -180,15 +180,17 @@ func (n *Node) rejoinLoop() {
 
 // rejoin is one pass of rejoinLoop.
 func (n *Node) rejoin() {
-	if len(n.cfg.Seeds) > 0 && !n.joinedOnce.Load() {
+	seeds := n.cfg.Seeds
+	if len(seeds) > 0 && !n.joinedOnce.Load() {
 		// join resolves the seeds again: a headless service's pods
 		// that started since are found.
-		if _, err := n.join(n.cfg.Seeds); err != nil {
-			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", n.cfg.Seeds, "err", err)
+		if _, err := n.join(seeds); err != nil {
+			n.logger.Warn("cluster: join failed; not ready, retrying", "seeds", seeds, "err", err)
 		}
+		seeds = nil // tried
 	}
 	n.rememberMembers()
-	targets := n.rejoinTargets()
+	targets := n.rejoinTargets(seeds)
 	if len(targets) == 0 || n.closed.Load() {
 		return
 	}
@@ -203,12 +205,12 @@ func (n *Node) rejoin() {
 	n.logger.Debug("cluster: seeds and remembered members that are not members did not answer", "addresses", targets, "err", err)
 }
 
-// rejoinTargets returns the gossip addresses of the seeds and of the
+// rejoinTargets returns the gossip addresses of seeds and of the
 // remembered members that no alive or leaving member has, this node's
 // left out.
-func (n *Node) rejoinTargets() []string {
+func (n *Node) rejoinTargets(seeds []string) []string {
 	n.rememberMu.Lock()
-	want := append([]string(nil), n.cfg.Seeds...)
+	want := append([]string(nil), seeds...)
 	for _, m := range n.remembered {
 		want = append(want, m.Gossip)
 	}
@@ -237,8 +239,11 @@ func (n *Node) rejoinTargets() []string {
 
 // rememberMembers records the alive members of the ring, when there are
 // others than this node and they changed, in memory and, with
-// Config.DataDir, in its members file. An empty ring is not recorded:
-// the members seen last are the ones to find again.
+// Config.DataDir, in its members file. A ring of this node alone is not
+// recorded: the members seen last are the ones to find again. A member
+// the ring dropped while others remain is dropped from the record too,
+// so that a node retries only the members it lost all at once, and not,
+// for ever, addresses that may serve something else by now.
 func (n *Node) rememberMembers() {
 	inRing := map[string]bool{}
 	for _, m := range n.ring.Members() {

@@ -309,20 +309,24 @@ func TestMemberEvents(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*cluster.Config){
-		"empty name":     func(c *cluster.Config) { c.NodeName = "" },
-		"bad gossip":     func(c *cluster.Config) { c.GossipAddr = "nope" },
-		"bad grpc port":  func(c *cluster.Config) { c.GRPCAddr = "127.0.0.1:xyz" },
-		"unset policy":   func(c *cluster.Config) { c.Unreachable = sluice.PolicyDefault },
-		"zero sweep":     func(c *cluster.Config) { c.SweepInterval = 0 },
-		"1ns replicate":  func(c *cluster.Config) { c.ReplicateInterval = time.Nanosecond },
-		"1µs sweep":      func(c *cluster.Config) { c.SweepInterval = time.Microsecond },
-		"1ns retry join": func(c *cluster.Config) { c.RetryJoinInterval = time.Nanosecond },
-		"bad store":      func(c *cluster.Config) { c.Store.Shards = 3 },
-		"negative retry": func(c *cluster.Config) { c.DenyRetryAfter = -1 },
-		"nil server opt": func(c *cluster.Config) { c.ServerOptions = []grpc.ServerOption{nil} },
-		"no budget":      func(c *cluster.Config) { c.ServerLimits.MessageBytes = 0 },
-		"1ns persist":    func(c *cluster.Config) { c.DataDir, c.PersistInterval = "x", time.Nanosecond },
-		"damaged policy": func(c *cluster.Config) { c.DamagedData = 9 },
+		"empty name":                 func(c *cluster.Config) { c.NodeName = "" },
+		"bad gossip":                 func(c *cluster.Config) { c.GossipAddr = "nope" },
+		"bad grpc port":              func(c *cluster.Config) { c.GRPCAddr = "127.0.0.1:xyz" },
+		"unset policy":               func(c *cluster.Config) { c.Unreachable = sluice.PolicyDefault },
+		"zero sweep":                 func(c *cluster.Config) { c.SweepInterval = 0 },
+		"1ns replicate":              func(c *cluster.Config) { c.ReplicateInterval = time.Nanosecond },
+		"1µs sweep":                  func(c *cluster.Config) { c.SweepInterval = time.Microsecond },
+		"1ns retry join":             func(c *cluster.Config) { c.RetryJoinInterval = time.Nanosecond },
+		"bad store":                  func(c *cluster.Config) { c.Store.Shards = 3 },
+		"negative retry":             func(c *cluster.Config) { c.DenyRetryAfter = -1 },
+		"nil server opt":             func(c *cluster.Config) { c.ServerOptions = []grpc.ServerOption{nil} },
+		"no budget":                  func(c *cluster.Config) { c.ServerLimits.MessageBytes = 0 },
+		"negative bootstrap expect":  func(c *cluster.Config) { c.BootstrapExpect = -1 },
+		"bootstrap expect too large": func(c *cluster.Config) { c.BootstrapExpect = cluster.MaxBootstrapExpect + 1 },
+		"NUL in DataDir":             func(c *cluster.Config) { c.DataDir = "/var/lib/\x00sluice" },
+		"empty protocol range":       func(c *cluster.Config) { cluster.SetProtocol(c, 3, 2) },
+		"1ns persist":                func(c *cluster.Config) { c.DataDir, c.PersistInterval = "x", time.Nanosecond },
+		"damaged policy":             func(c *cluster.Config) { c.DamagedData = 9 },
 	} {
 		cfg := cluster.TestConfig("v")
 		mutate(&cfg)

@@ -14,9 +14,19 @@
 // config: decide on its own store (the default), allow, or deny; the
 // [Decision] says it was made without the owner.
 //
+// A node is ready ([Node.Ready], [Node.WaitReady]) only inside a cluster
+// that has formed: it has joined its seeds, and sees
+// Config.BootstrapExpect members or a member that is ready already; never
+// as a cluster of its own unless configured to (BootstrapExpect 1). Until
+// then every check it is asked gets the unreachable policy. Nodes retry
+// their seeds and the members they remember (Config.DataDir) that are not
+// members, so that a restarted node, or two halves that formed apart,
+// find each other (bootstrap.go). Members advertise the protocol versions
+// they speak; one whose range does not overlap this node's stays out of
+// the ring (protocol.go).
+//
 // A node decides a key as its owner only when its ring gives it the key
-// and the key is settled on it: the node is ready (it joined the cluster
-// of its seeds; [Node.Ready], [Node.WaitReady]) and either it owned the key
+// and the key is settled on it: the node is ready and either it owned the key
 // before the last membership change, or every other member has confirmed
 // the new membership after handing it the states of the keys it gained
 // (handover.go). Until then the key's previous owner decides, or the check
@@ -49,6 +59,11 @@
 //     cluster, challenged with a backoff, and may enter the ring;
 //   - seeds.go: the one join path, which resolves seeds' host names to
 //     every address but this node's at each attempt;
+//   - bootstrap.go: when the node is ready (BootstrapExpect, the boot
+//     tag), and the loop that joins seeds and remembered members again;
+//     memberfile.go: the members remembered in DataDir;
+//   - protocol.go: the protocol versions advertised, and the members
+//     refused for theirs;
 //   - check.go, handoff.go, replicate.go: the check path and what moves on
 //     membership changes, built on those; node.go: lifecycle and wiring;
 //   - persist.go, datadir.go: with Config.DataDir, the key states this

@@ -99,20 +99,11 @@ func startCluster(n int) ([]*cluster.Node, error) {
 		cfg.NodeName = fmt.Sprintf("node-%d", i)
 		cfg.GossipAddr = "127.0.0.1:0"
 		cfg.GRPCAddr = "127.0.0.1:0"
+		cfg.BootstrapExpect = n // ready once all n see each other
 		if i > 0 {
 			cfg.Seeds = []string{nodes[0].GossipAddr()}
 		}
 		nd, err := cluster.New(cfg)
-		if err == nil {
-			// New returns once the node joined its seeds, when they
-			// answer; WaitReady waits for that otherwise.
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			err = nd.WaitReady(ctx)
-			cancel()
-			if err != nil {
-				nd.Close()
-			}
-		}
 		if err != nil {
 			for _, o := range nodes {
 				o.Close()
@@ -120,6 +111,17 @@ func startCluster(n int) ([]*cluster.Node, error) {
 			return nil, err
 		}
 		nodes = append(nodes, nd)
+	}
+	for _, nd := range nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := nd.WaitReady(ctx)
+		cancel()
+		if err != nil {
+			for _, o := range nodes {
+				o.Close()
+			}
+			return nil, err
+		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -52,6 +52,7 @@ func main() {
 func run() error {
 	cfg := cluster.DefaultConfig()
 	cfg.NodeName = "grpcservice"
+	cfg.BootstrapExpect = 1 // a node of its own
 	cfg.GossipAddr = "127.0.0.1:0"
 	cfg.GRPCAddr = "127.0.0.1:0"
 	node, err := cluster.New(cfg)

@@ -218,8 +218,12 @@ type Config struct {
 	// Logger receives the node's logs, serf's and memberlist's included;
 	// nil discards them.
 	Logger *slog.Logger
-	// Clock returns the time decisions are made at; nil is time.Now.
-	Clock func() time.Time
+	// Clock is the time decisions are made at and every deadline of the
+	// node is measured on (hand-over timeouts, a check's wait for its
+	// key's owner, the outbox's retries, the peer clients' deadlines when
+	// Peer.Clock is nil); nil is SystemClock(). ClockFunc adapts a
+	// function.
+	Clock Clock
 }
 
 // DefaultConfig returns a config for a node on a LAN: gossip on port 7946

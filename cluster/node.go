@@ -51,8 +51,9 @@ type Stats struct {
 type Node struct {
 	cfg      Config
 	logger   *slog.Logger
-	now      func() time.Time
-	resolver Resolver // resolves the host names of seeds
+	clock    Clock            // Config.Clock, or SystemClock()
+	now      func() time.Time // clock.Now
+	resolver Resolver         // resolves the host names of seeds
 
 	store *limiter.Store
 	ring  *ring.Ring
@@ -97,7 +98,7 @@ func New(cfg Config) (n *Node, err error) {
 	n = &Node{
 		cfg:        cfg,
 		logger:     cfg.Logger,
-		now:        cfg.Clock,
+		clock:      cfg.Clock,
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
 		transfers:  newTransfers(),
@@ -105,9 +106,10 @@ func New(cfg Config) (n *Node, err error) {
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
 	}
-	if n.now == nil {
-		n.now = time.Now
+	if n.clock == nil {
+		n.clock = SystemClock()
 	}
+	n.now = n.clock.Now
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}
@@ -144,6 +146,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
+	if pcfg.Clock == nil {
+		pcfg.Clock = n.now
+	}
 	if cfg.TLS != nil {
 		client := cfg.TLS.Clone()
 		if len(cfg.PeerIdentities) > 0 {
@@ -173,7 +178,7 @@ func New(cfg Config) (n *Node, err error) {
 	x := &n.transfers
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
 	orphan := func(states []limiter.Snapshot) { x.holdOrphans(states, true) }
-	x.outbox = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
+	x.outbox = newOutbox(x.ctx, outboxNode{n}, counts, n.clock, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}

@@ -360,7 +360,9 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Store.MaxBytes = d.cfg.MaxBytes
 	c.ServerLimits = d.cfg.GRPCMessageBudget()
 	c.Logger = d.logger.With("component", "cluster")
-	c.Clock = d.opts.now
+	if d.opts.now != nil {
+		c.Clock = cluster.ClockFunc(d.opts.now)
+	}
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's
 	return c
 }

@@ -136,7 +136,7 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 // routeOnce makes one attempt at req, as plan says, calling the owner
 // alone when it must; again is set when route should wait and try again.
 func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy) (d sluice.Decision, err error, again bool) {
-	p, d, err, next := n.plan(ctx, req, hash, policy)
+	p, err, next := n.plan(ctx, req, hash, policy, &d)
 	switch next {
 	case planDone:
 		return d, err, false
@@ -166,44 +166,46 @@ const (
 // check is decided here as the key's settled owner, or admitted from a
 // lease, or left to the caller to forward to the pick's peer, to wait for,
 // or to the unreachable policy. The caller of a planForward pick calls its
-// peer, or releases it.
-func (n *Node) plan(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy) (p pick, d sluice.Decision, err error, next planStep) {
+// peer, or releases it. A planDone decision is written to d.
+func (n *Node) plan(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy, d *sluice.Decision) (p pick, err error, next planStep) {
 	if err := ctx.Err(); err != nil {
-		return pick{}, sluice.Decision{}, err, planDone
+		return pick{}, err, planDone
 	}
 	p = n.router.pick(hash)
 	if p.way == wayHere {
-		if d, err, ok := n.decideOwned(req, hash); ok {
-			return pick{}, d, err, planDone
+		var ok bool
+		if *d, err, ok = n.decideOwned(req, hash); ok {
+			return pick{}, err, planDone
 		}
 		if p = n.router.pick(hash); p.way == wayHere {
-			return pick{}, sluice.Decision{}, nil, planWait // the ring changed under decideOwned
+			return pick{}, nil, planWait // the ring changed under decideOwned
 		}
 	}
 	if n.closed.Load() {
 		n.router.release(&p)
-		return pick{}, sluice.Decision{}, ErrClosed, planDone
+		return pick{}, ErrClosed, planDone
 	}
 	if err := req.Validate(); err != nil {
 		n.router.release(&p)
-		return pick{}, sluice.Decision{}, err, planDone
+		return pick{}, err, planDone
 	}
 	if n.leases.enabled && (p.way == wayOwner || p.way == wayDown) {
-		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
+		var ok bool
+		if *d, ok = n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
 			n.router.release(&p)
-			return pick{}, d, nil, planDone
+			return pick{}, nil, planDone
 		}
 	}
 	switch p.way {
 	case wayWait:
-		return pick{}, sluice.Decision{}, nil, planWait
+		return pick{}, nil, planWait
 	case wayNotReady:
-		d, err := n.unreachable(req, policy)
-		return pick{}, d, err, planDone
+		*d, err = n.unreachable(req, policy)
+		return pick{}, err, planDone
 	case wayDown:
-		return p, sluice.Decision{}, nil, planDown
+		return p, nil, planDown
 	}
-	return p, sluice.Decision{}, nil, planForward
+	return p, nil, planForward
 }
 
 // answered turns the answer of a forwarded check, whose call had outcome
@@ -371,10 +373,10 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	)
 	for i := range reqs {
 		req := &reqs[i]
-		p, d, err, next := n.plan(ctx, req, ring.RouteHash(req.Name, req.Key), policies[i])
+		p, err, next := n.plan(ctx, req, ring.RouteHash(req.Name, req.Key), policies[i], &out[i].Decision)
 		switch next {
 		case planDone:
-			out[i].Decision, out[i].Err = d, err
+			out[i].Err = err
 			continue
 		case planWait:
 			slow = append(slow, i)

@@ -491,6 +491,7 @@ func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.D
 	case sluice.PolicyAllow:
 		d.Decision = limiter.Decision{Allowed: true, Limit: req.Limit, ResetAt: n.now()}
 		d.Owner = n.cfg.NodeName
+		n.debts.add(req, req.Hits, false)
 	case sluice.PolicyDeny:
 		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: n.now().Add(n.cfg.DenyRetryAfter)}
 		d.Owner = n.cfg.NodeName
@@ -498,6 +499,9 @@ func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.D
 		var err error
 		if d, err = n.decideLocal(req); err != nil {
 			return sluice.Decision{}, err
+		}
+		if d.Allowed {
+			n.debts.add(req, req.Hits, true)
 		}
 	}
 	d.WithoutOwner = true

@@ -45,6 +45,7 @@ type Stats struct {
 	Transfers     TransferStats
 	Store         limiter.StoreStats
 	Leases        LeaseStats
+	Settle        SettleStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -85,6 +86,7 @@ type Node struct {
 	proofCancel context.CancelFunc
 
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
+	debts                                         *debts // hits admitted without the owner, to settle (settle.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -102,6 +104,7 @@ func New(cfg Config) (n *Node, err error) {
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
 		transfers:  newTransfers(),
+		debts:      newDebts(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -245,6 +248,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
+	n.goFunc(n.settleLoop)
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
 	if len(cfg.Seeds) == 0 {
@@ -385,6 +389,7 @@ func (n *Node) Stats() Stats {
 		Transfers:     n.transfers.stats(),
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
+		Settle:        n.debts.stats(),
 	}
 }
 

@@ -91,10 +91,13 @@ func (n *Node) retryRoute(ctx context.Context, once func(ctx context.Context) (e
 			return err, false
 		}
 		if deadline.IsZero() {
-			deadline = time.Now().Add(n.cfg.HandoverTimeout)
+			// The deadline is on the node's clock, as the hand-over's
+			// timeout is.
+			deadline = n.now().Add(n.cfg.HandoverTimeout)
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, deadline)
+			ctx, cancel = context.WithCancel(ctx)
 			defer cancel()
+			defer n.clock.AfterFunc(n.cfg.HandoverTimeout, cancel)()
 		}
 		if !n.waitRoute(ctx, deadline, &backoff) {
 			if err := caller.Err(); err != nil {
@@ -112,12 +115,12 @@ func (n *Node) retryRoute(ctx context.Context, once func(ctx context.Context) (e
 // passes (doubling it, up to 50ms), and reports false when deadline or
 // ctx ended the wait instead.
 func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.Duration) bool {
-	wait := min(*backoff, time.Until(deadline))
+	wait := min(*backoff, deadline.Sub(n.now()))
 	if wait <= 0 {
 		return false
 	}
 	*backoff = min(2**backoff, 50*time.Millisecond)
-	t := time.NewTimer(wait)
+	t := newTimer(n.clock, wait)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -130,53 +133,95 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 	return true
 }
 
-// routeOnce makes one attempt at req, where the router says; again is
-// set when route should wait and try again.
+// routeOnce makes one attempt at req, as plan says, calling the owner
+// alone when it must; again is set when route should wait and try again.
 func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy) (d sluice.Decision, err error, again bool) {
-	p := n.router.pick(hash)
-	if p.way == wayHere {
-		if d, err, ok := n.decideOwned(req, hash); ok {
-			return d, err, false
-		}
-		if p = n.router.pick(hash); p.way == wayHere {
-			return sluice.Decision{}, nil, true // the ring changed under decideOwned
-		}
-	}
-	if n.closed.Load() {
-		n.router.release(&p)
-		return sluice.Decision{}, ErrClosed, false
-	}
-	if err := req.Validate(); err != nil {
-		n.router.release(&p)
-		return sluice.Decision{}, err, false
-	}
-	if n.leases.enabled && (p.way == wayOwner || p.way == wayDown) {
-		if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
-			n.router.release(&p)
-			return d, nil, false
-		}
-	}
-	switch p.way {
-	case wayWait:
+	p, err, next := n.plan(ctx, req, hash, policy, &d)
+	switch next {
+	case planDone:
+		return d, err, false
+	case planWait:
 		return sluice.Decision{}, nil, true
-	case wayNotReady, wayDown:
+	case planDown:
 		d, err := n.unreachable(req, policy)
 		return d, err, false
 	}
 	n.forwarded.Add(1)
 	fd, err := p.client.Check(ctx, *req)
-	switch n.router.done(&p, err) {
-	case retry:
-		return sluice.Decision{}, nil, true
-	case decided:
-		if err == nil {
-			if n.leases.enabled && !fd.Allowed && p.way == wayOwner {
-				n.leases.noteDenied(req, p.peer, &fd, n.now().UnixNano())
-			}
-			return sluice.Decision{Decision: fd, Owner: p.peer}, nil, false
+	return n.answered(ctx, req, policy, &p, n.router.done(&p, err), fd, err)
+}
+
+// planStep is what plan leaves to its caller.
+type planStep uint8
+
+const (
+	planDone    planStep = iota // decided here: the decision or error is the answer
+	planWait                    // nobody decides the key now: wait and plan again
+	planForward                 // call the pick's peer, then answered
+	planDown                    // the owner cannot be called: the unreachable policy decides
+)
+
+// plan is the one plan of every check, alone or in a batch: a cancelled
+// ctx is answered with its error before anything is consumed; then the
+// check is decided here as the key's settled owner, or admitted from a
+// lease, or left to the caller to forward to the pick's peer, to wait for,
+// or to the unreachable policy. The caller of a planForward pick calls its
+// peer, or releases it. A planDone decision is written to d.
+func (n *Node) plan(ctx context.Context, req *limiter.Request, hash uint64, policy sluice.Policy, d *sluice.Decision) (p pick, err error, next planStep) {
+	if err := ctx.Err(); err != nil {
+		return pick{}, err, planDone
+	}
+	p = n.router.pick(hash)
+	if p.way == wayHere {
+		var ok bool
+		if *d, err, ok = n.decideOwned(req, hash); ok {
+			return pick{}, err, planDone
+		}
+		if p = n.router.pick(hash); p.way == wayHere {
+			return pick{}, nil, planWait // the ring changed under decideOwned
 		}
 	}
-	d, err = n.forwardFailed(ctx, req, policy, err)
+	if n.closed.Load() {
+		n.router.release(&p)
+		return pick{}, ErrClosed, planDone
+	}
+	if err := req.Validate(); err != nil {
+		n.router.release(&p)
+		return pick{}, err, planDone
+	}
+	if n.leases.enabled && (p.way == wayOwner || p.way == wayDown) {
+		var ok bool
+		if *d, ok = n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
+			n.router.release(&p)
+			return pick{}, nil, planDone
+		}
+	}
+	switch p.way {
+	case wayWait:
+		return pick{}, nil, planWait
+	case wayNotReady:
+		*d, err = n.unreachable(req, policy)
+		return pick{}, err, planDone
+	case wayDown:
+		return p, nil, planDown
+	}
+	return p, nil, planForward
+}
+
+// answered turns the answer of a forwarded check, whose call had outcome
+// o, into the caller's: the owner's decision, again when route should
+// wait and try again, or forwardFailed's.
+func (n *Node) answered(ctx context.Context, req *limiter.Request, policy sluice.Policy, p *pick, o outcome, fd limiter.Decision, err error) (sluice.Decision, error, bool) {
+	switch {
+	case o == retry:
+		return sluice.Decision{}, nil, true
+	case o == decided && err == nil:
+		if n.leases.enabled && !fd.Allowed && p.way == wayOwner {
+			n.leases.noteDenied(req, p.peer, &fd, n.now().UnixNano())
+		}
+		return sluice.Decision{Decision: fd, Owner: p.peer}, nil, false
+	}
+	d, err := n.forwardFailed(ctx, req, policy, err)
 	return d, err, false
 }
 
@@ -328,34 +373,23 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	)
 	for i := range reqs {
 		req := &reqs[i]
-		hash := ring.RouteHash(req.Name, req.Key)
-		p := n.router.pick(hash)
-		if p.way == wayHere {
-			var ok bool
-			if out[i].Decision, out[i].Err, ok = n.decideOwned(req, hash); ok {
-				continue
-			}
-			p = n.router.pick(hash)
+		p, err, next := n.plan(ctx, req, ring.RouteHash(req.Name, req.Key), policies[i], &out[i].Decision)
+		switch next {
+		case planDone:
+			out[i].Err = err
+			continue
+		case planWait:
+			slow = append(slow, i)
+			continue
 		}
-		if p.way != wayOwner && p.way != wayDown {
+		if p.way == wayPrevious {
+			// A key in hand-over: its check goes alone, as it may wait.
 			n.router.release(&p)
 			slow = append(slow, i)
 			continue
 		}
-		if err := req.Validate(); err != nil {
-			n.router.release(&p)
-			out[i].Err = err
-			continue
-		}
-		if n.leases.enabled {
-			if d, ok := n.leases.decide(req, p.peer, n.now().UnixNano()); ok {
-				n.router.release(&p)
-				out[i].Decision = d
-				continue
-			}
-		}
 		g := groups[p.peer]
-		if p.way == wayDown && g == nil {
+		if next == planDown && g == nil {
 			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
 			continue
 		}
@@ -383,20 +417,13 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			rs := g.pick.client.CheckMany(ctx, g.reqs)
 			down := n.router.done(&g.pick, batchErr(rs))
 			for j, i := range g.idx {
-				switch err := rs[j].Err; {
-				case err == nil:
-					out[i].Decision = sluice.Decision{Decision: rs[j].Decision.Decision, Owner: g.pick.peer}
-					if n.leases.enabled && !rs[j].Decision.Allowed {
-						n.leases.noteDenied(&reqs[i], g.pick.peer, &rs[j].Decision.Decision, n.now().UnixNano())
-					}
-				case errors.Is(err, transport.ErrNotOwner),
-					down == retry && errors.Is(err, transport.ErrUnavailable) && ctx.Err() == nil:
-					// As route would: the owner is about to change.
+				var again bool
+				err := rs[j].Err
+				out[i].Decision, out[i].Err, again = n.answered(ctx, &reqs[i], policies[i], &g.pick, itemOutcome(down, err), rs[j].Decision.Decision, err)
+				if again {
 					slowMu.Lock()
 					slow = append(slow, i)
 					slowMu.Unlock()
-				default:
-					out[i].Decision, out[i].Err = n.forwardFailed(ctx, &reqs[i], policies[i], err)
 				}
 			}
 		}()
@@ -411,6 +438,22 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 	}
 	wg.Wait()
 	return out
+}
+
+// itemOutcome is the outcome of one check of a batch whose call had
+// outcome call (router.done of batchErr), as router.done would say of the
+// check sent alone: the owner does not decide it now, or its call failed
+// on a peer that is about to change, is a retry.
+func itemOutcome(call outcome, err error) outcome {
+	switch {
+	case err == nil:
+		return decided
+	case errors.Is(err, transport.ErrNotOwner):
+		return retry
+	case errors.Is(err, transport.ErrUnavailable):
+		return call
+	}
+	return decided
 }
 
 // isRemote reports whether a decision by owner came from another node.
@@ -448,6 +491,7 @@ func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.D
 	case sluice.PolicyAllow:
 		d.Decision = limiter.Decision{Allowed: true, Limit: req.Limit, ResetAt: n.now()}
 		d.Owner = n.cfg.NodeName
+		n.debts.add(req, req.Hits, false)
 	case sluice.PolicyDeny:
 		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: n.now().Add(n.cfg.DenyRetryAfter)}
 		d.Owner = n.cfg.NodeName
@@ -455,6 +499,9 @@ func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.D
 		var err error
 		if d, err = n.decideLocal(req); err != nil {
 			return sluice.Decision{}, err
+		}
+		if d.Allowed {
+			n.debts.add(req, req.Hits, true)
 		}
 	}
 	d.WithoutOwner = true

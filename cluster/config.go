@@ -249,8 +249,12 @@ type Config struct {
 	// Logger receives the node's logs, serf's and memberlist's included;
 	// nil discards them.
 	Logger *slog.Logger
-	// Clock returns the time decisions are made at; nil is time.Now.
-	Clock func() time.Time
+	// Clock is the time decisions are made at and every deadline of the
+	// node is measured on (hand-over timeouts, a check's wait for its
+	// key's owner, the outbox's retries, the peer clients' deadlines when
+	// Peer.Clock is nil); nil is SystemClock(). ClockFunc adapts a
+	// function.
+	Clock Clock
 
 	// protocol is the range of protocol versions the node advertises;
 	// zero is this build's (thisProtocol). Tests set it to stand in for

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -170,13 +169,20 @@ func (n *Node) startTransfers() {
 }
 
 func (n *Node) handoffLoop() {
-	expire := time.NewTimer(time.Hour) // the hand-over's timeout
-	expire.Stop()
-	defer expire.Stop()
+	var expire *clockTimer // the hand-over's timeout, on the node's clock
+	never := make(chan struct{})
+	expired := func() <-chan struct{} {
+		if expire == nil {
+			return never
+		}
+		return expire.C
+	}
+	defer func() { expire.Stop() }()
 	armExpire := func() {
 		expire.Stop()
-		if at := n.handover.expire(time.Now()); !at.IsZero() {
-			expire.Reset(time.Until(at))
+		expire = nil
+		if at := n.handover.expire(n.now()); !at.IsZero() {
+			expire = newTimer(n.clock, at.Sub(n.now()))
 		}
 	}
 	for {
@@ -188,7 +194,7 @@ func (n *Node) handoffLoop() {
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
-		case <-expire.C:
+		case <-expired():
 			armExpire()
 		}
 	}
@@ -404,7 +410,7 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
 // this node after its gRPC server stopped, which their senders decide
 // under their unreachable policy.
 func (n *Node) leaveHandoff() error {
-	ctx, cancel := context.WithTimeout(n.transfers.ctx, n.cfg.LeaveTimeout)
+	ctx, cancel := withTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
 	n.transfers.changedMu.Lock()

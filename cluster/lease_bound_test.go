@@ -101,7 +101,7 @@ func TestLeaseKeepsBurstBound(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			clk := newClock()
 			c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-				cfg.Clock = clk.Now
+				cfg.Clock = cluster.ClockFunc(clk.Now)
 				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: time.Second, Share: 0.1}
 			}))
 			const burst, period = 600, 100 * time.Millisecond
@@ -199,7 +199,7 @@ func TestOwnerClockStepsBack(t *testing.T) {
 	clk := newClock()
 	clk.Advance(time.Hour)
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-		cfg.Clock = clk.Now
+		cfg.Clock = cluster.ClockFunc(clk.Now)
 	}))
 	for _, a := range limiter.Algorithms {
 		req := limiter.Request{Name: "clock", Key: a.String(), Limit: 10, Period: time.Second, Algorithm: a}
@@ -234,7 +234,7 @@ func TestLeaseOwnerClockStepsBack(t *testing.T) {
 			clk := newClock()
 			clk.Advance(time.Hour)
 			c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-				cfg.Clock = clk.Now
+				cfg.Clock = cluster.ClockFunc(clk.Now)
 			}))
 			owner := c.Node(0)
 			req := limiter.Request{Name: "clock", Key: "leased", Limit: 10, Period: time.Second, Algorithm: a}

@@ -53,7 +53,7 @@ func TestLeasedHitsEnterUnderCurrentLimit(t *testing.T) {
 			t.Run(a.String()+"/"+name, func(t *testing.T) {
 				clk := newClock()
 				c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-					cfg.Clock = clk.Now
+					cfg.Clock = cluster.ClockFunc(clk.Now)
 				}))
 				owner := c.Node(0)
 				for i, s := range steps {
@@ -94,7 +94,7 @@ func TestLeaseMixedLimitsKeepBound(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			clk := newClock()
 			c := testcluster.New(t, 2, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-				cfg.Clock = clk.Now
+				cfg.Clock = cluster.ClockFunc(clk.Now)
 				cfg.Lease = cluster.LeaseConfig{Threshold: 50, TTL: 100 * time.Millisecond, Share: 0.5}
 			}))
 			small := limiter.Request{Name: "mixed", Key: a.String(), Hits: 1, Limit: 100, Period: period, Algorithm: a}

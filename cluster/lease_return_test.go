@@ -22,7 +22,7 @@ func TestLateLeaseReturnKeepsOthersHits(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			clk := newClock()
 			c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-				cfg.Clock = clk.Now
+				cfg.Clock = cluster.ClockFunc(clk.Now)
 			}))
 			owner := c.Node(0)
 			req := limiter.Request{Name: "late", Key: "return", Limit: 10, Period: time.Second, Algorithm: a}
@@ -68,7 +68,7 @@ func TestLeaseReturnThenStepBackReleasesGCRA(t *testing.T) {
 		clk := newClock()
 		clk.Advance(time.Hour)
 		c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-			cfg.Clock = clk.Now
+			cfg.Clock = cluster.ClockFunc(clk.Now)
 		}))
 		owner := c.Node(0)
 		req := limiter.Request{Name: "late", Key: "gcra-step", Limit: 10, Period: time.Second, Algorithm: limiter.GCRA}

@@ -47,14 +47,16 @@ type Stats struct {
 	Store         limiter.StoreStats
 	Leases        LeaseStats
 	Persist       PersistStats // zero without Config.DataDir
+	Settle        SettleStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
 type Node struct {
 	cfg      Config
 	logger   *slog.Logger
-	now      func() time.Time
-	resolver Resolver // resolves the host names of seeds
+	clock    Clock            // Config.Clock, or SystemClock()
+	now      func() time.Time // clock.Now
+	resolver Resolver         // resolves the host names of seeds
 
 	store   *limiter.Store
 	persist *persister // nil without Config.DataDir (persist.go)
@@ -95,6 +97,7 @@ type Node struct {
 	remembered []rememberedMember
 
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
+	debts                                         *debts // hits admitted without the owner, to settle (settle.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -108,19 +111,21 @@ func New(cfg Config) (n *Node, err error) {
 	n = &Node{
 		cfg:        cfg,
 		logger:     cfg.Logger,
-		now:        cfg.Clock,
+		clock:      cfg.Clock,
 		serfEvents: make(chan serf.Event, 1024),
 		shutdown:   make(chan struct{}),
 		readyWake:  make(chan struct{}, 1),
 		transfers:  newTransfers(),
 		versions:   newVersions(cfg.protocolRange()),
+		debts:      newDebts(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
 	}
-	if n.now == nil {
-		n.now = time.Now
+	if n.clock == nil {
+		n.clock = SystemClock()
 	}
+	n.now = n.clock.Now
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}
@@ -171,6 +176,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
+	if pcfg.Clock == nil {
+		pcfg.Clock = n.now
+	}
 	if cfg.TLS != nil {
 		client := cfg.TLS.Clone()
 		if len(cfg.PeerIdentities) > 0 {
@@ -200,7 +208,7 @@ func New(cfg Config) (n *Node, err error) {
 	x := &n.transfers
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
 	orphan := func(states []limiter.Snapshot) { x.holdOrphans(states, true) }
-	x.outbox = newOutbox(x.ctx, outboxNode{n}, counts, time.Now, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
+	x.outbox = newOutbox(x.ctx, outboxNode{n}, counts, n.clock, max(2*cfg.HandoverTimeout, cfg.LeaveTimeout), orphan)
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
@@ -269,6 +277,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
+	n.goFunc(n.settleLoop)
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
 	if len(cfg.Seeds) > 0 {
@@ -414,6 +423,7 @@ func (n *Node) Stats() Stats {
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
 		Persist:       n.persist.stats(),
+		Settle:        n.debts.stats(),
 	}
 }
 

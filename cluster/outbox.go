@@ -107,8 +107,13 @@ type peerQueue struct {
 	hasConfirm bool
 }
 
-func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, now func() time.Time, giveUp time.Duration, orphan func([]limiter.Snapshot)) *outbox {
-	return &outbox{calls: calls, counts: counts, now: now, after: time.After, ctx: ctx,
+func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, clock Clock, giveUp time.Duration, orphan func([]limiter.Snapshot)) *outbox {
+	after := func(d time.Duration) <-chan time.Time {
+		c := make(chan time.Time, 1)
+		clock.AfterFunc(d, func() { c <- clock.Now() })
+		return c
+	}
+	return &outbox{calls: calls, counts: counts, now: clock.Now, after: after, ctx: ctx,
 		giveUp: max(giveUp, outboxGiveUp), orphan: orphan,
 		peers: map[string]*peerQueue{}, drained: make(chan struct{})}
 }

@@ -87,7 +87,7 @@ func newTestOutbox(t *testing.T) *testOutbox {
 	var h, r, f atomicInt
 	to := &testOutbox{calls: &fakeCalls{}, clk: fakeclock.New(time.Unix(1000, 0)), cancel: cancel, tick: make(chan time.Time)}
 	counts := outboxCounts{handedOff: &h.Int64, replicated: &r.Int64, failures: &f.Int64, givenUp: &to.givenUp.Int64}
-	to.outbox = newOutbox(ctx, to.calls, counts, to.clk.Now, outboxGiveUp, func(s []limiter.Snapshot) {
+	to.outbox = newOutbox(ctx, to.calls, counts, to.clk, outboxGiveUp, func(s []limiter.Snapshot) {
 		to.orphMu.Lock()
 		to.orphans += len(s)
 		to.orphMu.Unlock()

@@ -212,8 +212,8 @@ func (p *proofs) refused() []RefusedMember {
 // proveLoop challenges every member whose attempt is due, each in a
 // goroutine of its own, until the node closes.
 func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
+	var t *clockTimer
+	defer func() { t.Stop() }()
 	for {
 		due, next := n.proofs.due(n.now())
 		for _, m := range due {
@@ -223,7 +223,8 @@ func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
 		if !next.IsZero() {
 			wait = max(next.Sub(n.now()), MinInterval)
 		}
-		t.Reset(wait)
+		t.Stop()
+		t = newTimer(n.clock, wait)
 		select {
 		case <-n.shutdown:
 			return
@@ -236,7 +237,7 @@ func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
 // prove challenges m once and applies the answer: a member whose status
 // changed is logged, once, and the ring rebuilt.
 func (n *Node) prove(m ring.Member, dial []grpc.DialOption, keys [][]byte) {
-	ctx, cancel := context.WithTimeout(n.proofCtx, n.cfg.ProofTimeout)
+	ctx, cancel := withTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
 	defer cancel()
 	err := n.challenge(ctx, m, dial, keys)
 	if n.closed.Load() {
@@ -271,7 +272,7 @@ func (n *Node) challenge(ctx context.Context, m ring.Member, dial []grpc.DialOpt
 // decide keys as owner while its ring lacks members that are about to
 // prove themselves. It reports whether it waited for any.
 func (n *Node) awaitProofs() (waited bool) {
-	t := time.NewTimer(n.cfg.ProofTimeout)
+	t := newTimer(n.clock, n.cfg.ProofTimeout)
 	defer t.Stop()
 	for {
 		changed, ok := n.proofs.settled()

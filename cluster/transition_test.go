@@ -31,6 +31,7 @@ type traffic struct {
 	errs    atomic.Int64
 	checks  atomic.Int64
 	without atomic.Int64 // admitted without the owner
+	unowned atomic.Int64 // decided without the owner, admitted or not
 	stop    chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
@@ -65,6 +66,9 @@ func startTraffic(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, 
 				d, err := nd.Check(ctx, reqs[i], sluice.OnUnreachable(sluice.PolicyDeny))
 				cancel()
 				tr.checks.Add(1)
+				if err == nil && d.WithoutOwner {
+					tr.unowned.Add(1)
+				}
 				switch {
 				case err != nil:
 					tr.errs.Add(1)
@@ -101,6 +105,32 @@ func (tr *traffic) admittedAtLeast(t *testing.T, n int64) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkedMore waits until the callers have made n more checks than they
+// had when it was called.
+func (tr *traffic) checkedMore(t *testing.T, n int64) {
+	t.Helper()
+	before := tr.checks.Load()
+	if err := testcluster.WaitFor(30*time.Second, func() error {
+		if got := tr.checks.Load() - before; got < n {
+			return fmt.Errorf("%d checks of %d", got, n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// leasingCluster starts three nodes, which lease keys checked 20 times a
+// second or more when leases is set.
+func leasingCluster(t *testing.T, leases bool) *testcluster.Cluster {
+	t.Helper()
+	return testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		if leases {
+			cfg.Lease.Threshold = 20
+		}
+	}))
 }
 
 // overLimit reports every key that admitted more than its capacity.
@@ -140,11 +170,7 @@ func TestScaleOutAndInUnderTraffic(t *testing.T) {
 	for _, leases := range []bool{false, true} {
 		for _, a := range allAlgorithms {
 			t.Run(fmt.Sprintf("%s/leases=%v", a, leases), func(t *testing.T) {
-				c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-					if leases {
-						cfg.Lease.Threshold = 20
-					}
-				}))
+				c := leasingCluster(t, leases)
 				reqs := transitionRequests("scale", a, 1000, 10)
 				tr := startTraffic(t, c, reqs, 64, 2000, 60*time.Second)
 				defer tr.finish()

@@ -24,7 +24,7 @@ func newFakeClock() *fakeclock.Clock { return fakeclock.New(time.Unix(1_700_000_
 func newNode(t *testing.T, clk *fakeclock.Clock) *cluster.Node {
 	t.Helper()
 	cfg := cluster.TestConfig("rules-test")
-	cfg.Clock = clk.Now
+	cfg.Clock = cluster.ClockFunc(clk.Now)
 	n, err := cluster.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/testcluster"
@@ -191,10 +190,13 @@ func TestSlowOwnerOpensBreaker(t *testing.T) {
 		timeout  = 100 * time.Millisecond // the peer timeout
 		slowness = time.Minute            // held far beyond checkTimeout
 	)
-	clock := fakeclock.New(time.Now()) // the breaker's cooldown passes when the test says so
+	// The nodes' clock runs with the system's, so that the peer timeout
+	// passes, and skips ahead when the test lets a breaker's cooldown pass.
+	var skipped atomic.Int64
+	clock := cluster.ClockFunc(func() time.Time { return time.Now().Add(time.Duration(skipped.Load())) })
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.Peer.Timeout = timeout
-		cfg.Clock = clock.Now
+		cfg.Clock = clock
 	}))
 	n0, n1 := c.Node(0), c.Node(1)
 	cooldown := cluster.TestConfig("").BreakerCooldown
@@ -205,7 +207,7 @@ func TestSlowOwnerOpensBreaker(t *testing.T) {
 	forwarded := func() {
 		t.Helper()
 		err := testcluster.WaitFor(testcluster.DefaultWait, func() error {
-			clock.Advance(cooldown)
+			skipped.Add(int64(cooldown))
 			if d := check(t, n0, req); d.WithoutOwner || d.Owner != n1.Name() {
 				return fmt.Errorf("check: %+v, want forwarded to %s", d, n1.Name())
 			}

@@ -59,3 +59,51 @@ func TestConcurrentAdvance(t *testing.T) {
 		t.Fatalf("Now = %v, want %v", got, want)
 	}
 }
+
+// AfterFunc calls fire when the clock is moved past them, in any order of
+// moves, and never once stopped.
+func TestAfterFunc(t *testing.T) {
+	c := New(time.Unix(1_000, 0))
+	fired := make(chan int, 8)
+	stops := map[int]func() bool{}
+	for i, d := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
+		stops[i] = c.AfterFunc(d, func() { fired <- i })
+	}
+	for i, st := range []struct {
+		move func()
+		want []int // the timers that fire, in any order
+	}{
+		{func() { c.Advance(999 * time.Millisecond) }, nil},
+		{func() { c.Advance(time.Millisecond) }, []int{0}},
+		{func() {
+			if !stops[1]() {
+				t.Error("stop of a pending timer reports false")
+			}
+		}, nil},
+		{func() { c.Set(time.Unix(1_010, 0)) }, []int{2}},
+		{func() {
+			if stops[2]() {
+				t.Error("stop of a fired timer reports true")
+			}
+		}, nil},
+	} {
+		st.move()
+		got := map[int]bool{}
+		for range st.want {
+			got[<-fired] = true
+		}
+		for _, w := range st.want {
+			if !got[w] {
+				t.Fatalf("step %d: timer %d did not fire", i, w)
+			}
+		}
+		select {
+		case f := <-fired:
+			t.Fatalf("step %d: timer %d fired too", i, f)
+		default:
+		}
+	}
+	done := make(chan struct{})
+	c.AfterFunc(0, func() { close(done) })
+	<-done
+}

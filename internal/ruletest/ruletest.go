@@ -35,7 +35,7 @@ type T interface {
 func New(t T, yaml string) *Backend {
 	t.Helper()
 	b := &Backend{Clock: fakeclock.New(Start)}
-	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = b.Clock.Now }))
+	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = cluster.ClockFunc(b.Clock.Now) }))
 	b.Node = c.Node(0)
 	set, err := rules.Parse("test.yaml", []byte(yaml))
 	if err != nil {

@@ -148,7 +148,7 @@ func TestHTTPLimitOnEveryBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = clk.Now }))
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Clock = cluster.ClockFunc(clk.Now) }))
 	front := c.Node(0) // the middleware's node
 	// The clients' IPs: A's and B's buckets live on the two other nodes,
 	// C's on the middleware's own.

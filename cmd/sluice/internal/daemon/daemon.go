@@ -464,7 +464,9 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.Store.KeepStrictest = d.cfg.Destructive == DestructiveDeny || d.cfg.Destructive == DestructiveAdmins
 	c.ServerLimits = d.cfg.GRPCMessageBudget()
 	c.Logger = d.logger.With("component", "cluster")
-	c.Clock = d.opts.now
+	if d.opts.now != nil {
+		c.Clock = cluster.ClockFunc(d.opts.now)
+	}
 	c.Registerer = d.reg // /metrics shows the node's metrics with the daemon's
 	return c
 }

@@ -1,0 +1,233 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Settlement: the hits a node admits without a key's owner (the
+// unreachable policies local and allow) are recorded here, per key, and
+// charged to the owner's state once the owner decides again: a check of
+// the hits recorded, with DrainOverLimit, so that it consumes them, or
+// what remains when they are more. A key that this node owns by then is
+// settled where it is: hits admitted under PolicyLocal are in its store
+// already, and those admitted under PolicyAllow are charged to it.
+//
+// Decisions a node makes as the owner of a key because the key's owner
+// failed (each side of a partition) are not recorded: the two sides'
+// states meet by hand-off when the partition heals, the more consumed
+// winning (docs/design.md, Partitions).
+//
+// The record is bounded: maxDebtBytes in all, an entry counted as its
+// name, its key and debtOverhead. Past the bound, the hits of a key not
+// recorded yet are not recorded, and counted in SettleStats.Dropped: the
+// owner never learns of them, as before settlement existed.
+
+// maxDebtBytes bounds the record of hits to settle.
+const maxDebtBytes = 1 << 20
+
+// debtOverhead is what an entry of the record costs beside its name and
+// key.
+const debtOverhead = 160
+
+// settleInterval is how often a node tries to settle what it holds.
+const settleInterval = 50 * time.Millisecond
+
+// debt is what a node admitted of one key without its owner.
+type debt struct {
+	req   limiter.Request // the key's last request; Hits is the hits to charge
+	local bool            // some were admitted on this node's store (PolicyLocal)
+}
+
+type debtKey struct{ name, key string }
+
+// debts is the record. Safe for concurrent use.
+type debts struct {
+	mu    sync.Mutex
+	m     map[debtKey]*debt // guarded by mu
+	bytes int64             // guarded by mu
+
+	wake                       chan struct{} // a debt was recorded
+	recorded, settled, dropped atomic.Int64  // hits
+}
+
+func newDebts() *debts {
+	return &debts{m: map[debtKey]*debt{}, wake: make(chan struct{}, 1)}
+}
+
+// add records hits of req admitted without the owner; local says they
+// were admitted on this node's store.
+func (t *debts) add(req *limiter.Request, hits int64, local bool) {
+	if hits <= 0 {
+		return
+	}
+	k := debtKey{req.Name, req.Key}
+	t.mu.Lock()
+	d, ok := t.m[k]
+	if !ok {
+		size := int64(len(k.name)+len(k.key)) + debtOverhead
+		if t.bytes+size > maxDebtBytes {
+			t.mu.Unlock()
+			t.dropped.Add(hits)
+			return
+		}
+		t.bytes += size
+		d = &debt{}
+		t.m[k] = d
+	}
+	owed := d.req.Hits
+	d.req = *req
+	d.req.Hits = owed + hits
+	d.local = d.local || local
+	t.mu.Unlock()
+	t.recorded.Add(hits)
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes and returns every debt.
+func (t *debts) take() []debt {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.m) == 0 {
+		return nil
+	}
+	out := make([]debt, 0, len(t.m))
+	for k, d := range t.m {
+		out = append(out, *d)
+		delete(t.m, k)
+	}
+	t.bytes = 0
+	return out
+}
+
+// putBack records again debts that could not be settled.
+func (t *debts) putBack(ds []debt) {
+	for i := range ds {
+		t.add(&ds[i].req, ds[i].req.Hits, ds[i].local)
+		t.recorded.Add(-ds[i].req.Hits) // recorded once already
+	}
+}
+
+// SettleStats counts the hits admitted without their key's owner.
+type SettleStats struct {
+	Recorded int64 // hits recorded to be charged to their owner
+	Settled  int64 // hits charged to their owner (or found in this node's store as the owner)
+	Dropped  int64 // hits not recorded: the record was full
+}
+
+func (t *debts) stats() SettleStats {
+	return SettleStats{Recorded: t.recorded.Load(), Settled: t.settled.Load(), Dropped: t.dropped.Load()}
+}
+
+// settleLoop settles the record every settleInterval while it holds
+// anything, until the node closes.
+func (n *Node) settleLoop() {
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-n.debts.wake:
+		}
+		for {
+			t := newTimer(n.clock, settleInterval)
+			select {
+			case <-n.shutdown:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if n.settle() == 0 {
+				break
+			}
+		}
+	}
+}
+
+// settle charges every debt to its key's owner and returns how many are
+// still owed. A debt is charged only where the router sends checks now
+// without waiting: here as the settled owner, or the owner's peer when its
+// breaker lets a call through; the others wait for the next round. The
+// charges are background traffic, counted in SettleStats only, not in the
+// checks' counts and metrics.
+func (n *Node) settle() int {
+	ds := n.debts.take()
+	if len(ds) == 0 {
+		return 0
+	}
+	type group struct {
+		pick  pick
+		reqs  []limiter.Request
+		debts []debt
+	}
+	var (
+		groups map[string]*group
+		again  []debt
+	)
+	for _, d := range ds {
+		hash := ring.RouteHash(d.req.Name, d.req.Key)
+		charge := d.req
+		charge.Hits = min(charge.Hits, max(charge.Capacity(), 1)) // more drains no more
+		charge.Behavior = (charge.Behavior &^ (limiter.Reset | limiter.Refund)) | limiter.DrainOverLimit
+		p := n.router.pick(hash)
+		switch p.way {
+		case wayHere:
+			if d.local { // in this node's store already
+				n.debts.settled.Add(d.req.Hits)
+				continue
+			}
+			if _, err, ok := n.decideOwned(&charge, hash); ok && err == nil {
+				n.debts.settled.Add(d.req.Hits)
+				continue
+			}
+			again = append(again, d)
+			continue
+		case wayOwner:
+		default:
+			n.router.release(&p)
+			again = append(again, d)
+			continue
+		}
+		g := groups[p.peer]
+		if g != nil {
+			n.router.release(&p) // the group's call is the probe, if any
+		} else {
+			if groups == nil {
+				groups = map[string]*group{}
+			}
+			g = &group{pick: p}
+			groups[p.peer] = g
+		}
+		g.reqs = append(g.reqs, charge)
+		g.debts = append(g.debts, d)
+	}
+	ctx, cancel := withTimeout(context.Background(), n.clock, n.cfg.HandoverTimeout)
+	defer cancel()
+	for _, g := range groups {
+		rs := g.pick.client.CheckMany(ctx, g.reqs)
+		n.router.done(&g.pick, batchErr(rs))
+		for i, r := range rs {
+			switch {
+			case r.Err == nil:
+			case errors.Is(r.Err, transport.ErrUnavailable), errors.Is(r.Err, transport.ErrNotOwner), callerGone(r.Err):
+				again = append(again, g.debts[i])
+				continue
+			default: // the owner refused the request: it never will take it
+				n.debts.dropped.Add(g.debts[i].req.Hits)
+				continue
+			}
+			n.debts.settled.Add(g.debts[i].req.Hits)
+		}
+	}
+	n.debts.putBack(again)
+	return len(again)
+}

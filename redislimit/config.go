@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,7 +47,9 @@ type Config struct {
 	Username, Password string
 	// TLS, when not nil, connects with TLS.
 	TLS *tls.Config
-	// Prefix begins every key this package writes.
+	// Prefix begins every key this package writes. It may not hold '{'
+	// or '}': a hash tag in it would put every key on one Redis Cluster
+	// slot, and so on one shard.
 	Prefix string
 	// Timeout bounds one Check or CheckMany call on Redis, connecting
 	// included; past it the Unreachable policy decides.
@@ -117,6 +120,8 @@ func (c Config) Validate() error {
 		return bad("neither Client nor Addrs is set")
 	case len(c.Prefix) > MaxPrefixLen:
 		return bad("Prefix is %d bytes, more than %d", len(c.Prefix), MaxPrefixLen)
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return bad("Prefix %q holds '{' or '}': a hash tag in it would put every key on one cluster slot", c.Prefix)
 	case c.Timeout <= 0 || c.Timeout > time.Minute:
 		return bad("Timeout %v is outside (0, 1m]", c.Timeout)
 	case !c.Unreachable.Valid() || c.Unreachable == sluice.PolicyDefault:

@@ -1,9 +1,13 @@
 package daemon
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
@@ -49,5 +53,59 @@ func TestRedisNoCallerLowersACount(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedisEnvoyModes is TestEnvoyModes on backend redis, in day windows
+// (Redis's clock decides them): a hits_addend of 0 on a full window is OK
+// with 0 remaining, quota mode, no charge for a request over (given back
+// on Redis), and whole seconds in duration_until_reset.
+func TestRedisEnvoyModes(t *testing.T) {
+	srv := testredis.Start(t)
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "m1.yaml", "domain: m\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5}\n")
+	writeEnvoyFile(t, dir, "m2.yaml", "domain: m\ndescriptors:\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 2}\n")
+	cfg := redisConfigFor("redis-envoy-modes", srv.Addr())
+	cfg.EnvoyConfigDir = dir
+	cfg.Destructive = DestructiveDeny
+	cfg.EnvoyMergeDomains, cfg.EnvoyQuotaMode, cfg.EnvoyStopIncrementOverLimit = true, true, true
+	d := start(t, cfg)
+	client := rlsClient(t, d.GRPCAddr())
+	call := func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: "m"}
+		for _, e := range entries {
+			one := rlsRequest("m", []string{e}).Descriptors[0]
+			one.HitsAddend = wrapperspb.UInt64(hits)
+			req.Descriptors = append(req.Descriptors, one)
+		}
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for i, s := range []struct {
+		hits    uint64
+		entries []string
+		want    string
+	}{
+		{0, []string{"b=1"}, "OK; OK r=2"},
+		{2, []string{"b=1"}, "OK; OK r=0"},
+		{0, []string{"b=1"}, "OK; OK r=0"},
+		{1, []string{"a=1", "b=1"}, "OK; OK r=4; OVER_LIMIT r=0"},
+		{0, []string{"a=1"}, "OK; OK r=5"},
+		{1 << 40, []string{"a=1"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+		{0, []string{"a=1"}, "OK; OK r=5"},
+	} {
+		resp := call(s.hits, s.entries...)
+		if got := rlsSummary(resp); got != s.want {
+			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+		for _, st := range resp.Statuses {
+			if dr := st.DurationUntilReset; dr != nil && (dr.Nanos != 0 || dr.Seconds <= 0 || dr.Seconds > 86400) {
+				t.Errorf("step %d: duration_until_reset %v, want whole seconds in (0, 1 day]", i, dr.AsDuration())
+			}
+		}
 	}
 }

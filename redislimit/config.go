@@ -75,8 +75,10 @@ type Config struct {
 	// denies with Remaining 0 is remembered until its RetryAfter, and
 	// checks of the same key and parameters (of any hits, without
 	// Behavior) are denied until then without a call to Redis, with the
-	// RetryAfter of one hit, a lower bound for more. Each key costs about
-	// 200 bytes beyond its name and key. 0, the default, is off.
+	// RetryAfter of one hit, a lower bound for more. A Reset or Refund of
+	// the same key and parameters through this Limiter forgets it; one
+	// through another process does not. Each key costs about 200 bytes
+	// beyond its name and key. 0, the default, is off.
 	OverLimitCache int
 	// PoolSize is the most connections per Redis node when New builds
 	// the client; 0 is go-redis's default (10 per CPU).

@@ -755,6 +755,27 @@ func TestOverLimitCache(t *testing.T) {
 		t.Errorf("after RetryAfter: %+v, %v; want Redis to admit it", d, err)
 	}
 
+	// A reset or a refund through this Limiter forgets the key's denial:
+	// the next check asks Redis, which admits it.
+	for _, giveBack := range []limiter.Request{
+		{Name: "over", Key: "k", Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Reset},
+		{Name: "over", Key: "k", Hits: 1, Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund},
+	} {
+		l.Check(ctx, req)
+		if d, _ := l.Check(ctx, req); d.Allowed {
+			t.Fatalf("spending the key again: %+v", d)
+		}
+		if d, _ := l.Check(ctx, req); d.Allowed {
+			t.Fatalf("a cached check of the spent key: %+v", d)
+		}
+		if _, err := l.Check(ctx, giveBack); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Check(ctx, req); err != nil || !d.Allowed {
+			t.Errorf("after %v: %+v, %v; want Redis to admit it", giveBack.Behavior, d, err)
+		}
+	}
+
 	// A denial of 2 hits with 1 remaining is not remembered.
 	big := limiter.Request{Name: "over", Key: "big", Hits: 1, Limit: 3, Period: time.Second, Algorithm: limiter.FixedWindow}
 	l.Check(ctx, big)

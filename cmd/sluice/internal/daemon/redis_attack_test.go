@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -106,6 +108,38 @@ func TestRedisEnvoyModes(t *testing.T) {
 			if dr := st.DurationUntilReset; dr != nil && (dr.Nanos != 0 || dr.Seconds <= 0 || dr.Seconds > 86400) {
 				t.Errorf("step %d: duration_until_reset %v, want whole seconds in (0, 1 day]", i, dr.AsDuration())
 			}
+		}
+	}
+}
+
+// TestRedisEnvoyResetIgnoresDaemonClock: on backend redis, Redis's clock
+// places the windows, so a daemon whose clock is skewed must still tell
+// Envoy when the window Redis counts in ends. Known break: the Envoy
+// service computes duration_until_reset from the daemon's own clock
+// (envoyrls Service.untilReset), so daemons 36 hours off report the end
+// of another day's window, 12 hours off here. Run with SLUICE_ATTACK=1.
+func TestRedisEnvoyResetIgnoresDaemonClock(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("known break: duration_until_reset follows the daemon's clock, not Redis's; SLUICE_ATTACK=1 runs it")
+	}
+	srv := testredis.Start(t)
+	var resets []time.Duration
+	for i, skew := range []time.Duration{0, -36 * time.Hour, 36 * time.Hour, 90 * time.Second} {
+		cfg := redisConfigFor("redis-skew", srv.Addr())
+		cfg.EnvoyConfigDir = envoyDir(t)
+		d := start(t, cfg, WithClock(fakeclock.New(time.Now().Add(skew)).Now))
+		resp, err := rlsClient(t, d.GRPCAddr()).ShouldRateLimit(context.Background(), rlsRequest("messaging", []string{"to_number=1"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := rlsSummary(resp), fmt.Sprintf("OK; OK r=%d", 99-i); got != want {
+			t.Errorf("skew %v: %s, want %s (one count in Redis)", skew, got, want)
+		}
+		resets = append(resets, resp.Statuses[0].DurationUntilReset.AsDuration())
+		// The daemons read Redis's day window within seconds of each
+		// other: their resets must agree within a minute.
+		if diff := resets[0] - resets[i]; diff < -time.Minute || diff > time.Minute {
+			t.Errorf("skew %v: duration_until_reset %v, want about %v as with no skew", skew, resets[i], resets[0])
 		}
 	}
 }

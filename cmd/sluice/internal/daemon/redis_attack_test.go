@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -117,7 +119,9 @@ func TestRedisEnvoyModes(t *testing.T) {
 // Envoy when the window Redis counts in ends. Known break: the Envoy
 // service computes duration_until_reset from the daemon's own clock
 // (envoyrls Service.untilReset), so daemons 36 hours off report the end
-// of another day's window, 12 hours off here. Run with SLUICE_ATTACK=1.
+// of another day's window, 12 hours off here; the HTTP API's
+// reset_after_ms is Redis's ResetAt less the daemon's clock (EncodeDecision),
+// off by the skew. Run with SLUICE_ATTACK=1.
 func TestRedisEnvoyResetIgnoresDaemonClock(t *testing.T) {
 	if os.Getenv("SLUICE_ATTACK") == "" {
 		t.Skip("known break: duration_until_reset follows the daemon's clock, not Redis's; SLUICE_ATTACK=1 runs it")
@@ -136,6 +140,13 @@ func TestRedisEnvoyResetIgnoresDaemonClock(t *testing.T) {
 			t.Errorf("skew %v: %s, want %s (one count in Redis)", skew, got, want)
 		}
 		resets = append(resets, resp.Statuses[0].DurationUntilReset.AsDuration())
+		// The HTTP API's reset_after_ms of a window of a minute is at
+		// most a minute, whatever the daemon's clock.
+		r := do(t, http.MethodPost, "http://"+d.HTTPAddr()+"/v1/check", `{"name":"skew","key":"k","limit":100,"period":"1m","algorithm":"fixed_window"}`)
+		var dec Decision
+		if err := json.Unmarshal(r.body, &dec); err != nil || dec.ResetAfterMs <= 0 || dec.ResetAfterMs > 60_000 {
+			t.Errorf("skew %v: HTTP %d %s: reset_after_ms outside (0, 60000]", skew, r.status, r.body)
+		}
 		// The daemons read Redis's day window within seconds of each
 		// other: their resets must agree within a minute.
 		if diff := resets[0] - resets[i]; diff < -time.Minute || diff > time.Minute {

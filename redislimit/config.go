@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,7 +47,9 @@ type Config struct {
 	Username, Password string
 	// TLS, when not nil, connects with TLS.
 	TLS *tls.Config
-	// Prefix begins every key this package writes.
+	// Prefix begins every key this package writes. It may not hold '{'
+	// or '}': a hash tag in it would put every key on one Redis Cluster
+	// slot, and so on one shard.
 	Prefix string
 	// Timeout bounds one Check or CheckMany call on Redis, connecting
 	// included; past it the Unreachable policy decides.
@@ -72,8 +75,10 @@ type Config struct {
 	// denies with Remaining 0 is remembered until its RetryAfter, and
 	// checks of the same key and parameters (of any hits, without
 	// Behavior) are denied until then without a call to Redis, with the
-	// RetryAfter of one hit, a lower bound for more. Each key costs about
-	// 200 bytes beyond its name and key. 0, the default, is off.
+	// RetryAfter of one hit, a lower bound for more. A Reset or Refund of
+	// the same key and parameters through this Limiter forgets it; one
+	// through another process does not. Each key costs about 200 bytes
+	// beyond its name and key. 0, the default, is off.
 	OverLimitCache int
 	// PoolSize is the most connections per Redis node when New builds
 	// the client; 0 is go-redis's default (10 per CPU).
@@ -117,6 +122,8 @@ func (c Config) Validate() error {
 		return bad("neither Client nor Addrs is set")
 	case len(c.Prefix) > MaxPrefixLen:
 		return bad("Prefix is %d bytes, more than %d", len(c.Prefix), MaxPrefixLen)
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return bad("Prefix %q holds '{' or '}': a hash tag in it would put every key on one cluster slot", c.Prefix)
 	case c.Timeout <= 0 || c.Timeout > time.Minute:
 		return bad("Timeout %v is outside (0, 1m]", c.Timeout)
 	case !c.Unreachable.Valid() || c.Unreachable == sluice.PolicyDefault:

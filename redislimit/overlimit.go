@@ -94,3 +94,14 @@ func (o *overLimit) remember(req *limiter.Request, d limiter.Decision, now time.
 	}
 	o.denied[k] = denial{until: now.Add(d.RetryAfter), resetAt: d.ResetAt}
 }
+
+// forget drops the remembered denial of req's key and parameters: req
+// gave the key hits back (Reset or Refund), so that the next check of
+// them asks Redis again. A denial remembered under other parameters
+// stays until its RetryAfter.
+func (o *overLimit) forget(req *limiter.Request) {
+	k := keyOf(req)
+	o.mu.Lock()
+	delete(o.denied, k)
+	o.mu.Unlock()
+}

@@ -159,6 +159,9 @@ func (l *Limiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ..
 			// (a master of a cluster down, say): its count is taken.
 			out[c.index].Decision, out[c.index].Err = c.decision, c.err
 			if l.over != nil && c.err == nil {
+				if c.req.Behavior&(limiter.Reset|limiter.Refund) != 0 {
+					l.over.forget(c.req)
+				}
 				l.over.remember(c.req, c.decision.Decision, l.clock())
 			}
 		case failed && ctx.Err() != nil: // the caller's context ended, not Redis

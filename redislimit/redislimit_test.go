@@ -157,6 +157,9 @@ func TestConfigValidate(t *testing.T) {
 		{"zero threshold", func(c *Config) { c.BreakerThreshold = 0 }},
 		{"zero cooldown", func(c *Config) { c.BreakerCooldown = 0 }},
 		{"long prefix", func(c *Config) { c.Prefix = strings.Repeat("p", MaxPrefixLen+1) }},
+		{"hash tag in prefix", func(c *Config) { c.Prefix = "{sluice}:" }},
+		{"open brace in prefix", func(c *Config) { c.Prefix = "a{" }},
+		{"closing brace in prefix", func(c *Config) { c.Prefix = "a}" }},
 		{"bad local store", func(c *Config) { c.Local.Shards = 3 }},
 		{"negative cache", func(c *Config) { c.OverLimitCache = -1 }},
 		{"huge cache", func(c *Config) { c.OverLimitCache = MaxOverLimitCache + 1 }},
@@ -750,6 +753,27 @@ func TestOverLimitCache(t *testing.T) {
 	before := hook.calls.Load()
 	if d, err := l.Check(ctx, req); err != nil || !d.Allowed || hook.calls.Load() == before {
 		t.Errorf("after RetryAfter: %+v, %v; want Redis to admit it", d, err)
+	}
+
+	// A reset or a refund through this Limiter forgets the key's denial:
+	// the next check asks Redis, which admits it.
+	for _, giveBack := range []limiter.Request{
+		{Name: "over", Key: "k", Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Reset},
+		{Name: "over", Key: "k", Hits: 1, Limit: 2, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund},
+	} {
+		l.Check(ctx, req)
+		if d, _ := l.Check(ctx, req); d.Allowed {
+			t.Fatalf("spending the key again: %+v", d)
+		}
+		if d, _ := l.Check(ctx, req); d.Allowed {
+			t.Fatalf("a cached check of the spent key: %+v", d)
+		}
+		if _, err := l.Check(ctx, giveBack); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Check(ctx, req); err != nil || !d.Allowed {
+			t.Errorf("after %v: %+v, %v; want Redis to admit it", giveBack.Behavior, d, err)
+		}
 	}
 
 	// A denial of 2 hits with 1 remaining is not remembered.

@@ -873,11 +873,14 @@ var fields = []field{
 			return nil
 		},
 		show: func(c *Config) string { return c.RedisTimeout.String() }},
-	{key: "redis_prefix", usage: "prefix of every key written in Redis",
+	{key: "redis_prefix", usage: "prefix of every key written in Redis (without '{' or '}')",
 		parse: func(c *Config, v string) error { c.RedisPrefix = v; return nil },
 		check: func(c *Config) error {
 			if len(c.RedisPrefix) > redislimit.MaxPrefixLen {
 				return fmt.Errorf("is %d bytes, more than %d", len(c.RedisPrefix), redislimit.MaxPrefixLen)
+			}
+			if strings.ContainsAny(c.RedisPrefix, "{}") {
+				return errors.New("holds '{' or '}': a hash tag in the prefix would put every key on one Redis Cluster slot")
 			}
 			return checkSecretText(c.RedisPrefix)
 		},

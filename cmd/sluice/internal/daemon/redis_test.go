@@ -256,6 +256,7 @@ func TestRedisConfigErrors(t *testing.T) {
 		{append(redis, "--redis-tls-ca-file", pw), "redis_tls", "need redis_tls: true"},
 		{append(redis, "--redis-tls=true", "--redis-tls-cert-file", pw), "redis_tls_cert_file", "go together"},
 		{append(redis, "--redis-prefix", strings.Repeat("p", 65)), "redis_prefix", "more than 64"},
+		{append(redis, "--redis-prefix", "{sluice}:"), "redis_prefix", "one Redis Cluster slot"},
 		{append(redis, "--redis-pool-size", "-1"), "redis_pool_size", "outside"},
 		{append(redis, "--redis-over-limit-cache", "-1"), "redis_over_limit_cache", "outside"},
 		{append(redis, "--redis-password", "a\nb"), "redis_password", "control characters"},

@@ -220,7 +220,21 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock returns the time decisions are made at; nil is time.Now.
 	Clock func() time.Time
+	// MaxClockSkew is the largest offset between two nodes' clocks the
+	// cluster tolerates: the node estimates each member's offset every
+	// ClockProbeInterval (clockskew.go), exports it
+	// (sluice_peer_clock_offset_seconds), lists it in Status and logs a
+	// warning when a member's passes this bound. Leases hold whatever the
+	// skew; what else holds within the bound is in the README's
+	// Guarantees. In (0, MaxMaxClockSkew].
+	MaxClockSkew time.Duration
+	// ClockProbeInterval is how often the node samples each member's
+	// clock, at least MinInterval.
+	ClockProbeInterval time.Duration
 }
+
+// MaxMaxClockSkew bounds Config.MaxClockSkew.
+const MaxMaxClockSkew = time.Hour
 
 // DefaultConfig returns a config for a node on a LAN: gossip on port 7946
 // and gRPC on 7947 of every interface, the node name from the host name.
@@ -247,6 +261,9 @@ func DefaultConfig() Config {
 		ProofTimeout:      2 * time.Second,
 		ProofRetry:        200 * time.Millisecond,
 		ProofRetryMax:     30 * time.Second,
+
+		MaxClockSkew:       250 * time.Millisecond,
+		ClockProbeInterval: 10 * time.Second,
 	}
 }
 
@@ -266,6 +283,7 @@ func TestConfig(name string) Config {
 	c.LeaveTimeout = 2 * time.Second
 	c.ProofRetry = 20 * time.Millisecond
 	c.ProofRetryMax = time.Second
+	c.ClockProbeInterval = 100 * time.Millisecond
 	return c
 }
 
@@ -331,6 +349,10 @@ func (c *Config) Validate() error {
 		return bad("ProofRetry %v is below %v", c.ProofRetry, MinInterval)
 	case c.ProofRetryMax < c.ProofRetry:
 		return bad("ProofRetryMax %v is below ProofRetry %v", c.ProofRetryMax, c.ProofRetry)
+	case c.MaxClockSkew <= 0 || c.MaxClockSkew > MaxMaxClockSkew:
+		return bad("MaxClockSkew %v is outside (0, %v]", c.MaxClockSkew, MaxMaxClockSkew)
+	case c.ClockProbeInterval < MinInterval:
+		return bad("ClockProbeInterval %v is below %v", c.ClockProbeInterval, MinInterval)
 	}
 	for i, k := range c.GossipKeys {
 		if l := len(k); l != 16 && l != 24 && l != 32 {

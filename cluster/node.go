@@ -64,6 +64,7 @@ type Node struct {
 	handover *handover   // which keys this node decides as owner
 	grants   grantTable  // leases this node granted as owner (grants.go)
 	leases   *leaseTable // see lease.go
+	clocks   *clockTable // the members' clock offsets (clockskew.go)
 	proofs   *proofs     // which members have proved themselves (proof.go)
 
 	lis    net.Listener
@@ -177,6 +178,12 @@ func New(cfg Config) (n *Node, err error) {
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
+	n.clocks = newClockTable(cfg.MaxClockSkew, n.logger)
+	if reg := cfg.Registerer; reg != nil {
+		if err = reg.Register(newClockCollector(n.clocks)); err != nil {
+			return nil, fmt.Errorf("cluster: register metrics: %w", err)
+		}
+	}
 	if n.lis, err = cfg.ServerLimits.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
@@ -191,7 +198,7 @@ func New(cfg Config) (n *Node, err error) {
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
-		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName))
+		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName), transport.WithClock(n.now))
 	if cfg.ServePublicAPI {
 		n.RegisterPublicAPI(n.grpc)
 	}
@@ -240,6 +247,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
+	n.goFunc(n.clockLoop)
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
 	if len(cfg.Seeds) == 0 {

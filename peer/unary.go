@@ -132,3 +132,14 @@ func (c *Client) unary(ctx context.Context, call func(context.Context) error) er
 	}
 	return fmt.Errorf("peer: %s: %w", c.name, err)
 }
+
+// ProbeClock samples the peer's clock against now, this node's clock,
+// with one Prove round trip (transport.ProbeClock), within Config.Timeout.
+func (c *Client) ProbeClock(ctx context.Context, now func() time.Time) (transport.ClockSample, error) {
+	var s transport.ClockSample
+	err := c.unary(ctx, func(ctx context.Context) (err error) {
+		s, err = transport.ProbeClock(ctx, c.conn, c.cfg.Self, c.name, now)
+		return err
+	})
+	return s, err
+}

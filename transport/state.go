@@ -67,8 +67,14 @@ type HandoverSink interface {
 type Lease struct {
 	// Granted hits, already consumed on the owner; 0 when none were left.
 	Granted int64
-	// ExpiresAt is when the lease is void.
+	// ExpiresAt is when the lease is void, on the owner's clock. Holders
+	// go by ValidFor when it is set: ExpiresAt compares two hosts' clocks.
 	ExpiresAt time.Time
+	// ValidFor is how long the lease lasts from when the owner granted it.
+	// The holder counts it from when it sent the request, on its own
+	// clock, which ends the lease no later than the owner does, whatever
+	// the offset between their clocks. 0 from owners that predate it.
+	ValidFor time.Duration
 	// Decision is the owner's for the hits taken (for one hit when none
 	// were).
 	Decision limiter.Decision
@@ -292,6 +298,7 @@ func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseR
 	return &pb.LeaseResponse{
 		Granted:           l.Granted,
 		ExpiresAtUnixNano: unixNano(l.ExpiresAt),
+		ValidForNanos:     int64(l.ValidFor),
 		Decision:          DecisionToProto(l.Decision),
 	}, nil
 }
@@ -305,14 +312,17 @@ func LeaseFromProto(m *pb.LeaseResponse, want int64) (Lease, error) {
 	if m.Granted < 0 || m.Granted > want {
 		return Lease{}, fmt.Errorf("%w: lease granted %d of %d", ErrMalformedResponse, m.Granted, want)
 	}
-	if m.Granted > 0 && m.ExpiresAtUnixNano <= 0 {
+	if m.Granted > 0 && m.ExpiresAtUnixNano <= 0 && m.ValidForNanos <= 0 {
 		return Lease{}, fmt.Errorf("%w: lease of %d hits without an expiry", ErrMalformedResponse, m.Granted)
+	}
+	if m.ValidForNanos < 0 || m.ValidForNanos > int64(MaxLeaseTTL) {
+		return Lease{}, fmt.Errorf("%w: lease valid for %v, outside [0, %v]", ErrMalformedResponse, time.Duration(m.ValidForNanos), MaxLeaseTTL)
 	}
 	d, err := DecisionFromProto(m.Decision)
 	if err != nil {
 		return Lease{}, err
 	}
-	l := Lease{Granted: m.Granted, Decision: d}
+	l := Lease{Granted: m.Granted, Decision: d, ValidFor: time.Duration(m.ValidForNanos)}
 	if m.ExpiresAtUnixNano > 0 {
 		l.ExpiresAt = time.Unix(0, m.ExpiresAtUnixNano)
 	}

@@ -1,0 +1,70 @@
+package cluster_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// ownedBy returns a key of name that node i of c owns.
+func ownedBy(t *testing.T, c *testcluster.Cluster, i int, name string) string {
+	t.Helper()
+	for k := range 10_000 {
+		key := fmt.Sprintf("k%d", k)
+		if c.Owner(name, key) == c.Node(i) {
+			return key
+		}
+	}
+	t.Fatalf("no key of %s owned by node %d", name, i)
+	return ""
+}
+
+// TestLeaseFixedWindowUnderSkew: a holder whose clock runs 20 or 80 ms
+// behind the owner's keeps the fixed window lease bound. On one clock
+// moved by the test (the owner's; the holder's is offset from it), the
+// holder leases hits of a 100 per second window 100 ms before it ends;
+// once the owner's window is over by half the offset, the owner admits
+// 100 in the new window and the holder none from the old lease. The
+// lease's lifetime travels as a duration, which the holder counts from
+// when it asked on its own clock; an expiry read as the owner's time on
+// the holder's clock kept the lease alive into the next window.
+func TestLeaseFixedWindowUnderSkew(t *testing.T) {
+	for _, behind := range []time.Duration{20 * time.Millisecond, 80 * time.Millisecond} {
+		t.Run(fmt.Sprintf("holder %v behind", behind), func(t *testing.T) {
+			clk := newClock() // on a whole second
+			clk.Advance(900 * time.Millisecond)
+			c := testcluster.New(t, 2, testcluster.WithClockOffsets(0, -behind), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+				cfg.Clock = clk.Now
+				cfg.Lease = cluster.LeaseConfig{Threshold: 10, TTL: 500 * time.Millisecond, Share: 0.5}
+				cfg.Unreachable = sluice.PolicyDeny
+			}))
+			const limit = 100
+			req := limiter.Request{Name: "skew", Key: ownedBy(t, c, 0, "skew"), Hits: 1, Limit: limit, Period: time.Second, Algorithm: limiter.FixedWindow}
+			owner, holder := c.Node(0), c.Node(1)
+			end := clk.Now().Truncate(time.Second).Add(time.Second) // the owner's window end
+			if err := testcluster.WaitFor(10*time.Second, func() error {
+				checkOn(t, holder, req)
+				if s := holder.Stats().Leases; s.HitsLeased <= s.Local+10 {
+					return fmt.Errorf("%s holds no unused leased hits: %+v", holder.Name(), s)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(end.Sub(clk.Now()) + behind/2) // the owner's next window; the holder's clock is before its start
+			adm := &admissions{}
+			burstUntilDenied(t, []*cluster.Node{owner}, req, clk, adm)
+			fromOwner := len(adm.at)
+			burstUntilDenied(t, []*cluster.Node{holder}, req, clk, adm)
+			t.Logf("in the new window: %d admitted on the owner, %d on the holder; holder leases %+v", fromOwner, len(adm.at)-fromOwner, holder.Stats().Leases)
+			if len(adm.at) > limit {
+				t.Errorf("%d admitted in the owner's window of %d, %d of them by the holder", len(adm.at), limit, len(adm.at)-fromOwner)
+			}
+		})
+	}
+}

@@ -68,3 +68,74 @@ func TestLeaseFixedWindowUnderSkew(t *testing.T) {
 		})
 	}
 }
+
+// TestSkewAcrossJoin measures what clock skew costs a key that changes
+// owner (finding 4 of the skew review): three nodes with clocks at 0, +2 s
+// and -2 s spend keys of 40 per 8 s; a fourth at +1 s joins; on a clock
+// moved only by the test, the keys it takes over are checked on it until
+// denied. A key's state carries its owner's times, which the new owner
+// reads on its own clock: a new owner ahead by s finds up to rate × s of
+// it drained (5/s × 3 s = 15 hits at most here, from the node at -2 s),
+// one behind finds it fuller (nothing more admitted). The test holds that
+// bound for the algorithms whose state is a time (token and leaky bucket,
+// GCRA, sliding window log); a window straddled by the two clocks may
+// admit its limit once more.
+func TestSkewAcrossJoin(t *testing.T) {
+	offsets := []time.Duration{0, 2 * time.Second, -2 * time.Second, time.Second}
+	clk := newClock()
+	c := testcluster.New(t, 3, testcluster.WithClockOffsets(offsets...), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.Clock = clk.Now
+		cfg.Unreachable = sluice.PolicyDeny
+		cfg.MaxClockSkew = 4 * time.Second
+	}))
+	index := map[string]int{}
+	for i, nd := range c.Nodes() {
+		index[nd.Name()] = i
+	}
+	const limit, period = 40, 8 * time.Second
+	rate := float64(limit) / period.Seconds()
+	algos := []limiter.Algorithm{limiter.TokenBucket, limiter.LeakyBucket, limiter.GCRA, limiter.SlidingWindowLog}
+	type key struct {
+		req   limiter.Request
+		owner int
+	}
+	var keys []key
+	for _, a := range algos {
+		for k := range 60 {
+			req := limiter.Request{Name: "join", Key: fmt.Sprintf("%s-%d", a, k), Hits: 1, Limit: limit, Period: period, Algorithm: a}
+			owner := c.Owner(req.Name, req.Key)
+			spent := 0
+			for checkOn(t, owner, req).Allowed {
+				spent++
+			}
+			if spent != limit {
+				t.Fatalf("%s: %d admitted on its owner, want %d", req.Key, spent, limit)
+			}
+			keys = append(keys, key{req, index[owner.Name()]})
+		}
+	}
+	joiner := c.Add()
+	index[joiner.Name()] = 3
+	worst := map[limiter.Algorithm]float64{}
+	moved := 0
+	for _, k := range keys {
+		if c.Owner(k.req.Name, k.req.Key) != joiner {
+			continue
+		}
+		moved++
+		extra := 0
+		for checkOn(t, joiner, k.req).Allowed {
+			extra++
+		}
+		skew := (offsets[3] - offsets[k.owner]).Seconds()
+		bound := max(rate*skew, 0) + 1 // a partial hit rounds up
+		worst[k.req.Algorithm] = max(worst[k.req.Algorithm], float64(extra))
+		if float64(extra) > bound {
+			t.Errorf("%s, moved from a clock %v behind the joiner's: %d more admitted, more than rate × skew %.1f", k.req.Key, offsets[3]-offsets[k.owner], extra, rate*skew)
+		}
+	}
+	t.Logf("%d keys moved to the joiner; most admitted again per algorithm: %v", moved, worst)
+	if moved == 0 {
+		t.Fatal("no key moved to the joiner")
+	}
+}

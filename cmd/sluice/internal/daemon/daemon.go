@@ -356,6 +356,8 @@ func (d *Daemon) clusterConfig() cluster.Config {
 	c.ReplicateInterval = d.cfg.ReplicateInterval
 	c.LeaveTimeout = d.cfg.LeaveTimeout
 	c.Lease = d.cfg.Lease
+	c.MaxClockSkew = d.cfg.MaxClockSkew
+	c.ClockProbeInterval = d.cfg.ClockProbeInterval
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes
 	c.ServerLimits = d.cfg.GRPCMessageBudget()

@@ -41,7 +41,9 @@
 //	                      while joining, once serf stopped, or while
 //	                      shutting down; refused_members lists gossip
 //	                      members that have not proved the peer credential
-//	                      (cluster.Node.RefusedMembers), without making the
+//	                      (cluster.Node.RefusedMembers), and peer_clocks
+//	                      each member's estimated clock offset
+//	                      (cluster.Node.PeerClocks), neither making the
 //	                      node unready
 //	GET  /metrics         Prometheus, from the daemon's own registry
 //

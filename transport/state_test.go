@@ -102,11 +102,11 @@ func TestLeaseFromProto(t *testing.T) {
 	for name, m := range map[string]*pb.LeaseResponse{
 		"negative duration":   {Granted: 1, ExpiresAtUnixNano: 10, ValidForNanos: -1, Decision: &pb.RateLimitResponse{}},
 		"duration over a TTL": {Granted: 1, ValidForNanos: int64(MaxLeaseTTL) + 1, Decision: &pb.RateLimitResponse{}},
-		"nil":            nil,
-		"more than want": {Granted: 6, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{}},
-		"negative":       {Granted: -1, Decision: &pb.RateLimitResponse{}},
-		"no expiry":      {Granted: 1, Decision: &pb.RateLimitResponse{}},
-		"bad decision":   {Granted: 1, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{RetryAfterNanos: -1}},
+		"nil":                 nil,
+		"more than want":      {Granted: 6, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{}},
+		"negative":            {Granted: -1, Decision: &pb.RateLimitResponse{}},
+		"no expiry":           {Granted: 1, Decision: &pb.RateLimitResponse{}},
+		"bad decision":        {Granted: 1, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{RetryAfterNanos: -1}},
 	} {
 		if _, err := LeaseFromProto(m, 5); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -24,11 +24,11 @@ import (
 // than the estimate's error), once per change.
 //
 // What depends on two clocks: a lease's lifetime travels as a duration,
-// counted by the holder from when it asked (lease.go), so leases hold
-// whatever the skew. A hand-over or a replica carries a key's state with
-// the sender's times in it; the receiver reads them on its own clock, so
-// a key may be admitted up to its rate times the skew more across a
-// membership change (the Guarantees table states the bound).
+// counted by the holder from when it asked (lease.go); a transfer of key
+// states carries the sender's clock reading, by which the receiver moves
+// the states' times onto its own clock (transport's Transfer). What is
+// left is a window whose end the two clocks straddle (the README's
+// Guarantees state it).
 
 // clockSamples is how many samples per member the estimate is chosen from.
 const clockSamples = 4
@@ -111,7 +111,7 @@ func (t *clockTable) add(name string, s transport.ClockSample) {
 	t.mu.Unlock()
 	switch {
 	case changed && beyond:
-		t.logger.Warn("cluster: member's clock is beyond MaxClockSkew: hand-overs and replicas of keys it decides may admit up to rate x skew more",
+		t.logger.Warn("cluster: member's clock is beyond MaxClockSkew: windows whose end the two clocks straddle may admit their limit once more when a key moves between them",
 			"member", name, "offset", best.Offset, "rtt", best.RTT, "max_clock_skew", t.maxSkew)
 	case changed:
 		t.logger.Info("cluster: member's clock is within MaxClockSkew again", "member", name, "offset", best.Offset, "rtt", best.RTT)

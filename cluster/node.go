@@ -145,6 +145,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
+	if pcfg.SendClock == nil {
+		pcfg.SendClock = n.now // the clock the states' times are on
+	}
 	if cfg.TLS != nil {
 		client := cfg.TLS.Clone()
 		if len(cfg.PeerIdentities) > 0 {

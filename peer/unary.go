@@ -28,6 +28,7 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 		}
 		var out *pb.TransferResponse
 		err := c.unary(ctx, func(ctx context.Context) (err error) {
+			in.SentUnixNano = c.sendClock().UnixNano() // at each attempt
 			out, err = c.rpc.Transfer(ctx, in, transport.CallOptions()...)
 			return err
 		})
@@ -39,6 +40,18 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 		states = states[n:]
 	}
 	return merged, rejected, nil
+}
+
+// sendClock is the clock transfers are stamped with: Config.SendClock,
+// else Config.Clock, else the system's.
+func (c *Client) sendClock() time.Time {
+	switch {
+	case c.cfg.SendClock != nil:
+		return c.cfg.SendClock()
+	case c.cfg.Clock != nil:
+		return c.cfg.Clock()
+	}
+	return time.Now()
 }
 
 // HandoffDone tells the peer that this node has adopted the membership

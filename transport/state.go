@@ -233,10 +233,13 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	}
 	states := make([]limiter.Snapshot, 0, len(in.States))
 	rejected := 0
+	shift, shifted := p.transferShift(in.SentUnixNano)
 	for _, m := range in.States {
 		s, err := SnapshotFromProto(m)
 		if reason == Reset {
 			s, err = resetKeyFromProto(m)
+		} else if err == nil && shifted {
+			s.ShiftTimes(shift)
 		}
 		if err != nil {
 			rejected++
@@ -246,6 +249,24 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	}
 	merged, bad := p.cfg.sink.TakeStates(ctx, cleanText(in.From, limiter.MaxNameLen), reason, states)
 	return &pb.TransferResponse{Merged: int32(merged), Rejected: int32(rejected + bad)}, nil
+}
+
+// transferShift is how far to move the times of states sent at sent, on
+// the sender's clock, to read them on this server's (WithClock): this
+// clock's reading now less sent, which is the offset between the clocks
+// plus the transit, so the states read as written later than they were,
+// never earlier. ok is false without a stamp (a sender that predates it)
+// or beyond limiter.MaxClockSkew, where the states are read as they are
+// (and the store bounds their times).
+func (p *peerServer) transferShift(sent int64) (d time.Duration, ok bool) {
+	if sent <= 0 {
+		return 0, false
+	}
+	d = time.Duration(p.clock().UnixNano() - sent)
+	if d > limiter.MaxClockSkew || d < -limiter.MaxClockSkew {
+		return 0, false
+	}
+	return d, true
 }
 
 // MaxLeaseTTL bounds the TTL a Lease may ask for.

@@ -987,8 +987,14 @@ type TransferRequest struct {
 	// the sender adopted (xxhash of its member names, sorted, each followed
 	// by a zero byte).
 	RingFingerprint uint64 `protobuf:"fixed64,4,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sender's clock when it sent the states (nanoseconds since the Unix
+	// epoch). The receiver moves the states' times by its own clock's
+	// reading at receipt less this, so that it reads them on its own clock
+	// (later by the transit, never earlier); 0 from senders that predate it,
+	// whose states are read as they are.
+	SentUnixNano  int64 `protobuf:"varint,5,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransferRequest) Reset() {
@@ -1045,6 +1051,13 @@ func (x *TransferRequest) GetStates() []*KeyState {
 func (x *TransferRequest) GetRingFingerprint() uint64 {
 	if x != nil {
 		return x.RingFingerprint
+	}
+	return 0
+}
+
+func (x *TransferRequest) GetSentUnixNano() int64 {
+	if x != nil {
+		return x.SentUnixNano
 	}
 	return 0
 }
@@ -2285,12 +2298,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xb0\x01\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xd6\x01\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
 	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12)\n" +
-	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\"F\n" +
+	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\x12$\n" +
+	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +

@@ -283,7 +283,7 @@ func TestConfig(name string) Config {
 	c.LeaveTimeout = 2 * time.Second
 	c.ProofRetry = 20 * time.Millisecond
 	c.ProofRetryMax = time.Second
-	c.ClockProbeInterval = 100 * time.Millisecond
+	c.ClockProbeInterval = time.Second
 	return c
 }
 

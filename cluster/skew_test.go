@@ -116,13 +116,13 @@ func TestSkewAcrossJoin(t *testing.T) {
 		}
 	}
 	// The join's hand-over retries on the nodes' clock: it moves 1 ms per
-	// 10 ms meanwhile, and the keys refill at their rate for that long.
+	// 5 ms meanwhile, and the keys refill at their rate for that long.
 	before := clk.Now()
 	stop := make(chan struct{})
 	ticking := make(chan struct{})
 	go func() {
 		defer close(ticking)
-		tick := time.NewTicker(10 * time.Millisecond)
+		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {

@@ -255,6 +255,17 @@ type Config struct {
 	// Peer.Clock is nil); nil is SystemClock(). ClockFunc adapts a
 	// function.
 	Clock Clock
+	// MaxClockSkew is the largest offset between two nodes' clocks the
+	// cluster tolerates: the node estimates each member's offset every
+	// ClockProbeInterval (clockskew.go), exports it
+	// (sluice_peer_clock_offset_seconds), lists it in Status and logs a
+	// warning when a member's passes this bound. Leases hold whatever the
+	// skew; what else holds within the bound is in the README's
+	// Guarantees. In (0, MaxMaxClockSkew].
+	MaxClockSkew time.Duration
+	// ClockProbeInterval is how often the node samples each member's
+	// clock, at least MinInterval.
+	ClockProbeInterval time.Duration
 
 	// protocol is the range of protocol versions the node advertises;
 	// zero is this build's (thisProtocol). Tests set it to stand in for
@@ -269,6 +280,9 @@ func (c *Config) protocolRange() protocolRange {
 	}
 	return c.protocol
 }
+
+// MaxMaxClockSkew bounds Config.MaxClockSkew.
+const MaxMaxClockSkew = time.Hour
 
 // DefaultConfig returns a config for a node on a LAN: gossip on port 7946
 // and gRPC on 7947 of every interface, the node name from the host name.
@@ -296,6 +310,9 @@ func DefaultConfig() Config {
 		ProofTimeout:      2 * time.Second,
 		ProofRetry:        200 * time.Millisecond,
 		ProofRetryMax:     30 * time.Second,
+
+		MaxClockSkew:       250 * time.Millisecond,
+		ClockProbeInterval: 10 * time.Second,
 	}
 }
 
@@ -317,6 +334,7 @@ func TestConfig(name string) Config {
 	c.ProofRetry = 20 * time.Millisecond
 	c.ProofRetryMax = time.Second
 	c.BootstrapExpect = 1
+	c.ClockProbeInterval = time.Second
 	return c
 }
 
@@ -395,6 +413,10 @@ func (c *Config) Validate() error {
 		return bad("BootstrapExpect %d is outside [0, %d]", c.BootstrapExpect, MaxBootstrapExpect)
 	case c.protocol != (protocolRange{}) && !c.protocol.valid():
 		return bad("protocol range %v is empty", c.protocol)
+	case c.MaxClockSkew <= 0 || c.MaxClockSkew > MaxMaxClockSkew:
+		return bad("MaxClockSkew %v is outside (0, %v]", c.MaxClockSkew, MaxMaxClockSkew)
+	case c.ClockProbeInterval < MinInterval:
+		return bad("ClockProbeInterval %v is below %v", c.ClockProbeInterval, MinInterval)
 	}
 	if c.DataDir != "" {
 		if len(c.DataDir) > 4096 || strings.ContainsRune(c.DataDir, 0) {

@@ -57,6 +57,8 @@
 //     hand-off states, copies and hand-over confirmations;
 //   - proof.go: which gossip members have proved they belong to the
 //     cluster, challenged with a backoff, and may enter the ring;
+//     clockskew.go: the members' clock offsets, sampled over the same
+//     Prove exchange, and the warning beyond Config.MaxClockSkew;
 //   - seeds.go: the one join path, which resolves seeds' host names to
 //     every address but this node's at each attempt;
 //   - bootstrap.go: when the node is ready (BootstrapExpect, the boot

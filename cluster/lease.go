@@ -164,7 +164,7 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
 	}
-	return transport.Lease{Granted: took, ExpiresAt: exp, Decision: d}, nil
+	return transport.Lease{Granted: took, ExpiresAt: exp, ValidFor: exp.Sub(now), Decision: d}, nil
 }
 
 // lockOwnedKey takes req's decide lock exclusively, for a grant or a
@@ -262,7 +262,8 @@ const (
 type leaseTable struct {
 	enabled     bool // Config.Lease.Threshold > 0
 	cfg         LeaseConfig
-	perInterval int64 // checks in one interval that make a key hot
+	maxSkew     time.Duration // Config.MaxClockSkew: for owners without ValidFor
+	perInterval int64         // checks in one interval that make a key hot
 	seed        maphash.Seed
 	shards      [leaseShards]leaseShard
 
@@ -322,8 +323,8 @@ type leaseReturn struct {
 	req   limiter.Request
 }
 
-func newLeaseTable(cfg LeaseConfig) *leaseTable {
-	t := &leaseTable{enabled: cfg.Threshold > 0, cfg: cfg, seed: maphash.MakeSeed()}
+func newLeaseTable(cfg LeaseConfig, maxSkew time.Duration) *leaseTable {
+	t := &leaseTable{enabled: cfg.Threshold > 0, cfg: cfg, maxSkew: maxSkew, seed: maphash.MakeSeed()}
 	if !t.enabled {
 		return t
 	}
@@ -340,7 +341,7 @@ func newLeaseTable(cfg LeaseConfig) *leaseTable {
 // startLeases sets up leasing: the counters, their metrics and, when
 // leases are on, the lease loop.
 func (n *Node) startLeases() error {
-	n.leases = newLeaseTable(n.cfg.Lease)
+	n.leases = newLeaseTable(n.cfg.Lease, n.cfg.MaxClockSkew)
 	if reg := n.cfg.Registerer; reg != nil {
 		t := n.leases
 		for _, c := range []struct {
@@ -578,6 +579,30 @@ func (t *leaseTable) queueReturn(r leaseReturn) {
 	}
 }
 
+// expiry is when the lease l, asked for at sent, ends on this node's clock:
+// its ValidFor (at most a TTL) counted from sent, which is before the owner
+// granted it, less leaseMargin. The owner's clock is never read, so the
+// lease ends before the owner's expiry (a fixed window's end) whatever the
+// offset between the clocks, by the request's transit at least. An owner
+// that predates ValidFor gives only its clock's ExpiresAt: the lease then
+// also ends MaxClockSkew before it, as read here.
+func (t *leaseTable) expiry(l *transport.Lease, sent int64) int64 {
+	ttl := int64(t.cfg.TTL)
+	valid := min(int64(l.ValidFor), ttl)
+	if l.ValidFor <= 0 {
+		valid = min(l.ExpiresAt.UnixNano()-int64(t.maxSkew)-sent, ttl)
+	}
+	return sent + valid - leaseMargin(valid)
+}
+
+// leaseMargin is how much earlier than its duration says a lease of valid
+// ns ends on the holder: a thousandth, for clocks that run at rates a
+// thousandth apart (ordinary quartz drifts within a ten-thousandth), and
+// at least 100µs.
+func leaseMargin(valid int64) int64 {
+	return max(valid/1000, int64(100*time.Microsecond))
+}
+
 // install records the answer to f, made with the request sent at sent.
 func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, now int64) {
 	sh := &t.shards[f.hash%leaseShards]
@@ -604,9 +629,7 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 		t.denyLocked(h, f.owner, &f.req, &l.Decision, sent)
 		return
 	}
-	// Void at the owner's expiry, and at most TTL after it was asked for on
-	// this node's clock.
-	exp := min(l.ExpiresAt.UnixNano(), sent+ttl)
+	exp := t.expiry(&l, sent)
 	if h.expires != 0 {
 		same := h.owner == f.owner && sameLimit(&h.req, &f.req) && now < h.expires &&
 			(f.req.Algorithm != limiter.FixedWindow || h.resetAt.Equal(l.Decision.ResetAt))

@@ -20,7 +20,7 @@ func benchRequests(n int) []limiter.Request {
 // What hot-key detection adds to a forwarded check of a cold key: 10,000
 // keys, none over the threshold.
 func BenchmarkLeaseDetectCold(b *testing.B) {
-	t := newLeaseTable(LeaseConfig{Threshold: 1 << 40, TTL: 100 * time.Millisecond, Share: 0.1})
+	t := newLeaseTable(LeaseConfig{Threshold: 1 << 40, TTL: 100 * time.Millisecond, Share: 0.1}, 0)
 	reqs := benchRequests(10_000)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -36,7 +36,7 @@ func BenchmarkLeaseDetectCold(b *testing.B) {
 
 // A check decided from a lease: one hot key whose lease never runs out.
 func BenchmarkLeaseDecideHot(b *testing.B) {
-	t := newLeaseTable(LeaseConfig{Threshold: 1, TTL: time.Minute, Share: 1})
+	t := newLeaseTable(LeaseConfig{Threshold: 1, TTL: time.Minute, Share: 1}, 0)
 	req := benchRequests(1)[0]
 	now := time.Now().UnixNano()
 	t.decide(&req, "owner", now) // hot; asks for a lease

@@ -57,7 +57,7 @@ func TestLeaseTableSteps(t *testing.T) {
 	at := time.Unix(1000, 0)
 	now := func() time.Time { return at }
 	owners := &fakeOwners{owner: "o", now: now, retry: 30 * time.Millisecond}
-	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1}) // hot from 10 checks in 100ms
+	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1}, 0) // hot from 10 checks in 100ms
 	req := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1000, Period: time.Second, Algorithm: limiter.TokenBucket}
 	check := func() (sluice.Decision, bool) {
 		d, ok := tab.decide(&req, owners.ownerOf2(), at.UnixNano())
@@ -143,7 +143,7 @@ func TestLeaseTableClockStepsBack(t *testing.T) {
 		at := base.Add(time.Hour)
 		now := func() time.Time { return at }
 		owners := &fakeOwners{owner: "o", now: now, retry: 30 * time.Millisecond, refuse: refuse}
-		tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1})
+		tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: ttl, Share: 0.1}, 0)
 		req := limiter.Request{Name: "n", Key: "k", Hits: 1, Limit: 1000, Period: time.Second, Algorithm: limiter.TokenBucket}
 		check := func() (sluice.Decision, bool) {
 			d, ok := tab.decide(&req, "o", at.UnixNano())

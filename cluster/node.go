@@ -69,6 +69,7 @@ type Node struct {
 	handover *handover   // which keys this node decides as owner
 	grants   grantTable  // leases this node granted as owner (grants.go)
 	leases   *leaseTable // see lease.go
+	clocks   *clockTable // the members' clock offsets (clockskew.go)
 	proofs   *proofs     // which members have proved themselves (proof.go)
 	versions *versions   // members refused for their protocol version (protocol.go)
 
@@ -179,6 +180,9 @@ func New(cfg Config) (n *Node, err error) {
 	if pcfg.Clock == nil {
 		pcfg.Clock = n.now
 	}
+	if pcfg.SendClock == nil {
+		pcfg.SendClock = n.now // the clock the states' times are on
+	}
 	if cfg.TLS != nil {
 		client := cfg.TLS.Clone()
 		if len(cfg.PeerIdentities) > 0 {
@@ -212,6 +216,12 @@ func New(cfg Config) (n *Node, err error) {
 	if err = n.startLeases(); err != nil {
 		return nil, err
 	}
+	n.clocks = newClockTable(cfg.MaxClockSkew, n.logger)
+	if reg := cfg.Registerer; reg != nil {
+		if err = reg.Register(newClockCollector(n.clocks)); err != nil {
+			return nil, fmt.Errorf("cluster: register metrics: %w", err)
+		}
+	}
 	// The budget's own listener: at the cap, a connection with no call
 	// open gives its slot to a new one.
 	if n.lis, err = n.budget.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -228,7 +238,7 @@ func New(cfg Config) (n *Node, err error) {
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
-		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName))
+		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName), transport.WithClock(n.now))
 	if cfg.ServePublicAPI {
 		n.RegisterPublicAPI(n.grpc)
 	}
@@ -278,6 +288,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
 	n.goFunc(n.settleLoop)
+	n.goFunc(n.clockLoop)
 	n.goFunc(n.watchSerf)
 	n.startTransfers()
 	if len(cfg.Seeds) > 0 {

@@ -18,7 +18,8 @@
 //
 // Time is always an argument: [Store.CheckAt] takes now, [Store.Check] calls
 // time.Now once. Rejected requests consume nothing, unless the request asks
-// for [DrainOverLimit]; peeks (Hits 0 without [Reset]) never write: whatever
+// for [DrainOverLimit]; a [Charge] consumes its hits whatever the state
+// (hits admitted elsewhere, for the buckets and GCRA); peeks (Hits 0 without [Reset]) never write: whatever
 // their algorithm, Limit, Period or Burst, they decide on a copy of the
 // key's state and keep nothing, so the state, its expiry and its place in
 // [Store.Changed] are what they were (a peek with other parameters answers

@@ -32,6 +32,38 @@ type Snapshot struct {
 	RatePeriod           time.Duration
 }
 
+// ShiftTimes moves the instants s carries by d, as another node's clock
+// that reads d more than the one that wrote s would date them: a bucket's
+// level time, a GCRA arrival time, a log's entries and the expiry. A fixed
+// window's or a sliding window counter's start stays, as windows are
+// aligned to multiples of Period (or calendar units) on every clock: their
+// counts stay in the window they were counted in. Times saturate instead
+// of wrapping.
+func (s *Snapshot) ShiftTimes(d time.Duration) {
+	shift := func(t int64) int64 {
+		switch {
+		case d > 0 && t > math.MaxInt64-int64(d):
+			return math.MaxInt64
+		case d < 0 && t < math.MinInt64-int64(d):
+			return math.MinInt64
+		}
+		return t + int64(d)
+	}
+	switch s.Algorithm {
+	case TokenBucket, LeakyBucket:
+		s.Words[1] = shift(s.Words[1])
+	case GCRA:
+		s.Words[0] = shift(s.Words[0])
+	case SlidingWindowLog:
+		for i := range s.Log {
+			s.Log[i].At = shift(s.Log[i].At)
+		}
+	default:
+		return // windows: aligned on every clock
+	}
+	s.ExpireAt = shift(s.ExpireAt)
+}
+
 // LogEntry is Hits admitted at one instant (Unix ns) of a sliding window log.
 type LogEntry struct {
 	At, Hits int64

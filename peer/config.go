@@ -58,6 +58,10 @@ type Config struct {
 	// deadlines on the system's clock. Tests set it to move time by hand.
 	// Default nil: time.Now.
 	Clock func() time.Time
+	// SendClock is the clock of the node whose states Transfer sends: each
+	// transfer carries its reading, so that the peer reads the states'
+	// times on its own clock (transport's Transfer). Default nil: Clock.
+	SendClock func() time.Time
 	// TracerProvider, when set, traces forwarded checks: each Check and
 	// CheckMany is a client span ("sluice.peer.Forward") under the
 	// caller's context, and each check carries its W3C traceparent to the

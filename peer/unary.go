@@ -28,6 +28,7 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 		}
 		var out *pb.TransferResponse
 		err := c.unary(ctx, func(ctx context.Context) (err error) {
+			in.SentUnixNano = c.sendClock().UnixNano() // at each attempt
 			out, err = c.rpc.Transfer(ctx, in, transport.CallOptions()...)
 			return err
 		})
@@ -39,6 +40,18 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 		states = states[n:]
 	}
 	return merged, rejected, nil
+}
+
+// sendClock is the clock transfers are stamped with: Config.SendClock,
+// else Config.Clock, else the system's.
+func (c *Client) sendClock() time.Time {
+	switch {
+	case c.cfg.SendClock != nil:
+		return c.cfg.SendClock()
+	case c.cfg.Clock != nil:
+		return c.cfg.Clock()
+	}
+	return time.Now()
 }
 
 // HandoffDone tells the peer that this node has adopted the membership
@@ -131,4 +144,15 @@ func (c *Client) unary(ctx context.Context, call func(context.Context) error) er
 		return fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, c.name, c.addr, err)
 	}
 	return fmt.Errorf("peer: %s: %w", c.name, err)
+}
+
+// ProbeClock samples the peer's clock against now, this node's clock,
+// with one Prove round trip (transport.ProbeClock), within Config.Timeout.
+func (c *Client) ProbeClock(ctx context.Context, now func() time.Time) (transport.ClockSample, error) {
+	var s transport.ClockSample
+	err := c.unary(ctx, func(ctx context.Context) (err error) {
+		s, err = transport.ProbeClock(ctx, c.conn, c.cfg.Self, c.name, now)
+		return err
+	})
+	return s, err
 }

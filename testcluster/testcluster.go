@@ -30,6 +30,7 @@ type Option func(*options)
 type options struct {
 	configure func(i int, c *cluster.Config)
 	wait      time.Duration
+	offsets   []time.Duration // clock offsets by node index (clock.go)
 }
 
 // WithConfig lets the test change each node's config (i is the node's index)
@@ -104,6 +105,7 @@ func (c *Cluster) newNode(i int) *cluster.Node {
 	if c.opts.configure != nil {
 		c.opts.configure(i, &cfg)
 	}
+	c.skewClock(i, &cfg)
 	c.net.wire(i, &cfg)
 	nd, err := cluster.New(cfg)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,7 +61,22 @@ func ProveMAC(key []byte, from, to string, nonce []byte) []byte {
 	return h.Sum(nil)
 }
 
+// WithClock makes Prove report now's time to the caller (time.Now
+// without it), so that members estimate this node's clock offset as the
+// node itself reads its clock.
+func WithClock(now func() time.Time) ServerOption {
+	return func(s *serverConfig) { s.now = now }
+}
+
+func (p *peerServer) clock() time.Time {
+	if p.cfg.now != nil {
+		return p.cfg.now()
+	}
+	return time.Now()
+}
+
 func (p *peerServer) Prove(ctx context.Context, in *pb.ProveRequest) (*pb.ProveResponse, error) {
+	received := p.clock()
 	if err := p.authorize(ctx); err != nil {
 		return nil, err
 	}
@@ -78,11 +94,57 @@ func (p *peerServer) Prove(ctx context.Context, in *pb.ProveRequest) (*pb.ProveR
 	case in.To != p.cfg.self:
 		return nil, status.Errorf(codes.FailedPrecondition, "transport: proof asked of %q, this node is %q", cleanText(in.To, 64), p.cfg.self)
 	}
-	out := &pb.ProveResponse{Version: ProofVersion, Name: p.cfg.self}
+	out := &pb.ProveResponse{Version: ProofVersion, Name: p.cfg.self, ReceivedUnixNano: received.UnixNano()}
 	if a := p.cfg.auth; a != nil && len(a.Keys) > 0 {
 		out.Mac = ProveMAC(a.Keys[0], in.From, in.To, in.Nonce)
 	}
+	out.SentUnixNano = p.clock().UnixNano()
 	return out, nil
+}
+
+// ClockSample is one estimate of a member's clock against this node's,
+// from one Prove round trip: Offset is how far the member's clock is ahead
+// (negative: behind), within RTT/2 of the truth whatever the network's
+// asymmetry.
+type ClockSample struct {
+	Offset time.Duration
+	RTT    time.Duration // the round trip less the member's time answering
+	At     time.Time     // when the answer came, on this node's clock
+}
+
+// MaxClockRTT bounds the round trip of a clock sample worth keeping: the
+// error of an estimate is up to half of it.
+const MaxClockRTT = time.Second
+
+// ProbeClock challenges the member named to over conn, as Prove does
+// without checking the proof, and estimates its clock's offset from now,
+// this node's clock, NTP style: ((t1-t0)+(t2-t3))/2 with t0 and t3 when
+// the challenge left and the answer came here, t1 and t2 when it arrived
+// and left there. It fails, wrapping ErrMalformedResponse, for an answer
+// without times (a member that predates them), times that are not in
+// order, or a round trip longer than MaxClockRTT.
+func ProbeClock(ctx context.Context, conn grpc.ClientConnInterface, from, to string, now func() time.Time) (ClockSample, error) {
+	nonce := make([]byte, ProofNonceLen)
+	rand.Read(nonce) // never fails (crypto/rand)
+	t0 := now()
+	resp, err := pb.NewPeerClient(conn).Prove(ctx, &pb.ProveRequest{Version: ProofVersion, From: from, To: to, Nonce: nonce})
+	t3 := now()
+	if err != nil {
+		return ClockSample{}, err
+	}
+	t1, t2 := resp.ReceivedUnixNano, resp.SentUnixNano
+	rtt := t3.Sub(t0) - time.Duration(t2-t1)
+	switch {
+	case resp.Name != to:
+		return ClockSample{}, fmt.Errorf("%w: clock answer names %q, want %q", ErrMalformedResponse, cleanText(resp.Name, 64), to)
+	case t1 <= 0 || t2 < t1:
+		return ClockSample{}, fmt.Errorf("%w: clock answer without times in order (%d, %d)", ErrMalformedResponse, t1, t2)
+	case t3.Before(t0) || rtt < 0 || rtt > MaxClockRTT:
+		return ClockSample{}, fmt.Errorf("%w: clock round trip %v is outside [0, %v]", ErrMalformedResponse, rtt, MaxClockRTT)
+	}
+	// Halves first: the sums of four Unix times could overflow.
+	offset := time.Duration((t1-t0.UnixNano())/2 + (t2-t3.UnixNano())/2)
+	return ClockSample{Offset: offset, RTT: rtt, At: t3}, nil
 }
 
 // Prove challenges the member named to, over conn, on behalf of the node

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -108,6 +109,8 @@ type serverConfig struct {
 	// inspectPermit: who may call the Sluice service's Inspect; nil: anyone.
 	inspectPermit InspectPermit
 	self          string // the name Prove answers as; "": Unimplemented
+	// now is the clock Prove reports to the caller; time.Now when nil.
+	now func() time.Time
 }
 
 // Permit decides whether the caller of ctx may make req, a request of the

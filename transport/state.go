@@ -67,8 +67,14 @@ type HandoverSink interface {
 type Lease struct {
 	// Granted hits, already consumed on the owner; 0 when none were left.
 	Granted int64
-	// ExpiresAt is when the lease is void.
+	// ExpiresAt is when the lease is void, on the owner's clock. Holders
+	// go by ValidFor when it is set: ExpiresAt compares two hosts' clocks.
 	ExpiresAt time.Time
+	// ValidFor is how long the lease lasts from when the owner granted it.
+	// The holder counts it from when it sent the request, on its own
+	// clock, which ends the lease no later than the owner does, whatever
+	// the offset between their clocks. 0 from owners that predate it.
+	ValidFor time.Duration
 	// Decision is the owner's for the hits taken (for one hit when none
 	// were).
 	Decision limiter.Decision
@@ -263,10 +269,13 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	}
 	states := make([]limiter.Snapshot, 0, len(in.States))
 	rejected := 0
+	shift, shifted := p.transferShift(in.SentUnixNano)
 	for _, m := range in.States {
 		s, err := SnapshotFromProto(m)
 		if reason == Reset {
 			s, err = resetKeyFromProto(m)
+		} else if err == nil && shifted {
+			s.ShiftTimes(shift)
 		}
 		if err != nil {
 			rejected++
@@ -276,6 +285,24 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 	}
 	merged, bad := p.cfg.sink.TakeStates(ctx, cleanText(in.From, limiter.MaxNameLen), reason, states)
 	return &pb.TransferResponse{Merged: int32(merged), Rejected: int32(rejected + bad)}, nil
+}
+
+// transferShift is how far to move the times of states sent at sent, on
+// the sender's clock, to read them on this server's (WithClock): this
+// clock's reading now less sent, which is the offset between the clocks
+// plus the transit, so the states read as written later than they were,
+// never earlier. ok is false without a stamp (a sender that predates it)
+// or beyond limiter.MaxClockSkew, where the states are read as they are
+// (and the store bounds their times).
+func (p *peerServer) transferShift(sent int64) (d time.Duration, ok bool) {
+	if sent <= 0 {
+		return 0, false
+	}
+	d = time.Duration(p.clock().UnixNano() - sent)
+	if d > limiter.MaxClockSkew || d < -limiter.MaxClockSkew {
+		return 0, false
+	}
+	return d, true
 }
 
 // MaxLeaseTTL bounds the TTL a Lease may ask for.
@@ -328,6 +355,7 @@ func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseR
 	return &pb.LeaseResponse{
 		Granted:           l.Granted,
 		ExpiresAtUnixNano: unixNano(l.ExpiresAt),
+		ValidForNanos:     int64(l.ValidFor),
 		Decision:          DecisionToProto(l.Decision),
 	}, nil
 }
@@ -341,14 +369,17 @@ func LeaseFromProto(m *pb.LeaseResponse, want int64) (Lease, error) {
 	if m.Granted < 0 || m.Granted > want {
 		return Lease{}, fmt.Errorf("%w: lease granted %d of %d", ErrMalformedResponse, m.Granted, want)
 	}
-	if m.Granted > 0 && m.ExpiresAtUnixNano <= 0 {
+	if m.Granted > 0 && m.ExpiresAtUnixNano <= 0 && m.ValidForNanos <= 0 {
 		return Lease{}, fmt.Errorf("%w: lease of %d hits without an expiry", ErrMalformedResponse, m.Granted)
+	}
+	if m.ValidForNanos < 0 || m.ValidForNanos > int64(MaxLeaseTTL) {
+		return Lease{}, fmt.Errorf("%w: lease valid for %v, outside [0, %v]", ErrMalformedResponse, time.Duration(m.ValidForNanos), MaxLeaseTTL)
 	}
 	d, err := DecisionFromProto(m.Decision)
 	if err != nil {
 		return Lease{}, err
 	}
-	l := Lease{Granted: m.Granted, Decision: d}
+	l := Lease{Granted: m.Granted, Decision: d, ValidFor: time.Duration(m.ValidForNanos)}
 	if m.ExpiresAtUnixNano > 0 {
 		l.ExpiresAt = time.Unix(0, m.ExpiresAtUnixNano)
 	}

@@ -141,12 +141,18 @@ func TestLeaseFromProto(t *testing.T) {
 	if l, err := LeaseFromProto(ok, 5); err != nil || l.Granted != 5 || !l.Decision.Allowed {
 		t.Errorf("valid lease: %+v, %v", l, err)
 	}
+	dur := &pb.LeaseResponse{Granted: 5, ValidForNanos: int64(time.Second), Decision: &pb.RateLimitResponse{Allowed: true, Limit: 10}}
+	if l, err := LeaseFromProto(dur, 5); err != nil || l.ValidFor != time.Second {
+		t.Errorf("lease with a duration only: %+v, %v", l, err)
+	}
 	for name, m := range map[string]*pb.LeaseResponse{
-		"nil":            nil,
-		"more than want": {Granted: 6, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{}},
-		"negative":       {Granted: -1, Decision: &pb.RateLimitResponse{}},
-		"no expiry":      {Granted: 1, Decision: &pb.RateLimitResponse{}},
-		"bad decision":   {Granted: 1, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{RetryAfterNanos: -1}},
+		"negative duration":   {Granted: 1, ExpiresAtUnixNano: 10, ValidForNanos: -1, Decision: &pb.RateLimitResponse{}},
+		"duration over a TTL": {Granted: 1, ValidForNanos: int64(MaxLeaseTTL) + 1, Decision: &pb.RateLimitResponse{}},
+		"nil":                 nil,
+		"more than want":      {Granted: 6, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{}},
+		"negative":            {Granted: -1, Decision: &pb.RateLimitResponse{}},
+		"no expiry":           {Granted: 1, Decision: &pb.RateLimitResponse{}},
+		"bad decision":        {Granted: 1, ExpiresAtUnixNano: 10, Decision: &pb.RateLimitResponse{RetryAfterNanos: -1}},
 	} {
 		if _, err := LeaseFromProto(m, 5); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -1029,8 +1029,14 @@ type TransferRequest struct {
 	// the sender adopted (xxhash of its member names, sorted, each followed
 	// by a zero byte).
 	RingFingerprint uint64 `protobuf:"fixed64,4,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sender's clock when it sent the states (nanoseconds since the Unix
+	// epoch). The receiver moves the states' times by its own clock's
+	// reading at receipt less this, so that it reads them on its own clock
+	// (later by the transit, never earlier); 0 from senders that predate it,
+	// whose states are read as they are.
+	SentUnixNano  int64 `protobuf:"varint,5,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransferRequest) Reset() {
@@ -1087,6 +1093,13 @@ func (x *TransferRequest) GetStates() []*KeyState {
 func (x *TransferRequest) GetRingFingerprint() uint64 {
 	if x != nil {
 		return x.RingFingerprint
+	}
+	return 0
+}
+
+func (x *TransferRequest) GetSentUnixNano() int64 {
+	if x != nil {
+		return x.SentUnixNano
 	}
 	return 0
 }
@@ -1237,12 +1250,20 @@ type LeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Hits granted, 0 when the limit admits none now.
 	Granted int64 `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
-	// The lease is void from this instant (nanoseconds since the Unix epoch);
-	// hits not admitted by then are given back with a refund.
+	// The lease is void from this instant (nanoseconds since the Unix epoch),
+	// on the owner's clock; hits not admitted by then are given back with a
+	// refund. Holders that read valid_for_nanos ignore it: it compares two
+	// hosts' clocks.
 	ExpiresAtUnixNano int64 `protobuf:"varint,2,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
 	// The owner's decision for the hits taken (or for one hit, when none
 	// were): remaining, reset and retry times.
-	Decision      *RateLimitResponse `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	Decision *RateLimitResponse `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	// How long the lease lasts from when the owner granted it, in
+	// nanoseconds, at most the asked TTL: the holder counts it from when it
+	// sent the request, on its own clock, which ends it no later than the
+	// owner does whatever the clocks' offset. 0 from owners that predate it
+	// (the holder then falls back to expires_at_unix_nano).
+	ValidForNanos int64 `protobuf:"varint,4,opt,name=valid_for_nanos,json=validForNanos,proto3" json:"valid_for_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1296,6 +1317,13 @@ func (x *LeaseResponse) GetDecision() *RateLimitResponse {
 		return x.Decision
 	}
 	return nil
+}
+
+func (x *LeaseResponse) GetValidForNanos() int64 {
+	if x != nil {
+		return x.ValidForNanos
+	}
+	return 0
 }
 
 // InspectRequest asks for one key's state as its owner holds it.
@@ -1533,9 +1561,15 @@ type ProveResponse struct {
 	// "sluice-peer-prove v1", "answer", from, to and the nonce, each
 	// followed by a zero byte; empty when the cluster has no secret (under
 	// mutual TLS the caller verifies the answering certificate instead).
-	Mac           []byte `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mac []byte `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
+	// The answering node's clock (nanoseconds since the Unix epoch) when the
+	// challenge arrived and when the answer left: with the caller's own send
+	// and receive times they estimate the two clocks' offset, NTP style.
+	// 0 from nodes that predate them.
+	ReceivedUnixNano int64 `protobuf:"varint,4,opt,name=received_unix_nano,json=receivedUnixNano,proto3" json:"received_unix_nano,omitempty"`
+	SentUnixNano     int64 `protobuf:"varint,5,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ProveResponse) Reset() {
@@ -1587,6 +1621,20 @@ func (x *ProveResponse) GetMac() []byte {
 		return x.Mac
 	}
 	return nil
+}
+
+func (x *ProveResponse) GetReceivedUnixNano() int64 {
+	if x != nil {
+		return x.ReceivedUnixNano
+	}
+	return 0
+}
+
+func (x *ProveResponse) GetSentUnixNano() int64 {
+	if x != nil {
+		return x.SentUnixNano
+	}
+	return 0
 }
 
 type CheckRequest struct {
@@ -2299,12 +2347,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xb0\x01\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xd6\x01\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
 	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12)\n" +
-	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\"F\n" +
+	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\x12$\n" +
+	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +
@@ -2313,11 +2362,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\arequest\x18\x02 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x12\n" +
 	"\x04want\x18\x03 \x01(\x03R\x04want\x12\x1b\n" +
 	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\x12\x1b\n" +
-	"\tgive_back\x18\x05 \x01(\x03R\bgiveBack\"\x94\x01\n" +
+	"\tgive_back\x18\x05 \x01(\x03R\bgiveBack\"\xbc\x01\n" +
 	"\rLeaseResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\x03R\agranted\x12/\n" +
 	"\x14expires_at_unix_nano\x18\x02 \x01(\x03R\x11expiresAtUnixNano\x128\n" +
-	"\bdecision\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\bdecision\"J\n" +
+	"\bdecision\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\bdecision\x12&\n" +
+	"\x0fvalid_for_nanos\x18\x04 \x01(\x03R\rvalidForNanos\"J\n" +
 	"\x0eInspectRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2333,11 +2383,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x03 \x01(\tR\x02to\x12\x14\n" +
-	"\x05nonce\x18\x04 \x01(\fR\x05nonce\"O\n" +
+	"\x05nonce\x18\x04 \x01(\fR\x05nonce\"\xa3\x01\n" +
 	"\rProveResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
-	"\x03mac\x18\x03 \x01(\fR\x03mac\"E\n" +
+	"\x03mac\x18\x03 \x01(\fR\x03mac\x12,\n" +
+	"\x12received_unix_nano\x18\x04 \x01(\x03R\x10receivedUnixNano\x12$\n" +
+	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\"E\n" +
 	"\fCheckRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"I\n" +
 	"\rCheckResponse\x128\n" +

@@ -227,6 +227,13 @@ type Config struct {
 	// Lease configures token leases for hot keys (cluster.LeaseConfig);
 	// a Threshold of 0 turns them off.
 	Lease cluster.LeaseConfig
+	// MaxClockSkew is the largest offset between two nodes' clocks the
+	// cluster tolerates (cluster.Config.MaxClockSkew): members beyond it
+	// are warned about and listed on /readyz.
+	MaxClockSkew time.Duration
+	// ClockProbeInterval is how often the node samples each member's clock
+	// (cluster.Config.ClockProbeInterval).
+	ClockProbeInterval time.Duration
 
 	// TracingEndpoint, host:port of an OTLP/gRPC collector, turns on
 	// tracing (cluster.Config.TracerProvider): spans are batched and sent
@@ -340,6 +347,8 @@ func DefaultConfig() Config {
 		PersistInterval:      cc.PersistInterval,
 		DataDamaged:          DataDamagedRefuse,
 		Lease:                cc.Lease,
+		MaxClockSkew:         cc.MaxClockSkew,
+		ClockProbeInterval:   cc.ClockProbeInterval,
 		MaxKeys:              cc.Store.MaxEntries,
 		MaxBytes:             cc.Store.MaxBytes,
 		Destructive:          DestructiveAllow,
@@ -689,6 +698,19 @@ var fields = []field{
 		parse: func(c *Config, v string) error { c.DataDamaged = v; return nil },
 		check: func(c *Config) error { return oneOf(c.DataDamaged, DataDamagedRefuse, DataDamagedSetAside) },
 		show:  func(c *Config) string { return c.DataDamaged }},
+	{key: "max_clock_skew", usage: "largest offset between two nodes' clocks the cluster tolerates; members beyond it are warned about and listed on /readyz",
+		parse: func(c *Config, v string) error { return parseDuration(&c.MaxClockSkew, v) },
+		check: func(c *Config) error {
+			if c.MaxClockSkew <= 0 || c.MaxClockSkew > cluster.MaxMaxClockSkew {
+				return fmt.Errorf("%v is outside (0, %v]", c.MaxClockSkew, cluster.MaxMaxClockSkew)
+			}
+			return nil
+		},
+		show: func(c *Config) string { return c.MaxClockSkew.String() }},
+	{key: "clock_probe_interval", usage: "how often this node samples each member's clock offset",
+		parse: func(c *Config, v string) error { return parseDuration(&c.ClockProbeInterval, v) },
+		check: func(c *Config) error { return atLeast(c.ClockProbeInterval, cluster.MinInterval) },
+		show:  func(c *Config) string { return c.ClockProbeInterval.String() }},
 	{key: "lease_threshold", usage: "checks per second of one key on this node, not its owner, that start leasing its hits; 0: no leases",
 		parse: func(c *Config, v string) error { return parseInt(&c.Lease.Threshold, v) },
 		check: checkLease,

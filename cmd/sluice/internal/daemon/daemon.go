@@ -457,6 +457,8 @@ func (d *Daemon) clusterConfig() cluster.Config {
 		c.DamagedData = cluster.SetDamagedAside
 	}
 	c.Lease = d.cfg.Lease
+	c.MaxClockSkew = d.cfg.MaxClockSkew
+	c.ClockProbeInterval = d.cfg.ClockProbeInterval
 	c.Store.MaxEntries = d.cfg.MaxKeys
 	c.Store.MaxBytes = d.cfg.MaxBytes
 	// Callers who may not reset a key may not lower what it counts by

@@ -50,7 +50,9 @@
 //	                      while joining, once serf stopped, or while
 //	                      shutting down; refused_members lists gossip
 //	                      members that have not proved the peer credential
-//	                      (cluster.Node.RefusedMembers), without making the
+//	                      (cluster.Node.RefusedMembers), peer_clocks each
+//	                      member's estimated clock offset
+//	                      (cluster.Node.PeerClocks), neither making the
 //	                      node unready; unconfirmed counts the members whose
 //	                      hand-over it waits for (cluster.Node.Unconfirmed),
 //	                      0 once settled

@@ -225,6 +225,15 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		}
 		body["refused_members"] = out
 	}
+	if clocks := d.node.PeerClocks(); len(clocks) > 0 {
+		// Each member's clock offset from this node's, as estimated; a
+		// member beyond max_clock_skew does not make the node unready.
+		out := make([]map[string]any, len(clocks))
+		for i, p := range clocks {
+			out[i] = map[string]any{"name": p.Name, "offset_seconds": p.Offset.Seconds(), "rtt_seconds": p.RTT.Seconds(), "beyond_max_skew": p.Beyond}
+		}
+		body["peer_clocks"] = out
+	}
 	if !ok {
 		body["status"] = "not ready"
 		body["reason"] = why

@@ -4,11 +4,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/testrogue"
@@ -83,5 +85,45 @@ func TestReadyzListsRefusedMembers(t *testing.T) {
 	}
 	if got := rogue.Checks.Load() + rogue.States.Load(); got != 0 {
 		t.Fatalf("the rogue received %d checks and states", got)
+	}
+}
+
+// TestReadyzListsPeerClocks: of two daemons, the second's clock runs a
+// second ahead; with max_clock_skew 250ms the first lists it on /readyz
+// about a second ahead and beyond the bound, stays ready, and exports the
+// offset on /metrics.
+func TestReadyzListsPeerClocks(t *testing.T) {
+	var ds []*Daemon
+	for i := range 2 {
+		cfg := testConfig(fmt.Sprintf("clock-%d", i))
+		cfg.MaxClockSkew = 250 * time.Millisecond
+		cfg.ClockProbeInterval = 20 * time.Millisecond
+		var opts []Option
+		if i == 1 {
+			cfg.Join = []string{ds[0].GossipAddr()}
+			opts = append(opts, WithClock(func() time.Time { return time.Now().Add(time.Second) }))
+		}
+		ds = append(ds, start(t, cfg, opts...))
+	}
+	var body struct {
+		Status string `json:"status"`
+		Clocks []struct {
+			Name   string  `json:"name"`
+			Offset float64 `json:"offset_seconds"`
+			Beyond bool    `json:"beyond_max_skew"`
+		} `json:"peer_clocks"`
+	}
+	testwait.For(t, "/readyz to list the second daemon's clock", func() bool {
+		resp := do(t, "GET", "http://"+ds[0].HTTPAddr()+"/readyz", "")
+		body.Clocks = nil
+		return resp.status == http.StatusOK && json.Unmarshal(resp.body, &body) == nil && len(body.Clocks) == 1 && body.Clocks[0].Beyond
+	})
+	if c := body.Clocks[0]; body.Status != "ready" || c.Name != "clock-1" || c.Offset < 0.9 || c.Offset > 1.1 {
+		t.Fatalf("/readyz: %+v, want ready, clock-1 about 1 s ahead", body)
+	}
+	resp := do(t, "GET", "http://"+ds[0].HTTPAddr()+"/metrics", "")
+	if !strings.Contains(string(resp.body), `sluice_peer_clock_offset_seconds{peer="clock-1"} `) ||
+		!strings.Contains(string(resp.body), "\nsluice_peer_clocks_beyond_max_skew 1\n") {
+		t.Fatalf("/metrics has no offset of clock-1 near 1 s:\n%s", resp.body)
 	}
 }

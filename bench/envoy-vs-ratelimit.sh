@@ -18,6 +18,7 @@
 #   RATELIMIT_BIN   a ratelimit binary to use as it is
 #   SLUICE_BASE     a second sluice binary, measured as "base" beside this
 #                   tree's ("sluice")
+#   SKIP_RATELIMIT  set to 1: sluice binaries only (a before/after of sluice)
 #   CALLERS (64) KEYS (10000) DURATION (10s) ROUNDS (2) CONNS (1)
 # Every process it starts listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
@@ -62,7 +63,9 @@ echo "building sluice and sluice-bench" >&2
 (cd "$root" && go build -o "$work/sluice" ./cmd/sluice && go build -o "$work/sluice-bench" ./cmd/sluice-bench)
 
 ratelimit=${RATELIMIT_BIN:-}
-if [[ -z $ratelimit ]]; then
+if [[ ${SKIP_RATELIMIT:-} == 1 ]]; then
+	:
+elif [[ -z $ratelimit ]]; then
 	ratelimit=$work/ratelimit
 	if [[ -n ${RATELIMIT_SRC:-} ]]; then
 		echo "building envoyproxy/ratelimit from $RATELIMIT_SRC" >&2
@@ -86,6 +89,7 @@ descriptors:
 EOF
 cp "$work/envoy/bench.yaml" "$work/runtime/ratelimit/config/bench.yaml"
 
+if [[ ${SKIP_RATELIMIT:-} != 1 ]]; then
 redis_port=$(freeport)
 "$REDIS_SERVER" --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >"$work/redis.log" 2>&1 &
 redis_pid=$!
@@ -103,6 +107,7 @@ env -i PATH="$PATH" HOME="$work" \
 rl_pid=$!
 pids+=("$rl_pid")
 waitport "$rl_grpc" "$rl_pid"
+fi
 
 # startsluice NAME BINARY: a one-node daemon with the domain file; sets
 # sluice_addr and sluice_pid.
@@ -134,7 +139,9 @@ if [[ -n ${SLUICE_BASE:-} ]]; then
 	startsluice base "$SLUICE_BASE"
 	targets=("base=$sluice_addr@$sluice_pid" "${targets[@]}")
 fi
-targets+=("ratelimit=127.0.0.1:$rl_grpc@$rl_pid+$redis_pid")
+if [[ ${SKIP_RATELIMIT:-} != 1 ]]; then
+	targets+=("ratelimit=127.0.0.1:$rl_grpc@$rl_pid+$redis_pid")
+fi
 
 echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$REDIS_SERVER" --version | cut -d' ' -f1-3)"
 IFS=,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -104,7 +105,8 @@ func procsCPU(pids []int) (time.Duration, error) {
 // calling unary ShouldRateLimit on conns gRPC connections, one
 // descriptor (key, one of keys values) of domain per call, for d after a
 // warm-up of warm. It prints checks/s, latencies and the targets'
-// server CPU per check; a call that fails or is not OK is an error.
+// server CPU per check; a call that fails or is not OK is an error, and the first error of
+// a run is printed.
 func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
 	values := make([]string, keys)
 	for i := range values {
@@ -124,6 +126,7 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				}
 				ccs[i], clients[i] = cc, rlsv3.NewRateLimitServiceClient(cc)
 			}
+			var firstErr atomic.Pointer[string]
 			check := func(ctx context.Context, rng *rand.Rand) bool {
 				c := clients[rng.IntN(conns)]
 				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -134,7 +137,14 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 						Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: values[rng.IntN(keys)]}},
 					}},
 				})
-				return err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK
+				if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					err = fmt.Errorf("overall code %v", resp.OverallCode)
+				}
+				if err != nil {
+					msg := err.Error()
+					firstErr.CompareAndSwap(nil, &msg)
+				}
+				return err == nil
 			}
 			if warm > 0 {
 				if r := drive(callers, warm, maxChecks, check); r.checks == r.errors {
@@ -157,6 +167,9 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %8d   (round %d)\n", t.name,
 				float64(r.checks)/r.elapsed.Seconds(), q(0.5), q(0.99), q(0.999),
 				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
+			if e := firstErr.Swap(nil); e != nil && r.errors > 0 {
+				fmt.Printf("%-12s first error: %s\n", "", *e)
+			}
 		}
 	}
 	return nil

@@ -33,6 +33,15 @@
 //
 //	go run ./cmd/sluice-bench -scenario redis -callers 64 -keys 1000 -duration 5s
 //
+// With -scenario rls it drives running rate limit services (Envoy's
+// envoy.service.ratelimit.v3 API: sluice daemons, envoyproxy/ratelimit)
+// with unary ShouldRateLimit calls of one descriptor, taking turns, and
+// reports each one's checks/s, latencies and server CPU per check (the
+// utime and stime in /proc of the pids given; see rls.go and
+// bench/envoy-vs-ratelimit.sh, which starts the services):
+//
+//	go run ./cmd/sluice-bench -scenario rls -targets sluice=127.0.0.1:7947@1234,ratelimit=127.0.0.1:8081@1240+1230
+//
 // -procs sets GOMAXPROCS for every scenario; by default it is Go's own.
 package main
 
@@ -70,7 +79,7 @@ func main() {
 	memprofile := flag.String("memprofile", "", "write a heap profile (with what the runs allocated) to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the runs to this file")
 	peerStats := flag.Bool("peerstats", false, "also print the batches sent to peers in each run")
-	scenario := flag.String("scenario", "throughput", "throughput; failover: hits forgotten when an owner is killed hard; loopback: plain Go TCP round trips on the cluster's links; redis: sluice's Redis backend against envoyproxy/ratelimit's scheme, go-redis/redis_rate and sluice's cluster")
+	scenario := flag.String("scenario", "throughput", "throughput; failover: hits forgotten when an owner is killed hard; loopback: plain Go TCP round trips on the cluster's links; rls: running Envoy rate limit services (-targets); redis: sluice's Redis backend against envoyproxy/ratelimit's scheme, go-redis/redis_rate and sluice's cluster")
 	procs := flag.Int("procs", 0, "GOMAXPROCS (0: Go's default)")
 	size := flag.Int("size", 256, "loopback: bytes per message")
 	trials := flag.Int("trials", 5, "failover: trials")
@@ -85,6 +94,12 @@ func main() {
 	redisAddr := flag.String("redis-addr", "", "redis: host:port of the Redis to use (empty: start redis-server on a free loopback port)")
 	redisServer := flag.String("redis-server", "redis-server", "redis: the redis-server program started without -redis-addr")
 	persist := flag.Bool("persist", false, "throughput: run the keys workload without and with a data directory per node (Config.DataDir), alternately, twice each")
+	rlsTargets := flag.String("targets", "", "rls: the rate limit services to drive, name=host:port@pid[+pid...] separated by commas; the pids' CPU time is the server's")
+	rlsDomain := flag.String("domain", "bench", "rls: the domain of the requests")
+	rlsKey := flag.String("descriptor-key", "user", "rls: the key of the requests' one descriptor entry")
+	rlsConns := flag.Int("conns", 1, "rls: gRPC connections per target")
+	rlsRounds := flag.Int("rounds", 2, "rls: runs of each target, alternating")
+	warmup := flag.Duration("warmup", time.Second, "rls: unmeasured calls before each run")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
 	flag.Parse()
 	if *procs < 0 {
@@ -124,6 +139,21 @@ func main() {
 			os.Exit(2)
 		}
 		if err := redisBench(*redisAddr, *redisServer, *nodes, *callers, *keys, *duration, *maxChecks); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	if *scenario == "rls" {
+		targets, err := parseRLSTargets(*rlsTargets)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sluice-bench:", err)
+			os.Exit(2)
+		}
+		if *callers < 1 || *keys < 1 || *rlsConns < 1 || *rlsRounds < 1 || *duration <= 0 || *warmup < 0 || *maxChecks < 1 {
+			fmt.Fprintln(os.Stderr, "sluice-bench: -callers, -keys, -conns, -rounds, -duration and -max-checks must be positive")
+			os.Exit(2)
+		}
+		if err := rlsBench(targets, *rlsDomain, *rlsKey, *callers, *rlsConns, *keys, *rlsRounds, *duration, *warmup, *maxChecks); err != nil {
 			log.Fatal(err)
 		}
 		return

@@ -82,3 +82,40 @@ func TestRedisScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// /proc/pid/stat's times are found after the last ')' of the command
+// name, whatever it holds; malformed lines are errors, not panics.
+func TestParseProcStat(t *testing.T) {
+	tail := " S 1 2 3 4 5 6 7 8 9 10 250 17 0 0 20 0"
+	for _, c := range []struct {
+		line    string
+		want    time.Duration
+		wantErr bool
+	}{
+		{line: "42 (sluice)" + tail, want: 2670 * time.Millisecond},
+		{line: "42 (a) b (c))" + tail, want: 2670 * time.Millisecond},
+		{line: "42 (x y)" + tail, want: 2670 * time.Millisecond},
+		{line: "42 sluice" + tail, wantErr: true},
+		{line: "42 (sluice) S 1 2", wantErr: true},
+		{line: "42 (sluice) S 1 2 3 4 5 6 7 8 9 10 -1 17", wantErr: true},
+		{line: "42 (sluice) S 1 2 3 4 5 6 7 8 9 10 x 17", wantErr: true},
+		{line: "", wantErr: true},
+	} {
+		got, err := parseProcStat(c.line)
+		if (err != nil) != c.wantErr || got != c.want {
+			t.Errorf("parseProcStat(%q) = %v, %v; want %v, error %v", c.line, got, err, c.want, c.wantErr)
+		}
+	}
+}
+
+func TestParseRLSTargets(t *testing.T) {
+	ts, err := parseRLSTargets("a=127.0.0.1:1@10,b=127.0.0.1:2@11+12")
+	if err != nil || len(ts) != 2 || ts[1].name != "b" || ts[1].addr != "127.0.0.1:2" || len(ts[1].pids) != 2 || ts[1].pids[1] != 12 {
+		t.Fatalf("got %+v, %v", ts, err)
+	}
+	for _, bad := range []string{"", "a", "a=127.0.0.1:1", "=x@1", "a=@1", "a=x@0", "a=x@1+", "a=x@y"} {
+		if _, err := parseRLSTargets(bad); err == nil {
+			t.Errorf("parseRLSTargets(%q): no error", bad)
+		}
+	}
+}

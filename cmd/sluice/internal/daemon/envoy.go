@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -146,17 +148,8 @@ func (d *Daemon) registerEnvoy(s grpc.ServiceRegistrar, lim sluice.Limiter) erro
 	// labelset.Overflow.
 	domains := labelset.New(envoyMetricDomains, maxEnvoyMetricLabel)
 	keys := labelset.New(d.cfg.EnvoyMetricKeys, maxEnvoyMetricLabel)
-	cfg.OnHit = func(h *envoyrls.Hit) {
-		domain, key := domains.Label(h.Domain), keys.Label(h.Key)
-		for _, st := range []struct {
-			name string
-			n    uint64
-		}{{"total_hits", h.TotalHits}, {"within_limit", h.WithinLimit}, {"near_limit", h.NearLimit}, {"over_limit", h.OverLimit}, {"shadow_mode", h.ShadowMode}} {
-			if st.n > 0 || st.name == "total_hits" {
-				hits.WithLabelValues(domain, key, st.name).Add(float64(st.n))
-			}
-		}
-	}
+	counters := newHitCounters(hits, domains, keys)
+	cfg.OnHit = counters.add
 	byDomain := func(name, help string) (*prometheus.CounterVec, error) {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"domain"})
 		return c, d.reg.Register(c)
@@ -200,4 +193,58 @@ func truncate(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// envoyStats are the stat labels of sluice_envoy_hits_total, in the
+// order of hitCounters.series.
+var envoyStats = [...]string{"total_hits", "within_limit", "near_limit", "over_limit", "shadow_mode"}
+
+// hitCounters counts the hits of Envoy's rate limit service in
+// sluice_envoy_hits_total. The series of a domain and metric key that
+// both have labels of their own are resolved once and kept: the labels
+// and the vector's lookups cost more than the check itself otherwise.
+// What keeps them bounded are the label sets: a domain or key counted
+// under labelset.Overflow is looked up each time, never kept.
+type hitCounters struct {
+	vec           *prometheus.CounterVec
+	domains, keys *labelset.Set
+	known         sync.Map // hitKey -> *hitSeries
+}
+
+type hitKey struct{ domain, key string }
+
+// hitSeries are the series of one domain and key, each made on its first
+// hit, so that a stat that never counted shows no series.
+type hitSeries struct {
+	domain, key string // labels
+	once        [len(envoyStats)]sync.Once
+	series      [len(envoyStats)]prometheus.Counter
+}
+
+func newHitCounters(vec *prometheus.CounterVec, domains, keys *labelset.Set) *hitCounters {
+	return &hitCounters{vec: vec, domains: domains, keys: keys}
+}
+
+// add counts h: total_hits always, the other stats when not zero.
+func (c *hitCounters) add(h *envoyrls.Hit) {
+	s := c.series(h.Domain, h.Key)
+	for i, n := range [len(envoyStats)]uint64{h.TotalHits, h.WithinLimit, h.NearLimit, h.OverLimit, h.ShadowMode} {
+		if n > 0 || i == 0 {
+			s.once[i].Do(func() { s.series[i] = c.vec.WithLabelValues(s.domain, s.key, envoyStats[i]) })
+			s.series[i].Add(float64(n))
+		}
+	}
+}
+
+func (c *hitCounters) series(domain, key string) *hitSeries {
+	if s, ok := c.known.Load(hitKey{domain, key}); ok {
+		return s.(*hitSeries)
+	}
+	s := &hitSeries{domain: c.domains.Label(domain), key: c.keys.Label(key)}
+	if s.domain == labelset.Overflow || s.key == labelset.Overflow {
+		return s
+	}
+	k := hitKey{strings.Clone(domain), strings.Clone(key)} // not the request's memory
+	got, _ := c.known.LoadOrStore(k, s)
+	return got.(*hitSeries)
 }

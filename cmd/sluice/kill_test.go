@@ -127,7 +127,7 @@ func TestKillEveryDaemonKeepsQuotas(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	const interval = 200 * time.Millisecond
-	args := []string{"--persist-interval", interval.String()}
+	args := []string{"--persist-interval", interval.String(), "--bootstrap-expect", "3"}
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	ps := startThree(t, bin, dirs, args...)
 

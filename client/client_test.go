@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -353,5 +355,36 @@ func TestNilContext(t *testing.T) {
 	//lint:ignore SA1012 a nil context is what is tested
 	if _, err := c.Health(nil); !errors.Is(err, client.ErrNilContext) { //nolint:staticcheck
 		t.Errorf("Health(nil): %v, want ErrNilContext", err)
+	}
+}
+
+// A client pointed at an HTTP/1 server (a daemon's HTTP port) fails with
+// ErrNotGRPC and an error naming the address and grpc_addr, on every kind
+// of call; a closed port stays a plain Unavailable.
+func TestHTTPPortNamesTheMistake(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(lis) }()
+	defer func() { srv.Close(); <-done }()
+	addr := lis.Addr().String()
+	c, err := client.New(addr, client.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	_, checkErr := c.Check(ctx, req("k", 1))
+	_, healthErr := c.Health(ctx)
+	_, inspectErr := c.Inspect(ctx, "n", "k")
+	batchErr := c.CheckMany(ctx, []limiter.Request{req("k", 1)})[0].Err
+	for name, err := range map[string]error{"check": checkErr, "health": healthErr, "inspect": inspectErr, "batch": batchErr} {
+		if !errors.Is(err, client.ErrNotGRPC) || !strings.Contains(err.Error(), addr+" answered as an HTTP/1 server") ||
+			!strings.Contains(err.Error(), "grpc_addr") {
+			t.Errorf("%s: %v; want ErrNotGRPC naming %s and grpc_addr", name, err, addr)
+		}
 	}
 }

@@ -108,13 +108,8 @@ func TestClusterSameOwnerEverywhere(t *testing.T) {
 // deadline, and once the cluster sees it gone its keys have a new owner.
 func TestClusterOwnerStoppedHard(t *testing.T) {
 	c := testcluster.New(t, 3)
-	victim := c.Owner("hard", "key")
-	idx := -1
-	for i := range 3 {
-		if c.Node(i) == victim {
-			idx = i
-		}
-	}
+	idx := c.OwnerIndex("hard", "key")
+	victim := c.Node(idx)
 	c.StopHard(idx)
 	survivor := c.Nodes()[0]
 	req := request(limiter.TokenBucket, "key", 100)

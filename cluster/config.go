@@ -216,7 +216,9 @@ type Config struct {
 	// deployments (user ids, IP addresses).
 	TraceKeys bool
 	// Logger receives the node's logs, serf's and memberlist's included;
-	// nil discards them.
+	// nil discards them, except the warning that peer calls are open to
+	// any caller (no TLS identities, no ClusterSecret), which then goes to
+	// slog.Default().
 	Logger *slog.Logger
 	// Clock returns the time decisions are made at; nil is time.Now.
 	Clock func() time.Time
@@ -251,8 +253,13 @@ func DefaultConfig() Config {
 }
 
 // TestConfig returns DefaultConfig changed for nodes in one process on
-// loopback: free ports on 127.0.0.1, the fast gossip profile, short
-// timeouts and a smaller store.
+// loopback: free ports on 127.0.0.1, the fast gossip profile, quick
+// retries and a smaller store. Its timeouts (Peer.Timeout, LeaveTimeout)
+// are long rather than short: a test under -race on a loaded machine takes
+// seconds for a forwarded call or a hand-off that usually takes
+// milliseconds, and a deadline that passes turns into a decision without
+// the owner, a state not handed off, a test that fails. Waits end as soon
+// as the call does; tests of timeouts set their own.
 func TestConfig(name string) Config {
 	c := DefaultConfig()
 	c.NodeName = name
@@ -261,9 +268,9 @@ func TestConfig(name string) Config {
 	c.Profile = ProfileFast
 	c.RetryJoinInterval = 100 * time.Millisecond
 	c.Store.MaxEntries = 100_000
-	c.Peer.Timeout = 500 * time.Millisecond
+	c.Peer.Timeout = 5 * time.Second
 	c.ReplicateInterval = 20 * time.Millisecond
-	c.LeaveTimeout = 2 * time.Second
+	c.LeaveTimeout = 10 * time.Second
 	c.ProofRetry = 20 * time.Millisecond
 	c.ProofRetryMax = time.Second
 	return c

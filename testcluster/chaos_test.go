@@ -23,6 +23,11 @@ import (
 // takes, far below the slowness that would hold one without a deadline.
 const checkTimeout = 5 * time.Second
 
+// shortPeerTimeout gives up on a slow owner well before checkTimeout, for
+// the tests that hold a node slow and expect checks decided without it
+// (TestConfig's peer timeout is long, for loaded machines).
+var shortPeerTimeout = testcluster.WithConfig(func(_ int, cfg *cluster.Config) { cfg.Peer.Timeout = 500 * time.Millisecond })
+
 func chaosRequest(key string, limit int64) limiter.Request {
 	return limiter.Request{Name: "chaos", Key: key, Hits: 1, Limit: limit, Period: time.Hour, Algorithm: limiter.FixedWindow}
 }
@@ -241,7 +246,7 @@ func TestSlowOwnerOpensBreaker(t *testing.T) {
 // once the cluster is closed.
 func TestChaosLeavesNoGoroutines(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	c := testcluster.New(t, 3)
+	c := testcluster.New(t, 3, shortPeerTimeout)
 	n0 := c.Node(0)
 	toOne := keyOwnedBy(t, c.Node(1).Name(), n0)
 	toTwo := keyOwnedBy(t, c.Node(2).Name(), n0)
@@ -284,6 +289,7 @@ func TestChaosRejectsBadArguments(t *testing.T) {
 		{func() { c.Node(5) }, "Node(5): no such node"},
 		{func() { c.StopHard(-1) }, "StopHard(-1): no such node"},
 		{func() { c.Restart(3) }, "Restart(3): no such node"},
+		{func() { c.Index(nil) }, "not one of the cluster's"},
 	} {
 		rec.msg.Store(nil)
 		done := make(chan struct{})
@@ -305,7 +311,7 @@ func TestChaosRejectsBadArguments(t *testing.T) {
 // A partition and a slowness name nodes by index: a node restarted on new
 // addresses stays on its side, and stays slow, until healed or cleared.
 func TestRestartKeepsChaos(t *testing.T) {
-	c := testcluster.New(t, 3)
+	c := testcluster.New(t, 3, shortPeerTimeout)
 	c.Partition([]int{0, 1}, []int{2})
 	c.Slow(2, time.Minute)
 	c.WaitConverged()

@@ -403,7 +403,7 @@ func (d *Daemon) exportWatcher(prefix, size, sizeHelp, field string, count func(
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	ho := &slog.HandlerOptions{Level: level}
+	ho := &slog.HandlerOptions{Level: level, ReplaceAttr: readableAttr}
 	if format == "text" {
 		return slog.New(slog.NewTextHandler(w, ho))
 	}

@@ -198,7 +198,9 @@ func (d *Daemon) requireClientCert(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "node": d.cfg.NodeName})
+	// grpc_addr lets a client that dialed this port with gRPC say where
+	// the gRPC API is.
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "node": d.cfg.NodeName, "grpc_addr": d.GRPCAddr()})
 }
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
@@ -214,6 +216,11 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 				"since": r.Since.UTC().Format(time.RFC3339Nano), "attempts": r.Attempts}
 		}
 		body["refused_members"] = out
+	}
+	if u := d.node.Unconfirmed(); len(u) > 0 {
+		// Members whose hand-over confirmation the node waits for: until
+		// it comes, checks of keys that moved to this node wait for it.
+		body["unconfirmed"] = u
 	}
 	if !ok {
 		body["status"] = "not ready"

@@ -50,6 +50,22 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	return d
 }
 
+// waitSettled waits until every daemon of ds is ready, routes over
+// len(ds) members and has the hand-over confirmation of each: before that,
+// a check of a key that moved waits for the confirmation (up to
+// handover_timeout) and may then be decided without its owner.
+func waitSettled(t testing.TB, ds []*Daemon) {
+	t.Helper()
+	testwait.For(t, fmt.Sprintf("%d daemons ready, each routing over all, confirmed", len(ds)), func() bool {
+		for _, d := range ds {
+			if !d.Ready() || len(d.Node().RingMembers()) != len(ds) || len(d.Node().Unconfirmed()) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // probe is an HTTP client that opens a new connection per request, so that
 // a closed listener shows at once.
 var probe = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
@@ -535,14 +551,7 @@ func TestShutdownWithIncompleteHandoff(t *testing.T) {
 		}
 		ds = append(ds, start(t, cfg, opts...))
 	}
-	testwait.For(t, "three members", func() bool {
-		for _, d := range ds {
-			if len(d.Node().RingMembers()) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSettled(t, ds)
 	// Keys on node 0 whose owner without node 0 is node 1.
 	body := func(k int) string {
 		return fmt.Sprintf(`{"name":"handoff","key":"k%d","limit":10,"period":"1h","algorithm":"token_bucket"}`, k)

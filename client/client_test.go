@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -236,20 +237,30 @@ func TestPolicyIsSent(t *testing.T) {
 func TestTimeouts(t *testing.T) {
 	t.Run("default timeout without a deadline", func(t *testing.T) {
 		rec := &recorder{release: make(chan struct{})}
-		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(100*time.Millisecond))
+		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(300*time.Millisecond))
 		t.Cleanup(func() { close(rec.release) }) // before the server stops
+		// Connect first (health is not served here, which does not
+		// matter), so that the timed call needs no dial on a loaded
+		// machine.
+		warm, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c.Health(warm)
+		cancel()
 		start := time.Now()
 		_, err := c.Check(context.Background(), req("k", 1))
 		if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("Check = %v (code %v), want a deadline error", err, status.Code(err))
 		}
 		rec.mu.Lock()
-		dl := rec.deadlines[0]
+		seen := slices.Clone(rec.deadlines)
 		rec.mu.Unlock()
+		if len(seen) == 0 {
+			t.Fatal("the call never reached the server before its deadline")
+		}
+		dl := seen[0]
 		// The server sees the client's deadline, give or take the clock
 		// reads: far below DefaultTimeout.
 		if d := dl.Sub(start); d <= 0 || d > client.DefaultTimeout/2 {
-			t.Errorf("server saw a deadline %v after the call, want about the 100ms timeout", d)
+			t.Errorf("server saw a deadline %v after the call, want about the 300ms timeout", d)
 		}
 	})
 	t.Run("the context's deadline wins", func(t *testing.T) {

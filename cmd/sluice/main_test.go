@@ -178,7 +178,7 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	for _, n := range nodes {
 		// Routing to 3 is not enough: until a node has the hand-over
 		// confirmation of every member, checks of keys that moved wait for
-		// it (up to handover_timeout) and then go without their owner.
+		// it (up to cluster.Config.HandoverTimeout, 5s) and then go without their owner.
 		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to route to 3 members, confirmed", func() bool {
 			return len(n.Node().RingMembers()) == 3 && len(n.Node().Unconfirmed()) == 0
 		})

@@ -53,7 +53,7 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 // waitSettled waits until every daemon of ds is ready, routes over
 // len(ds) members and has the hand-over confirmation of each: before that,
 // a check of a key that moved waits for the confirmation (up to
-// handover_timeout) and may then be decided without its owner.
+// cluster.Config.HandoverTimeout, 5s) and may then be decided without its owner.
 func waitSettled(t testing.TB, ds []*Daemon) {
 	t.Helper()
 	testwait.For(t, fmt.Sprintf("%d daemons ready, each routing over all, confirmed", len(ds)), func() bool {

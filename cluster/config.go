@@ -222,6 +222,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock returns the time decisions are made at; nil is time.Now.
 	Clock func() time.Time
+
+	// loadTolerant, set by TestConfig, stretches ProfileFast's failure
+	// detection for processes starved of CPU (see loadTolerantGossip).
+	loadTolerant bool
 }
 
 // DefaultConfig returns a config for a node on a LAN: gossip on port 7946
@@ -253,8 +257,13 @@ func DefaultConfig() Config {
 }
 
 // TestConfig returns DefaultConfig changed for nodes in one process on
-// loopback: free ports on 127.0.0.1, the fast gossip profile, quick
-// retries and a smaller store. Its timeouts (Peer.Timeout, LeaveTimeout)
+// loopback: free ports on 127.0.0.1, the fast gossip profile with a
+// failure detection that tolerates a starved CPU (a member is suspected
+// after a probe of 500ms and declared failed 2 to 6 seconds later, where
+// the fast profile alone takes about a second: under -race beside other
+// processes on two cores, the fast profile's 100ms probes went unanswered
+// and live members were declared failed hundreds of times a minute),
+// quick retries and a smaller store. Its timeouts (Peer.Timeout, LeaveTimeout)
 // are long rather than short: a test under -race on a loaded machine takes
 // seconds for a forwarded call or a hand-off that usually takes
 // milliseconds, and a deadline that passes turns into a decision without
@@ -266,6 +275,7 @@ func TestConfig(name string) Config {
 	c.GossipAddr = "127.0.0.1:0"
 	c.GRPCAddr = "127.0.0.1:0"
 	c.Profile = ProfileFast
+	c.loadTolerant = true
 	c.RetryJoinInterval = 100 * time.Millisecond
 	c.Store.MaxEntries = 100_000
 	c.Peer.Timeout = 5 * time.Second

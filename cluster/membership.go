@@ -125,6 +125,9 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 		sc.ReconnectInterval = 500 * time.Millisecond
 		sc.ReconnectTimeout = time.Minute
 		sc.LeavePropagateDelay = 100 * time.Millisecond
+		if c.loadTolerant {
+			loadTolerantGossip(ml)
+		}
 	}
 	ml := sc.MemberlistConfig
 	ml.Name = c.NodeName
@@ -258,4 +261,18 @@ func eventKind(t serf.EventType) (MemberEventKind, bool) {
 		return MemberReaped, true
 	}
 	return 0, false
+}
+
+// loadTolerantGossip stretches the fast profile's failure detection for
+// nodes whose process may be starved of CPU for a second or more, as tests
+// under -race on a loaded machine are: a probe waits 300ms for its ack
+// (memberlist's awareness stretches it further while acks go missing),
+// once every 500ms, and a suspected member has 2s to refute it, 6s when
+// no other member confirms the suspicion. A killed member is seen failed
+// in about 3s, a partition in at most about 7s.
+func loadTolerantGossip(ml *memberlist.Config) {
+	ml.ProbeInterval = 500 * time.Millisecond
+	ml.ProbeTimeout = 300 * time.Millisecond
+	ml.SuspicionMult = 4
+	ml.SuspicionMaxTimeoutMult = 3
 }

@@ -37,7 +37,9 @@ func startNode(t *testing.T, opts ...client.Option) (*cluster.Node, *client.Clie
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	c, err := client.New(n.GRPCAddr(), opts...)
+	// A call's deadline is generous unless the test sets its own: under
+	// -race on a loaded machine a batch of a thousand takes seconds.
+	c, err := client.New(n.GRPCAddr(), append([]client.Option{client.WithTimeout(time.Minute)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

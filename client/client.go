@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,10 @@ var (
 	// ErrMalformedResponse is an answer that breaks the protocol, such as
 	// a batch answer with the wrong number of items.
 	ErrMalformedResponse = transport.ErrMalformedResponse
+	// ErrNotGRPC is an address that answered, but not as a gRPC server:
+	// an HTTP/1 server, such as a sluice daemon's HTTP API (http_addr),
+	// where its gRPC port (grpc_addr) was meant. The error says which.
+	ErrNotGRPC = errors.New("client: the address does not speak gRPC")
 )
 
 // DefaultTimeout is the deadline of a call whose context has none, unless
@@ -89,6 +94,7 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 
 // Client calls one sluice daemon. It is safe for concurrent use.
 type Client struct {
+	addr    string // as given to New
 	conn    *grpc.ClientConn
 	rpc     pb.SluiceClient
 	timeout time.Duration
@@ -128,7 +134,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Client{conn: conn, rpc: pb.NewSluiceClient(conn), timeout: o.timeout, policy: o.policy}, nil
+	return &Client{addr: addr, conn: conn, rpc: pb.NewSluiceClient(conn), timeout: o.timeout, policy: o.policy}, nil
 }
 
 func checkPolicy(p sluice.Policy) error {
@@ -346,8 +352,23 @@ func (c *Client) callError(ctx context.Context, op string, err error) error {
 	switch {
 	case c.closed.Load():
 		return fmt.Errorf("client: %s: %w: %w", op, ErrClosed, err)
+	case answeredHTTP1(err):
+		return fmt.Errorf("client: %s: %w: %s answered as an HTTP/1 server: this looks like a sluice daemon's HTTP port (http_addr); its gRPC API is on grpc_addr (default port 7947): %w",
+			op, ErrNotGRPC, c.addr, err)
 	case cerr != nil:
 		return fmt.Errorf("client: %s: %w: %w", op, cerr, err)
 	}
 	return fmt.Errorf("client: %s: %w", op, err)
+}
+
+// answeredHTTP1 reports whether err is gRPC's failure to read an HTTP/2
+// server preface from a server that answered in HTTP/1: "HTTP/1.1 400"
+// read as a frame header is a frame far too large.
+func answeredHTTP1(err error) bool {
+	if status.Code(err) != codes.Unavailable {
+		return false
+	}
+	msg := status.Convert(err).Message()
+	return strings.Contains(msg, "server preface") &&
+		(strings.Contains(msg, "looked like an HTTP/1.1 header") || strings.Contains(msg, "frame too large"))
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +37,9 @@ func startNode(t *testing.T, opts ...client.Option) (*cluster.Node, *client.Clie
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	c, err := client.New(n.GRPCAddr(), opts...)
+	// A call's deadline is generous unless the test sets its own: under
+	// -race on a loaded machine a batch of a thousand takes seconds.
+	c, err := client.New(n.GRPCAddr(), append([]client.Option{client.WithTimeout(time.Minute)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,20 +239,30 @@ func TestPolicyIsSent(t *testing.T) {
 func TestTimeouts(t *testing.T) {
 	t.Run("default timeout without a deadline", func(t *testing.T) {
 		rec := &recorder{release: make(chan struct{})}
-		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(100*time.Millisecond))
+		c := serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) }, client.WithTimeout(300*time.Millisecond))
 		t.Cleanup(func() { close(rec.release) }) // before the server stops
+		// Connect first (health is not served here, which does not
+		// matter), so that the timed call needs no dial on a loaded
+		// machine.
+		warm, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c.Health(warm)
+		cancel()
 		start := time.Now()
 		_, err := c.Check(context.Background(), req("k", 1))
 		if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("Check = %v (code %v), want a deadline error", err, status.Code(err))
 		}
 		rec.mu.Lock()
-		dl := rec.deadlines[0]
+		seen := slices.Clone(rec.deadlines)
 		rec.mu.Unlock()
+		if len(seen) == 0 {
+			t.Fatal("the call never reached the server before its deadline")
+		}
+		dl := seen[0]
 		// The server sees the client's deadline, give or take the clock
 		// reads: far below DefaultTimeout.
 		if d := dl.Sub(start); d <= 0 || d > client.DefaultTimeout/2 {
-			t.Errorf("server saw a deadline %v after the call, want about the 100ms timeout", d)
+			t.Errorf("server saw a deadline %v after the call, want about the 300ms timeout", d)
 		}
 	})
 	t.Run("the context's deadline wins", func(t *testing.T) {
@@ -353,5 +368,36 @@ func TestNilContext(t *testing.T) {
 	//lint:ignore SA1012 a nil context is what is tested
 	if _, err := c.Health(nil); !errors.Is(err, client.ErrNilContext) { //nolint:staticcheck
 		t.Errorf("Health(nil): %v, want ErrNilContext", err)
+	}
+}
+
+// A client pointed at an HTTP/1 server (a daemon's HTTP port) fails with
+// ErrNotGRPC and an error naming the address and grpc_addr, on every kind
+// of call; a closed port stays a plain Unavailable.
+func TestHTTPPortNamesTheMistake(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(lis) }()
+	defer func() { srv.Close(); <-done }()
+	addr := lis.Addr().String()
+	c, err := client.New(addr, client.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	_, checkErr := c.Check(ctx, req("k", 1))
+	_, healthErr := c.Health(ctx)
+	_, inspectErr := c.Inspect(ctx, "n", "k")
+	batchErr := c.CheckMany(ctx, []limiter.Request{req("k", 1)})[0].Err
+	for name, err := range map[string]error{"check": checkErr, "health": healthErr, "inspect": inspectErr, "batch": batchErr} {
+		if !errors.Is(err, client.ErrNotGRPC) || !strings.Contains(err.Error(), addr+" answered as an HTTP/1 server") ||
+			!strings.Contains(err.Error(), "grpc_addr") {
+			t.Errorf("%s: %v; want ErrNotGRPC naming %s and grpc_addr", name, err, addr)
+		}
 	}
 }

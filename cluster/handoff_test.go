@@ -318,7 +318,7 @@ func TestHardKillReadmission(t *testing.T) {
 
 // Hand-off, replication and a graceful leave leave no goroutine behind.
 func TestHandoffLeavesNoGoroutines(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := testcluster.New(t, 3)
 	reqs := handoffRequests(200, 600)
 	consume(t, c.Node(0), reqs)

@@ -42,7 +42,7 @@ func (c countingTransport) DialAddressTimeout(a memberlist.Address, timeout time
 // transport down with everything else.
 func TestGossipTransportCarriesGossip(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // after the nodes' cleanups
+	t.Cleanup(func() { verifyNoLeaks(t, ignore) }) // after the nodes' cleanups
 	var packets, streams atomic.Int64
 	var nodes []*cluster.Node
 	for i := range 2 {
@@ -71,7 +71,7 @@ func TestGossipTransportCarriesGossip(t *testing.T) {
 // A GossipTransport that returns nil fails New with ErrInvalidConfig, and
 // the transport New bound is shut down.
 func TestGossipTransportNil(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
 	cfg := cluster.TestConfig("nil-transport")
 	cfg.GossipTransport = func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport { return nil }
 	if n, err := cluster.New(cfg); !errors.Is(err, cluster.ErrInvalidConfig) {

@@ -128,6 +128,9 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 		// How long SetTags and Leave wait for their broadcast to go
 		// round: Close waits for a SetTags in flight.
 		sc.BroadcastTimeout = time.Second
+		if c.loadTolerant {
+			loadTolerantGossip(ml)
+		}
 	}
 	ml := sc.MemberlistConfig
 	ml.Name = c.NodeName
@@ -261,4 +264,18 @@ func eventKind(t serf.EventType) (MemberEventKind, bool) {
 		return MemberReaped, true
 	}
 	return 0, false
+}
+
+// loadTolerantGossip stretches the fast profile's failure detection for
+// nodes whose process may be starved of CPU for a second or more, as tests
+// under -race on a loaded machine are: a probe waits 300ms for its ack
+// (memberlist's awareness stretches it further while acks go missing),
+// once every 500ms, and a suspected member has 2s to refute it, 6s when
+// no other member confirms the suspicion. A killed member is seen failed
+// in about 3s, a partition in at most about 7s.
+func loadTolerantGossip(ml *memberlist.Config) {
+	ml.ProbeInterval = 500 * time.Millisecond
+	ml.ProbeTimeout = 300 * time.Millisecond
+	ml.SuspicionMult = 4
+	ml.SuspicionMaxTimeoutMult = 3
 }

@@ -112,7 +112,7 @@ func (n *Node) join(seeds []string) (int, error) {
 	}
 	k, err := n.serf.Join(addrs, true)
 	if err != nil {
-		return k, fmt.Errorf("%w: %w", ErrJoin, errors.Join(rerr, err))
+		return k, fmt.Errorf("%w: %w%s", ErrJoin, errors.Join(rerr, err), joinHint(err))
 	}
 	if n.serf.State() != serf.SerfAlive {
 		return k, fmt.Errorf("%w: serf stopped (another node has the name %q?)", ErrJoin, n.cfg.NodeName)
@@ -147,4 +147,16 @@ func (n *Node) selfGossip() netip.AddrPort {
 	m := n.serf.LocalMember()
 	ip, _ := netip.AddrFromSlice(m.Addr)
 	return netip.AddrPortFrom(ip.Unmap(), m.Port)
+}
+
+// joinHint names the likely mistake behind a failed join, or is "".
+// memberlist reads the first byte a seed answers as a message type: an
+// HTTP/2 server, such as a sluice node's gRPC port, answers with a
+// SETTINGS frame whose first byte is 0, and memberlist reports "invalid
+// msgType (0)".
+func joinHint(err error) string {
+	if strings.Contains(err.Error(), "invalid msgType (0)") {
+		return "; a seed answered as a gRPC (HTTP/2) server: this looks like a sluice node's gRPC port (grpc_addr, default 7947); join its gossip port (gossip_addr, default 7946)"
+	}
+	return ""
 }

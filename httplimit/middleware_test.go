@@ -713,3 +713,48 @@ func TestCost(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// anonStep is a request of a user ("" for none) and the status it gets.
+type anonStep struct {
+	user string
+	want int
+}
+
+// Anonymous requests under a rule keyed on user do what the rule's
+// missing setting says, through the middleware: skip lets them through
+// unlimited, deny rejects them with 429 and calls no handler, shared puts
+// them all on one counter apart from every user's.
+func TestAnonymousUnderPerUserRules(t *testing.T) {
+	rule := func(missing string) string {
+		return "rules:\n  - name: per_user\n    key: [user]\n    algorithm: fixed_window\n    limit: 1\n    period: 1m\n    missing: " + missing + "\n"
+	}
+	for _, tc := range []struct {
+		missing string
+		steps   []anonStep
+	}{
+		{"skip", []anonStep{{"", 200}, {"", 200}, {"", 200}, {"alice", 200}, {"alice", 429}}},
+		{"deny", []anonStep{{"", 429}, {"", 429}, {"alice", 200}, {"alice", 429}}},
+		{"shared", []anonStep{{"", 200}, {"", 429}, {"alice", 200}, {"alice", 429}}},
+	} {
+		t.Run(tc.missing, func(t *testing.T) {
+			e := start(t, rule(tc.missing), UserFunc(userFromHeader))
+			var handled int64
+			for i, st := range tc.steps {
+				var hdr []string
+				if st.user != "" {
+					hdr = []string{"X-User", st.user}
+				}
+				r := e.do(t, "GET", "/items", hdr...)
+				if r.status != st.want {
+					t.Fatalf("step %d (user %q): %d, want %d: %s", i, st.user, r.status, st.want, r.body)
+				}
+				if r.status == 200 {
+					handled++
+				}
+			}
+			if got := e.calls.Load(); got != handled {
+				t.Fatalf("handler called %d times, want %d", got, handled)
+			}
+		})
+	}
+}

@@ -36,6 +36,8 @@
 //	    burst: 150                    # optional; 0 or absent = limit
 //	    unreachable: local            # optional: local, allow or deny; absent = the node's policy
 //	    shadow: false                 # optional: decide and report, never block
+//	    missing: skip                 # optional: a request that lacks a key part (no user):
+//	                                  # skip (default), deny, or shared (one counter for all of them)
 //
 //	  - name: exports_per_day
 //	    match: {routes: ["/api/export"], descriptors: {plan: "*"}}
@@ -55,8 +57,12 @@
 // name, algorithm, limit and period (or calendar) are required. A key of
 // several parts is joined as "ip=10.1.2.3|user=alice", values escaped so
 // that no two descriptors share a key; no key means one counter for every
-// request the rule matches. A rule whose key part is missing from a
-// request (key [user] and no user) does not apply to it. An empty file is
+// request the rule matches. A request that lacks a part of a rule's key
+// (key [user] and no user: anonymous traffic) is what the rule's missing
+// setting says: skip (the default) lets it through that rule unlimited,
+// deny rejects it counting nothing, and shared counts every such request
+// on one counter of the rule ("user" where a present user is "user=42";
+// with key [user, ip], one per address). An empty file is
 // an error, not an empty set, so that a file caught half written never
 // lifts every limit: write "rules: []" for none.
 //

@@ -98,6 +98,11 @@ type Limit struct {
 	// it without counting it, and Request.Hits is 0 (a peek, for the
 	// fields).
 	OverCapacity bool
+	// MissingKey says the request lacks a part of the rule's key and the
+	// rule's Missing is MissingDeny: the limit rejects it without counting
+	// it, and Request.Hits is 0 (a peek at the counter those requests
+	// would share, for the fields).
+	MissingKey bool
 	// Rejected says this limit does not admit the request: its decision
 	// did not, or a leaky bucket's delay is longer than MaxWait.
 	Rejected bool
@@ -117,11 +122,15 @@ func (e *Enforcer) Enforce(ctx context.Context, set *Set, d *Descriptor, hits in
 	matched := set.AppendMatch(buf[:0], d)
 	v := &Verdict{Allowed: true}
 	for _, r := range matched {
-		req, ok := r.Request(d, hits)
-		if !ok {
+		req, missing, ok := r.requestFor(d, hits)
+		if !ok || missing && r.Missing == MissingSkip {
 			continue
 		}
-		v.Limits = append(v.Limits, Limit{Rule: r, Request: req, Enforced: !e.Shadow && !r.Shadow})
+		l := Limit{Rule: r, Request: req, Enforced: !e.Shadow && !r.Shadow}
+		if missing && r.Missing == MissingDeny {
+			l.MissingKey, l.Request.Hits = true, 0
+		}
+		v.Limits = append(v.Limits, l)
 	}
 	if len(v.Limits) == 0 {
 		return v
@@ -177,7 +186,7 @@ func (e *Enforcer) decide(ctx context.Context, v *Verdict, reqs []limiter.Reques
 		dec := &l.Decision.Decision
 		l.Consumed = consume && dec.Allowed && l.Request.Hits > 0
 		switch {
-		case l.OverCapacity:
+		case l.OverCapacity || l.MissingKey:
 			l.Rejected, l.RetryAfter = true, 0
 		case !dec.Allowed:
 			l.Rejected, l.RetryAfter = true, dec.RetryAfter

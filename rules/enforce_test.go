@@ -387,6 +387,9 @@ func TestEnforceRefundAcrossNodes(t *testing.T) {
 		t.Fatalf("verdict %+v", v)
 	}
 	if got := remaining(t, entry, s, wideName, d); got != 10 {
+		for _, l := range v.Limits {
+			t.Logf("%s: decided by %s, without owner %v", l.Rule.Name, l.Decision.Owner, l.Decision.WithoutOwner)
+		}
 		t.Fatalf("%s remaining %d after the refund, want 10", wideName, got)
 	}
 }

@@ -58,6 +58,9 @@ var (
 	// ErrInvalidPolicy reports an unreachable policy other than local,
 	// allow or deny.
 	ErrInvalidPolicy = errors.New("rules: invalid unreachable policy")
+	// ErrInvalidMissing reports a missing setting other than skip, deny
+	// or shared.
+	ErrInvalidMissing = errors.New("rules: invalid missing setting")
 	// ErrInvalidWatchConfig wraps every error of WatchConfig.Validate.
 	ErrInvalidWatchConfig = errors.New("rules: invalid watch config")
 )

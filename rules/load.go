@@ -225,7 +225,7 @@ func (l *loader) rules(n *yaml.Node) []Rule {
 	return rules
 }
 
-var ruleFields = "name, description, match, key, algorithm, limit, period, calendar, zone, burst, unreachable, shadow"
+var ruleFields = "name, description, match, key, algorithm, limit, period, calendar, zone, burst, unreachable, shadow, missing"
 
 func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
 	base := fmt.Sprintf("rules[%d]", i)
@@ -300,6 +300,14 @@ func (l *loader) rule(i int, n *yaml.Node, r *Rule) {
 			}
 		case "shadow":
 			r.Shadow, _ = l.bool(v, f)
+		case "missing":
+			if s, ok := l.str(v, f); ok {
+				m, err := ParseMissing(s)
+				if err != nil {
+					l.errorfCause(v, f, ErrInvalidMissing, err, "missing %q must be skip, deny or shared", s)
+				}
+				r.Missing = m
+			}
 		default:
 			l.unknown(k, base, key, ruleFields)
 		}

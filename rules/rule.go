@@ -50,6 +50,10 @@ type Rule struct {
 	Unreachable sluice.Policy
 	// Shadow rules are decided and reported but never block.
 	Shadow bool
+	// Missing says what the rule does with a request that lacks a part of
+	// its Key, such as an anonymous request under a rule keyed on user.
+	// The zero value, MissingSkip, lets such a request through this rule.
+	Missing Missing
 
 	c *compiled // set by NewSet; nil on a Rule built by hand
 }
@@ -71,6 +75,44 @@ type Match struct {
 	Users []string
 	// Descriptors must each equal the given value; "*" means present.
 	Descriptors map[string]string
+}
+
+// Missing is what a rule does with a request that lacks a part of its
+// Key: no user for key [user], no such header for key [header:X-Api-Key].
+type Missing uint8
+
+const (
+	// MissingSkip: the rule does not apply to the request, which this
+	// rule leaves unlimited. The default.
+	MissingSkip Missing = iota
+	// MissingDeny: the rule rejects the request and counts nothing.
+	MissingDeny
+	// MissingShared: every request that lacks the part shares one
+	// counter of the rule, apart from every present value (the part is
+	// written as its tag alone, "user", where a present one is "user=42").
+	MissingShared
+)
+
+var missingNames = [...]string{MissingSkip: "skip", MissingDeny: "deny", MissingShared: "shared"}
+
+func (m Missing) String() string {
+	if m.Valid() {
+		return missingNames[m]
+	}
+	return fmt.Sprintf("Missing(%d)", uint8(m))
+}
+
+// Valid reports whether m is one of the defined values.
+func (m Missing) Valid() bool { return int(m) < len(missingNames) }
+
+// ParseMissing parses "skip", "deny" or "shared".
+func ParseMissing(s string) (Missing, error) {
+	for i, name := range missingNames {
+		if s == name {
+			return Missing(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q (want skip, deny or shared)", ErrInvalidMissing, s)
 }
 
 // compiled is a rule's match and key, ready for use.
@@ -204,6 +246,9 @@ func (r *Rule) compile() (*compiled, []fieldError) {
 	if !r.Unreachable.Valid() {
 		add("unreachable", ErrInvalidPolicy, nil, "unknown policy %v", r.Unreachable)
 	}
+	if !r.Missing.Valid() {
+		add("missing", ErrInvalidMissing, nil, "unknown %v (want skip, deny or shared)", r.Missing)
+	}
 	errs = append(errs, r.checkRate()...)
 	return c, errs
 }
@@ -259,35 +304,47 @@ func (r *Rule) request(name, key string, hits int64) limiter.Request {
 }
 
 // Request builds the limiter request of r for d, costing hits. It returns
-// false when a key part is missing from d (no user for key [user], say):
-// the rule does not apply to d. Request does not check that r matches d.
+// false when the rule does not apply to d: a part of the key is missing
+// from d (no user for key [user], say) and r.Missing is MissingSkip, or
+// MissingDeny (Enforce rejects such a request; Request has no counter to
+// give). Request does not check that r matches d.
 func (r *Rule) Request(d *Descriptor, hits int64) (limiter.Request, bool) {
+	req, missing, ok := r.requestFor(d, hits)
+	if !ok || missing && r.Missing != MissingShared {
+		return limiter.Request{}, false
+	}
+	return req, true
+}
+
+// requestFor builds the limiter request of r for d and says whether a key
+// part is missing from d; ok is false for a hand-built rule that does not
+// compile.
+func (r *Rule) requestFor(d *Descriptor, hits int64) (req limiter.Request, missing, ok bool) {
 	c := r.c
 	if c == nil { // a Rule built by hand: compile its key now
 		var errs []fieldError
 		if c, errs = r.compile(); len(errs) > 0 {
-			return limiter.Request{}, false
+			return limiter.Request{}, false, false
 		}
 	}
-	key, ok := c.buildKey(d)
-	if !ok {
-		return limiter.Request{}, false
-	}
-	return r.request("", key, hits), true
+	key, missing := c.buildKey(d)
+	return r.request("", key, hits), missing, true
 }
 
 // keyEscaper makes the joined key unambiguous: values cannot contain the
 // separator.
 var keyEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
 
-// buildKey joins the key parts as "tag=value|tag=value", values escaped.
-// A key that is too long or not UTF-8 is replaced by its SHA-256.
-func (c *compiled) buildKey(d *Descriptor) (string, bool) {
+// buildKey joins the key parts as "tag=value|tag=value", values escaped,
+// a part missing from d as its tag alone, and says whether one was
+// missing. A key that is too long or not UTF-8 is replaced by its SHA-256.
+func (c *compiled) buildKey(d *Descriptor) (key string, missing bool) {
 	if len(c.key) == 0 {
-		return "*", true
+		return "*", false
 	}
 	var vals [8]string
-	vs := vals[:0]
+	var present [8]bool
+	vs, has := vals[:0], present[:0]
 	size := 0
 	for _, kp := range c.key {
 		var v string
@@ -308,13 +365,11 @@ func (c *compiled) buildKey(d *Descriptor) (string, bool) {
 		case partDescriptor:
 			v, ok = d.Values[kp.name]
 		}
-		if !ok {
-			return "", false
-		}
+		missing = missing || !ok
 		if strings.ContainsAny(v, "%|") {
 			v = keyEscaper.Replace(v)
 		}
-		vs = append(vs, v)
+		vs, has = append(vs, v), append(has, ok)
 		size += len(kp.tag) + 2 + len(v)
 	}
 	var b strings.Builder
@@ -324,15 +379,17 @@ func (c *compiled) buildKey(d *Descriptor) (string, bool) {
 			b.WriteByte('|')
 		}
 		b.WriteString(kp.tag)
-		b.WriteByte('=')
-		b.WriteString(vs[i])
+		if has[i] {
+			b.WriteByte('=')
+			b.WriteString(vs[i])
+		}
 	}
-	key := b.String()
+	key = b.String()
 	if len(key) > limiter.MaxKeyLen || !utf8.ValidString(key) {
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + hex.EncodeToString(sum[:])
 	}
-	return key, true
+	return key, missing
 }
 
 // matches reports whether every condition of c holds for d.

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
@@ -22,7 +23,9 @@ type WatchConfig struct {
 	// NoNotify disables file system notifications: polling only.
 	NoNotify bool
 
-	// Logger receives reloads and errors; nil discards them.
+	// Logger receives reloads and errors. nil sends the failures (a
+	// reload that failed, notifications that stopped) to slog.Default(),
+	// so that a broken file is never silent, and drops the rest.
 	Logger *slog.Logger
 	// OnReload is called with each new set after it became current, and
 	// OnError with each reload that failed (the previous set stays). Both
@@ -96,7 +99,11 @@ func Watch(path string, cfg WatchConfig) (*Watcher, error) {
 		OnError:  cfg.OnError,
 	}
 	fc := filewatch.Config{PollInterval: cfg.PollInterval, Debounce: cfg.Debounce, NoNotify: cfg.NoNotify, Tick: cfg.Tick, After: cfg.After}
-	w, err := filewatch.Watch(filepath.Dir(path), src, fc, cfg.Logger)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(minLevel{slog.Default().Handler(), slog.LevelWarn})
+	}
+	w, err := filewatch.Watch(filepath.Dir(path), src, fc, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -119,3 +126,21 @@ func (w *Watcher) Reload() error { return w.w.Reload() }
 // Close stops watching and waits for the watcher's goroutine. Current
 // keeps returning the last set. Safe to call more than once.
 func (w *Watcher) Close() error { return w.w.Close() }
+
+// minLevel passes its Handler the records of level min and above.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+
+func (m minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(attrs), m.min}
+}
+
+func (m minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{m.Handler.WithGroup(name), m.min}
+}

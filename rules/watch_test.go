@@ -1,10 +1,13 @@
 package rules
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -320,5 +323,57 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A watcher without a Logger logs its failures to slog.Default, and only
+// those: a broken file is never silent, a good reload makes no noise. A
+// Logger, when given, receives both.
+func TestWatchLogsFailuresByDefault(t *testing.T) {
+	var def bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&def, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer slog.SetDefault(prev)
+	for _, tc := range []struct {
+		name       string
+		logger     bool
+		wantReload bool // a good reload is logged
+	}{
+		{"no logger", false, false},
+		{"a logger", true, true},
+	} {
+		def.Reset()
+		var own bytes.Buffer
+		path := filepath.Join(t.TempDir(), "rules.yaml")
+		must(t, os.WriteFile(path, []byte(ruleFile(10)), 0o644))
+		cfg := DefaultWatchConfig()
+		cfg.NoNotify, cfg.PollInterval = true, time.Hour
+		if tc.logger {
+			cfg.Logger = slog.New(slog.NewTextHandler(&own, nil))
+		}
+		w, err := Watch(path, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, os.WriteFile(path, []byte(ruleFile(20)), 0o644))
+		must(t, w.Reload())
+		must(t, os.WriteFile(path, []byte("rules:\n  - name: api\n    limitt: 1\n"), 0o644))
+		if err := w.Reload(); !errors.Is(err, ErrUnknownField) {
+			t.Fatalf("%s: Reload = %v", tc.name, err)
+		}
+		w.Close()
+		out := def.String()
+		if tc.logger {
+			out = own.String()
+			if def.Len() != 0 {
+				t.Errorf("%s: slog.Default got %q", tc.name, def.String())
+			}
+		}
+		if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "rules: reload failed") || !strings.Contains(out, "limitt") {
+			t.Errorf("%s: the failure is not logged: %q", tc.name, out)
+		}
+		if got := strings.Contains(out, "rules: reloaded"); got != tc.wantReload {
+			t.Errorf("%s: good reload logged %v, want %v: %q", tc.name, got, tc.wantReload, out)
+		}
 	}
 }

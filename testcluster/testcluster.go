@@ -158,8 +158,16 @@ func (c *Cluster) Nodes() []*cluster.Node {
 }
 
 // Owner returns the live node that owns (name, key), as the first live
-// node's ring says.
+// node's ring says: Node(OwnerIndex(name, key)).
 func (c *Cluster) Owner(name, key string) *cluster.Node {
+	c.t.Helper()
+	return c.Node(c.OwnerIndex(name, key))
+}
+
+// OwnerIndex returns the index of the live node that owns (name, key), as
+// the first live node's ring says: the index StopHard, Restart, Leave and
+// Slow take.
+func (c *Cluster) OwnerIndex(name, key string) int {
 	c.t.Helper()
 	live := c.Nodes()
 	if len(live) == 0 {
@@ -169,13 +177,34 @@ func (c *Cluster) Owner(name, key string) *cluster.Node {
 	if !ok {
 		c.t.Fatalf("testcluster: no owner for %q/%q", name, key)
 	}
-	for _, nd := range live {
-		if nd.Name() == m.Name {
-			return nd
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, nd := range c.nodes {
+		if !c.stopped[i] && nd.Name() == m.Name {
+			return i
 		}
 	}
 	c.t.Fatalf("testcluster: owner %s of %q/%q is not a live node", m.Name, name, key)
-	return nil
+	return -1
+}
+
+// Index returns the index of nd, a node of the cluster (stopped or not),
+// for StopHard, Restart, Leave and Slow.
+func (c *Cluster) Index(nd *cluster.Node) int {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, n := range c.nodes {
+		if n == nd {
+			return i
+		}
+	}
+	name := "nil"
+	if nd != nil {
+		name = nd.Name()
+	}
+	c.t.Fatalf("testcluster: Index: node %s is not one of the cluster's", name)
+	return -1
 }
 
 // StopHard closes node i without leaving: the others see it fail.

@@ -37,3 +37,26 @@ func TestRestartWithSameName(t *testing.T) {
 		}
 	}
 }
+
+// Owner, OwnerIndex and Index agree, and the index OwnerIndex returns is
+// the one StopHard takes: the owner after the stop is another live node.
+func TestOwnerIndex(t *testing.T) {
+	c := testcluster.New(t, 3)
+	i := c.OwnerIndex("r", "k")
+	if c.Node(i) != c.Owner("r", "k") || c.Index(c.Owner("r", "k")) != i {
+		t.Fatalf("OwnerIndex %d, Owner %s, Index %d disagree", i, c.Owner("r", "k").Name(), c.Index(c.Owner("r", "k")))
+	}
+	for j := range 3 {
+		if got := c.Index(c.Node(j)); got != j {
+			t.Fatalf("Index(Node(%d)) = %d", j, got)
+		}
+	}
+	c.StopHard(i)
+	c.WaitConverged()
+	if c.Index(c.Node(i)) != i {
+		t.Fatalf("a stopped node lost its index")
+	}
+	if j := c.OwnerIndex("r", "k"); j == i || c.Owner("r", "k") != c.Node(j) {
+		t.Fatalf("owner after stopping node %d: index %d, node %s", i, j, c.Owner("r", "k").Name())
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
@@ -24,7 +25,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	name, key := *cmd.name, *cmd.key
 	ins, err := c.Inspect(ctx, name, key)
 	if err != nil {
-		return usageError(fmt.Errorf("inspect: %w", err))
+		return cmd.conn.callError(ctx, "inspect", err)
 	}
 	out := daemon.EncodeInspection(name, key, ins)
 	if *asJSON {
@@ -44,7 +45,15 @@ func formatInspection(ins daemon.Inspection) string {
 		b.WriteString("fresh")
 	} else {
 		b.WriteString(s.Algorithm)
-		field := func(name string, v any) { fmt.Fprintf(&b, " %s=%v", name, v) }
+		field := func(name string, v any) {
+			switch x := v.(type) {
+			case float64:
+				v = daemon.ReadableFloat(x)
+			case daemon.Duration:
+				v = time.Duration(x)
+			}
+			fmt.Fprintf(&b, " %s=%v", name, v)
+		}
 		switch {
 		case s.Level != nil:
 			field("level", *s.Level)
@@ -81,7 +90,7 @@ func (a *app) reset(ctx context.Context, args []string) error {
 	defer c.Close()
 	owner, err := c.Reset(ctx, *cmd.name, *cmd.key)
 	if err != nil {
-		return usageError(fmt.Errorf("reset: %w", err))
+		return cmd.conn.callError(ctx, "reset", err)
 	}
 	fmt.Fprintf(a.stdout, "reset owner=%s\n", owner)
 	return nil

@@ -8,6 +8,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -86,7 +89,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	defer c.Close()
 	d, err := c.Check(ctx, req, sluice.OnUnreachable(policy))
 	if err != nil {
-		return usageError(fmt.Errorf("check: %w", err))
+		return conn.callError(ctx, "check", err)
 	}
 	out := daemon.EncodeDecision(d.Decision, d.Owner, d.WithoutOwner, time.Now())
 	if *asJSON {
@@ -132,6 +135,7 @@ func formatDecision(d daemon.Decision) string {
 type connFlags struct {
 	fs                     *flag.FlagSet
 	addr                   *string
+	dialed                 string // the address dial used
 	timeout                *time.Duration
 	tlsCert, tlsKey, tlsCA *string
 }
@@ -184,6 +188,7 @@ func (c *connFlags) dial(a *app, cmd string) (*client.Client, error) {
 	if *c.timeout <= 0 {
 		return nil, usageError(fmt.Errorf("%s: --timeout %v must be positive", cmd, *c.timeout))
 	}
+	c.dialed = addr
 	opts := []client.Option{client.WithTimeout(*c.timeout)}
 	if *c.tlsCert != "" || *c.tlsKey != "" || *c.tlsCA != "" {
 		tc, err := clientTLS(*c.tlsCert, *c.tlsKey, *c.tlsCA)
@@ -223,4 +228,45 @@ func clientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
 		}
 	}
 	return tc, nil
+}
+
+// callError returns the error of a failed call of cmd. An address that
+// answered in HTTP/1 is most likely a daemon's HTTP port: its /healthz
+// says where the gRPC port is, and the error says so too.
+func (c *connFlags) callError(ctx context.Context, cmd string, err error) error {
+	if !errors.Is(err, client.ErrNotGRPC) {
+		return usageError(fmt.Errorf("%s: %w", cmd, err))
+	}
+	if grpcAddr := grpcAddrFromHealthz(ctx, c.dialed); grpcAddr != "" {
+		return usageError(fmt.Errorf("%s: %w\n%s is sluice's HTTP port; the gRPC port is %s: sluice %s --addr %s ...", cmd, err, c.dialed, grpcAddr, cmd, grpcAddr))
+	}
+	return usageError(fmt.Errorf("%s: %w", cmd, err))
+}
+
+// grpcAddrFromHealthz asks the daemon whose HTTP API is at addr for its
+// gRPC address, with addr's host, or returns "".
+func grpcAddrFromHealthz(ctx context.Context, addr string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var body struct {
+		GRPCAddr string `json:"grpc_addr"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) != nil {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(body.GRPCAddr)
+	host, _, herr := net.SplitHostPort(addr)
+	if err != nil || herr != nil {
+		return ""
+	}
+	return net.JoinHostPort(host, port)
 }

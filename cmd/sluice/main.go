@@ -5,6 +5,8 @@
 //	sluice check [flags]   ask a running node for a decision over gRPC
 //	sluice inspect [flags] print a key's state on its owner, over gRPC
 //	sluice reset [flags]   reset a key to fresh on its owner, over gRPC
+//	sluice ready [flags]   exit 0 when a node is ready (GET /readyz): a health check
+//	sluice version         print the version, the commit and the Go version
 //
 // Run `sluice <command> -h` for the flags. serve also reads
 // SLUICE_* environment variables and a YAML file (--config); see the
@@ -28,7 +30,8 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, setMemoryLimit: debug.SetMemoryLimit, setRedisLogger: setRedisLogger}
+	a := &app{env: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, setMemoryLimit: debug.SetMemoryLimit, setRedisLogger: setRedisLogger,
+		buildInfo: debug.ReadBuildInfo}
 	code := a.exitCode(a.run(ctx, os.Args[1:]))
 	stop()
 	os.Exit(code)
@@ -49,6 +52,9 @@ type app struct {
 	// setRedisLogger routes go-redis's logger, a global of the process,
 	// into l (setRedisLogger); nil leaves it alone (tests).
 	setRedisLogger func(l *slog.Logger)
+	// buildInfo returns the binary's build information
+	// (debug.ReadBuildInfo); nil reports none.
+	buildInfo func() (*debug.BuildInfo, bool)
 }
 
 // exitError carries a process exit code; err, if set, is printed.
@@ -76,6 +82,8 @@ Commands:
   check   ask a running node for a decision; exit 0 allowed, 1 limited, 2 error
   inspect print a key's state as its owner holds it; changes nothing
   reset   reset a key to fresh on its owner (destructive_behaviors applies)
+  ready   exit 0 when a node is ready (its /readyz): a container health check
+  version print the version, the commit it was built from and the Go version
 
 Run "sluice <command> -h" for the flags of a command.
 `
@@ -96,6 +104,11 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.inspect(ctx, args[1:])
 	case "reset":
 		return a.reset(ctx, args[1:])
+	case "ready":
+		return a.ready(ctx, args[1:])
+	case "version", "-version", "--version":
+		fmt.Fprintln(a.stdout, a.version())
+		return nil
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(a.stdout, usage)
 		return nil

@@ -7,7 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,35 +63,48 @@ type served struct {
 // environment, to run that path too.
 func serve(t *testing.T, name string, args ...string) *served {
 	t.Helper()
-	ready := make(chan *daemon.Daemon, 1)
-	s := &served{done: make(chan error, 1), logs: new(syncBuffer)}
-	a := &app{
-		env: envMap(map[string]string{
-			"SLUICE_NODE_NAME":      name,
-			"SLUICE_GOSSIP_PROFILE": "fast",
-			"SLUICE_LOG_FORMAT":     "text",
-			// Flags override these (a flag given twice is a list).
-			"SLUICE_GOSSIP_ADDR":      "127.0.0.1:0",
-			"SLUICE_BOOTSTRAP_EXPECT": "1", // ready alone when it joins no one
-		}),
-		stdout:  io.Discard,
-		stderr:  s.logs,
-		onReady: func(d *daemon.Daemon) { ready <- d },
+	env := map[string]string{
+		"SLUICE_NODE_NAME":      name,
+		"SLUICE_GOSSIP_PROFILE": "fast",
+		"SLUICE_LOG_FORMAT":     "text",
+		// Flags override these (a flag given twice is a list).
+		"SLUICE_GOSSIP_ADDR":      "127.0.0.1:0",
+		"SLUICE_BOOTSTRAP_EXPECT": "1", // ready alone when it joins no one
 	}
 	all := append([]string{"serve",
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--retry-join-interval", "100ms", "--log-level", "warn"}, args...)
+	return serveWith(t, env, all)
+}
+
+// serveExactly runs the command line args, with no environment, and stops
+// it when the test ends.
+func serveExactly(t *testing.T, args ...string) *served {
+	t.Helper()
+	return serveWith(t, nil, args)
+}
+
+func serveWith(t *testing.T, env map[string]string, args []string) *served {
+	t.Helper()
+	ready := make(chan *daemon.Daemon, 1)
+	s := &served{done: make(chan error, 1), logs: new(syncBuffer)}
+	a := &app{
+		env:     envMap(env),
+		stdout:  io.Discard,
+		stderr:  s.logs,
+		onReady: func(d *daemon.Daemon) { ready <- d },
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	go func() { s.done <- a.run(ctx, all) }()
+	go func() { s.done <- a.run(ctx, args) }()
 	select {
 	case s.Daemon = <-ready:
 	case err := <-s.done:
 		cancel()
-		t.Fatalf("serve %s: %v\n%s", name, err, s.logs)
-	case <-time.After(20 * time.Second):
+		t.Fatalf("%v: %v\n%s", args, err, s.logs)
+	case <-time.After(30 * time.Second):
 		cancel()
-		t.Fatalf("serve %s did not start", name)
+		t.Fatalf("%v did not start", args)
 	}
 	s.base = "http://" + s.HTTPAddr()
 	t.Cleanup(func() {
@@ -162,12 +179,19 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	nodes = append(nodes, serve(t, "e2e-1", append(slow, "--join", nodes[0].GossipAddr())...))
 	nodes = append(nodes, serve(t, "e2e-2", append(slow, "--join", nodes[0].GossipAddr())...))
 	for _, n := range nodes {
-		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to route to 3 members", func() bool { return len(n.Node().RingMembers()) == 3 })
+		// Routing to 3 is not enough: until a node has the hand-over
+		// confirmation of every member, checks of keys that moved wait for
+		// it (up to cluster.Config.HandoverTimeout, 5s) and then go without their owner.
+		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to route to 3 members, confirmed", func() bool {
+			return len(n.Node().RingMembers()) == 3 && len(n.Node().Unconfirmed()) == 0
+		})
 		testwait.ForTimeout(t, 20*time.Second, n.Config().NodeName+" to be ready", func() bool { s, _ := httpGet(t, n.base+"/readyz"); return s == http.StatusOK })
 	}
 	clients := make([]*client.Client, len(nodes))
 	for i, n := range nodes {
-		c, err := client.New(n.GRPCAddr())
+		// As the peer timeout: a check waits for its forward, and this
+		// test is about exactness, not timing.
+		c, err := client.New(n.GRPCAddr(), client.WithTimeout(20*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,6 +263,11 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	}
 	if len(owners) != 1 {
 		t.Errorf("decided by %v, want one owner", owners)
+	}
+	if t.Failed() {
+		for _, n := range nodes {
+			t.Logf("%s logs:\n%s", n.Config().NodeName, n.logs)
+		}
 	}
 
 	// Every daemon counted the HTTP checks it received; the node metrics on
@@ -568,5 +597,151 @@ func TestQuickStartRestartDoesNotSplit(t *testing.T) {
 	}
 	if owned == 0 {
 		t.Fatal("the restarted node owns none of the keys: the test proves nothing")
+	}
+}
+
+// sluice inspect prints numbers and durations for people.
+func TestFormatInspectionForPeople(t *testing.T) {
+	level, interval := 9.273093861500001, daemon.Duration(1500*time.Millisecond)
+	for _, tc := range []struct {
+		name  string
+		state *daemon.KeyState
+		want  string
+	}{
+		{"a level rounded", &daemon.KeyState{Algorithm: "token_bucket", Level: &level}, "token_bucket level=9.273 "},
+		{"an interval as a duration", &daemon.KeyState{Algorithm: "gcra", Interval: &interval}, " interval=1.5s "},
+		{"fresh", nil, "fresh owner=a replicas="},
+	} {
+		got := formatInspection(daemon.Inspection{Owner: "a", State: tc.state})
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q lacks %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// sluice version prints the module version, the commit and the Go
+// version from the binary's build information.
+func TestVersionCommand(t *testing.T) {
+	stamped := &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "github.com/sluicehq/sluice", Version: "v1.2.3"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.time", Value: "2026-01-02T03:04:05Z"},
+			{Key: "vcs.modified", Value: "true"}, {Key: "GOOS", Value: "linux"}, {Key: "GOARCH", Value: "arm64"}}}
+	for _, tc := range []struct {
+		name string
+		info func() (*debug.BuildInfo, bool)
+		args []string
+		want string
+	}{
+		{"stamped", func() (*debug.BuildInfo, bool) { return stamped, true }, []string{"version"},
+			"sluice v1.2.3 (commit abc123 2026-01-02T03:04:05Z modified) go1.26.0 linux/arm64\n"},
+		{"a work tree build", func() (*debug.BuildInfo, bool) {
+			return &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "(devel)"}}, true
+		}, []string{"--version"}, "sluice devel go1.26.0 " + runtime.GOOS + "/" + runtime.GOARCH + "\n"},
+		{"no build information", func() (*debug.BuildInfo, bool) { return nil, false }, []string{"version"},
+			"sluice (no build information) " + runtime.GOOS + "/" + runtime.GOARCH + "\n"},
+	} {
+		var stdout bytes.Buffer
+		a := &app{env: envMap(nil), stdout: &stdout, stderr: io.Discard, buildInfo: tc.info}
+		if err := a.run(context.Background(), tc.args); err != nil || stdout.String() != tc.want {
+			t.Errorf("%s: %v, %q; want %q", tc.name, err, stdout.String(), tc.want)
+		}
+	}
+	// The test binary's own build information is read by default.
+	var stdout bytes.Buffer
+	a := &app{env: envMap(nil), stdout: &stdout, stderr: io.Discard, buildInfo: debug.ReadBuildInfo}
+	if err := a.run(context.Background(), []string{"version"}); err != nil || !strings.Contains(stdout.String(), runtime.Version()) {
+		t.Errorf("version of the test binary: %v, %q; want the Go version %s", err, stdout.String(), runtime.Version())
+	}
+}
+
+// check, inspect and reset pointed at a daemon's HTTP port say that it is
+// the HTTP port and which one is the gRPC port.
+func TestCommandsAtTheHTTPPort(t *testing.T) {
+	s := serve(t, "wrong-port")
+	want := s.HTTPAddr() + " is sluice's HTTP port; the gRPC port is " + s.GRPCAddr()
+	key := []string{"--addr", s.HTTPAddr(), "--name", "n", "--key", "k", "--timeout", "10s"}
+	for _, args := range [][]string{
+		append([]string{"check", "--limit", "5", "--period", "1m"}, key...),
+		append([]string{"inspect"}, key...),
+		append([]string{"reset"}, key...),
+	} {
+		code, _, stderr := runCommand(t, nil, args...)
+		if code != 2 || !strings.Contains(stderr, want) || !strings.Contains(stderr, "answered as an HTTP/1 server") {
+			t.Errorf("%s at the HTTP port: exit %d, stderr %q; want 2 with %q", args[0], code, stderr, want)
+		}
+	}
+}
+
+// The loopback configuration the README shows is examples/daemon/loopback.yaml
+// and starts a node that answers as pasted, on its own ports when they are
+// free (on free ports otherwise: the test shares the machine).
+func TestLoopbackConfigAsPasted(t *testing.T) {
+	const path = "../../examples/daemon/loopback.yaml"
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(readme, file) {
+		t.Fatalf("README.md does not show %s as it is", path)
+	}
+	free := true
+	for _, addr := range []string{"127.0.0.1:7946", "127.0.0.1:7947", "127.0.0.1:8080"} {
+		lis, err := net.Listen("tcp", addr)
+		if err != nil {
+			free = false
+			break
+		}
+		lis.Close()
+	}
+	var s *served
+	if free {
+		s = serveExactly(t, "serve", "--config", path, "--log-level", "warn")
+		if s.HTTPAddr() != "127.0.0.1:8080" || s.GRPCAddr() != "127.0.0.1:7947" || s.GossipAddr() != "127.0.0.1:7946" {
+			t.Fatalf("serves on %s, %s, %s; want the file's addresses", s.HTTPAddr(), s.GRPCAddr(), s.GossipAddr())
+		}
+	} else {
+		t.Log("the file's ports are taken: serving it on free ports")
+		s = serve(t, "local-1", "--config", path)
+	}
+	if status, body := httpGet(t, s.base+"/readyz"); status != http.StatusOK || !strings.Contains(body, `"node":"local-1"`) {
+		t.Fatalf("/readyz: %d %s", status, body)
+	}
+	code, stdout, stderr := runCommand(t, nil, "check", "--addr", s.GRPCAddr(), "--name", "api_per_user", "--key", "user:42", "--limit", "100", "--period", "1m")
+	if code != 0 || !strings.Contains(stdout, "allowed limit=100 remaining=99") {
+		t.Fatalf("check: exit %d, %q, %q", code, stdout, stderr)
+	}
+}
+
+// sluice ready exits 0 for a ready node, printing its /readyz, and 1 for
+// an address where nothing answers.
+func TestReadyCommand(t *testing.T) {
+	s := serve(t, "ready-cmd")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String()
+	lis.Close()
+	// A node whose seed never answers serves, but is not ready.
+	alone := serve(t, "ready-cmd-alone", "--join", closed)
+	for _, tc := range []struct {
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{[]string{"ready", "--http-addr", s.HTTPAddr()}, 0, `"status":"ready"`, ""},
+		{[]string{"ready", "--http-addr", alone.HTTPAddr()}, 1, `"status":"not ready"`, ""},
+		{[]string{"ready", "--http-addr", closed}, 1, "", "connection refused"},
+		{[]string{"ready", "--http-addr", s.HTTPAddr(), "--timeout", "0s"}, 2, "", "--timeout 0s must be positive"},
+		{[]string{"ready", "extra"}, 2, "", `unexpected argument "extra"`},
+	} {
+		code, stdout, stderr := runCommand(t, nil, tc.args...)
+		if code != tc.wantCode || !strings.Contains(stdout, tc.wantStdout) || !strings.Contains(stderr, tc.wantStderr) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, stdout, stderr, tc.wantCode, tc.wantStdout, tc.wantStderr)
+		}
 	}
 }

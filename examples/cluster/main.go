@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -19,19 +21,23 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	// Ctrl-C and SIGTERM end ctx: run returns and the nodes leave.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run() error {
-	nodes, err := startCluster(3)
+func run(ctx context.Context) error {
+	nodes, err := startCluster(ctx, 3)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		for _, n := range nodes {
-			n.Close()
+			n.Leave() // hands its counters to the others, then leaves
 		}
 	}()
 
@@ -56,7 +62,7 @@ func run() error {
 			go func() {
 				defer wg.Done()
 				for range perNode {
-					d, err := n.Check(context.Background(), base)
+					d, err := n.Check(ctx, base)
 					mu.Lock()
 					if err != nil && firstErr == nil {
 						firstErr = err
@@ -91,8 +97,9 @@ func run() error {
 }
 
 // startCluster starts n nodes on loopback with the default config and waits
-// until each routes over all of them.
-func startCluster(n int) ([]*cluster.Node, error) {
+// until each routes over all of them and has settled the hand-over of its
+// keys with each.
+func startCluster(ctx context.Context, n int) ([]*cluster.Node, error) {
 	var nodes []*cluster.Node
 	for i := range n {
 		cfg := cluster.DefaultConfig()
@@ -104,6 +111,16 @@ func startCluster(n int) ([]*cluster.Node, error) {
 			cfg.Seeds = []string{nodes[0].GossipAddr()}
 		}
 		nd, err := cluster.New(cfg)
+		if err == nil {
+			// New returns once the node joined its seeds, when they
+			// answer; WaitReady waits for that otherwise.
+			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err = nd.WaitReady(ctx)
+			cancel()
+			if err != nil {
+				nd.Close()
+			}
+		}
 		if err != nil {
 			for _, o := range nodes {
 				o.Close()
@@ -127,16 +144,21 @@ func startCluster(n int) ([]*cluster.Node, error) {
 	for {
 		all := true
 		for _, nd := range nodes {
-			if len(nd.RingMembers()) != n {
+			if len(nd.RingMembers()) != n || len(nd.Unconfirmed()) > 0 {
 				all = false
 			}
 		}
 		if all {
 			return nodes, nil
 		}
-		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "cluster did not converge in time")
-			return nodes, fmt.Errorf("cluster did not converge")
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			for _, nd := range nodes {
+				nd.Close()
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("cluster did not converge in 30s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -12,7 +12,10 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -44,12 +47,17 @@ const limits = `rules:
 `
 
 func main() {
-	if err := run(); err != nil {
+	// Ctrl-C and SIGTERM end ctx: run returns and its deferred calls stop
+	// the server and leave the cluster gracefully.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run() error {
+func run(ctx context.Context) error {
 	cfg := cluster.DefaultConfig()
 	cfg.NodeName = "grpcservice"
 	cfg.BootstrapExpect = 1 // a node of its own
@@ -59,7 +67,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer node.Close()
+	defer node.Leave() // hands the counters to their next owners, then leaves
+	if err := node.WaitReady(ctx); err != nil {
+		return err
+	}
 
 	set, err := rules.Parse("limits.yaml", []byte(limits))
 	if err != nil {
@@ -84,9 +95,9 @@ func run() error {
 		return err
 	}
 	go srv.Serve(lis)
-	defer func() {
+	defer func() { // before node.Leave: calls in flight finish first
 		hs.Shutdown()
-		srv.Stop()
+		srv.GracefulStop()
 	}()
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -103,7 +114,7 @@ func run() error {
 		}
 	}
 	check := func(user string, want codes.Code) {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-user", user)
+		ctx := metadata.AppendToOutgoingContext(ctx, "x-user", user)
 		var hdr, trl metadata.MD
 		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr), grpc.Trailer(&trl))
 		md := metadata.Join(hdr, trl)
@@ -112,7 +123,7 @@ func run() error {
 		expect("Check "+user, err, want)
 	}
 	watch := func(want codes.Code) {
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
 		if err == nil {

@@ -17,8 +17,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -48,12 +50,17 @@ const limits = `rules:
 `
 
 func main() {
-	if err := run(); err != nil {
+	// Ctrl-C and SIGTERM end ctx: run returns and its deferred calls stop
+	// the server and leave the cluster gracefully.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run() error {
+func run(ctx context.Context) error {
 	cfg := cluster.DefaultConfig()
 	cfg.NodeName = "httpservice"
 	cfg.BootstrapExpect = 1 // a node of its own
@@ -63,7 +70,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer node.Close()
+	defer node.Leave() // hands the counters to their next owners, then leaves
+	if err := node.WaitReady(ctx); err != nil {
+		return err
+	}
 
 	dir, err := os.MkdirTemp("", "httpservice")
 	if err != nil {
@@ -99,12 +109,16 @@ func run() error {
 	}
 	srv := &http.Server{Handler: mw.Handler(mux), ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(lis)
-	defer srv.Shutdown(context.Background())
+	defer func() { // before node.Leave: requests in flight finish first
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdown)
+	}()
 	base := "http://" + lis.Addr().String()
 
 	var failed []string
 	send := func(user, method, path string, want int) {
-		req, _ := http.NewRequest(method, base+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, method, base+path, nil)
 		if user != "" {
 			req.Header.Set("X-User", user)
 		}

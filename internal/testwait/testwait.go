@@ -12,8 +12,10 @@ import (
 	"time"
 )
 
-// Timeout is how long For waits.
-const Timeout = 10 * time.Second
+// Timeout is how long For waits. A wait ends as soon as its condition
+// holds, so the figure only bounds a failure: it is generous because the
+// tests run under -race on loaded machines, beside other test binaries.
+const Timeout = 30 * time.Second
 
 // interval is the time between two polls of a condition.
 const interval = 5 * time.Millisecond

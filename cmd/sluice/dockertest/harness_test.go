@@ -34,7 +34,7 @@ const label = "sluice-dockertest"
 // machine is shared and gossip under load is slow to notice a failure.
 const (
 	dockerTimeout = time.Minute     // one docker command
-	buildTimeout  = 5 * time.Minute // go build of cmd/sluice, cold cache
+	buildTimeout  = 5 * time.Minute // docker build of the image
 	convergeWait  = 60 * time.Second
 	httpTimeout   = 10 * time.Second // one HTTP request to a daemon
 )
@@ -83,7 +83,16 @@ func setup(t *testing.T) *env {
 		if shared.skip = dockerMissing(); shared.skip != "" {
 			return
 		}
-		shared.env, shared.err = newEnv()
+		// go build is bounded by the test binary's -timeout alone: a
+		// cold cache on a loaded machine takes minutes, and the build
+		// does not hang.
+		ctx := context.Background()
+		if deadline, ok := t.Deadline(); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		shared.env, shared.err = newEnv(ctx)
 	})
 	switch {
 	case shared.skip != "":
@@ -107,7 +116,7 @@ func dockerMissing() string {
 
 // newEnv builds the binary, the image and the network. On failure it
 // removes what it made.
-func newEnv() (e *env, err error) {
+func newEnv(ctx context.Context) (e *env, err error) {
 	e = &env{run: randomID()}
 	e.image = "sluice-test:" + e.run
 	e.network = "sluice-test-" + e.run
@@ -120,7 +129,7 @@ func newEnv() (e *env, err error) {
 	if e.dir, err = os.MkdirTemp("", "sluice-dockertest-"); err != nil {
 		return e, fmt.Errorf("dockertest: %w", err)
 	}
-	if err := buildBinary(filepath.Join(e.dir, "sluice")); err != nil {
+	if err := buildBinary(ctx, filepath.Join(e.dir, "sluice")); err != nil {
 		return e, err
 	}
 	dockerfile, err := imageDockerfile()
@@ -139,14 +148,12 @@ func newEnv() (e *env, err error) {
 	return e, nil
 }
 
-// buildBinary builds a static cmd/sluice for Linux at out.
-func buildBinary(out string) error {
+// buildBinary builds a static cmd/sluice for Linux at out; ctx bounds it.
+func buildBinary(ctx context.Context, out string) error {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		return fmt.Errorf("dockertest: building cmd/sluice needs the go command: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-	defer cancel()
 	cmd := exec.CommandContext(ctx, gobin, "build", "-trimpath", "-o", out, "github.com/sluicehq/sluice/cmd/sluice")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -271,18 +278,23 @@ func startCluster(t *testing.T, n int, serveArgs ...string) *cluster {
 func newCluster(t *testing.T, n int, plan joinPlan, serveArgs ...string) *cluster {
 	t.Helper()
 	e := setup(t)
-	c := &cluster{t: t, env: e, join: plan, args: serveArgs, client: &http.Client{
-		Timeout: httpTimeout,
-		// Only loopback addresses are ever dialled (see publishedPort);
-		// no proxy from the environment may take the requests elsewhere.
-		Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16},
-	}}
+	c := &cluster{t: t, env: e, join: plan, args: serveArgs, client: newHTTPClient()}
 	short := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
 	for i := range n {
 		c.nodes = append(c.nodes, &node{name: fmt.Sprintf("sluice-%s-%s-%d", e.run, short, i+1)})
 	}
 	t.Cleanup(c.remove)
 	return c
+}
+
+// newHTTPClient returns the client of the daemons' HTTP APIs.
+func newHTTPClient() *http.Client {
+	return &http.Client{
+		Timeout: httpTimeout,
+		// Only loopback addresses are ever dialled (see loopbackURL); no
+		// proxy from the environment may take the requests elsewhere.
+		Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16},
+	}
 }
 
 // peerPort is the port of the containers' peer_addr, as in
@@ -423,8 +435,8 @@ func (c *cluster) waitMembers(nodes []*node, want int) {
 			if err != nil {
 				return err
 			}
-			if r.Status != "ready" || r.Members != want {
-				return fmt.Errorf("%s: %s, %d members (%s)", nd.name, r.Status, r.Members, r.Reason)
+			if r.Status != "ready" || r.Members != want || r.Unconfirmed > 0 {
+				return fmt.Errorf("%s: %s, %d members (%s), waiting for the hand-over of %d members", nd.name, r.Status, r.Members, r.Reason, r.Unconfirmed)
 			}
 		}
 		return nil

@@ -517,7 +517,7 @@ func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	ho := &slog.HandlerOptions{Level: level}
+	ho := &slog.HandlerOptions{Level: level, ReplaceAttr: readableAttr}
 	if format == "text" {
 		return slog.New(slog.NewTextHandler(w, ho))
 	}

@@ -201,7 +201,9 @@ func (d *Daemon) requireClientCert(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func (d *Daemon) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "node": d.cfg.NodeName})
+	// grpc_addr lets a client that dialed this port with gRPC say where
+	// the gRPC API is.
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "node": d.cfg.NodeName, "grpc_addr": d.GRPCAddr()})
 }
 
 func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {

@@ -38,6 +38,10 @@ func testConfig(name string) Config {
 	c.RetryJoinInterval = 100 * time.Millisecond
 	c.BootstrapExpect = 1
 	c.MaxKeys = 100_000
+	// A forwarded check under -race on a loaded machine can take more
+	// than the default second; the tests are about where checks are
+	// decided, not how fast.
+	c.PeerTimeout = 10 * time.Second
 	return c
 }
 
@@ -50,6 +54,22 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	}
 	t.Cleanup(func() { d.Close() })
 	return d
+}
+
+// waitSettled waits until every daemon of ds is ready, routes over
+// len(ds) members and has the hand-over confirmation of each: before that,
+// a check of a key that moved waits for the confirmation (up to
+// cluster.Config.HandoverTimeout, 5s) and may then be decided without its owner.
+func waitSettled(t testing.TB, ds []*Daemon) {
+	t.Helper()
+	testwait.For(t, fmt.Sprintf("%d daemons ready, each routing over all, confirmed", len(ds)), func() bool {
+		for _, d := range ds {
+			if !d.Ready() || len(d.Node().RingMembers()) != len(ds) || len(d.Node().Unconfirmed()) != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // probe is an HTTP client that opens a new connection per request, so that
@@ -537,14 +557,7 @@ func TestShutdownWithIncompleteHandoff(t *testing.T) {
 		}
 		ds = append(ds, start(t, cfg, opts...))
 	}
-	testwait.For(t, "three members", func() bool {
-		for _, d := range ds {
-			if len(d.Node().RingMembers()) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSettled(t, ds)
 	// Keys on node 0 whose owner without node 0 is node 1.
 	body := func(k int) string {
 		return fmt.Sprintf(`{"name":"handoff","key":"k%d","limit":10,"period":"1h","algorithm":"token_bucket"}`, k)

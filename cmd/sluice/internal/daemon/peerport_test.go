@@ -161,9 +161,7 @@ func TestPublicFloodLeavesPeersDeciding(t *testing.T) {
 	cfg := peerPortConfig("flood-b")
 	cfg.Join = []string{a.GossipAddr()}
 	b := start(t, cfg)
-	testwait.For(t, "both daemons ready with two members", func() bool {
-		return a.Ready() && b.Ready() && len(a.Node().RingMembers()) == 2 && len(b.Node().RingMembers()) == 2
-	})
+	waitSettled(t, []*Daemon{a, b})
 
 	for _, m := range b.Node().Members() {
 		if m.Name == a.cfg.NodeName && m.GRPCAddr != a.PeerAddr() {

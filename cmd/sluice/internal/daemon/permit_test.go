@@ -16,7 +16,6 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
-	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -150,14 +149,7 @@ func peerTLSDaemons(t *testing.T, prefix string, mod func(*Config)) (*testpki.CA
 		}
 		ds = append(ds, start(t, cfg))
 	}
-	testwait.For(t, "both daemons ready with two members", func() bool {
-		for _, d := range ds {
-			if !d.Ready() || len(d.Node().RingMembers()) != 2 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSettled(t, ds)
 	return ca, ds
 }
 

@@ -416,14 +416,7 @@ func startThree(t *testing.T, prefix string, mod func(*Config), opts ...Option) 
 		}
 		ds = append(ds, start(t, cfg, opts...))
 	}
-	testwait.For(t, "three members", func() bool {
-		for _, d := range ds {
-			if len(d.Node().RingMembers()) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSettled(t, ds)
 	return ds
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testpki"
-	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -37,9 +36,7 @@ func tlsDaemons(t *testing.T) (*testpki.CA, string, []*Daemon) {
 		}
 		ds = append(ds, start(t, cfg))
 	}
-	testwait.For(t, "both daemons to see each other", func() bool {
-		return len(ds[0].Node().RingMembers()) == 2 && len(ds[1].Node().RingMembers()) == 2
-	})
+	waitSettled(t, ds)
 	return ca, dir, ds
 }
 

@@ -493,6 +493,7 @@ func startIn(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig, d
 		cfg.NodeName = fmt.Sprintf("bench-%d", i)
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		cfg.GossipAddr = "127.0.0.1:0"
+		cfg.BootstrapExpect = n // the n nodes form the cluster together
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight
 		cfg.Peer.Observer = batches.observe

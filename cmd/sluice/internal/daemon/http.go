@@ -227,7 +227,7 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		}
 		body["refused_members"] = out
 	}
-	if clocks := d.node.PeerClocks(); len(clocks) > 0 {
+	if clocks := d.peerClocks(); len(clocks) > 0 {
 		// Each member's clock offset from this node's, as estimated; a
 		// member beyond max_clock_skew does not make the node unready.
 		out := make([]map[string]any, len(clocks))
@@ -248,6 +248,15 @@ func (d *Daemon) handleReadyz(w http.ResponseWriter, r *http.Request) {
 
 // refusedMembers are the node's refused gossip members; none with
 // backend redis.
+// peerClocks are the node's estimates of its members' clocks; none with
+// backend redis.
+func (d *Daemon) peerClocks() []cluster.PeerClock {
+	if d.node == nil {
+		return nil
+	}
+	return d.node.PeerClocks()
+}
+
 func (d *Daemon) refusedMembers() []cluster.RefusedMember {
 	if d.node == nil {
 		return nil

@@ -83,6 +83,12 @@ type Config struct {
 	// PoolSize is the most connections per Redis node when New builds
 	// the client; 0 is go-redis's default (10 per CPU).
 	PoolSize int
+	// Clock is this process's clock (nil: time.Now): the local store's,
+	// the breaker's, the calendar windows' and the one Decision.ResetAt
+	// is given on. Redis's clock decides; its times are translated onto
+	// this one, so that ResetAt less Clock's now is the time left until
+	// the reset Redis counts to.
+	Clock func() time.Time
 }
 
 // DefaultConfig returns a Config for one Redis at localhost:6379: keys

@@ -5,7 +5,12 @@
 // Every decision is one Lua script (decide.lua) run atomically on the
 // server that holds its key, so that concurrent callers on any number of
 // instances admit exactly the limit. The script reads the server's clock
-// (TIME), so that the instances' clocks do not matter; it runs by EVALSHA
+// (TIME), so that the instances' clocks do not matter. Decision.ResetAt
+// is on the caller's clock (Config.Clock): the script answers with the
+// server's now, and ResetAt is the caller's now plus the time the server
+// counts until the reset, so that ResetAt less the caller's now is right
+// however skewed the two clocks are; RetryAfter and Delay are durations.
+// The script runs by EVALSHA
 // and is sent with EVAL when a server does not have it (after a restart,
 // a failover or SCRIPT FLUSH). It implements the six algorithms with the
 // semantics of package limiter (validation, Decision fields, calendar

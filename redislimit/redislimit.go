@@ -63,7 +63,10 @@ func New(cfg Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redislimit: local store: %w", err)
 	}
-	l := &Limiter{cfg: cfg, client: cfg.Client, script: redis.NewScript(decideSource), clock: time.Now}
+	l := &Limiter{cfg: cfg, client: cfg.Client, script: redis.NewScript(decideSource), clock: cfg.Clock}
+	if l.clock == nil {
+		l.clock = time.Now
+	}
 	if l.client == nil {
 		l.client, l.owned = cfg.client(), true
 	}
@@ -345,7 +348,7 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 			case len(vals) != 6:
 				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 6 numbers", vals))
 			default:
-				c.decided, c.decision = true, decisionOf(c.req, vals)
+				c.decided, c.decision = true, decisionOf(c.req, vals, l.clock())
 			}
 		}
 		pending = again
@@ -390,13 +393,17 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	return append(args, s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro())
 }
 
-// decisionOf reads the script's answer.
-func decisionOf(req *limiter.Request, v []int64) sluice.Decision {
+// decisionOf reads the script's answer, read at local on this process's
+// clock. The script's times are on the server's clock, whose now it
+// answers with: ResetAt is moved onto the local clock by their
+// difference, so that ResetAt - local is the time Redis counts until the
+// reset, however far apart the two clocks are.
+func decisionOf(req *limiter.Request, v []int64, local time.Time) sluice.Decision {
 	return sluice.Decision{Decision: limiter.Decision{
 		Allowed:    v[0] == 1,
 		Limit:      req.Limit,
 		Remaining:  v[1],
-		ResetAt:    time.UnixMicro(v[2]),
+		ResetAt:    local.Add(time.Duration(v[2]-v[5]) * time.Microsecond),
 		RetryAfter: time.Duration(v[3]) * time.Microsecond,
 		Delay:      time.Duration(v[4]) * time.Microsecond,
 	}}

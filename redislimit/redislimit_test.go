@@ -347,7 +347,8 @@ func TestBadState(t *testing.T) {
 func TestCalendarAcrossClocks(t *testing.T) {
 	srv := testredis.Start(t)
 	l := newTestLimiter(t, nil, srv.Addr())
-	l.clock = func() time.Time { return time.Now().Add(-time.Hour) }
+	const skew = -time.Hour
+	l.clock = func() time.Time { return time.Now().Add(skew) }
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	if err != nil {
 		t.Skipf("no zone database: %v", err)
@@ -359,10 +360,16 @@ func TestCalendarAcrossClocks(t *testing.T) {
 	if err != nil || d.WithoutOwner || !d.Allowed || d.Remaining != 4 {
 		t.Fatalf("%+v, %v", d, err)
 	}
+	// The server's minute ends at end, on the server's clock (this
+	// machine's); ResetAt is on the caller's clock, an hour behind, and
+	// the time left until it is the server's: ResetAt - skew is end, read
+	// up to the time the call took late (the caller reads its clock after
+	// the server's), and a millisecond early for the two clocks' grain.
 	_, lo := limiter.CalendarWindow(limiter.Minute, tokyo, before)
 	_, hi := limiter.CalendarWindow(limiter.Minute, tokyo, after)
-	if d.ResetAt.Before(lo) || d.ResetAt.After(hi) {
-		t.Errorf("ResetAt %v, want the end of the server's minute, %v", d.ResetAt, lo)
+	onServer := d.ResetAt.Add(-skew)
+	if onServer.Before(lo.Add(-time.Millisecond)) || onServer.After(hi.Add(after.Sub(before))) {
+		t.Errorf("ResetAt %v, want the end of the server's minute %v, an hour earlier on the caller's clock", d.ResetAt, lo.Add(skew))
 	}
 }
 

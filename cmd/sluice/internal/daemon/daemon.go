@@ -335,7 +335,11 @@ func (d *Daemon) startRedis(tlsCfg *tls.Config) (err error) {
 	if tlsCfg != nil {
 		d.lis = tls.NewListener(d.lis, serverTLS(tlsCfg, tls.VerifyClientCertIfGiven))
 	}
-	if d.publicLis, err = d.publicLimits().Listen("tcp", d.cfg.GRPCAddr); err != nil {
+	if d.publicBudget, err = transport.NewMessageBudget(d.publicLimits()); err != nil {
+		d.lis.Close()
+		return fmt.Errorf("daemon: grpc_addr: %w", err)
+	}
+	if d.publicLis, err = d.publicBudget.Listen("tcp", d.cfg.GRPCAddr); err != nil {
 		d.lis.Close()
 		return fmt.Errorf("daemon: listen on grpc_addr: %w", err)
 	}

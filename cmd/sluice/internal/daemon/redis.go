@@ -114,6 +114,7 @@ func newRedisBackend(cfg *Config, reg prometheus.Registerer, now func() time.Tim
 	if err != nil {
 		return nil, err
 	}
+	rc.Clock = now
 	lim, err := redislimit.New(rc)
 	if err != nil {
 		return nil, &ConfigError{Field: "backend", Err: err}

@@ -116,16 +116,10 @@ func TestRedisEnvoyModes(t *testing.T) {
 
 // TestRedisEnvoyResetIgnoresDaemonClock: on backend redis, Redis's clock
 // places the windows, so a daemon whose clock is skewed must still tell
-// Envoy when the window Redis counts in ends. Known break: the Envoy
-// service computes duration_until_reset from the daemon's own clock
-// (envoyrls Service.untilReset), so daemons 36 hours off report the end
-// of another day's window, 12 hours off here; the HTTP API's
-// reset_after_ms is Redis's ResetAt less the daemon's clock (EncodeDecision),
-// off by the skew. Run with SLUICE_ATTACK=1.
+// Envoy when the window Redis counts in ends: days 36 hours off would
+// otherwise report the end of another day's window, and the HTTP API's
+// reset_after_ms would be off by the skew.
 func TestRedisEnvoyResetIgnoresDaemonClock(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("known break: duration_until_reset follows the daemon's clock, not Redis's; SLUICE_ATTACK=1 runs it")
-	}
 	srv := testredis.Start(t)
 	var resets []time.Duration
 	for i, skew := range []time.Duration{0, -36 * time.Hour, 36 * time.Hour, 90 * time.Second} {

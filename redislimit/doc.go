@@ -38,7 +38,13 @@
 // than the key's live state converts the state as limiter does: the hits
 // the state still counts at now, read with the request's Limit and
 // Period and limiter's rounding, are taken by the new algorithm from
-// fresh, at most its capacity, so a spent key stays spent. A peek (Hits
+// fresh, at most its capacity, so a spent key stays spent. With
+// Config.KeepStrictest the state keeps the rate it was last charged
+// under instead (format version 2, 32 bytes more), and a request at
+// another rate is decided with the state's algorithm at the stricter of
+// both rates, as limiter.StoreConfig.KeepStrictest decides it
+// (TestDifferentialStrictest); a calendar window of another unit or zone
+// than the request's is read as the state's own window. A peek (Hits
 // 0 without Reset) decides on the state as read and writes nothing (no
 // SET, PEXPIRE or DEL), whatever its algorithm, Limit, Period, Burst or
 // calendar: the key's bytes and TTL stay as they were. The server's clock

@@ -851,3 +851,53 @@ func TestRedisSlow(t *testing.T) {
 		t.Errorf("after the pause: %+v, %v; want 99 or 98 remaining", d, err)
 	}
 }
+
+// TestKeepStrictestSteps: with KeepStrictest, a spent key stays spent
+// for checks and peeks at any laxer rate (a higher Limit, a shorter
+// Period, another Algorithm, more Hits than its capacity), a cut takes
+// effect at once, a Reset lets the request's own rate apply, and a key
+// written without the rate (format version 1) is charged at the next
+// request's.
+func TestKeepStrictestSteps(t *testing.T) {
+	srv := testredis.Start(t)
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	l := newTestLimiter(t, clock, srv.Addr())
+	plain := newTestLimiter(t, clock, srv.Addr())
+	plain.cfg.Prefix = l.cfg.Prefix
+	l.cfg.KeepStrictest = true
+	ctx := context.Background()
+	base := limiter.Request{Name: "strict", Key: "k", Hits: 3, Limit: 3, Period: time.Hour, Algorithm: limiter.TokenBucket}
+	for i, s := range []struct {
+		lim           *Limiter
+		edit          func(r *limiter.Request)
+		wantAllowed   bool
+		wantRemaining int64
+		wantLimit     int64
+	}{
+		{l, func(r *limiter.Request) {}, true, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 3_000_000 }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Period = 1, time.Millisecond }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Algorithm = 1, limiter.SlidingWindowLog }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Algorithm = 0, 1000, limiter.FixedWindow }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Period = 100, 1000, time.Millisecond }, false, 0, 3},
+		// A cut at once: 1 per hour, the key still spent.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 1 }, false, 0, 1},
+		// Reset: the request's own rate from fresh.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Behavior = 1, 10, limiter.Reset }, true, 9, 10},
+		// Now charged at 10 per hour: a raise waits, a cut applies.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 100 }, true, 9, 10},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 2 }, true, 1, 2},
+		// Written without the rate: the next request charges its own.
+		{plain, func(r *limiter.Request) { r.Hits, r.Limit, r.Behavior = 2, 2, limiter.Reset }, true, 0, 2},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 4 }, true, 1, 4},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 40 }, true, 0, 4},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 40 }, false, 0, 4},
+	} {
+		r := base
+		s.edit(&r)
+		d, err := s.lim.Check(ctx, r)
+		if err != nil || d.WithoutOwner || d.Allowed != s.wantAllowed || d.Remaining != s.wantRemaining || d.Limit != s.wantLimit {
+			t.Fatalf("step %d %+v: %+v, %v; want allowed %v remaining %d limit %d", i, r, d, err, s.wantAllowed, s.wantRemaining, s.wantLimit)
+		}
+	}
+}

@@ -314,11 +314,20 @@ func TestBadState(t *testing.T) {
 		}
 		return string(b)
 	}
+	version2 := func(v string) string { return "\x02" + v[1:] }
 	crafted := []string{
 		state(byte(limiter.GCRA), math.NaN(), 1, 1, 0),
 		state(9, 2e15, 1, 1, 0),
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1, 0) + "0123456789abcdef0123456789abcdef",
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1e9, 0),
+		// Format version 2, with a rate no request has: a NaN Limit, a
+		// capacity of 0, a Period of 0, an unknown calendar unit; and a
+		// version 2 state without its rate.
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, math.NaN(), 1, 1e6, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 0, 1e6, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 1, 0, 0)),
+		version2(state(byte(limiter.FixedWindow), 2e15, 1, 1, 0, 1, 1, -9, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0)),
 	}
 	reqs := []limiter.Request{str, list}
 	for i, v := range crafted {
@@ -898,6 +907,40 @@ func TestKeepStrictestSteps(t *testing.T) {
 		d, err := s.lim.Check(ctx, r)
 		if err != nil || d.WithoutOwner || d.Allowed != s.wantAllowed || d.Remaining != s.wantRemaining || d.Limit != s.wantLimit {
 			t.Fatalf("step %d %+v: %+v, %v; want allowed %v remaining %d limit %d", i, r, d, err, s.wantAllowed, s.wantRemaining, s.wantLimit)
+		}
+	}
+}
+
+// TestKeepStrictestLocal: with KeepStrictest, the store PolicyLocal
+// decides on while Redis is down keeps the strictest rate as well: a key
+// spent there stays spent for a check at a higher Limit, a shorter Period
+// or another Algorithm.
+func TestKeepStrictestLocal(t *testing.T) {
+	srv := testredis.Start(t)
+	cfg := DefaultConfig()
+	cfg.Addrs = []string{srv.Addr()}
+	cfg.KeepStrictest = true
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	srv.Kill()
+	ctx := context.Background()
+	spend := limiter.Request{Name: "local", Key: "k", Hits: 3, Limit: 3, Period: time.Hour, Algorithm: limiter.TokenBucket}
+	if d, err := l.Check(ctx, spend); err != nil || !d.WithoutOwner || !d.Allowed {
+		t.Fatalf("spending on the local store: %+v, %v", d, err)
+	}
+	for _, edit := range []func(r *limiter.Request){
+		func(r *limiter.Request) { r.Limit = 3_000_000 },
+		func(r *limiter.Request) { r.Period = time.Millisecond },
+		func(r *limiter.Request) { r.Algorithm = limiter.FixedWindow },
+	} {
+		r := spend
+		r.Hits = 1
+		edit(&r)
+		if d, err := l.Check(ctx, r); err != nil || !d.WithoutOwner || d.Allowed {
+			t.Errorf("%+v on the spent key: %+v, %v; want denied by the local store", r, d, err)
 		}
 	}
 }

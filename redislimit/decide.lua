@@ -152,7 +152,8 @@ if raw then
   if ok and version == VERSION_RATE then
     local l, c, p, z = struct.unpack('<dddd', raw, 35)
     ok = l >= 1 and l <= MAXLIMIT and l == math.floor(l) and c >= 1 and c <= MAXLIMIT and c == math.floor(c) and
-      sane(p) and p == math.floor(p) and p ~= 0 and (p > 0 or p >= -7) and sane(z)
+      sane(p) and p == math.floor(p) and p ~= 0 and sane(z) and
+      (p > 0 or (p >= -6 and a == FIXED and w0 < exp)) -- a calendar: a fixed window's, [start, expiry)
     charged = {l, c, p, z}
   end
   if not ok or

@@ -321,12 +321,15 @@ func TestBadState(t *testing.T) {
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1, 0) + "0123456789abcdef0123456789abcdef",
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1e9, 0),
 		// Format version 2, with a rate no request has: a NaN Limit, a
-		// capacity of 0, a Period of 0, an unknown calendar unit; and a
+		// capacity of 0, a Period of 0, an unknown calendar unit, a
+		// calendar on another algorithm than a fixed window's; and a
 		// version 2 state without its rate.
 		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, math.NaN(), 1, 1e6, 0)),
 		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 0, 1e6, 0)),
 		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 1, 0, 0)),
 		version2(state(byte(limiter.FixedWindow), 2e15, 1, 1, 0, 1, 1, -9, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 1, -1, 0)),           // a calendar on GCRA
+		version2(state(byte(limiter.FixedWindow), 2e15, 3e15, 1, 0, 1, 1, -1, 0)), // a window ending before it starts
 		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0)),
 	}
 	reqs := []limiter.Request{str, list}

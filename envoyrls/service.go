@@ -477,7 +477,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
 	}
 	var closest *rlsv3.RateLimitResponse_DescriptorStatus
-	var closestUnit Unit
+	var closestReset time.Time
 	quotas, quotasOver := 0, 0
 	for i := range items {
 		it := &items[i]
@@ -505,7 +505,11 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		if !over {
 			st.LimitRemaining = uint32(limit - after)
 		}
-		st.DurationUntilReset = durationpb.New(s.untilReset(l.Unit, now))
+		reset := s.windowEnd(l.Unit, now)
+		if it.counted >= 0 {
+			reset = s.resetOf(l.Unit, results[it.counted].Decision.Decision, now)
+		}
+		st.DurationUntilReset = durationpb.New(s.untilReset(reset, now))
 		if over && !it.shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -521,7 +525,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		// enforced one over, else the first with the least remaining.
 		if closest == nil || st.LimitRemaining < closest.LimitRemaining ||
 			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
-			closest, closestUnit = st, l.Unit
+			closest, closestReset = st, reset
 		}
 		if s.cfg.OnHit != nil {
 			s.cfg.OnHit(s.hit(it, req.Domain, before, after))
@@ -531,7 +535,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if h := s.cfg.Headers; h != nil && closest != nil {
-		reset := s.windowEnd(closestUnit, now).Sub(now)
+		reset := closestReset.Sub(now)
 		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{
 			{Key: h.Limit, Value: strconv.FormatUint(uint64(closest.CurrentLimit.RequestsPerUnit), 10)},
 			{Key: h.Remaining, Value: strconv.FormatUint(uint64(closest.LimitRemaining), 10)},
@@ -550,10 +554,22 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 	return resp
 }
 
-// untilReset is duration_until_reset of a limit of unit u at now: whole
-// seconds rounded up, or exact with Config.ExactReset.
-func (s *Service) untilReset(u Unit, now time.Time) time.Duration {
-	d := s.windowEnd(u, now).Sub(now)
+// resetOf is the end of the window of unit u that decision d counted in:
+// d's ResetAt while the window holds a count (the limiter's clock placed
+// the window: Redis's, with backend redis, translated onto this
+// process's clock), or the end of the window holding now on this
+// process's clock when the window is empty and d's ResetAt is now.
+func (s *Service) resetOf(u Unit, d limiter.Decision, now time.Time) time.Time {
+	if d.ResetAt.After(now) {
+		return d.ResetAt
+	}
+	return s.windowEnd(u, now)
+}
+
+// untilReset is duration_until_reset of a window ending at reset, at
+// now: whole seconds rounded up, or exact with Config.ExactReset.
+func (s *Service) untilReset(reset, now time.Time) time.Duration {
+	d := reset.Sub(now)
 	if s.cfg.ExactReset {
 		return d
 	}

@@ -198,20 +198,29 @@ func TestMemoryPerKey(t *testing.T) {
 		}
 		t.Logf("%s: %d bytes", k, n)
 	}
-	for _, algo := range limiter.Algorithms {
-		req := limiter.Request{Name: "api_per_user", Key: "user:1234567", Hits: 1, Limit: 100, Period: time.Minute, Algorithm: algo}
-		if _, err := l.Check(ctx, req); err != nil {
-			t.Fatal(err)
+	for _, strict := range []bool{false, true} {
+		// With KeepStrictest, the rate beside the state (format version 2).
+		l.cfg.KeepStrictest = strict
+		name := "api_per_user"
+		if strict {
+			name = "api_per_usr" // as long, another key
 		}
-		n, err := rdb.MemoryUsage(ctx, Key(l.cfg.Prefix, req.Name, req.Key), 0).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: %d bytes", algo, n)
-		if n > 192 {
-			t.Errorf("%s: a key of 32 bytes costs %d bytes, more than 192", algo, n)
+		for _, algo := range limiter.Algorithms {
+			req := limiter.Request{Name: name, Key: "user:1234567", Hits: 1, Limit: 100, Period: time.Minute, Algorithm: algo}
+			if _, err := l.Check(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			n, err := rdb.MemoryUsage(ctx, Key(l.cfg.Prefix, req.Name, req.Key), 0).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s, KeepStrictest %v: %d bytes", algo, strict, n)
+			if n > 192 {
+				t.Errorf("%s: a key of 32 bytes costs %d bytes, more than 192", algo, n)
+			}
 		}
 	}
+	l.cfg.KeepStrictest = false
 	tl := newTestLimiter(t, clock, l.cfg.Addrs...)
 	req := limiter.Request{Name: "api_per_user", Key: "user:1234567", Hits: 1, Limit: 10_000, Period: time.Hour, Algorithm: limiter.SlidingWindowLog}
 	for range limiter.MaxLogEntries {

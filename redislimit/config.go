@@ -83,6 +83,24 @@ type Config struct {
 	// PoolSize is the most connections per Redis node when New builds
 	// the client; 0 is go-redis's default (10 per CPU).
 	PoolSize int
+	// KeepStrictest makes a key's state in Redis keep the strictest rate
+	// any request has charged it under since it was fresh, as
+	// limiter.StoreConfig.KeepStrictest does in memory (see limiter's
+	// package comment): the rate is stored with the state (32 bytes more
+	// per key, same key and TTL), and a request of another Algorithm,
+	// Limit, Burst, Period or Calendar is decided with the state's
+	// algorithm at the stricter of both rates, so that no request without
+	// Reset lowers what a key counts. A cut takes effect at once; a raise,
+	// a shorter Period or another Algorithm once the key is fresh, or
+	// after a Reset. It applies to the Local store as well. For callers
+	// that may not reset keys.
+	KeepStrictest bool
+	// Clock is this process's clock (nil: time.Now): the local store's,
+	// the breaker's, the calendar windows' and the one Decision.ResetAt
+	// is given on. Redis's clock decides; its times are translated onto
+	// this one, so that ResetAt less Clock's now is the time left until
+	// the reset Redis counts to.
+	Clock func() time.Time
 }
 
 // DefaultConfig returns a Config for one Redis at localhost:6379: keys

@@ -1,17 +1,23 @@
 -- sluice redislimit: one decision on one key, atomically.
 --
--- KEYS[1]  the key's state: a string, format version 1 (see the state below).
+-- KEYS[1]  the key's state: a string, format version 1, or 2 with the rate
+--          it was last charged under (see the state below).
 -- ARGV[1]  algorithm (limiter.Algorithm), ARGV[2] hits, ARGV[3] limit,
 -- ARGV[4]  period in microseconds (0 with a calendar), ARGV[5] capacity
 --          (the effective burst), ARGV[6] behavior bits,
 -- ARGV[7]  now in Unix microseconds, or "" for the server's TIME,
 -- ARGV[8]  the least TTL in milliseconds: 0, but for tests that pass now,
 --          whose keys must outlive the real time a trace takes,
--- ARGV[9..12] with a calendar: b0 < b1 < b2 < b3, the bounds of three
+-- ARGV[9]  "1" to keep the strictest rate (limiter.StoreConfig.KeepStrictest),
+--          "0" not to,
+-- ARGV[10] the calendar unit (limiter.Calendar, 0 for none),
+-- ARGV[11] the calendar's zone, a number naming it (0 without a calendar),
+-- ARGV[12..15] with a calendar: b0 < b1 < b2 < b3, the bounds of three
 --          consecutive calendar windows around the caller's clock.
 --
--- Returns {allowed, remaining, resetAt, retryAfter, delay, now}, times in
--- microseconds; {-1, now} when no calendar window given holds now.
+-- Returns {allowed, remaining, resetAt, retryAfter, delay, now, limit},
+-- times in microseconds, limit the Limit that decided; {-1, now} when no
+-- calendar window given holds now.
 --
 -- The order of limiter's decide: a state that is expired, or reset,
 -- starts fresh; a live state has its times bounded by now as its own
@@ -33,6 +39,8 @@ local MAXLIMIT = 1e12            -- limiter.MaxLimit
 -- keeps it in 56 bits of nanoseconds, and a larger lead bounds nothing.
 local MAXLEAD = 72057594037928
 local VERSION = 1
+local VERSION_RATE = 2 -- the state followed by the rate it was charged under
+local MAXDRAIN = 100 * 366 * 24 * 3600 * 1000000 -- limiter.MaxDrain, in us
 
 local TOKEN, LEAKY, FIXED, SLOG, SCOUNTER, GCRA = 1, 2, 3, 4, 5, 6
 local RESET, DRAIN, REFUND = 1, 2, 4
@@ -52,9 +60,12 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local minTTL = tonumber(ARGV[8])
+local keepStrictest = ARGV[9] == '1'
+local calendar = tonumber(ARGV[10])
+local zone = tonumber(ARGV[11])
 local bounds = nil
-if ARGV[9] then
-  bounds = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])}
+if ARGV[12] then
+  bounds = {tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])}
 end
 
 local function has(bit) return math.floor(behavior / bit) % 2 == 1 end
@@ -115,28 +126,44 @@ end
 -- those of every entry before it since the one whose cum is logBase, so
 -- that the total, expiry and the oldest hits reaching a count are binary
 -- searches, not a pass over the log.
+--
+-- Format version 2 follows the three words with the rate the state was
+-- last charged under, as limiter's store keeps it under KeepStrictest:
+-- its Limit, capacity, Period in microseconds (or minus the calendar
+-- unit) and calendar zone; 32 bytes more.
 local st = {algo = 0, exp = 0, w = {0, 0, 0}}
 local logBody, logN, logBase, quantum = '', 0, 0, 0
 local RECORD = 16
+local charged = nil -- {limit, capacity, period, zone}, version 2's rate
 
 local raw = redis.call('GET', key)
 if raw then
-  if string.len(raw) < 34 or string.byte(raw, 1) ~= VERSION then
-    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION)
+  local version, head = string.byte(raw, 1), 34
+  if version == VERSION_RATE then head = 66 end
+  if string.len(raw) < head or (version ~= VERSION and version ~= VERSION_RATE) then
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ' or ' .. VERSION_RATE)
   end
   local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
   -- Numbers within the horizon (NaN is not equal to itself), an
-  -- algorithm, and a log of at most MAXLOG entries exactly as long as its
-  -- count says: what this script writes.
+  -- algorithm, a rate as a request has, and a log of at most MAXLOG
+  -- entries exactly as long as its count says: what this script writes.
   local function sane(x) return x == x and x >= -HORIZON and x <= HORIZON end
-  if not (a >= TOKEN and a <= GCRA and sane(exp) and sane(w0) and sane(w1) and sane(w2)) or
-      (a == SLOG and (w1 < 0 or w1 > MAXLOG or w1 ~= math.floor(w1) or string.len(raw) ~= 34 + RECORD * w1)) then
-    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ' as this script writes it')
+  local ok = a >= TOKEN and a <= GCRA and sane(exp) and sane(w0) and sane(w1) and sane(w2)
+  if ok and version == VERSION_RATE then
+    local l, c, p, z = struct.unpack('<dddd', raw, 35)
+    ok = l >= 1 and l <= MAXLIMIT and l == math.floor(l) and c >= 1 and c <= MAXLIMIT and c == math.floor(c) and
+      sane(p) and p == math.floor(p) and p ~= 0 and sane(z) and
+      (p > 0 or (p >= -6 and a == FIXED and w0 < exp)) -- a calendar: a fixed window's, [start, expiry)
+    charged = {l, c, p, z}
+  end
+  if not ok or
+      (a == SLOG and (w1 < 0 or w1 > MAXLOG or w1 ~= math.floor(w1) or string.len(raw) ~= head + RECORD * w1)) then
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. version .. ' as this script writes it')
   end
   st.algo, st.exp, st.w = a, exp, {w0, w1, w2}
   if a == SLOG then
     quantum, logN, logBase = w0, w1, w2
-    logBody = string.sub(raw, 35)
+    logBody = string.sub(raw, head + 1)
   end
 end
 
@@ -156,6 +183,80 @@ end
 
 if bounds and not calendarWindow(now) then
   return {-1, now}
+end
+
+local function hasBurst(a) return a == TOKEN or a == LEAKY or a == GCRA end
+
+-- The rate this request charges under, as limiter's chargedOf: Period in
+-- microseconds, or minus the calendar unit.
+local function ratePeriod()
+  if bounds then return -calendar end
+  return period
+end
+
+-- strictest narrows the request, on a live state last charged under
+-- charged, as limiter's strictest: the state's algorithm, the longer
+-- Period (a fixed window's Calendar with it), over it the least Limit
+-- either rate allows, rounded down, and the least capacity; the state's
+-- own rate when that meet is invalid. A calendar window of another unit
+-- or zone than the request's is the state's own window, [start, expiry),
+-- which holds now while the state is live (the script knows no zone).
+local overCapacity = false
+if keepStrictest and charged and st.exp > now and not has(RESET) then
+  local a = st.algo
+  local oLimit, oCap, oPeriod, oZone = charged[1], charged[2], charged[3], charged[4]
+  if not hasBurst(a) then oCap = oLimit end
+  local same = a == algo and oLimit == limit and oCap == capacity and oPeriod == ratePeriod() and
+    (oPeriod > 0 or oZone == zone)
+  if not same then
+    -- The old rate's window: the request's when it is the same calendar,
+    -- else the state's own.
+    local oBounds = nil
+    if oPeriod < 0 then
+      if bounds and -oPeriod == calendar and oZone == zone then
+        oBounds = bounds
+      else
+        local s = math.min(st.w[1], now)
+        oBounds = {s, s, st.exp, st.exp}
+      end
+    end
+    local function lengthOf(b, p)
+      if not b then return p end
+      if b ~= bounds then return st.exp - st.w[1] end -- the state's window
+      local s, e = calendarWindow(now)
+      return e - s
+    end
+    local ts = lengthOf(oBounds, oPeriod)
+    local tr = lengthOf(bounds, period)
+    -- m starts as the old rate.
+    local mAlgo, mPeriod, mBounds, mCal, mZone = a, oPeriod, oBounds, 0, oZone
+    if oPeriod < 0 then mCal, mPeriod = -oPeriod, 0 end
+    local tm = ts
+    if tr > ts then
+      tm = tr
+      mPeriod, mBounds, mCal, mZone = tr, nil, 0, 0
+      if bounds and a == FIXED then mPeriod, mBounds, mCal, mZone = 0, bounds, calendar, zone end
+    end
+    local mLimit = math.min(muldiv(oLimit, tm, ts, false, MAXLIMIT + 1), muldiv(limit, tm, tr, false, MAXLIMIT + 1))
+    local mCap = math.min(oCap, capacity)
+    if not hasBurst(a) then
+      mLimit = math.min(mLimit, mCap)
+      mCap = mLimit
+    end
+    local valid = mLimit >= 1 and mLimit <= MAXLIMIT and (mBounds or mCap / mLimit * mPeriod <= MAXDRAIN)
+    if not valid then
+      mLimit, mCap, mPeriod, mBounds, mCal, mZone = oLimit, oCap, oPeriod, oBounds, 0, oZone
+      if oPeriod < 0 then mCal, mPeriod = -oPeriod, 0 end
+    end
+    algo, limit, capacity, period, bounds, calendar, zone = mAlgo, mLimit, mCap, mPeriod, mBounds, mCal, mZone
+    if hits > capacity then overCapacity = true end
+  end
+end
+local storedExp = st.exp
+if overCapacity then
+  -- Denied, consuming nothing: a peek at the strictest rate, whose wait
+  -- is until the key is fresh and the request's own rate applies.
+  hits, behavior, reads = 0, 0, true
 end
 
 -- The buckets.
@@ -641,10 +742,20 @@ end
 
 local allowed, remaining, retry, delay = decideAlgorithm(hits, has(DRAIN))
 
+if overCapacity then
+  allowed, retry = 0, math.max(storedExp - now, 1)
+end
+
 if reads then
   -- A peek keeps nothing: limiter decides it on a copy.
 elseif st.exp > now then
-  local value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
+  local value
+  if keepStrictest then
+    value = struct.pack('<BBdddddddd', VERSION_RATE, algo, st.exp, st.w[1], st.w[2], st.w[3],
+      limit, capacity, ratePeriod(), zone)
+  else
+    value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
+  end
   if algo == SLOG then value = value .. logBody end
   -- The key lives until its state is fresh again, to the millisecond.
   redis.call('SET', key, value, 'PX', math.max(math.ceil((st.exp - now) / 1000), minTTL))
@@ -652,4 +763,4 @@ elseif raw then
   redis.call('DEL', key)
 end
 
-return {allowed, remaining, st.exp, retry, delay, now}
+return {allowed, remaining, st.exp, retry, delay, now, limit}

@@ -85,9 +85,14 @@ type differential struct {
 	berlin *time.Location
 	// stepsBack: the clock steps back by more than 100 ms now and then.
 	stepsBack bool
+	// strictest: both keep the strictest rate (KeepStrictest).
+	strictest bool
 	// switches and foreignPeeks count the requests of another algorithm
 	// than the key's, and those of them with 0 hits.
 	switches, foreignPeeks int
+	// narrowed counts the decisions whose Limit is not the request's:
+	// decided at a stricter rate than its own.
+	narrowed int
 }
 
 // run sends one trace of steps random requests of algo's key, drawn from
@@ -165,6 +170,9 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 		if werr != nil {
 			continue
 		}
+		if want.Limit != req.Limit {
+			d.narrowed++
+		}
 		if got.WithoutOwner {
 			t.Fatalf("seed %d %s step %d: decided without Redis", seed, algo, step)
 		}
@@ -188,7 +196,9 @@ func newDifferential(t *testing.T, stepsBack bool) *differential {
 
 // newMemory returns sluice.Local over a new limiter.Store on d's clock.
 func (d *differential) newMemory(t *testing.T) sluice.Limiter {
-	store, err := limiter.NewStore(limiter.DefaultStoreConfig())
+	cfg := limiter.DefaultStoreConfig()
+	cfg.KeepStrictest = d.strictest
+	store, err := limiter.NewStore(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +226,25 @@ func TestDifferentialClockSteps(t *testing.T) {
 	newDifferential(t, true).runAll(t, 8, 23)
 }
 
+// TestDifferentialStrictest runs traces as TestDifferential does with
+// KeepStrictest on both sides: every change of Limit, Burst, Period,
+// Calendar or Algorithm on a live key is decided at the strictest of the
+// key's rate and the request's, as limiter decides it, peeks and requests
+// for more hits than the strictest capacity included.
+func TestDifferentialStrictest(t *testing.T) {
+	d := newDifferential(t, false)
+	d.strictest, d.rl.cfg.KeepStrictest = true, true
+	d.runAll(t, 12, 24)
+}
+
+// TestDifferentialStrictestClockSteps is TestDifferentialStrictest with
+// a clock that also steps back.
+func TestDifferentialStrictestClockSteps(t *testing.T) {
+	d := newDifferential(t, true)
+	d.strictest, d.rl.cfg.KeepStrictest = true, true
+	d.runAll(t, 8, 25)
+}
+
 // runAll runs a trace of 400 steps (150 with -short, and a quarter of
 // the seeds) for every algorithm and seed, the random numbers of a seed
 // drawn from its PCG stream, and requires that the traces switched
@@ -240,6 +269,10 @@ func (d *differential) runAll(t *testing.T, seeds int, stream uint64) {
 	}
 	if d.switches == 0 || d.foreignPeeks == 0 {
 		t.Errorf("the traces switched algorithms %d times, %d of them peeks: want both", d.switches, d.foreignPeeks)
+	}
+	t.Logf("%d switches of algorithm, %d of them peeks; %d decisions at a stricter rate than the request's", d.switches, d.foreignPeeks, d.narrowed)
+	if d.strictest && d.narrowed == 0 {
+		t.Errorf("no decision was narrowed to a stricter rate")
 	}
 }
 

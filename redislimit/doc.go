@@ -5,7 +5,12 @@
 // Every decision is one Lua script (decide.lua) run atomically on the
 // server that holds its key, so that concurrent callers on any number of
 // instances admit exactly the limit. The script reads the server's clock
-// (TIME), so that the instances' clocks do not matter; it runs by EVALSHA
+// (TIME), so that the instances' clocks do not matter. Decision.ResetAt
+// is on the caller's clock (Config.Clock): the script answers with the
+// server's now, and ResetAt is the caller's now plus the time the server
+// counts until the reset, so that ResetAt less the caller's now is right
+// however skewed the two clocks are; RetryAfter and Delay are durations.
+// The script runs by EVALSHA
 // and is sent with EVAL when a server does not have it (after a restart,
 // a failover or SCRIPT FLUSH). It implements the six algorithms with the
 // semantics of package limiter (validation, Decision fields, calendar
@@ -33,7 +38,13 @@
 // than the key's live state converts the state as limiter does: the hits
 // the state still counts at now, read with the request's Limit and
 // Period and limiter's rounding, are taken by the new algorithm from
-// fresh, at most its capacity, so a spent key stays spent. A peek (Hits
+// fresh, at most its capacity, so a spent key stays spent. With
+// Config.KeepStrictest the state keeps the rate it was last charged
+// under instead (format version 2, 32 bytes more), and a request at
+// another rate is decided with the state's algorithm at the stricter of
+// both rates, as limiter.StoreConfig.KeepStrictest decides it
+// (TestDifferentialStrictest); a calendar window of another unit or zone
+// than the request's is read as the state's own window. A peek (Hits
 // 0 without Reset) decides on the state as read and writes nothing (no
 // SET, PEXPIRE or DEL), whatever its algorithm, Limit, Period, Burst or
 // calendar: the key's bytes and TTL stay as they were. The server's clock

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,11 +60,16 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	cfg.Addrs = append([]string(nil), cfg.Addrs...)
-	store, err := limiter.NewStore(cfg.Local)
+	local := cfg.Local
+	local.KeepStrictest = local.KeepStrictest || cfg.KeepStrictest
+	store, err := limiter.NewStore(local)
 	if err != nil {
 		return nil, fmt.Errorf("redislimit: local store: %w", err)
 	}
-	l := &Limiter{cfg: cfg, client: cfg.Client, script: redis.NewScript(decideSource), clock: time.Now}
+	l := &Limiter{cfg: cfg, client: cfg.Client, script: redis.NewScript(decideSource), clock: cfg.Clock}
+	if l.clock == nil {
+		l.clock = time.Now
+	}
 	if l.client == nil {
 		l.client, l.owned = cfg.client(), true
 	}
@@ -342,10 +348,10 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given
 				c.hint = time.UnixMicro(vals[1])
 				again = append(again, c)
-			case len(vals) != 6:
-				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 6 numbers", vals))
+			case len(vals) != 7:
+				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 7 numbers", vals))
 			default:
-				c.decided, c.decision = true, decisionOf(c.req, vals)
+				c.decided, c.decision = true, decisionOf(c.req, vals, l.clock())
 			}
 		}
 		pending = again
@@ -373,7 +379,12 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	if l.serverNow != nil {
 		now, minTTL = strconv.FormatInt(l.serverNow().UnixMicro(), 10), testMinTTL
 	}
-	args := []any{int(req.Algorithm), req.Hits, req.Limit, int64(req.Period / time.Microsecond), req.Capacity(), int(req.Behavior), now, minTTL}
+	keep := "0"
+	if l.cfg.KeepStrictest {
+		keep = "1"
+	}
+	args := []any{int(req.Algorithm), req.Hits, req.Limit, int64(req.Period / time.Microsecond), req.Capacity(), int(req.Behavior), now, minTTL,
+		keep, int(req.Calendar), zoneID(req)}
 	if req.Calendar == limiter.NoCalendar {
 		return args
 	}
@@ -390,13 +401,33 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	return append(args, s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro())
 }
 
-// decisionOf reads the script's answer.
-func decisionOf(req *limiter.Request, v []int64) sluice.Decision {
+// zoneID names req's calendar zone to the script, which compares rates
+// by it: 0 without a calendar, otherwise a hash of the zone's name (UTC
+// for nil), as limiter compares zones by name.
+func zoneID(req *limiter.Request) uint32 {
+	if req.Calendar == limiter.NoCalendar {
+		return 0
+	}
+	name := "UTC"
+	if req.Location != nil {
+		name = req.Location.String()
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return max(h.Sum32(), 1)
+}
+
+// decisionOf reads the script's answer, read at local on this process's
+// clock. The script's times are on the server's clock, whose now it
+// answers with: ResetAt is moved onto the local clock by their
+// difference, so that ResetAt - local is the time Redis counts until the
+// reset, however far apart the two clocks are.
+func decisionOf(req *limiter.Request, v []int64, local time.Time) sluice.Decision {
 	return sluice.Decision{Decision: limiter.Decision{
 		Allowed:    v[0] == 1,
-		Limit:      req.Limit,
+		Limit:      v[6],
 		Remaining:  v[1],
-		ResetAt:    time.UnixMicro(v[2]),
+		ResetAt:    local.Add(time.Duration(v[2]-v[5]) * time.Microsecond),
 		RetryAfter: time.Duration(v[3]) * time.Microsecond,
 		Delay:      time.Duration(v[4]) * time.Microsecond,
 	}}

@@ -314,11 +314,23 @@ func TestBadState(t *testing.T) {
 		}
 		return string(b)
 	}
+	version2 := func(v string) string { return "\x02" + v[1:] }
 	crafted := []string{
 		state(byte(limiter.GCRA), math.NaN(), 1, 1, 0),
 		state(9, 2e15, 1, 1, 0),
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1, 0) + "0123456789abcdef0123456789abcdef",
 		state(byte(limiter.SlidingWindowLog), 2e15, 0, 1e9, 0),
+		// Format version 2, with a rate no request has: a NaN Limit, a
+		// capacity of 0, a Period of 0, an unknown calendar unit, a
+		// calendar on another algorithm than a fixed window's; and a
+		// version 2 state without its rate.
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, math.NaN(), 1, 1e6, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 0, 1e6, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 1, 0, 0)),
+		version2(state(byte(limiter.FixedWindow), 2e15, 1, 1, 0, 1, 1, -9, 0)),
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0, 1, 1, -1, 0)),           // a calendar on GCRA
+		version2(state(byte(limiter.FixedWindow), 2e15, 3e15, 1, 0, 1, 1, -1, 0)), // a window ending before it starts
+		version2(state(byte(limiter.GCRA), 2e15, 1, 1, 0)),
 	}
 	reqs := []limiter.Request{str, list}
 	for i, v := range crafted {
@@ -347,7 +359,8 @@ func TestBadState(t *testing.T) {
 func TestCalendarAcrossClocks(t *testing.T) {
 	srv := testredis.Start(t)
 	l := newTestLimiter(t, nil, srv.Addr())
-	l.clock = func() time.Time { return time.Now().Add(-time.Hour) }
+	const skew = -time.Hour
+	l.clock = func() time.Time { return time.Now().Add(skew) }
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	if err != nil {
 		t.Skipf("no zone database: %v", err)
@@ -359,10 +372,16 @@ func TestCalendarAcrossClocks(t *testing.T) {
 	if err != nil || d.WithoutOwner || !d.Allowed || d.Remaining != 4 {
 		t.Fatalf("%+v, %v", d, err)
 	}
+	// The server's minute ends at end, on the server's clock (this
+	// machine's); ResetAt is on the caller's clock, an hour behind, and
+	// the time left until it is the server's: ResetAt - skew is end, read
+	// up to the time the call took late (the caller reads its clock after
+	// the server's), and a millisecond early for the two clocks' grain.
 	_, lo := limiter.CalendarWindow(limiter.Minute, tokyo, before)
 	_, hi := limiter.CalendarWindow(limiter.Minute, tokyo, after)
-	if d.ResetAt.Before(lo) || d.ResetAt.After(hi) {
-		t.Errorf("ResetAt %v, want the end of the server's minute, %v", d.ResetAt, lo)
+	onServer := d.ResetAt.Add(-skew)
+	if onServer.Before(lo.Add(-time.Millisecond)) || onServer.After(hi.Add(after.Sub(before))) {
+		t.Errorf("ResetAt %v, want the end of the server's minute %v, an hour earlier on the caller's clock", d.ResetAt, lo.Add(skew))
 	}
 }
 
@@ -842,5 +861,89 @@ func TestRedisSlow(t *testing.T) {
 	// Redis ran it before it saw its connection closed, and at most once.
 	if d, err := l.Check(ctx, limiter.Request{Name: req.Name, Key: req.Key, Limit: req.Limit, Period: req.Period, Algorithm: req.Algorithm}); err != nil || d.Remaining != 99 && d.Remaining != 98 {
 		t.Errorf("after the pause: %+v, %v; want 99 or 98 remaining", d, err)
+	}
+}
+
+// TestKeepStrictestSteps: with KeepStrictest, a spent key stays spent
+// for checks and peeks at any laxer rate (a higher Limit, a shorter
+// Period, another Algorithm, more Hits than its capacity), a cut takes
+// effect at once, a Reset lets the request's own rate apply, and a key
+// written without the rate (format version 1) is charged at the next
+// request's.
+func TestKeepStrictestSteps(t *testing.T) {
+	srv := testredis.Start(t)
+	clock := &testClock{now: time.Unix(1_800_000_000, 0)}
+	l := newTestLimiter(t, clock, srv.Addr())
+	plain := newTestLimiter(t, clock, srv.Addr())
+	plain.cfg.Prefix = l.cfg.Prefix
+	l.cfg.KeepStrictest = true
+	ctx := context.Background()
+	base := limiter.Request{Name: "strict", Key: "k", Hits: 3, Limit: 3, Period: time.Hour, Algorithm: limiter.TokenBucket}
+	for i, s := range []struct {
+		lim           *Limiter
+		edit          func(r *limiter.Request)
+		wantAllowed   bool
+		wantRemaining int64
+		wantLimit     int64
+	}{
+		{l, func(r *limiter.Request) {}, true, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 3_000_000 }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Period = 1, time.Millisecond }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Algorithm = 1, limiter.SlidingWindowLog }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Algorithm = 0, 1000, limiter.FixedWindow }, false, 0, 3},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Period = 100, 1000, time.Millisecond }, false, 0, 3},
+		// A cut at once: 1 per hour, the key still spent.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 1 }, false, 0, 1},
+		// Reset: the request's own rate from fresh.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit, r.Behavior = 1, 10, limiter.Reset }, true, 9, 10},
+		// Now charged at 10 per hour: a raise waits, a cut applies.
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 100 }, true, 9, 10},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 0, 2 }, true, 1, 2},
+		// Written without the rate: the next request charges its own.
+		{plain, func(r *limiter.Request) { r.Hits, r.Limit, r.Behavior = 2, 2, limiter.Reset }, true, 0, 2},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 4 }, true, 1, 4},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 40 }, true, 0, 4},
+		{l, func(r *limiter.Request) { r.Hits, r.Limit = 1, 40 }, false, 0, 4},
+	} {
+		r := base
+		s.edit(&r)
+		d, err := s.lim.Check(ctx, r)
+		if err != nil || d.WithoutOwner || d.Allowed != s.wantAllowed || d.Remaining != s.wantRemaining || d.Limit != s.wantLimit {
+			t.Fatalf("step %d %+v: %+v, %v; want allowed %v remaining %d limit %d", i, r, d, err, s.wantAllowed, s.wantRemaining, s.wantLimit)
+		}
+	}
+}
+
+// TestKeepStrictestLocal: with KeepStrictest, the store PolicyLocal
+// decides on while Redis is down keeps the strictest rate as well: a key
+// spent there stays spent for a check at a higher Limit, a shorter Period
+// or another Algorithm.
+func TestKeepStrictestLocal(t *testing.T) {
+	srv := testredis.Start(t)
+	cfg := DefaultConfig()
+	cfg.Addrs = []string{srv.Addr()}
+	cfg.KeepStrictest = true
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	srv.Kill()
+	ctx := context.Background()
+	spend := limiter.Request{Name: "local", Key: "k", Hits: 3, Limit: 3, Period: time.Hour, Algorithm: limiter.TokenBucket}
+	if d, err := l.Check(ctx, spend); err != nil || !d.WithoutOwner || !d.Allowed {
+		t.Fatalf("spending on the local store: %+v, %v", d, err)
+	}
+	for _, edit := range []func(r *limiter.Request){
+		func(r *limiter.Request) { r.Limit = 3_000_000 },
+		func(r *limiter.Request) { r.Period = time.Millisecond },
+		func(r *limiter.Request) { r.Algorithm = limiter.FixedWindow },
+	} {
+		r := spend
+		r.Hits = 1
+		edit(&r)
+		if d, err := l.Check(ctx, r); err != nil || !d.WithoutOwner || d.Allowed {
+			t.Errorf("%+v on the spent key: %+v, %v; want denied by the local store", r, d, err)
+		}
 	}
 }

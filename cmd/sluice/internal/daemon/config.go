@@ -202,7 +202,9 @@ type Config struct {
 	// keys (the admin API's inspect) is for admins only too. Under
 	// DestructiveDeny and DestructiveAdmins, the node's store keeps the
 	// strictest rate each live key was charged under
-	// (limiter.StoreConfig.KeepStrictest).
+	// (limiter.StoreConfig.KeepStrictest); with backend redis, so do the
+	// script (redislimit.Config.KeepStrictest) and the local store of the
+	// unreachable policy.
 	Destructive     string
 	AdminIdentities []string
 

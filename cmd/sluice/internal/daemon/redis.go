@@ -81,6 +81,11 @@ func redisConfig(cfg *Config) (redislimit.Config, error) {
 	rc.PoolSize = cfg.RedisPoolSize
 	rc.Local.MaxEntries = cfg.MaxKeys
 	rc.Local.MaxBytes = cfg.MaxBytes
+	// As the cluster's store: callers who may not reset a key may not
+	// lower its count by another rate either, in Redis or in the local
+	// store the unreachable policy decides on.
+	rc.KeepStrictest = cfg.Destructive == DestructiveDeny || cfg.Destructive == DestructiveAdmins
+	rc.Local.KeepStrictest = rc.KeepStrictest
 	if err := rc.Validate(); err != nil {
 		return rc, &ConfigError{Field: "backend", Err: err}
 	}
@@ -114,6 +119,7 @@ func newRedisBackend(cfg *Config, reg prometheus.Registerer, now func() time.Tim
 	if err != nil {
 		return nil, err
 	}
+	rc.Clock = now
 	lim, err := redislimit.New(rc)
 	if err != nil {
 		return nil, &ConfigError{Field: "backend", Err: err}

@@ -1,0 +1,55 @@
+package transport
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/testwait"
+)
+
+// TestStalledCallsGiveUpTheCap fills a port's connection cap with
+// connections that each open a call and never send its message (a
+// slowloris of calls: an attacker renews a call before MessageTimeout
+// cancels it, modelled here by a MessageTimeout far longer than the
+// test). A call whose first message is not in does not keep its
+// connection's slot: a new client is still served, while a peer whose
+// stream has carried a message keeps its own.
+func TestStalledCallsGiveUpTheCap(t *testing.T) {
+	l := DefaultServerLimits()
+	l.MaxConnections = 4
+	l.HandshakeTimeout, l.MaxConnectionIdle, l.MessageTimeout = time.Hour, time.Hour, time.Hour
+	b, err := NewMessageBudget(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveReclaiming(t, b)
+
+	peer := newRawPeer(t, addr)
+	peer.send(1)
+	if got := peer.answer(); got != 1 {
+		t.Fatalf("peer answer %d", got)
+	}
+	for range l.MaxConnections {
+		open := appendFrame([]byte(clientPreface), frameSettings, 0, 0, nil)
+		open = appendFrame(open, frameHeaders, flagEndHeaders, 1, grpcHeaders("/sluice.v1.Peer/CheckBatch"))
+		open = appendFrame(open, frameHeaders, flagEndHeaders, 3, grpcHeaders("/sluice.v1.Peer/CheckStream"))
+		if _, err := tryRaw(t, addr, open); err != nil {
+			t.Logf("stalling connection: %v", err)
+		}
+	}
+	for range 3 {
+		conn := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		testwait.ForTimeout(t, 20*time.Second, "a client's call on a port whose cap stalled calls fill", func() bool {
+			_, err := peerCheck(t, conn)
+			return err == nil
+		})
+		conn.Close()
+	}
+	peer.send(2)
+	if got := peer.answer(); got != 2 {
+		t.Fatalf("peer answer after the reclaims: %d", got)
+	}
+}

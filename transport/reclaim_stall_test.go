@@ -3,11 +3,6 @@ package transport
 import (
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // TestStalledCallsGiveUpTheCap fills a port's connection cap with
@@ -40,16 +35,5 @@ func TestStalledCallsGiveUpTheCap(t *testing.T) {
 			t.Logf("stalling connection: %v", err)
 		}
 	}
-	for range 3 {
-		conn := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		testwait.ForTimeout(t, 20*time.Second, "a client's call on a port whose cap stalled calls fill", func() bool {
-			_, err := peerCheck(t, conn)
-			return err == nil
-		})
-		conn.Close()
-	}
-	peer.send(2)
-	if got := peer.answer(); got != 2 {
-		t.Fatalf("peer answer after the reclaims: %d", got)
-	}
+	servedWhilePeerKept(t, addr, peer, "a client's call on a port whose cap stalled calls fill")
 }

@@ -140,9 +140,12 @@
 // Merge never lowers what a live key counts. A received state of another
 // algorithm than the key's live one is dropped: neither can be read in
 // the other's terms without the rate of the request that will read it.
-// Of the same algorithm, the two are joined: the later fixed window, or
-// the larger count of the same one; each sliding window counter's counts
-// aligned to the later window, the larger of each; the log holding more
+// Of the same algorithm, the two are joined: the later fixed window's
+// start with the larger of both counts (two live windows start together
+// unless another Period or a skewed clock charged one); each sliding
+// window counter's counts aligned to the later window, the larger of
+// each, a count whose window is not over at the later start staying in
+// the current window (another Period's); the log holding more
 // hits in its window; GCRA's later TAT at the shorter interval; and for
 // the buckets, the level that lasts longer when both drain at one rate
 // (as their levels and expiries tell it), else the larger level at the

@@ -460,9 +460,13 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 		st.setTAT(tat, interval)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case FixedWindow:
+		// Both windows are live, so they start together unless they
+		// were charged at different Periods (or on skewed clocks): the
+		// later start with the larger count, which reads neither as
+		// counting less.
 		theirs := snapshotState(sn)
-		start, hits := theirs.windowStart(), theirs.windowHits()
-		if start < st.windowStart() || start == st.windowStart() && hits <= st.windowHits() {
+		start, hits := max(theirs.windowStart(), st.windowStart()), max(theirs.windowHits(), st.windowHits())
+		if start == st.windowStart() && hits == st.windowHits() && st.expireAt >= sn.ExpireAt {
 			return false
 		}
 		st.setWindow(start, hits)
@@ -525,7 +529,10 @@ func logCutoff(expireAt, last, now int64) int64 {
 // alignCounter returns the current and previous counts of a sliding window
 // counter whose current window began at ws, as they stand in the window
 // beginning at start >= ws. The period is not stored: the state expires two
-// periods after ws when cur > 0, one period after otherwise.
+// periods after ws when cur > 0, one period after otherwise. A window that
+// start does not follow by whole periods (another Period's) is placed as
+// the sliding window counter's Period change places it: not over at start,
+// it stays the current one; over, it is the previous one for a period.
 func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 	if ws == start {
 		return cur, prev
@@ -534,7 +541,12 @@ func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 	if cur > 0 {
 		p /= 2
 	}
-	if start-ws == p {
+	switch d := start - ws; {
+	case d < p:
+		// Its window is not over at start: charged at another Period
+		// (or on a skewed clock), its counts stay where they are.
+		return cur, prev
+	case d < 2*p:
 		return 0, cur
 	}
 	return 0, 0

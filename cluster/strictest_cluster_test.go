@@ -18,7 +18,8 @@ import (
 // (the daemon's under destructive_behaviors deny), then checks them at a
 // million a millisecond from every node: forwarded from non-owners, after
 // a node joins and takes keys over, after the owners leave and hand their
-// keys off. No check is admitted. A calendar hour's key, whose rate does
+// keys off, after a node is killed hard and its replicas take its keys
+// over. No check is admitted. A calendar hour's key, whose rate does
 // not travel, is attacked under SLUICE_ATTACK=1.
 func TestNoLaxerRateAcrossTheCluster(t *testing.T) {
 	var reqs []limiter.Request
@@ -62,4 +63,28 @@ func TestNoLaxerRateAcrossTheCluster(t *testing.T) {
 	c.Leave(0)
 	c.WaitConverged()
 	check("after a leave")
+
+	// Every key of one node on its replica, with its rate, then that
+	// node killed hard: the replicas take its keys over.
+	victim := c.Nodes()[0]
+	err := testcluster.WaitFor(10*time.Second, func() error {
+		for _, r := range reqs {
+			ms := victim.Replicas(r.Name, r.Key)
+			if ms[0].Name != victim.Name() {
+				continue
+			}
+			replica := c.Node(victimIndex(t, c, ms[1].Name))
+			sn, ok := replica.Store().Snapshot(r.Name, r.Key, clk.Now())
+			if !ok || sn.RateLimit == 0 && r.Calendar == limiter.NoCalendar {
+				return fmt.Errorf("%s holds no copy of %s with its rate (%v)", replica.Name(), r.Key, ok)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopHard(victimIndex(t, c, victim.Name()))
+	c.WaitConverged()
+	check("after the owner's hard kill")
 }

@@ -9,7 +9,7 @@ import (
 // connections that each open a call and never send its message (a
 // slowloris of calls: an attacker renews a call before MessageTimeout
 // cancels it, modelled here by a MessageTimeout far longer than the
-// test). A call whose first message is not in does not keep its
+// test), and ping. A call whose first message is not in does not keep its
 // connection's slot: a new client is still served, while a peer whose
 // stream has carried a message keeps its own.
 func TestStalledCallsGiveUpTheCap(t *testing.T) {
@@ -31,6 +31,7 @@ func TestStalledCallsGiveUpTheCap(t *testing.T) {
 		open := appendFrame([]byte(clientPreface), frameSettings, 0, 0, nil)
 		open = appendFrame(open, frameHeaders, flagEndHeaders, 1, grpcHeaders("/sluice.v1.Peer/CheckBatch"))
 		open = appendFrame(open, frameHeaders, flagEndHeaders, 3, grpcHeaders("/sluice.v1.Peer/CheckStream"))
+		open = appendFrame(open, framePing, 0, 0, make([]byte, 8)) // pings keep no slot either
 		if _, err := tryRaw(t, addr, open); err != nil {
 			t.Logf("stalling connection: %v", err)
 		}

@@ -47,3 +47,27 @@ func TestMergeFasterRateNeverLowers(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeLogKeepsRecentHits merges into a sliding window log that holds
+// 10 recent hits (of 20 an hour) another node's log of 11 hits that are
+// about to leave the window: the merged key, a second later, still counts
+// the 10 recent hits.
+func TestMergeLogKeepsRecentHits(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
+	req := Request{Name: "n", Key: "k", Limit: 20, Period: time.Hour, Algorithm: SlidingWindowLog}
+	old, recent := req, req
+	old.Hits, recent.Hits = 11, 10
+	now := t0.Add(time.Hour - 500*time.Millisecond)
+	s, other := newTestStore(t), newTestStore(t)
+	if d, err := other.CheckAt(old, t0); err != nil || !d.Allowed {
+		t.Fatalf("charging the other: %+v %v", d, err)
+	}
+	if d, err := s.CheckAt(recent, now.Add(-time.Second)); err != nil || !d.Allowed {
+		t.Fatalf("charging: %+v %v", d, err)
+	}
+	mustMerge(t, s, []Snapshot{snapOf(t, other, old, now)}, now)
+	peek := req
+	if d, err := s.CheckAt(peek, now.Add(time.Second)); err != nil || d.Remaining > 10 {
+		t.Fatalf("a second later, the merged log counts %d of 20: the 10 recent hits are lost", 20-d.Remaining)
+	}
+}

@@ -140,10 +140,15 @@
 // Merge never lowers what a live key counts. A received state of another
 // algorithm than the key's live one is dropped: neither can be read in
 // the other's terms without the rate of the request that will read it.
-// Of the same algorithm, the two are joined: the later fixed window, or
-// the larger count of the same one; each sliding window counter's counts
-// aligned to the later window, the larger of each; the log holding more
-// hits in its window; GCRA's later TAT at the shorter interval; and for
+// Of the same algorithm, the two are joined: the later fixed window's
+// start with the larger of both counts (two live windows start together
+// unless another Period or a skewed clock charged one); each sliding
+// window counter's counts aligned to the later window, the larger of
+// each, a count whose window is not over at the later start staying in
+// the current window (another Period's); the log that counts, after
+// each instant, the larger of what the two count after it (a window
+// ending at any later time holds the larger of both windows' hits, at
+// any Period); GCRA's later TAT at the shorter interval; and for
 // the buckets, the level that lasts longer when both drain at one rate
 // (as their levels and expiries tell it), else the larger level at the
 // later time, which is at least what either holds at any rate.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 	"unicode/utf8"
 )
@@ -460,9 +461,13 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 		st.setTAT(tat, interval)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case FixedWindow:
+		// Both windows are live, so they start together unless they
+		// were charged at different Periods (or on skewed clocks): the
+		// later start with the larger count, which reads neither as
+		// counting less.
 		theirs := snapshotState(sn)
-		start, hits := theirs.windowStart(), theirs.windowHits()
-		if start < st.windowStart() || start == st.windowStart() && hits <= st.windowHits() {
+		start, hits := max(theirs.windowStart(), st.windowStart()), max(theirs.windowHits(), st.windowHits())
+		if start == st.windowStart() && hits == st.windowHits() && st.expireAt >= sn.ExpireAt {
 			return false
 		}
 		st.setWindow(start, hits)
@@ -482,50 +487,64 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 		st.setPrevWindowHits(np)
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowLog:
-		// Compare the hits of each log in its window at now: a log that
-		// no decision has expired for a while still holds hits that are
-		// over.
-		var theirs, mine int64
-		if n := len(sn.Log); n > 0 {
-			cutoff := logCutoff(sn.ExpireAt, sn.Log[n-1].At, now)
-			for _, e := range sn.Log {
-				if e.At > cutoff {
-					theirs += e.Hits
-				}
-			}
-		}
-		if lg != nil && lg.total() > 0 {
-			mine = lg.hitsAfter(logCutoff(st.expireAt, lg.entries[len(lg.entries)-1].at, now))
-		}
-		if theirs < mine || theirs == mine && sn.ExpireAt <= st.expireAt {
+		if lg == nil {
 			return false
 		}
-		if lg != nil {
-			lg.clear()
-			for _, e := range sn.Log {
-				lg.add(e.At, e.Hits)
-			}
+		mine := lg.export()
+		joined := joinLogs(mine, sn.Log)
+		if slices.Equal(joined, mine) && st.expireAt >= sn.ExpireAt {
+			return false
 		}
-		st.expireAt = sn.ExpireAt
+		lg.clear()
+		for _, e := range joined {
+			lg.add(e.At, e.Hits)
+		}
+		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	}
 	return true
 }
 
-// logCutoff is the instant at or before which the hits of a log that
-// expires at expireAt, with its newest entry at last, are over at now under
-// the Period that wrote it, expireAt-last; the least instant when the
-// expiry saturated and tells no Period.
-func logCutoff(expireAt, last, now int64) int64 {
-	if expireAt == math.MaxInt64 {
-		return math.MinInt64
+// joinLogs returns the log that counts, after each instant, the larger of
+// what a and b (each in time order) count after it: at any later time its
+// window holds the larger of both windows' hits, whatever the Period, so
+// that neither log is read as counting less (a maximum, not a sum: a copy
+// joined with itself is itself).
+func joinLogs(a, b []LogEntry) []LogEntry {
+	out := make([]LogEntry, 0, max(len(a), len(b)))
+	i, j := len(a)-1, len(b)-1
+	var sa, sb, joined int64
+	for i >= 0 || j >= 0 {
+		var at int64
+		switch {
+		case j < 0 || i >= 0 && a[i].At > b[j].At:
+			at = a[i].At
+		default:
+			at = b[j].At
+		}
+		if i >= 0 && a[i].At == at {
+			sa += a[i].Hits
+			i--
+		}
+		if j >= 0 && b[j].At == at {
+			sb += b[j].Hits
+			j--
+		}
+		if m := max(sa, sb); m > joined {
+			out = append(out, LogEntry{At: at, Hits: m - joined})
+			joined = m
+		}
 	}
-	return now - (expireAt - last)
+	slices.Reverse(out)
+	return out
 }
 
 // alignCounter returns the current and previous counts of a sliding window
 // counter whose current window began at ws, as they stand in the window
 // beginning at start >= ws. The period is not stored: the state expires two
-// periods after ws when cur > 0, one period after otherwise.
+// periods after ws when cur > 0, one period after otherwise. A window that
+// start does not follow by whole periods (another Period's) is placed as
+// the sliding window counter's Period change places it: not over at start,
+// it stays the current one; over, it is the previous one for a period.
 func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 	if ws == start {
 		return cur, prev
@@ -534,7 +553,12 @@ func alignCounter(ws, cur, prev, expireAt, start int64) (int64, int64) {
 	if cur > 0 {
 		p /= 2
 	}
-	if start-ws == p {
+	switch d := start - ws; {
+	case d < p:
+		// Its window is not over at start: charged at another Period
+		// (or on a skewed clock), its counts stay where they are.
+		return cur, prev
+	case d < 2*p:
 		return 0, cur
 	}
 	return 0, 0

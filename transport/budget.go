@@ -270,18 +270,37 @@ func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) co
 // HandleConn does nothing: a connection's calls end before it does.
 func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 
-// TagRPC keeps ctx.
-func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+// slotCallKey keys a call's slotCall in its context.
+type slotCallKey struct{}
+
+// slotCall tells whether a call counts as open on its connection's slot:
+// from its first message in until it ends. A call whose message has not
+// arrived keeps no slot, so that calls opened and left without a message
+// (renewed before MessageTimeout) cannot hold the cap.
+type slotCall struct{ open atomic.Bool }
+
+// TagRPC gives each call of a listener's connection its slotCall.
+func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	if conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn); conn != nil && conn.slot != nil {
+		return context.WithValue(ctx, slotCallKey{}, &slotCall{})
+	}
+	return ctx
+}
 
 // HandleRPC counts the calls open on each connection, for Listen's cap,
 // and follows the messages of a call that tap reserved for.
 func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn); conn != nil && conn.slot != nil {
+	if sc, _ := ctx.Value(slotCallKey{}).(*slotCall); sc != nil {
+		conn := ctx.Value(budgetConnKey{}).(*budgetConn)
 		switch s.(type) {
-		case *stats.Begin:
-			b.callBegan(conn.slot)
+		case *stats.InPayload:
+			if sc.open.CompareAndSwap(false, true) {
+				b.callBegan(conn.slot)
+			}
 		case *stats.End:
-			b.callEnded(conn.slot)
+			if sc.open.Load() {
+				b.callEnded(conn.slot)
+			}
 		}
 	}
 	c, _ := ctx.Value(budgetCallKey{}).(*budgetCall)

@@ -21,7 +21,8 @@ type ServerLimits struct {
 	// anything is read from it; gRPC clients retry with backoff. Counted
 	// by the listener that Listen returns. The listener of
 	// MessageBudget.Listen closes instead the connection idle longest
-	// with no call open, if there is one, and serves the new one.
+	// with no call open (a call counts from its first message in), if
+	// there is one, and serves the new one.
 	// Default 4096 (about 300 MB of idle connections).
 	MaxConnections int
 	// HandshakeTimeout bounds the time from accepting a connection to

@@ -9,12 +9,15 @@ import (
 // A connection that has no call open holds its slot only until another
 // connection needs it: at the cap, the connection idle longest (since it
 // was accepted, or since its last call ended) is closed and its slot given
-// to the new one. A connection with a call open, a peer's stream
-// included, is never closed for another; with every connection busy, the
-// new one is closed at once, as ServerLimits.Listen closes it. So clients
-// that open connections and no calls (raw TCP, the HTTP/2 preface alone,
-// a handshake and silence) cannot hold the cap for the handshake or idle
-// timeouts: each holds it until the next connection arrives. The budget's
+// to the new one. A call counts as open from its first message in until
+// it ends. A connection with a call open, a peer's stream that has carried
+// a batch included, is never closed for another; with every connection
+// busy, the new one is closed at once, as ServerLimits.Listen closes it.
+// So clients that open connections and no calls (raw TCP, the HTTP/2
+// preface alone, a handshake and silence), or calls without their message
+// (each renewed before MessageTimeout), cannot hold the cap for the
+// handshake or idle timeouts: each holds it until the next connection
+// arrives. The budget's
 // stats handler (TagConn, HandleRPC) tells the listener which connections
 // have calls open, so the two must serve the same server.
 
@@ -32,7 +35,7 @@ type slotConn struct {
 	b   *MessageBudget
 	key string // connKey of its addresses
 	// The fields below are guarded by MessageBudget.connsMu.
-	calls     int    // calls open
+	calls     int    // calls open, counted from their first message in
 	idleSince uint64 // connSeq when it last had no call open
 	closed    bool
 }

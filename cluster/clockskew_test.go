@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -58,11 +59,28 @@ func TestPeerClockOffsets(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range map[int]float64{1: 0.4, 2: -0.4} {
-		got := metricValue(t, reg, "sluice_peer_clock_offset_seconds", map[string]string{"peer": c.Node(i).Name()})
-		if got < want-0.05 || got > want+0.05 {
-			t.Errorf("sluice_peer_clock_offset_seconds{peer=%q} = %v, want about %v", c.Node(i).Name(), got, want)
+	// The metric exports node 0's current estimate, which a newer sample
+	// may replace between two reads: wait until a read of both agrees, with
+	// the estimate within its sample's error of the true offset.
+	if err := testcluster.WaitFor(10*time.Second, func() error {
+		for _, i := range []int{1, 2} {
+			if err := within(0, i); err != nil {
+				return err
+			}
+			var est time.Duration
+			for _, p := range c.Node(0).PeerClocks() {
+				if p.Name == c.Node(i).Name() {
+					est = p.Offset
+				}
+			}
+			got := metricValue(t, reg, "sluice_peer_clock_offset_seconds", map[string]string{"peer": c.Node(i).Name()})
+			if math.Abs(got-est.Seconds()) > 1e-6 {
+				return fmt.Errorf("sluice_peer_clock_offset_seconds{peer=%q} = %v, the estimate is %v", c.Node(i).Name(), got, est)
+			}
 		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 	if got := metricValue(t, reg, "sluice_peer_clocks_beyond_max_skew", nil); got != 2 {
 		t.Errorf("sluice_peer_clocks_beyond_max_skew = %v, want 2", got)

@@ -49,9 +49,8 @@ func lowerCount(ctx context.Context, c *config) (*row, error) {
 			return postAllowed(ctx, httpClient, base+"/v1/rules/check", body)
 		}
 		for _, a := range limiter.Algorithms {
-			res, err := t.client.Check(ctx, &pb.CheckRequest{Request: transport.RequestToProto(canary(a))})
-			if err != nil || !res.GetResponse().GetAllowed() {
-				return fmt.Errorf("spending the %v canary: %v, %v", a, res, err)
+			if ok, err := t.admits(ctx, canary(a)); err != nil || !ok {
+				return fmt.Errorf("spending the %v canary: %v, %v", a, ok, err)
 			}
 			if ok, err := ruleCheck(a, 3); err != nil || !ok {
 				return fmt.Errorf("spending the %v rule's canary: %v, %v", a, ok, err)
@@ -108,14 +107,14 @@ func lowerCount(ctx context.Context, c *config) (*row, error) {
 		for _, a := range limiter.Algorithms {
 			req := canary(a)
 			req.Hits = 1
-			res, err := t.client.Check(ctx, &pb.CheckRequest{Request: transport.RequestToProto(req)})
+			ok, err := t.admits(ctx, req)
 			if err != nil {
 				return fmt.Errorf("checking the %v canary: %w", a, err)
 			}
-			if !res.GetResponse().GetAllowed() {
+			if !ok {
 				stillSpent++
 			}
-			ok, err := ruleCheck(a, 1)
+			ok, err = ruleCheck(a, 1)
 			if err != nil {
 				return fmt.Errorf("checking the %v rule's canary: %w", a, err)
 			}

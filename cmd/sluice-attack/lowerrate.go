@@ -25,9 +25,8 @@ func lowerByRate(ctx context.Context, c *config) (*row, error) {
 			return limiter.Request{Name: "rate-canary-" + a.String(), Key: "k", Hits: 3, Limit: 3, Period: time.Hour, Algorithm: a}
 		}
 		for _, a := range limiter.Algorithms {
-			res, err := t.client.Check(ctx, &pb.CheckRequest{Request: transport.RequestToProto(canary(a))})
-			if err != nil || !res.GetResponse().GetAllowed() {
-				return fmt.Errorf("spending the %v canary: %v, %v", a, res, err)
+			if ok, err := t.admits(ctx, canary(a)); err != nil || !ok {
+				return fmt.Errorf("spending the %v canary: %v, %v", a, ok, err)
 			}
 		}
 		var outcomes tally
@@ -72,11 +71,11 @@ func lowerByRate(ctx context.Context, c *config) (*row, error) {
 		for _, a := range limiter.Algorithms {
 			req := canary(a)
 			req.Hits = 1
-			res, err := t.client.Check(ctx, &pb.CheckRequest{Request: transport.RequestToProto(req)})
+			ok, err := t.admits(ctx, req)
 			if err != nil {
 				return fmt.Errorf("checking the %v canary: %w", a, err)
 			}
-			if !res.GetResponse().GetAllowed() {
+			if !ok {
 				stillSpent++
 			}
 		}

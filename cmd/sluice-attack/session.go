@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -25,6 +27,16 @@ type target struct {
 	// legitimate client's; client is the public API on it.
 	conn   *grpc.ClientConn
 	client pb.SluiceClient
+}
+
+// admits sends req to the public API on the attackers' connection and
+// reports whether it was admitted.
+func (t *target) admits(ctx context.Context, req limiter.Request) (bool, error) {
+	res, err := t.client.Check(ctx, &pb.CheckRequest{Request: transport.RequestToProto(req)})
+	if err != nil {
+		return false, err
+	}
+	return res.GetResponse().GetAllowed(), nil
 }
 
 // onDaemon runs hostile against a fresh daemon started with args while a

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/fakeclock"
@@ -223,20 +222,7 @@ func TestEnvoyModes(t *testing.T) {
 	cfg.EnvoyMergeDomains, cfg.EnvoyQuotaMode, cfg.EnvoyDynamicMetadata, cfg.EnvoyStopIncrementOverLimit = true, true, true, true
 	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
 	client := rlsClient(t, d.GRPCAddr())
-	call := func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
-		t.Helper()
-		req := &rlsv3.RateLimitRequest{Domain: "m"}
-		for _, e := range entries {
-			one := rlsRequest("m", []string{e}).Descriptors[0]
-			one.HitsAddend = wrapperspb.UInt64(hits)
-			req.Descriptors = append(req.Descriptors, one)
-		}
-		resp, err := client.ShouldRateLimit(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	call := rlsCaller(t, client, "m")
 	for i, s := range []struct {
 		hits    uint64
 		entries []string

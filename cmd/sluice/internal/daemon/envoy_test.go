@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/fakeclock"
@@ -77,6 +78,25 @@ func envoyDir(t *testing.T) string {
 
 // rlsClient is go-control-plane's client of Envoy's rate limit service,
 // connected to addr.
+// rlsCaller returns a function that asks client about domain with one
+// descriptor per entry ("key=value"), each with hits as its hits_addend.
+func rlsCaller(t *testing.T, client rlsv3.RateLimitServiceClient, domain string) func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
+	return func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: domain}
+		for _, e := range entries {
+			one := rlsRequest(domain, []string{e}).Descriptors[0]
+			one.HitsAddend = wrapperspb.UInt64(hits)
+			req.Descriptors = append(req.Descriptors, one)
+		}
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+}
+
 func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
-
 	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
@@ -75,20 +72,7 @@ func TestRedisEnvoyModes(t *testing.T) {
 	cfg.EnvoyMergeDomains, cfg.EnvoyQuotaMode, cfg.EnvoyStopIncrementOverLimit = true, true, true
 	d := start(t, cfg)
 	client := rlsClient(t, d.GRPCAddr())
-	call := func(hits uint64, entries ...string) *rlsv3.RateLimitResponse {
-		t.Helper()
-		req := &rlsv3.RateLimitRequest{Domain: "m"}
-		for _, e := range entries {
-			one := rlsRequest("m", []string{e}).Descriptors[0]
-			one.HitsAddend = wrapperspb.UInt64(hits)
-			req.Descriptors = append(req.Descriptors, one)
-		}
-		resp, err := client.ShouldRateLimit(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	call := rlsCaller(t, client, "m")
 	for i, s := range []struct {
 		hits    uint64
 		entries []string

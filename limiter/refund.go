@@ -1,7 +1,7 @@
 package limiter
 
 // refund returns req.Hits to st, which decide has already reset if its
-// state was stale. Only what is still counted can be given back: a bucket
+// state was stale, for a refund without a Window (see refundWindow). Only what is still counted can be given back: a bucket
 // level, the count of the window the hits went into, the TAT, the newest
 // log entries; nothing goes below fresh.
 func refund(st *state, lg *windowLog, req *Request, now int64) {
@@ -50,4 +50,73 @@ func (l *windowLog) removeNewest(h int64) {
 	if len(l.entries) == l.head {
 		l.clear()
 	}
+}
+
+// windowRefund reports whether r is a refund to the window it names
+// (Request.Charged), which Reset does not clear first.
+func (r *Request) windowRefund() bool {
+	return r.Behavior&(Refund|Reset) == Refund && !r.Charged.IsZero()
+}
+
+// Which count of a window state holds a refund's window (windowCount).
+const (
+	noWindow   = iota
+	curWindow  // the stored current window: a fixed window's, or a counter's
+	prevWindow // the counter's previous window
+)
+
+// windowCount returns which count of st, a live state, holds req's
+// Charged window: the fixed window or sliding window counter that st is, of
+// req's algorithm, whose stored current window (or the counter's previous
+// one) is exactly that window and counts hits. A state that has gone
+// fresh since, or been charged under another algorithm or Period, holds
+// another window or none, and the hits it counts are not the refund's.
+func (st *state) windowCount(req *Request) int {
+	w, ws := req.Charged, st.windowStart()
+	if st.algo() != req.Algorithm {
+		return noWindow
+	}
+	switch req.Algorithm {
+	case FixedWindow:
+		// A fixed window that counts hits expires when its window ends.
+		if st.windowHits() > 0 && ws == w.Start && st.expireAt == w.End {
+			return curWindow
+		}
+	case SlidingWindowCounter:
+		if st.windowHits() == 0 && st.prevWindowHits() == 0 {
+			return noWindow
+		}
+		q := counterPeriod(st, int64(req.Period))
+		switch {
+		case st.windowHits() > 0 && ws == w.Start && addSat(ws, q) == w.End:
+			return curWindow
+		case st.prevWindowHits() > 0 && ws-q == w.Start && ws == w.End:
+			return prevWindow
+		}
+	}
+	return noWindow
+}
+
+// refundWindow takes req.Hits off the count of st, a live state, that
+// holds req.Charged, and reports whether one does (see windowCount);
+// nothing goes below zero.
+func refundWindow(st *state, req *Request) bool {
+	h := req.Hits
+	switch st.windowCount(req) {
+	case curWindow:
+		if req.Algorithm == SlidingWindowCounter {
+			q := counterPeriod(st, int64(req.Period))
+			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
+			st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
+		} else {
+			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
+		}
+	case prevWindow:
+		q := counterPeriod(st, int64(req.Period))
+		st.setPrevWindowHits(max(st.prevWindowHits()-h, 0))
+		st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
+	default:
+		return false
+	}
+	return true
 }

@@ -115,7 +115,10 @@ const (
 	// consumed and that the caller did not use (a multi-limit request that
 	// another limit rejected, say). It never leaves the key with more than
 	// a fresh key has, and the decision reports the state after the refund
-	// as a peek would.
+	// as a peek would. With Charged (the charge's Decision.Window), the
+	// hits go back to that window only, and only while the key's state
+	// still counts it; otherwise nothing is given back (see
+	// Request.Charged).
 	Refund
 	// Charge consumes Hits whatever the key's state: hits admitted
 	// elsewhere (a lease's, say) that must count here even past the
@@ -256,7 +259,26 @@ type Request struct {
 	Calendar Calendar
 	Location *time.Location
 	Behavior Behavior
+	// Charged is, for a Refund, the window the refunded hits were counted
+	// in: the Decision.Window of the request that charged them. The
+	// refund then gives them back only to that window, while the key's
+	// state counts it (a fixed window or sliding window counter state
+	// whose current or, for the counter, previous window it is);
+	// otherwise it gives nothing back, and its decision's Window is zero:
+	// the window has ended, or the key has since been reset, gone fresh
+	// or been charged under another algorithm or Period, and the hits of
+	// the key's window now are other requests'. A zero Charged refunds as
+	// the key's state reads now (see Refund), and only Refund takes one.
+	Charged Window
 }
+
+// Window is one window of a fixed window or sliding window counter, the
+// instants [Start, End) in nanoseconds since the Unix epoch. The zero
+// Window is none.
+type Window struct{ Start, End int64 }
+
+// IsZero reports whether w is the zero Window.
+func (w Window) IsZero() bool { return w == Window{} }
 
 // burst returns the effective burst: Burst, or Limit when Burst is 0 or the
 // algorithm has none.
@@ -315,6 +337,10 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
 	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
 		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
+	case !r.Charged.IsZero() && r.Behavior&Refund == 0:
+		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
+	case !r.Charged.IsZero() && r.Charged.Start >= r.Charged.End:
+		return fmt.Errorf("%w: Charged window [%d, %d) is empty", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {
@@ -367,4 +393,12 @@ type Decision struct {
 	// should wait before proceeding so that outflow is smooth. Zero
 	// otherwise.
 	Delay time.Duration
+	// Window is the window of a fixed window or sliding window counter
+	// (the algorithm and rate the key's state was decided with) that this
+	// decision counted hits in: for an admitted request of Hits > 0, the
+	// window they went into, which a Refund of them carries
+	// (Request.Charged); for a Refund with Charged, that window when the
+	// hits went back to it. Zero otherwise: another algorithm, a peek, a
+	// rejection, or a refund that gave nothing back.
+	Window Window
 }

@@ -119,6 +119,17 @@ func (st *state) setPrevWindowHits(hits int64) {
 // sliding window log, used and allocated only by SlidingWindowLog. A live
 // state of another algorithm is converted first (see convert).
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
+	gave := Window{}
+	if req.windowRefund() {
+		// The window is found on the state as stored: before its times
+		// are bounded, before any conversion.
+		if st.expireAt > now && refundWindow(st, req) {
+			gave = req.Charged
+		}
+		p := *req
+		p.Hits, p.Behavior, p.Charged = 0, 0, Window{}
+		req = &p
+	}
 	switch {
 	case st.expireAt <= now || req.Behavior&Reset != 0:
 		*st = freshState(req.Algorithm)
@@ -153,7 +164,11 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		peek.Hits, peek.Behavior = 0, 0
 		req = &peek
 	}
-	return decideAlgorithm(st, lg, req, now)
+	d := decideAlgorithm(st, lg, req, now)
+	if !gave.IsZero() {
+		d.Window = gave
+	}
+	return d
 }
 
 // decideAlgorithm is the decision of req's algorithm on st, a state of it.

@@ -287,6 +287,13 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			return 0, overCapacity(e.state, lg, req, now)
 		}
 	}
+	if want == 0 && req.windowRefund() && (!found || e.expireAt <= now || e.windowCount(req) == noWindow) {
+		// No window of the key's state is the refund's: it gives
+		// nothing back and is decided as a peek, which keeps nothing.
+		p := *req
+		p.Hits, p.Behavior, p.Charged = 0, 0, Window{}
+		req = &p
+	}
 	if want == 0 && req.reads() {
 		var st state
 		if found {

@@ -91,6 +91,9 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 	if count+probe <= req.Limit {
 		d.Allowed = true
 		count += req.Hits
+		if req.Hits > 0 {
+			d.Window = Window{start, end}
+		}
 	} else {
 		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && count < req.Limit {
 			count = req.Limit
@@ -141,6 +144,9 @@ func decideSlidingCounter(st *state, req *Request, now int64) Decision {
 		d.Allowed = true
 		cur += req.Hits
 		remaining -= req.Hits
+		if req.Hits > 0 {
+			d.Window = Window{start, addSat(start, p)}
+		}
 	} else {
 		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 {
 			cur += remaining

@@ -81,6 +81,7 @@ func (c *Codec) RequestFromProto(m *pb.RateLimitRequest) (limiter.Request, error
 		Algorithm: alg,
 		Calendar:  cal,
 		Behavior:  b,
+		Charged:   limiter.Window{Start: m.ChargedStartUnixNano, End: m.ChargedEndUnixNano},
 	}
 	if err := r.Validate(); err != nil {
 		return limiter.Request{}, err
@@ -149,6 +150,7 @@ func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
 	dst.Reset_ = r.Behavior&limiter.Reset != 0
 	dst.DrainOverLimit = r.Behavior&limiter.DrainOverLimit != 0
 	dst.Refund = r.Behavior&limiter.Refund != 0
+	dst.ChargedStartUnixNano, dst.ChargedEndUnixNano = r.Charged.Start, r.Charged.End
 	dst.UnreachablePolicy = pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
 }
 
@@ -173,6 +175,7 @@ func EncodeResult(dst *pb.RateLimitResponse, r *Result) {
 	dst.ResetAtUnixNano = unixNano(d.ResetAt)
 	dst.RetryAfterNanos = int64(d.RetryAfter)
 	dst.DelayNanos = int64(d.Delay)
+	dst.WindowStartUnixNano, dst.WindowEndUnixNano = d.Window.Start, d.Window.End
 	dst.Owner = cleanText(r.Owner, math.MaxInt)
 	dst.WithoutOwner = r.WithoutOwner
 	dst.ErrorCode, dst.ErrorMessage = ErrorToProto(r.Err)
@@ -196,7 +199,7 @@ func unixNano(t time.Time) int64 {
 // it carries (see ErrorFromProto), or an error wrapping
 // ErrMalformedResponse when a field is out of range: limit or remaining
 // outside [0, limiter.MaxLimit], a negative retry_after_nanos or
-// delay_nanos, or a nil m. A reset_at_unix_nano of 0 gives the zero time;
+// delay_nanos, an empty window, or a nil m. A reset_at_unix_nano of 0 gives the zero time;
 // other instants are in UTC.
 func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 	if m == nil {
@@ -214,6 +217,10 @@ func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 		return limiter.Decision{}, fmt.Errorf("%w: retry_after_nanos %d is negative", ErrMalformedResponse, m.RetryAfterNanos)
 	case m.DelayNanos < 0:
 		return limiter.Decision{}, fmt.Errorf("%w: delay_nanos %d is negative", ErrMalformedResponse, m.DelayNanos)
+	case m.WindowStartUnixNano != 0 || m.WindowEndUnixNano != 0:
+		if m.WindowStartUnixNano >= m.WindowEndUnixNano {
+			return limiter.Decision{}, fmt.Errorf("%w: window [%d, %d) is empty", ErrMalformedResponse, m.WindowStartUnixNano, m.WindowEndUnixNano)
+		}
 	}
 	d := limiter.Decision{
 		Allowed:    m.Allowed,
@@ -221,6 +228,7 @@ func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 		Remaining:  m.Remaining,
 		RetryAfter: time.Duration(m.RetryAfterNanos),
 		Delay:      time.Duration(m.DelayNanos),
+		Window:     limiter.Window{Start: m.WindowStartUnixNano, End: m.WindowEndUnixNano},
 	}
 	if m.ResetAtUnixNano != 0 {
 		d.ResetAt = time.Unix(0, m.ResetAtUnixNano).UTC()

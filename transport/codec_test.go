@@ -39,6 +39,8 @@ func validRequests(t testing.TB) []limiter.Request {
 		{Name: "n", Key: "k", Hits: 3, Limit: 100, Period: time.Millisecond, Algorithm: limiter.SlidingWindowLog, Behavior: limiter.DrainOverLimit},
 		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: 3 * time.Second, Algorithm: limiter.SlidingWindowCounter, Behavior: limiter.Reset | limiter.DrainOverLimit},
 		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.TokenBucket, Behavior: limiter.Refund},
+		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund,
+			Charged: limiter.Window{Start: 1_700_000_000 * int64(time.Second), End: 1_700_000_001 * int64(time.Second)}},
 		{Name: "n", Key: "é/ü", Hits: 1, Limit: 1000, Period: time.Second, Burst: 50, Algorithm: limiter.GCRA},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.FixedWindow},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: 0, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: time.UTC},
@@ -342,6 +344,7 @@ func TestDecisionRoundTrip(t *testing.T) {
 		{Allowed: true, Limit: 10, Remaining: 9, ResetAt: reset, Delay: 3 * time.Millisecond},
 		{Allowed: false, Limit: limiter.MaxLimit, Remaining: 0, ResetAt: reset.Add(-time.Hour), RetryAfter: time.Hour},
 		{Allowed: true, Limit: 1, Remaining: limiter.MaxLimit, ResetAt: time.Unix(0, 1).UTC()},
+		{Allowed: true, Limit: 3, Remaining: 2, ResetAt: reset, Window: limiter.Window{Start: reset.Add(-time.Minute).UnixNano(), End: reset.UnixNano()}},
 	} {
 		b, err := proto.Marshal(DecisionToProto(d))
 		if err != nil {
@@ -395,6 +398,8 @@ func TestDecisionFromProtoMalformed(t *testing.T) {
 		{Remaining: math.MaxInt64},
 		{RetryAfterNanos: -1},
 		{DelayNanos: math.MinInt64},
+		{WindowStartUnixNano: 5, WindowEndUnixNano: 5},
+		{WindowEndUnixNano: -1},
 	} {
 		if _, err := DecisionFromProto(m); !errors.Is(err, ErrMalformedResponse) {
 			t.Errorf("%v: err = %v, want ErrMalformedResponse", m, err)

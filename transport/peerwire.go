@@ -287,6 +287,10 @@ func decodeRequestItem(r *reader, m *pb.RateLimitRequest, sp *requestSpace, i in
 			m.Refund, ok = r.bool(typ)
 		case 14:
 			m.Traceparent, ok = r.str(typ)
+		case 15:
+			m.ChargedStartUnixNano, ok = r.int64(typ)
+		case 16:
+			m.ChargedEndUnixNano, ok = r.int64(typ)
 		default:
 			return false
 		}
@@ -365,6 +369,10 @@ func decodeResponseItem(r *reader, m *pb.RateLimitResponse) bool {
 			m.ErrorCode = pb.ErrorCode(v)
 		case 10:
 			m.ErrorMessage, ok = r.str(typ)
+		case 11:
+			m.WindowStartUnixNano, ok = r.int64(typ)
+		case 12:
+			m.WindowEndUnixNano, ok = r.int64(typ)
 		default:
 			return false
 		}
@@ -386,8 +394,9 @@ func (r *reader) sameOr(s string) (string, bool) {
 }
 
 // Sizes of the fields of the Peer messages, all numbered below 16 and so
-// with a 1-byte tag; 0 for a field that is not encoded (proto3 leaves out
-// zero values).
+// with a 1-byte tag but RateLimitRequest's charged_end_unix_nano (16: see
+// sizeIntAt); 0 for a field that is not encoded (proto3 leaves out zero
+// values).
 
 func sizeVarint(v uint64) int {
 	if v == 0 {
@@ -397,6 +406,14 @@ func sizeVarint(v uint64) int {
 }
 
 func sizeInt(v int64) int { return sizeVarint(uint64(v)) }
+
+// sizeIntAt is sizeInt for field num, whatever the size of its tag.
+func sizeIntAt(num protowire.Number, v int64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(uint64(v))
+}
 
 func sizeBool(v bool) int {
 	if v {
@@ -418,7 +435,7 @@ func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = append(b, byte(num)<<3|byte(protowire.VarintType))
+	b = protowire.AppendTag(b, num, protowire.VarintType)
 	return protowire.AppendVarint(b, v)
 }
 
@@ -479,7 +496,7 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 		sizeInt(m.Limit) + sizeInt(m.PeriodNanos) + sizeInt(m.Burst) +
 		sizeInt(int64(m.Algorithm)) + sizeInt(int64(m.Calendar)) + sizeLen(len(m.TimeZone)) +
 		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund) +
-		sizeLen(len(m.Traceparent))
+		sizeLen(len(m.Traceparent)) + sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano)
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
@@ -508,6 +525,8 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendInt(b, 12, int64(it.UnreachablePolicy))
 		b = appendBool(b, 13, it.Refund)
 		b = appendString(b, 14, it.Traceparent)
+		b = appendInt(b, 15, it.ChargedStartUnixNano)
+		b = appendInt(b, 16, it.ChargedEndUnixNano)
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)
 }
@@ -531,7 +550,8 @@ func sizePeerResponse(m *pb.PeerCheckResponse) (int, bool) {
 func sizeResponseItem(m *pb.RateLimitResponse) int {
 	return sizeBool(m.Allowed) + sizeInt(m.Limit) + sizeInt(m.Remaining) +
 		sizeInt(m.ResetAtUnixNano) + sizeInt(m.RetryAfterNanos) + sizeInt(m.DelayNanos) +
-		sizeLen(len(m.Owner)) + sizeBool(m.WithoutOwner) + sizeInt(int64(m.ErrorCode)) + sizeLen(len(m.ErrorMessage))
+		sizeLen(len(m.Owner)) + sizeBool(m.WithoutOwner) + sizeInt(int64(m.ErrorCode)) + sizeLen(len(m.ErrorMessage)) +
+		sizeInt(m.WindowStartUnixNano) + sizeInt(m.WindowEndUnixNano)
 }
 
 // appendPeerResponse appends m, for which sizePeerResponse reported true.
@@ -548,6 +568,8 @@ func appendPeerResponse(b []byte, m *pb.PeerCheckResponse) []byte {
 		b = appendBool(b, 8, it.WithoutOwner)
 		b = appendInt(b, 9, int64(it.ErrorCode))
 		b = appendString(b, 10, it.ErrorMessage)
+		b = appendInt(b, 11, it.WindowStartUnixNano)
+		b = appendInt(b, 12, it.WindowEndUnixNano)
 	}
 	b = appendVarint(b, peerRespSeq, m.Seq)
 	return appendString(b, peerRespOwner, m.Owner)

@@ -25,7 +25,7 @@ const (
 	// and a larger one is refused with ResourceExhausted before it is
 	// read: the largest batch, of MaxBatchItems requests with name, key
 	// and time zone at their longest, a traceparent, and every number at
-	// its longest encoding (1,396,142 bytes; size.go). Padding (wire.go)
+	// its longest encoding (1,419,142 bytes; size.go). Padding (wire.go)
 	// only brings small messages up to about 1 KiB. A Transfer is sent in
 	// calls that fit (TransferSplit).
 	MaxMessageSize = max(maxPeerRequest, maxBatchRequest, maxPeerResponse, maxBatchResponse,

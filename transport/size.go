@@ -18,7 +18,8 @@ const MaxTransferLogEntries = 16 * limiter.MaxSnapshotLog
 
 // Upper bounds on the encoded size of the messages, from the bounds of their
 // fields; MaxMessageSize is the largest. Every field number is below 16
-// (a 1-byte tag), and every string and item is shorter than 16 KiB (a
+// (a 1-byte tag) but RateLimitRequest's charged_end_unix_nano (16, a
+// 2-byte tag), and every string and item is shorter than 16 KiB (a
 // length of at most 2 bytes). A test encodes the largest of each message
 // and checks it against these.
 const (
@@ -26,15 +27,16 @@ const (
 	lenField    = 1 + 2                     // the tag and length of a string or an item
 
 	// A RateLimitRequest with name, key and time_zone at their longest,
-	// a traceparent and every number at its longest varint.
+	// a traceparent and every number at its longest varint (the last,
+	// charged_end_unix_nano, with a 2-byte tag).
 	maxRequestItem = lenField + limiter.MaxNameLen + lenField + limiter.MaxKeyLen +
-		lenField + MaxTimeZoneLen + lenField + TraceParentLen + 10*varintField
+		lenField + MaxTimeZoneLen + lenField + TraceParentLen + 12*varintField + 1
 	maxPeerRequest  = lenField + limiter.MaxNameLen + MaxBatchItems*(lenField+maxRequestItem) + varintField
 	maxBatchRequest = MaxBatchItems * (lenField + maxRequestItem)
 
 	// A RateLimitResponse with an owner named as long as a limit and the
 	// longest error message.
-	maxResponseItem  = 8*varintField + lenField + limiter.MaxNameLen + lenField + MaxErrorMessageLen
+	maxResponseItem  = 10*varintField + lenField + limiter.MaxNameLen + lenField + MaxErrorMessageLen
 	maxPeerResponse  = MaxBatchItems*(lenField+maxResponseItem) + varintField + lenField + limiter.MaxNameLen
 	maxBatchResponse = MaxBatchItems * (lenField + maxResponseItem)
 

@@ -126,8 +126,8 @@ func TestMessageSizeBounds(t *testing.T) {
 	if MaxMessageSize != maxPeerRequest || padTo > MaxMessageSize {
 		t.Errorf("MaxMessageSize %d, want the largest peer request %d (and above padTo %d)", MaxMessageSize, maxPeerRequest, padTo)
 	}
-	if size := MaxMessageSize; size != 1_396_142 {
-		t.Errorf("MaxMessageSize %d, and its doc says 1,396,142", size)
+	if size := MaxMessageSize; size != 1_419_142 {
+		t.Errorf("MaxMessageSize %d, and its doc says 1,419,142", size)
 	}
 }
 

@@ -423,9 +423,17 @@ type RateLimitRequest struct {
 	// decision joins the caller's trace. Empty when the sender does not
 	// trace; ignored by the Sluice service, and by an owner that does not
 	// trace or cannot parse it. tracestate is not carried.
-	Traceparent   string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Traceparent string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// With refund: the window the hits were charged to, [start, end) in
+	// nanoseconds since the Unix epoch, as the charge's response gave it
+	// (window_start_unix_nano, window_end_unix_nano). The hits go back to
+	// that window only, while the key's state counts it; both 0 refund as
+	// the key's state reads now (limiter.Request.Charged). Only a refund
+	// carries them, and start is before end.
+	ChargedStartUnixNano int64 `protobuf:"varint,15,opt,name=charged_start_unix_nano,json=chargedStartUnixNano,proto3" json:"charged_start_unix_nano,omitempty"`
+	ChargedEndUnixNano   int64 `protobuf:"varint,16,opt,name=charged_end_unix_nano,json=chargedEndUnixNano,proto3" json:"charged_end_unix_nano,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RateLimitRequest) Reset() {
@@ -556,6 +564,20 @@ func (x *RateLimitRequest) GetTraceparent() string {
 	return ""
 }
 
+func (x *RateLimitRequest) GetChargedStartUnixNano() int64 {
+	if x != nil {
+		return x.ChargedStartUnixNano
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetChargedEndUnixNano() int64 {
+	if x != nil {
+		return x.ChargedEndUnixNano
+	}
+	return 0
+}
+
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
 // NONE the decision fields are zero and must be ignored.
 type RateLimitResponse struct {
@@ -572,11 +594,17 @@ type RateLimitResponse struct {
 	Owner string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
 	// True when the owner could not be reached and the item was decided under
 	// its unreachable policy.
-	WithoutOwner  bool      `protobuf:"varint,8,opt,name=without_owner,json=withoutOwner,proto3" json:"without_owner,omitempty"`
-	ErrorCode     ErrorCode `protobuf:"varint,9,opt,name=error_code,json=errorCode,proto3,enum=sluice.v1.ErrorCode" json:"error_code,omitempty"`
-	ErrorMessage  string    `protobuf:"bytes,10,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WithoutOwner bool      `protobuf:"varint,8,opt,name=without_owner,json=withoutOwner,proto3" json:"without_owner,omitempty"`
+	ErrorCode    ErrorCode `protobuf:"varint,9,opt,name=error_code,json=errorCode,proto3,enum=sluice.v1.ErrorCode" json:"error_code,omitempty"`
+	ErrorMessage string    `protobuf:"bytes,10,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// The fixed window or sliding window counter window, [start, end) in
+	// nanoseconds since the Unix epoch, that the decision counted hits in:
+	// an admitted check's hits, or a refund's given back (limiter.Decision's
+	// Window). Both 0 for none.
+	WindowStartUnixNano int64 `protobuf:"varint,11,opt,name=window_start_unix_nano,json=windowStartUnixNano,proto3" json:"window_start_unix_nano,omitempty"`
+	WindowEndUnixNano   int64 `protobuf:"varint,12,opt,name=window_end_unix_nano,json=windowEndUnixNano,proto3" json:"window_end_unix_nano,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RateLimitResponse) Reset() {
@@ -677,6 +705,20 @@ func (x *RateLimitResponse) GetErrorMessage() string {
 		return x.ErrorMessage
 	}
 	return ""
+}
+
+func (x *RateLimitResponse) GetWindowStartUnixNano() int64 {
+	if x != nil {
+		return x.WindowStartUnixNano
+	}
+	return 0
+}
+
+func (x *RateLimitResponse) GetWindowEndUnixNano() int64 {
+	if x != nil {
+		return x.WindowEndUnixNano
+	}
+	return 0
 }
 
 // PeerCheckRequest carries a batch of checks to the node that owns their
@@ -2288,7 +2330,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xf2\x03\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xdc\x04\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -2304,8 +2346,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10drain_over_limit\x18\v \x01(\bR\x0edrainOverLimit\x12K\n" +
 	"\x12unreachable_policy\x18\f \x01(\x0e2\x1c.sluice.v1.UnreachablePolicyR\x11unreachablePolicy\x12\x16\n" +
 	"\x06refund\x18\r \x01(\bR\x06refund\x12 \n" +
-	"\vtraceparent\x18\x0e \x01(\tR\vtraceparentB\a\n" +
-	"\x05_hits\"\xf0\x02\n" +
+	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\x125\n" +
+	"\x17charged_start_unix_nano\x18\x0f \x01(\x03R\x14chargedStartUnixNano\x121\n" +
+	"\x15charged_end_unix_nano\x18\x10 \x01(\x03R\x12chargedEndUnixNanoB\a\n" +
+	"\x05_hits\"\xd6\x03\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2319,7 +2363,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\t \x01(\x0e2\x14.sluice.v1.ErrorCodeR\terrorCode\x12#\n" +
 	"\rerror_message\x18\n" +
-	" \x01(\tR\ferrorMessage\"\x85\x01\n" +
+	" \x01(\tR\ferrorMessage\x123\n" +
+	"\x16window_start_unix_nano\x18\v \x01(\x03R\x13windowStartUnixNano\x12/\n" +
+	"\x14window_end_unix_nano\x18\f \x01(\x03R\x11windowEndUnixNano\"\x85\x01\n" +
 	"\x10PeerCheckRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x05items\x18\x02 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\x05items\x12\x10\n" +

@@ -123,7 +123,7 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 	if req.windowRefund() {
 		// The window is found on the state as stored: before its times
 		// are bounded, before any conversion.
-		if st.expireAt > now && refundWindow(st, req) {
+		if req.Hits > 0 && st.expireAt > now && refundWindow(st, req) {
 			gave = req.Charged
 		}
 		p := *req

@@ -287,7 +287,7 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			return 0, overCapacity(e.state, lg, req, now)
 		}
 	}
-	if want == 0 && req.windowRefund() && (!found || e.expireAt <= now || e.windowCount(req) == noWindow) {
+	if want == 0 && req.windowRefund() && (req.Hits == 0 || !found || e.expireAt <= now || e.windowCount(req) == noWindow) {
 		// No window of the key's state is the refund's: it gives
 		// nothing back and is decided as a peek, which keeps nothing.
 		p := *req

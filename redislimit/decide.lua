@@ -12,12 +12,15 @@
 --          "0" not to,
 -- ARGV[10] the calendar unit (limiter.Calendar, 0 for none),
 -- ARGV[11] the calendar's zone, a number naming it (0 without a calendar),
--- ARGV[12..15] with a calendar: b0 < b1 < b2 < b3, the bounds of three
+-- ARGV[12], ARGV[13] a refund's charged window (limiter.Request.Charged):
+--          its start and end in Unix microseconds, 0 and 0 for none,
+-- ARGV[14..17] with a calendar: b0 < b1 < b2 < b3, the bounds of three
 --          consecutive calendar windows around the caller's clock.
 --
--- Returns {allowed, remaining, resetAt, retryAfter, delay, now, limit},
--- times in microseconds, limit the Limit that decided; {-1, now} when no
--- calendar window given holds now.
+-- Returns {allowed, remaining, resetAt, retryAfter, delay, now, limit,
+-- windowStart, windowEnd}, times in microseconds, limit the Limit that
+-- decided, the window limiter.Decision.Window names (0 and 0 for none);
+-- {-1, now} when no calendar window given holds now.
 --
 -- The order of limiter's decide: a state that is expired, or reset,
 -- starts fresh; a live state has its times bounded by now as its own
@@ -63,10 +66,13 @@ local minTTL = tonumber(ARGV[8])
 local keepStrictest = ARGV[9] == '1'
 local calendar = tonumber(ARGV[10])
 local zone = tonumber(ARGV[11])
+local chargedStart, chargedEnd = tonumber(ARGV[12]), tonumber(ARGV[13])
 local bounds = nil
-if ARGV[12] then
-  bounds = {tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])}
+if ARGV[14] then
+  bounds = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
 end
+-- The window the decision counted hits in, or gave them back to.
+local windowStart, windowEnd = 0, 0
 
 local function has(bit) return math.floor(behavior / bit) % 2 == 1 end
 
@@ -506,6 +512,7 @@ end
 -- state of it, at now, and writes the result into st (and the log):
 -- limiter's decideAlgorithm. drain is DrainOverLimit.
 local function decideAlgorithm(h, drain)
+  windowStart, windowEnd = 0, 0
   local probe = math.max(h, 1)
   drain = drain and h > 0
   local allowed, remaining, retry, delay = 0, 0, 0, 0
@@ -532,6 +539,7 @@ local function decideAlgorithm(h, drain)
     if count + probe <= limit then
       allowed = 1
       count = count + h
+      if h > 0 then windowStart, windowEnd = start, stop end
     else
       if drain and count < limit then count = limit end
       retry = stop - now
@@ -549,6 +557,7 @@ local function decideAlgorithm(h, drain)
       allowed = 1
       cur = cur + h
       remaining = remaining - h
+      if h > 0 then windowStart, windowEnd = start, addsat(start, p) end
     else
       if drain then
         cur = cur + remaining
@@ -706,6 +715,39 @@ local function boundTimes(a)
   end
 end
 
+local gaveBack = false
+-- A refund to the window it names (limiter's refundWindow): the hits go
+-- back to the count of the stored state, of the request's algorithm, whose
+-- window it is (a fixed window's, or a sliding window counter's current
+-- or previous one), before its times are bounded; one that finds no such
+-- window gives nothing back and is a peek, which writes nothing.
+if has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) then
+  local which = 0 -- 1 the current window's count, 2 the counter's previous
+  if hits > 0 and st.exp > now and st.algo == algo then
+    if algo == FIXED then
+      if st.w[2] > 0 and st.w[1] == chargedStart and st.exp == chargedEnd then which = 1 end
+    elseif algo == SCOUNTER and (st.w[2] > 0 or st.w[3] > 0) then
+      local q = counterPeriod(period)
+      if st.w[2] > 0 and st.w[1] == chargedStart and addsat(st.w[1], q) == chargedEnd then
+        which = 1
+      elseif st.w[3] > 0 and st.w[1] - q == chargedStart and st.w[1] == chargedEnd then
+        which = 2
+      end
+    end
+  end
+  if which ~= 0 and algo == SCOUNTER then
+    local q = counterPeriod(period)
+    if which == 1 then st.w[2] = math.max(st.w[2] - hits, 0) else st.w[3] = math.max(st.w[3] - hits, 0) end
+    st.exp = counterExpiry(st.w[1], st.w[2], st.w[3], q, st.exp)
+  elseif which ~= 0 then
+    st.w[2] = math.max(st.w[2] - hits, 0)
+  else
+    reads = true
+  end
+  hits, behavior = 0, 0
+  if which ~= 0 then gaveBack = true end
+end
+
 if st.exp <= now or has(RESET) then
   startFresh()
 else
@@ -741,6 +783,10 @@ if has(REFUND) then
 end
 
 local allowed, remaining, retry, delay = decideAlgorithm(hits, has(DRAIN))
+if gaveBack then
+  -- A refund to its window (above) names the window it gave hits back to.
+  windowStart, windowEnd = chargedStart, chargedEnd
+end
 
 if overCapacity then
   allowed, retry = 0, math.max(storedExp - now, 1)
@@ -763,4 +809,4 @@ elseif raw then
   redis.call('DEL', key)
 end
 
-return {allowed, remaining, st.exp, retry, delay, now, limit}
+return {allowed, remaining, st.exp, retry, delay, now, limit, windowStart, windowEnd}

@@ -110,6 +110,10 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 	}
 	p := moves[rng.IntN(len(moves))]
 	var history []string
+	var charged limiter.Window // the window the last admitted hits went into
+	// windows draws which refunds carry it, apart from rng, which draws
+	// the trace.
+	windows := rand.New(rand.NewPCG(uint64(seed), 1))
 	for step := range steps {
 		// Time moves by whole microseconds, mostly little.
 		switch rng.IntN(10) {
@@ -143,6 +147,9 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 			req.Behavior = limiter.DrainOverLimit
 		case 3:
 			req.Behavior = limiter.Refund
+			if windows.IntN(3) != 0 { // mostly to the window of the last hits
+				req.Charged = charged
+			}
 		}
 		if rng.IntN(60) == 0 { // another algorithm on the same key
 			req.Algorithm = limiter.Algorithms[rng.IntN(len(limiter.Algorithms))]
@@ -175,6 +182,9 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 		}
 		if got.WithoutOwner {
 			t.Fatalf("seed %d %s step %d: decided without Redis", seed, algo, step)
+		}
+		if req.Behavior&limiter.Refund == 0 && !want.Window.IsZero() {
+			charged = want.Window
 		}
 		if msg := compareDecisions(want.Decision, got.Decision); msg != "" {
 			t.Fatalf("seed %d %s step %d at %v, %+v:\n%s\nlimiter %+v\nredis   %+v\nlast requests:\n%s",
@@ -292,6 +302,8 @@ func compareDecisions(want, got limiter.Decision) string {
 		return "RetryAfter differs"
 	case !within(want.Delay, got.Delay):
 		return "Delay differs"
+	case want.Window != got.Window:
+		return "Window differs"
 	}
 	return ""
 }

@@ -348,8 +348,8 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given
 				c.hint = time.UnixMicro(vals[1])
 				again = append(again, c)
-			case len(vals) != 7:
-				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 7 numbers", vals))
+			case len(vals) != 9:
+				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 9 numbers", vals))
 			default:
 				c.decided, c.decision = true, decisionOf(c.req, vals, l.clock())
 			}
@@ -383,8 +383,9 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	if l.cfg.KeepStrictest {
 		keep = "1"
 	}
+	cs, ce := chargedMicro(req.Charged)
 	args := []any{int(req.Algorithm), req.Hits, req.Limit, int64(req.Period / time.Microsecond), req.Capacity(), int(req.Behavior), now, minTTL,
-		keep, int(req.Calendar), zoneID(req)}
+		keep, int(req.Calendar), zoneID(req), cs, ce}
 	if req.Calendar == limiter.NoCalendar {
 		return args
 	}
@@ -399,6 +400,18 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	s0, _ := limiter.CalendarWindow(req.Calendar, req.Location, s1.Add(-time.Nanosecond))
 	_, e2 := limiter.CalendarWindow(req.Calendar, req.Location, e1)
 	return append(args, s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro())
+}
+
+// chargedMicro is a refund's charged window in Unix microseconds, the
+// script's times: 0 and 0 for none. A window that is not on whole
+// microseconds (one that Redis never reported) is sent as [-1, -1), which
+// no live state's window is: the refund gives nothing back.
+func chargedMicro(w limiter.Window) (start, end int64) {
+	const us = int64(time.Microsecond)
+	if w.Start%us != 0 || w.End%us != 0 {
+		return -1, -1
+	}
+	return w.Start / us, w.End / us
 }
 
 // zoneID names req's calendar zone to the script, which compares rates
@@ -421,9 +434,10 @@ func zoneID(req *limiter.Request) uint32 {
 // clock. The script's times are on the server's clock, whose now it
 // answers with: ResetAt is moved onto the local clock by their
 // difference, so that ResetAt - local is the time Redis counts until the
-// reset, however far apart the two clocks are.
+// reset, however far apart the two clocks are. The Window is not moved:
+// it names the window of the key's state, which a refund gives back to.
 func decisionOf(req *limiter.Request, v []int64, local time.Time) sluice.Decision {
-	return sluice.Decision{Decision: limiter.Decision{
+	d := sluice.Decision{Decision: limiter.Decision{
 		Allowed:    v[0] == 1,
 		Limit:      v[6],
 		Remaining:  v[1],
@@ -431,6 +445,10 @@ func decisionOf(req *limiter.Request, v []int64, local time.Time) sluice.Decisio
 		RetryAfter: time.Duration(v[3]) * time.Microsecond,
 		Delay:      time.Duration(v[4]) * time.Microsecond,
 	}}
+	if v[7] != 0 || v[8] != 0 {
+		d.Window = limiter.Window{Start: v[7] * int64(time.Microsecond), End: v[8] * int64(time.Microsecond)}
+	}
+	return d
 }
 
 // unreachable decides a valid request that Redis could not.

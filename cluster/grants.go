@@ -61,7 +61,7 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 	if cur != nil && deferred(cur.Algorithm) && sameKey(cur, &gr.req) {
 		r = *cur
 	}
-	r.Behavior = limiter.Charge
+	r.Behavior, r.Charged = limiter.Charge, limiter.Window{}
 	for left := gr.hits; left > 0; left -= r.Hits {
 		r.Hits = min(left, r.Capacity()) // Validate's bound on one request
 		store.CheckAt(r, at)             //nolint:errcheck // valid: the key's parameters
@@ -157,6 +157,7 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 	if req != nil && sameKey(req, &k.list[0].req) {
 		k.cur = *req
 		k.cur.Hits, k.cur.Behavior = 0, 0
+		k.cur.Charged = limiter.Window{}
 	}
 	if now < k.next && now >= k.latest {
 		return
@@ -245,6 +246,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	}
 	r := *req
 	r.Hits, r.Behavior = 0, 0
+	r.Charged = limiter.Window{}
 	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window}))
 	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
 		k.cur = r

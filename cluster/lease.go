@@ -192,6 +192,7 @@ func (n *Node) lockOwnedKey(req *limiter.Request) (hash uint64, now time.Time, u
 func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, now time.Time) (int64, limiter.Decision, error) {
 	r := *req
 	r.Hits, r.Behavior = 0, 0
+	r.Charged = limiter.Window{}
 	if err := r.Validate(); err != nil {
 		return 0, limiter.Decision{}, err
 	}

@@ -178,6 +178,7 @@ func (n *Node) settle() int {
 		charge := d.req
 		charge.Hits = min(charge.Hits, max(charge.Capacity(), 1)) // more drains no more
 		charge.Behavior = (charge.Behavior &^ (limiter.Reset | limiter.Refund)) | limiter.DrainOverLimit
+		charge.Charged = limiter.Window{}
 		p := n.router.pick(hash)
 		switch p.way {
 		case wayHere:

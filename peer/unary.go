@@ -70,6 +70,7 @@ func (c *Client) HandoffDone(ctx context.Context, fp uint64) error {
 // and is ErrClosed after Close; a refusal by the owner is returned as is.
 func (c *Client) Lease(ctx context.Context, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
 	req.Hits, req.Behavior = 0, 0
+	req.Charged = limiter.Window{}
 	if err := req.Validate(); err != nil {
 		return transport.Lease{}, err
 	}
@@ -89,6 +90,7 @@ func (c *Client) Lease(ctx context.Context, req limiter.Request, want int64, ttl
 // leases of the key that it did not use. Errors are Lease's.
 func (c *Client) ReturnLease(ctx context.Context, req limiter.Request, hits int64) error {
 	req.Hits, req.Behavior = 0, 0
+	req.Charged = limiter.Window{}
 	if err := req.Validate(); err != nil {
 		return err
 	}

@@ -322,6 +322,7 @@ func (p *peerServer) Lease(ctx context.Context, in *pb.LeaseRequest) (*pb.LeaseR
 	req, err := p.cfg.codec.RequestFromProto(in.Request)
 	if err == nil {
 		req.Hits, req.Behavior = 0, 0
+		req.Charged = limiter.Window{}
 		err = req.Validate()
 	}
 	if err != nil {

@@ -21,7 +21,11 @@ import (
 // would reject. Otherwise it consumes from all of them in one CheckMany. If
 // a concurrent request made one of them reject in between, it gives back
 // what the others consumed, checking them again with limiter.Refund and the
-// same Hits. Between the consume and the refund, which is one round trip,
+// same Hits, and with the window each consume's decision counted them in
+// (limiter.Request.Charged): the limiter gives a window limit's hits back
+// to that window only, while the key's state still counts it, never to a
+// later window nor to a state the key has since begun under another
+// Period or algorithm. Between the consume and the refund, which is one round trip,
 // those limits show hits that do not stand: a concurrent request can see
 // them and be rejected although, in the end, it would have fitted. The
 // window is brief and can only make the limiter stricter, never looser.
@@ -38,16 +42,18 @@ type Enforcer struct {
 	// After replaces time.After in Wait; nil uses a real timer.
 	After func(time.Duration) <-chan time.Time
 	// Now is the clock that tells a refund of a window limit (fixed
-	// window, sliding window counter) whether the window that charged
-	// the hits is still the current one; nil uses time.Now.
+	// window, sliding window counter) whose consume's decision reported
+	// no window (limiter.Decision.Window: a backend that does not report
+	// one) whether the window that charged the hits is still the
+	// current one; nil uses time.Now.
 	Now func() time.Time
 	// ClockSkew is the most the clocks of the nodes that own the keys
-	// may differ from Now. A window limit's hits are given back only when
-	// one window, as Now reads it, holds the instants from ClockSkew
-	// before the consume to ClockSkew after the refund; otherwise they
-	// stay counted, so that a refund never lands in a later window than
-	// the one that charged them (and gives a hit there that was never
-	// taken).
+	// may differ from Now. The hits of a window limit whose consume's
+	// decision reported no window are given back only when one window,
+	// as Now reads it, holds the instants from ClockSkew before the
+	// consume to ClockSkew after the refund; otherwise they stay counted,
+	// so that such a refund never lands in a later window than the one
+	// that charged them (and gives a hit there that was never taken).
 	ClockSkew time.Duration
 }
 
@@ -78,8 +84,7 @@ type Verdict struct {
 	Refunded bool
 	// Err is set when the limiter failed for some limit; Allowed is then
 	// false and nothing stays consumed (unless giving it back failed too,
-	// or the window a hit went into ended before the refund: see
-	// Enforcer.ClockSkew). The caller chooses to let the request through
+	// or the window a hit went into ended before the refund). The caller chooses to let the request through
 	// or not.
 	Err error
 
@@ -274,17 +279,19 @@ func (e *Enforcer) Wait(ctx context.Context, v *Verdict) error {
 
 // refund gives back the hits of the consumed limits of v (only of those
 // that rejected, with rejectedOnly), even when ctx is already cancelled,
-// and records the decisions after the refund. The hits of a window limit
-// whose window may have ended since the consume stay counted (see
-// ClockSkew).
+// to the windows their consumes counted them in, and records the
+// decisions after the refund. The hits of a window limit whose consume
+// reported no window, and whose window may have ended since, stay counted
+// (see ClockSkew).
 func (e *Enforcer) refund(ctx context.Context, v *Verdict, rejectedOnly bool) {
 	var idx []int
 	var reqs []limiter.Request
 	now := e.now()
 	for i := range v.Limits {
-		if l := &v.Limits[i]; l.Consumed && (l.Rejected || !rejectedOnly) && e.sameWindow(&l.Request, v.charged, now) {
+		if l := &v.Limits[i]; l.Consumed && (l.Rejected || !rejectedOnly) && e.sameWindow(l, v.charged, now) {
 			r := l.Request
 			r.Behavior |= limiter.Refund
+			r.Charged = l.Decision.Window
 			idx = append(idx, i)
 			reqs = append(reqs, r)
 		}
@@ -310,12 +317,14 @@ func (e *Enforcer) refund(ctx context.Context, v *Verdict, rejectedOnly bool) {
 	}
 }
 
-// sameWindow reports whether a refund of req's hits at now, consumed at
-// charged, gives them back to the window that counted them: always for
-// the algorithms without windows; for the windows, when one window holds
-// [charged-ClockSkew, now+ClockSkew].
-func (e *Enforcer) sameWindow(req *limiter.Request, charged, now time.Time) bool {
-	if req.Algorithm != limiter.FixedWindow && req.Algorithm != limiter.SlidingWindowCounter {
+// sameWindow reports whether a refund of l's hits at now, consumed at
+// charged, gives them back to the window that counted them: always when
+// the consume's decision names that window (the limiter then checks it)
+// and for the algorithms without windows; for the windows otherwise, when
+// one window holds [charged-ClockSkew, now+ClockSkew].
+func (e *Enforcer) sameWindow(l *Limit, charged, now time.Time) bool {
+	req := &l.Request
+	if !l.Decision.Window.IsZero() || req.Algorithm != limiter.FixedWindow && req.Algorithm != limiter.SlidingWindowCounter {
 		return true
 	}
 	start, end := req.Window(charged.Add(-e.ClockSkew))

@@ -326,6 +326,7 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			if it.counted >= 0 && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
 				refund := reqs[it.counted]
 				refund.Behavior = limiter.Refund
+				refund.Charged = results[it.counted].Decision.Window
 				again = append(again, refund)
 			}
 		}

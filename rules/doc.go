@@ -73,10 +73,14 @@
 // of them: it peeks at all the limits in one call, consumes from all of
 // them in a second, and refunds (limiter.Refund) if a concurrent request
 // got in between. A refund never lands in another window than the one
-// that charged the hits: a fixed window or sliding window counter rule
+// that charged the hits: it carries the window the consume's decision
+// names (limiter.Request.Charged), and the limiter gives a fixed window or
+// sliding window counter rule's hits back to that window only, while the
+// key's state still counts it. (Where a decision names no window, a rule
 // whose window may have ended since the consume, as [Enforcer].Now reads
-// it widened by [Enforcer].ClockSkew, keeps them counted. Shadow rules are decided and reported but never block. A
-// leaky-bucket rule's pacing delay is waited for up to a maximum, and
+// it widened by [Enforcer].ClockSkew, keeps them counted.) Shadow rules
+// are decided and reported but never block. A leaky-bucket rule's pacing
+// delay is waited for up to a maximum, and
 // rejects beyond it. [Verdict.Fields] gives the X-RateLimit-* values and
 // the RateLimit-Policy and RateLimit fields of the IETF draft.
 package rules

@@ -31,10 +31,12 @@ func (d *Daemon) registerPublic(s grpc.ServiceRegistrar, n *cluster.Node) error 
 		d.redis.register(s, d.permitGRPC)
 		lim = d.redis
 	}
-	// A refund of a window rule's hits is made only while the window
-	// that charged them holds, up to a peer call's timeout, past both
-	// ends of the consume and the refund: one may be that long on its
-	// way to the key's owner.
+	// A refund of a window rule's hits goes back to the window its
+	// consume's decision names, which the key's owner (or Redis) checks.
+	// A decision that names none (an owner that does not report it) is
+	// refunded only while the window that charged the hits holds, up to
+	// a peer call's timeout, past both ends of the consume and the
+	// refund: one may be that long on its way to the key's owner.
 	d.enforcer = rules.Enforcer{Limiter: serverLimits{lim}, MaxWait: maxRulesWait, Now: d.opts.now, ClockSkew: d.cfg.PeerTimeout}
 	transport.RegisterRules(s, rulesServer{d: d})
 	if d.envoy != nil || d.envoyXDS != nil {

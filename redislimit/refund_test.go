@@ -1,0 +1,91 @@
+package redislimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/testredis"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// On Redis, as in limiter's store, a refund that carries its charge's
+// window gives the hits back to that window only: after a reload shortens
+// the Period of a key that keeps its strictest rate, or changes its
+// algorithm, the refund finds the key begun anew and gives nothing back;
+// a sliding window counter's hits go back to its previous window while it
+// counts them.
+func TestRefundToItsChargedWindow(t *testing.T) {
+	srv := testredis.Start(t)
+	span := time.Unix(1_700_000_000-1_700_000_000%70, 0) // 7s and 10s windows start here
+	fixed10 := limiter.Request{Name: "r", Hits: 1, Limit: 10, Period: 10 * time.Second, Algorithm: limiter.FixedWindow}
+	fixed7, bucket, counter := fixed10, fixed10, fixed10
+	fixed7.Period = 7 * time.Second
+	bucket.Algorithm = limiter.TokenBucket
+	counter.Algorithm = limiter.SlidingWindowCounter
+	type step struct {
+		at     time.Duration // into span
+		req    limiter.Request
+		refund bool // a refund carrying the window of the second step
+		// wantRemaining is the decision's; wantBack says the refund gave
+		// its hits back (its decision names the window).
+		wantRemaining int64
+		wantBack      bool
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"a shorter period", []step{
+			{at: time.Second, req: fixed10, wantRemaining: 9},
+			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 8}, // into the kept [0s, 10s)
+			{at: 10500 * time.Millisecond, req: fixed7, wantRemaining: 9},
+			{at: 10500 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 9},
+		}},
+		{"another algorithm", []step{
+			{at: time.Second, req: fixed10, wantRemaining: 9},
+			{at: 9500 * time.Millisecond, req: bucket, wantRemaining: 8}, // decided as the kept fixed window
+			{at: 10500 * time.Millisecond, req: bucket, wantRemaining: 9},
+			{at: 10500 * time.Millisecond, req: bucket, refund: true, wantRemaining: 9},
+		}},
+		{"the same window", []step{
+			{at: time.Second, req: fixed10, wantRemaining: 9},
+			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 8},
+			{at: 9900 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 9, wantBack: true},
+		}},
+		{"a counter's previous window", []step{
+			{at: time.Second, req: counter, wantRemaining: 9},
+			{at: 5 * time.Second, req: counter, wantRemaining: 8},
+			{at: 10 * time.Second, req: counter, wantRemaining: 7}, // 1 + the previous 2
+			{at: 10 * time.Second, req: counter, refund: true, wantRemaining: 8, wantBack: true},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &testClock{now: span}
+			l := newTestLimiter(t, clock, srv.Addr())
+			l.cfg.KeepStrictest = true
+			var charged limiter.Window
+			for i, st := range tc.steps {
+				clock.now = span.Add(st.at)
+				req := st.req
+				req.Key = tc.name
+				if st.refund {
+					req.Behavior, req.Charged = limiter.Refund, charged
+				}
+				d, err := l.Check(context.Background(), req)
+				if err != nil || d.WithoutOwner {
+					t.Fatalf("step %d: %+v, %v", i, d, err)
+				}
+				if i == 1 {
+					charged = d.Window
+					if charged.IsZero() {
+						t.Fatalf("step 1: the charge names no window: %+v", d)
+					}
+				}
+				if d.Remaining != st.wantRemaining || st.refund && (d.Window == charged) != st.wantBack {
+					t.Fatalf("step %d: %+v, want remaining %d and the hits given back %v to %+v", i, d.Decision, st.wantRemaining, st.wantBack, charged)
+				}
+			}
+		})
+	}
+}

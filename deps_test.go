@@ -14,12 +14,12 @@ func TestAdaptersPullInNoCluster(t *testing.T) {
 		t.Skip("runs go list")
 	}
 	for pkg, banned := range map[string][]string{
-		"./httplimit":  {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
-		"./rules":      {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
-		"./envoyrls":   {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/peer"},
-		"./grpclimit":  {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/peer"},
-		"./redislimit": {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
-		".":            {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/peer"},
+		"./httplimit":  {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
+		"./rules":      {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
+		"./envoyrls":   {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
+		"./grpclimit":  {"hashicorp/serf", "hashicorp/memberlist", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
+		"./redislimit": {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
+		".":            {"hashicorp/serf", "hashicorp/memberlist", "google.golang.org/grpc", "sluice/cluster", "sluice/transport", "sluice/internal/transport", "sluice/internal/peer"},
 	} {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()
 		if err != nil {

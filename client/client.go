@@ -49,7 +49,7 @@ var (
 // WithTimeout changes it.
 const DefaultTimeout = 2 * time.Second
 
-// MaxBatchItems is the most requests one gRPC call carries; CheckMany
+// MaxBatchItems, 1000, is the most requests one gRPC call carries; CheckMany
 // splits longer lists.
 const MaxBatchItems = transport.MaxBatchItems
 

@@ -59,12 +59,12 @@ func DefaultServerLimits() ServerLimits { return transport.DefaultServerLimits()
 // owner's Decision for the hits taken.
 type Lease = transport.Lease
 
-// MaxLeaseTTL bounds LeaseConfig.TTL and the ttl of Node.Lease.
+// MaxLeaseTTL, a minute, bounds LeaseConfig.TTL and the ttl of Node.Lease.
 const MaxLeaseTTL = transport.MaxLeaseTTL
 
-// MinClusterSecretLen is the shortest Config.ClusterSecret, in bytes.
+// MinClusterSecretLen is the shortest Config.ClusterSecret: 16 bytes.
 const MinClusterSecretLen = transport.MinClusterSecretLen
 
-// MaxPeerAuthSkew is how far a peer's clock may be from the receiver's
-// for the proof of Config.ClusterSecret on its calls to pass.
+// MaxPeerAuthSkew, 5 minutes, is how far a peer's clock may be from the
+// receiver's for the proof of Config.ClusterSecret on its calls to pass.
 const MaxPeerAuthSkew = transport.MaxPeerAuthSkew

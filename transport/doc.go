@@ -8,8 +8,9 @@
 // of the daemon: checks routed to their key's owner, Inspect, and Health.
 // Rules is the daemon's: a request described by its route, user and
 // descriptors, checked against its rule file. Peer is spoken between the
-// members of a cluster only, and authenticated (see the cluster package's
-// Config).
+// members of a cluster only; it admits only members once the cluster has
+// credentials (cluster.Config's TLS with PeerIdentities, ClusterSecret or
+// GossipKeys).
 //
 // Durations and instants are int64 nanoseconds on the wire; a hits field
 // that is absent means 1. Time zones are IANA names. A batch carries at

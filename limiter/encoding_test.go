@@ -44,6 +44,20 @@ func TestStateFormatRoundTrip(t *testing.T) {
 	}
 }
 
+// reencoded is sn encoded in the state format and decoded again.
+func reencoded(t testing.TB, sn Snapshot) Snapshot {
+	t.Helper()
+	b, err := sn.MarshalBinary()
+	if err != nil {
+		t.Fatalf("encode %+v: %v", sn, err)
+	}
+	var got Snapshot
+	if err := got.UnmarshalBinary(b); err != nil {
+		t.Fatalf("decode %x: %v", b, err)
+	}
+	return got
+}
+
 func sameSnapshot(a, b Snapshot) bool {
 	if len(a.Log) != len(b.Log) {
 		return false
@@ -125,15 +139,7 @@ func TestStateFormatKeepsRate(t *testing.T) {
 			if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
 				t.Fatalf("%s: snapshot rate %d/%s, want 10/1m", a, sn.RateLimit, sn.RatePeriod)
 			}
-			b, err := sn.MarshalBinary()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got Snapshot
-			if err := got.UnmarshalBinary(b); err != nil {
-				t.Fatal(err)
-			}
-			if !sameSnapshot(got, sn) {
+			if got := reencoded(t, sn); !sameSnapshot(got, sn) {
 				t.Fatalf("%s: decoded %+v, want %+v", a, got, sn)
 			}
 			return true
@@ -159,18 +165,10 @@ func TestStateFormatKeepsCalendarRate(t *testing.T) {
 			if sn.RateLimit != 10 || sn.RateBurst != 10 || sn.RatePeriod != 0 || sn.RateCalendar != c || zoneName(sn.RateLocation) != zoneName(loc) {
 				t.Fatalf("%s in %v: snapshot rate %+v", c, loc, sn)
 			}
-			b, err := sn.MarshalBinary()
-			if err != nil {
-				t.Fatal(err)
+			if b, err := sn.MarshalBinary(); err != nil || b[0] != 2 {
+				t.Fatalf("%s in %v: written as %x, %v, want version 2", c, loc, b, err)
 			}
-			if b[0] != 2 {
-				t.Fatalf("%s in %v: written as version %d, want 2", c, loc, b[0])
-			}
-			var got Snapshot
-			if err := got.UnmarshalBinary(b); err != nil {
-				t.Fatal(err)
-			}
-			if !sameSnapshot(got, sn) {
+			if got := reencoded(t, sn); !sameSnapshot(got, sn) {
 				t.Fatalf("%s in %v: decoded %+v, want %+v", c, loc, got, sn)
 			}
 		}

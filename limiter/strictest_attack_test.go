@@ -62,6 +62,11 @@ func TestKeepStrictestCalendarAcrossEncoding(t *testing.T) {
 			rateVariant{"minute", func(r *Request) { r.Calendar = Minute }},
 			rateVariant{"no_calendar", func(r *Request) { r.Calendar, r.Period = NoCalendar, time.Second }},
 		)
+		for _, a := range Algorithms { // rateVariants' keep the Calendar, which only fixed windows take
+			variants = append(variants, rateVariant{"no_calendar_" + a.String(), func(r *Request) {
+				r.Algorithm, r.Calendar, r.Location, r.Limit, r.Period = a, NoCalendar, nil, 1_000_000, time.Millisecond
+			}})
+		}
 		for _, v := range variants {
 			t.Run(base.Key+"/"+v.name, func(t *testing.T) {
 				bad := base
@@ -70,30 +75,9 @@ func TestKeepStrictestCalendarAcrossEncoding(t *testing.T) {
 				if bad.Validate() != nil {
 					t.Skip("invalid variant")
 				}
-				from, to := newStrictStore(t), newStrictStore(t)
-				if d, err := from.CheckAt(base, t0); err != nil || !d.Allowed {
-					t.Fatalf("spending: %+v %v", d, err)
-				}
-				sn := snapOf(t, from, base, now)
+				sn := attackMoved(t, base, bad, t0, now, func(sn Snapshot) Snapshot { return reencoded(t, sn) })
 				if sn.RateLimit != 10 || sn.RateCalendar != base.Calendar || zoneName(sn.RateLocation) != zoneName(base.Location) || sn.RatePeriod != 0 {
 					t.Fatalf("snapshot rate %d per %v/%s in %v", sn.RateLimit, sn.RatePeriod, sn.RateCalendar, sn.RateLocation)
-				}
-				b, err := sn.MarshalBinary()
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got Snapshot
-				if err := got.UnmarshalBinary(b); err != nil {
-					t.Fatal(err)
-				}
-				mustMerge(t, to, []Snapshot{got}, now)
-				if d, err := to.CheckAt(bad, now); err != nil || d.Allowed {
-					t.Fatalf("after the move, a check at %s admitted: %+v %v", v.name, d, err)
-				}
-				own := base
-				own.Hits = 1
-				if d, err := to.CheckAt(own, now); err != nil || d.Allowed {
-					t.Fatalf("after the move and %s, a check at the key's rate admitted: %+v %v", v.name, d, err)
 				}
 			})
 		}

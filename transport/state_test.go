@@ -41,19 +41,27 @@ func liveSnapshots(tb testing.TB) []limiter.Snapshot {
 	return out
 }
 
+// overTheWire is sn's KeyState, encoded and decoded as protobuf, and the
+// size of its encoding.
+func overTheWire(t *testing.T, sn *limiter.Snapshot) (*pb.KeyState, int) {
+	t.Helper()
+	b, err := proto.Marshal(SnapshotToProto(sn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := new(pb.KeyState)
+	if err := proto.Unmarshal(b, m); err != nil {
+		t.Fatal(err)
+	}
+	return m, len(b)
+}
+
 func TestSnapshotProtoRoundTrip(t *testing.T) {
 	for _, sn := range liveSnapshots(t) {
 		if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
 			t.Fatalf("%s: snapshot rate %d per %v, want the store's 10 per 1m", sn.Algorithm, sn.RateLimit, sn.RatePeriod)
 		}
-		b, err := proto.Marshal(SnapshotToProto(&sn))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := new(pb.KeyState)
-		if err := proto.Unmarshal(b, m); err != nil {
-			t.Fatal(err)
-		}
+		m, _ := overTheWire(t, &sn)
 		got, err := SnapshotFromProto(m)
 		if err != nil {
 			t.Fatalf("%s: %v", sn.Algorithm, err)
@@ -110,14 +118,7 @@ func calendarSnapshots(tb testing.TB) []limiter.Snapshot {
 // such a member, without the calendar fields, reads as its state alone.
 func TestSnapshotProtoCalendarRate(t *testing.T) {
 	for _, sn := range calendarSnapshots(t) {
-		b, err := proto.Marshal(SnapshotToProto(&sn))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := new(pb.KeyState)
-		if err := proto.Unmarshal(b, m); err != nil {
-			t.Fatal(err)
-		}
+		m, size := overTheWire(t, &sn)
 		if len(m.State) == 0 || m.State[0] != 1 {
 			t.Fatalf("%s: state %x, want format version 1", sn.Key, m.State)
 		}
@@ -139,7 +140,7 @@ func TestSnapshotProtoCalendarRate(t *testing.T) {
 		if got, err := SnapshotFromProto(m); err != nil || got.RateLimit != 0 || got.Words != sn.Words {
 			t.Errorf("%s: without the calendar fields: %+v, %v", sn.Key, got, err)
 		}
-		if size := 1 + protowire.SizeBytes(len(b)); size > stateSize(&sn) {
+		if size := 1 + protowire.SizeBytes(size); size > stateSize(&sn) {
 			t.Errorf("%s: takes %d bytes, more than its bound %d", sn.Key, size, stateSize(&sn))
 		}
 	}

@@ -312,5 +312,13 @@ func FuzzStateFormat(f *testing.F) {
 		}
 		s := newTestStore(t)
 		s.Merge([]Snapshot{sn}, t0) // may refuse times too far off; must not panic
+		// A KeepStrictest store takes the rate too, and decides a
+		// check at another rate against it.
+		strict := newStrictStore(t)
+		strict.Merge([]Snapshot{sn}, t0)
+		req := Request{Name: sn.Name, Key: sn.Key, Hits: 1, Limit: 5, Period: time.Second, Algorithm: sn.Algorithm}
+		if _, err := strict.CheckAt(req, t0); err != nil {
+			t.Fatalf("a check after merging %+v: %v", sn, err)
+		}
 	})
 }

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -36,6 +36,9 @@ var (
 	// ErrMalformedResponse is an answer that breaks the protocol, such as
 	// a batch answer with the wrong number of items.
 	ErrMalformedResponse = transport.ErrMalformedResponse
+	// ErrUnavailable is a key's owner that the daemon could not reach: Reset
+	// returns it when nothing was reset.
+	ErrUnavailable = transport.ErrUnavailable
 	// ErrNotGRPC is an address that answered, but not as a gRPC server:
 	// an HTTP/1 server, such as a sluice daemon's HTTP API (http_addr),
 	// where its gRPC port (grpc_addr) was meant. The error says which.
@@ -46,7 +49,7 @@ var (
 // WithTimeout changes it.
 const DefaultTimeout = 2 * time.Second
 
-// MaxBatchItems is the most requests one gRPC call carries; CheckMany
+// MaxBatchItems, 1000, is the most requests one gRPC call carries; CheckMany
 // splits longer lists.
 const MaxBatchItems = transport.MaxBatchItems
 
@@ -308,14 +311,14 @@ func (c *Client) Inspect(ctx context.Context, name, key string) (sluice.Inspecti
 // limiter.ResetRequest, and returns the owner's name. A reset is a
 // destructive behavior, which a daemon may refuse (PermissionDenied). When
 // the owner cannot be reached nothing is reset and the error wraps
-// transport.ErrUnavailable.
+// ErrUnavailable.
 func (c *Client) Reset(ctx context.Context, name, key string) (string, error) {
 	d, err := c.Check(ctx, limiter.ResetRequest(name, key), sluice.OnUnreachable(sluice.PolicyDeny))
 	if err != nil {
 		return "", err
 	}
 	if d.WithoutOwner {
-		return "", fmt.Errorf("client: reset: %w: nothing was reset", transport.ErrUnavailable)
+		return "", fmt.Errorf("client: reset: %w: nothing was reset", ErrUnavailable)
 	}
 	return d.Owner, nil
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
@@ -399,5 +399,36 @@ func TestHTTPPortNamesTheMistake(t *testing.T) {
 			!strings.Contains(err.Error(), "grpc_addr") {
 			t.Errorf("%s: %v; want ErrNotGRPC naming %s and grpc_addr", name, err, addr)
 		}
+	}
+}
+
+// Reset names the owner that reset the key; when the daemon decided
+// without the owner, nothing was reset and the error wraps the client's
+// ErrUnavailable, which callers can name.
+func TestResetNamesTheOwnerOrIsUnavailable(t *testing.T) {
+	n, c := startNode(t)
+	ctx := context.Background()
+	if _, err := c.Check(ctx, req("user:1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.Check(ctx, req("user:1", 1)); err != nil || d.Allowed {
+		t.Fatalf("second check of a limit of 1: %+v, %v", d, err)
+	}
+	owner, err := c.Reset(ctx, "api", "user:1")
+	if err != nil || owner != n.Name() {
+		t.Fatalf("Reset: owner %q, %v; want %q", owner, err, n.Name())
+	}
+	if d, err := c.Check(ctx, req("user:1", 1)); err != nil || !d.Allowed {
+		t.Errorf("check after Reset: %+v, %v", d, err)
+	}
+
+	rec := &recorder{}
+	c = serve(t, func(s *grpc.Server) { transport.RegisterPublic(s, rec, nil) })
+	owner, err = c.Reset(ctx, "api", "user:1")
+	if !errors.Is(err, client.ErrUnavailable) || owner != "" {
+		t.Errorf("Reset decided without the owner: owner %q, %v; want an error wrapping client.ErrUnavailable", owner, err)
+	}
+	if fmt.Sprint(rec.policies) != fmt.Sprint([]sluice.Policy{sluice.PolicyDeny}) {
+		t.Errorf("Reset sent policies %v, want [%v]", rec.policies, sluice.PolicyDeny)
 	}
 }

@@ -11,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 var _ sluice.Limiter = (*Node)(nil)

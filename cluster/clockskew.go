@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // Clock skew. Every ClockProbeInterval a node samples each ring member's

@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/peer"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Profile chooses serf's timings.
@@ -127,7 +127,7 @@ type Config struct {
 	Ring  ring.Config
 	// Peer configures the clients to other nodes; Peer.Timeout is the
 	// deadline of a forwarded check.
-	Peer peer.Config
+	Peer PeerConfig
 	// Lease configures token leases for hot keys (off by default); see
 	// LeaseConfig.
 	Lease LeaseConfig
@@ -160,9 +160,9 @@ type Config struct {
 	// Empty: every certificate the ClientCAs sign is a peer.
 	PeerIdentities []string
 	// ClusterSecret, when set (at least 16 bytes), must be proven on every
-	// Peer call (transport.PeerAuth): an HMAC of the call under a key
+	// Peer call: an HMAC of the call under a key
 	// derived from it, checked against the receiver's clock within
-	// transport.MaxPeerAuthSkew. Empty with GossipKeys set: the secret is
+	// MaxPeerAuthSkew. Empty with GossipKeys set: the secret is
 	// derived from the gossip keys (every key is accepted, the first is
 	// sent), so that an encrypted cluster authenticates its peers with no
 	// setting of its own. Without TLS the proof travels in clear; see the
@@ -189,14 +189,14 @@ type Config struct {
 	// checks through its own methods and needs no API on the network.
 	ServePublicAPI bool
 	// PublicPermit, when set, is asked about every request of the public
-	// API before it is routed (transport.Permit), on GRPCAddr or on the
+	// API before it is routed, on GRPCAddr or on the
 	// server of Node.RegisterPublicAPI; the daemon restricts destructive
 	// behaviors with it.
-	PublicPermit transport.Permit
+	PublicPermit Permit
 	// PublicInspectPermit, when set, is asked before every Inspect of the
-	// public API (transport.InspectPermit): inspecting reveals a key's
+	// public API: inspecting reveals a key's
 	// usage.
-	PublicInspectPermit transport.InspectPermit
+	PublicInspectPermit InspectPermit
 
 	// GossipTransport, when set, wraps the transport serf gossips over:
 	// the node binds memberlist's NetTransport on GossipAddr and hands it
@@ -214,9 +214,9 @@ type Config struct {
 	ServerOptions []grpc.ServerOption
 	// ServerLimits bounds what clients may hold open on the node's gRPC
 	// server: connections, calls, and the bytes of the messages on their
-	// way (transport.ServerLimits; its MessageBytes is the budget those
-	// messages share). Default transport.DefaultServerLimits().
-	ServerLimits transport.ServerLimits
+	// way (its MessageBytes is the budget those messages share). Default
+	// DefaultServerLimits().
+	ServerLimits ServerLimits
 	// RegisterServices, when set, is called once by New with the node's
 	// gRPC server and the node, before the server serves, to serve more
 	// services on GRPCAddr beside the node's own under the same TLS and

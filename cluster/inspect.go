@@ -5,9 +5,9 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Inspecting and resetting a key, for operators. Inspect goes where a

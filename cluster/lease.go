@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Token leases for hot keys.
@@ -62,7 +62,7 @@ type LeaseConfig struct {
 	// another node owns from which this node leases hits of it. 0 turns
 	// leases off.
 	Threshold int64
-	// TTL is how long a lease lasts, at most transport.MaxLeaseTTL; a fixed
+	// TTL is how long a lease lasts, at most MaxLeaseTTL; a fixed
 	// window lease also ends with its window.
 	TTL time.Duration
 	// Share bounds one lease to this fraction of the key's capacity (Burst,
@@ -122,7 +122,7 @@ var (
 // lease takes them off the window's count at once and ends with the
 // window. It is how the Peer service answers Lease; errors wrap
 // ErrLeaseRefused, a limiter sentinel, or are ErrClosed.
-func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
+func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want int64, ttl time.Duration) (Lease, error) {
 	if n.closed.Load() {
 		return transport.Lease{}, ErrClosed
 	}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 func benchRequests(n int) []limiter.Request {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/peer"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/testcluster"
 )
 

@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/peer"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Errors of the cluster package.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // fakeCalls records the outbox's calls, in order, and fails them while

@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Membership is earned. Gossip says who claims to be a member; a node

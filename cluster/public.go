@@ -3,7 +3,7 @@ package cluster
 import (
 	"google.golang.org/grpc"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // RegisterPublicAPI registers the public gRPC API, the Sluice service, on

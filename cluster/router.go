@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/breaker"
-	"github.com/sluicehq/sluice/peer"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/peer"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // The router says where a check of a key is decided, for single checks,

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/peer"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/peer"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // fakePeers has a client, never called, for the names it holds.

@@ -9,8 +9,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Tracing (Config.TracerProvider). Three spans make up a check that is

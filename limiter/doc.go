@@ -120,8 +120,9 @@
 // strictest capacity is denied, consuming nothing, with RetryAfter until
 // the key is fresh, when its own rate takes effect. The decision's Limit
 // is the strictest rate's. A [Snapshot] carries the key's rate
-// (RateLimit, RateBurst, RatePeriod; not a calendar window's), and
-// [Store.Merge] keeps the strictest of it and the receiving key's; a
+// (RateLimit, RateBurst, and RatePeriod or a calendar window's
+// RateCalendar and RateLocation), and [Store.Merge] keeps the strictest
+// of it and the receiving key's; a
 // state received without one is charged at the rate of the first
 // decision after it, bounded as received states are.
 //

@@ -15,9 +15,9 @@ import (
 // GCRA's TAT and interval, a log's entries), never the memory layout of
 // Snapshot.Words, so the layout can change without changing the format.
 //
-// Version 1, every integer a Go varint (signed, zig-zag) or uvarint:
+// Version 2, every integer a Go varint (signed, zig-zag) or uvarint:
 //
-//	uvarint  format version (StateFormatVersion)
+//	uvarint  format version: 1 or 2
 //	byte     algorithm: 1 token bucket, 2 leaky bucket, 3 fixed window,
 //	         4 sliding window log, 5 sliding window counter, 6 GCRA
 //	uvarint  length of Name, then Name's bytes
@@ -25,6 +25,11 @@ import (
 //	varint   ExpireAt (Unix ns)
 //	uvarint  RateLimit, uvarint RateBurst, varint RatePeriod (ns): the
 //	         rate the state was last charged under, all 0 when unknown
+//	version 2 only:
+//	  byte     RateCalendar: 0 none, 1 minute, 2 hour, 3 day, 4 week,
+//	           5 month, 6 year (RatePeriod 0 with one)
+//	  uvarint  length of RateLocation's IANA name, at most MaxZoneNameLen,
+//	           then its bytes; 0 for UTC
 //	then per algorithm:
 //	  buckets:  8 bytes level (IEEE 754 float64, little endian), varint levelTime
 //	  fixed:    varint windowStart, uvarint windowHits
@@ -33,12 +38,20 @@ import (
 //	  log:      uvarint entries, then per entry varint At (the first) or
 //	            uvarint At minus the previous At (the others), uvarint Hits
 //
-// Nothing may follow. A decoder refuses a version it does not know, with
+// Nothing may follow. Version 1 is version 2 without the calendar fields:
+// it carries no calendar window's rate. A writer writes the oldest version
+// that holds the snapshot, version 1 unless it carries a calendar window's
+// rate, so that readers of version 1 read every other state. A decoder
+// reads every version from 1 up to its own and refuses a newer one, with
 // ErrStateFormat, rather than guess.
 
-// StateFormatVersion is the version of the state format that
-// Snapshot.AppendBinary writes and the newest UnmarshalBinary reads.
-const StateFormatVersion = 1
+// StateFormatVersion is the newest version of the state format, which
+// Snapshot.AppendBinary writes for a calendar window's rate and
+// UnmarshalBinary reads with every older one.
+const StateFormatVersion = 2
+
+// stateFormatCalendar is the first version with the calendar fields.
+const stateFormatCalendar = 2
 
 // ErrStateFormat wraps every error of Snapshot.UnmarshalBinary: the bytes
 // are not a state in a format version this package reads.
@@ -47,6 +60,19 @@ var ErrStateFormat = errors.New("limiter: bad state encoding")
 // The algorithms' codes in the state format. They are part of the format:
 // they never change, whatever the Algorithm constants become.
 var algorithmCodes = [...]Algorithm{1: TokenBucket, 2: LeakyBucket, 3: FixedWindow, 4: SlidingWindowLog, 5: SlidingWindowCounter, 6: GCRA}
+
+// The calendar units' codes in the state format, which never change
+// either; 0 is none.
+var calendarCodes = [...]Calendar{1: Minute, 2: Hour, 3: Day, 4: Week, 5: Month, 6: Year}
+
+func calendarCode(c Calendar) byte {
+	for code, u := range calendarCodes {
+		if u == c && code > 0 {
+			return byte(code)
+		}
+	}
+	return 0
+}
 
 func algorithmCode(a Algorithm) byte {
 	for c, b := range algorithmCodes {
@@ -64,16 +90,21 @@ var (
 )
 
 // MaxEncodedState bounds the length of one encoded state: a log of
-// MaxSnapshotLog entries with the longest name and key.
-const MaxEncodedState = 64 + 3*binary.MaxVarintLen64 + MaxNameLen + MaxKeyLen + MaxSnapshotLog*2*binary.MaxVarintLen64
+// MaxSnapshotLog entries with the longest name, key and zone name.
+const MaxEncodedState = 64 + 3*binary.MaxVarintLen64 + MaxNameLen + MaxKeyLen + MaxZoneNameLen + MaxSnapshotLog*2*binary.MaxVarintLen64
 
-// AppendBinary appends s in the state format, version StateFormatVersion,
-// to b. s must be valid (Validate); an invalid one is an error.
+// AppendBinary appends s in the state format to b: version 1 unless s
+// carries a calendar window's rate, version StateFormatVersion then. s must
+// be valid (Validate); an invalid one is an error.
 func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 	if err := s.Validate(); err != nil {
 		return b, err
 	}
-	b = binary.AppendUvarint(b, StateFormatVersion)
+	version := uint64(1)
+	if s.RateCalendar != NoCalendar {
+		version = stateFormatCalendar
+	}
+	b = binary.AppendUvarint(b, version)
 	b = append(b, algorithmCode(s.Algorithm))
 	b = binary.AppendUvarint(b, uint64(len(s.Name)))
 	b = append(b, s.Name...)
@@ -83,6 +114,15 @@ func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(s.RateLimit))
 	b = binary.AppendUvarint(b, uint64(s.RateBurst))
 	b = binary.AppendVarint(b, int64(s.RatePeriod))
+	if version >= stateFormatCalendar {
+		b = append(b, calendarCode(s.RateCalendar))
+		zone := ""
+		if s.RateLocation != nil && s.RateLocation != time.UTC {
+			zone = s.RateLocation.String()
+		}
+		b = binary.AppendUvarint(b, uint64(len(zone)))
+		b = append(b, zone...)
+	}
 	st := snapshotState(s)
 	switch s.Algorithm {
 	case TokenBucket, LeakyBucket:
@@ -126,8 +166,8 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 	}
 	d := stateDecoder{b: data}
 	v := d.uvarint("format version")
-	if d.err == nil && v != StateFormatVersion {
-		return fmt.Errorf("%w: format version %d, this node reads version %d", ErrStateFormat, v, StateFormatVersion)
+	if d.err == nil && (v < 1 || v > StateFormatVersion) {
+		return fmt.Errorf("%w: format version %d, this node reads versions 1 to %d", ErrStateFormat, v, StateFormatVersion)
 	}
 	var out Snapshot
 	code := d.u8("algorithm")
@@ -143,6 +183,21 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 	out.RateLimit = d.count("rate limit")
 	out.RateBurst = d.count("rate burst")
 	out.RatePeriod = time.Duration(d.varint("rate period"))
+	if v >= stateFormatCalendar {
+		code := d.u8("rate calendar")
+		if d.err == nil && int(code) >= len(calendarCodes) {
+			return fmt.Errorf("%w: unknown calendar unit code %d", ErrStateFormat, code)
+		}
+		out.RateCalendar = calendarCodes[code]
+		zone := d.text("rate zone", MaxZoneNameLen)
+		if d.err == nil {
+			loc, err := LoadZone(zone)
+			if err != nil {
+				return fmt.Errorf("%w: rate zone: %w", ErrStateFormat, err)
+			}
+			out.RateLocation = loc
+		}
+	}
 	st := freshState(out.Algorithm)
 	switch out.Algorithm {
 	case TokenBucket, LeakyBucket:

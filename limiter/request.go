@@ -175,13 +175,13 @@ func (e *childError) Unwrap() error { return e.parent }
 // name is about 32 bytes.
 const MaxZoneNameLen = 64
 
-// loadableZones holds the names of the zones that checkZone has seen
-// load, at most maxLoadableZones of them (IANA has about 600), so that the
-// zone database is read once per name, not once per request.
+// loadedZones holds the zones that LoadZone has loaded, by name, at most
+// maxLoadedZones of them (IANA has about 600), so that the zone database
+// is read once per name, not once per request or state.
 var (
-	loadableZones    sync.Map // name -> struct{}
-	numLoadable      atomic.Int64
-	maxLoadableZones = int64(1024)
+	loadedZones    sync.Map // name -> *time.Location
+	numLoaded      atomic.Int64
+	maxLoadedZones = int64(1024)
 )
 
 // checkZone reports whether a Location named name travels between nodes
@@ -189,21 +189,37 @@ var (
 // time.LoadLocation loads. A zone built with time.FixedZone under a name
 // that loads is not told apart from the zone of that name.
 func checkZone(name string) error {
-	if _, ok := loadableZones.Load(name); ok {
-		return nil
+	if name == "" {
+		return CheckZoneName(name) // a zone without a name: refused
+	}
+	_, err := LoadZone(name)
+	return err
+}
+
+// LoadZone returns the zone named name as every node loads it: nil (UTC)
+// for "", else time.LoadLocation's zone once CheckZoneName has accepted the
+// name, so that no name from another node reaches the zone database
+// unchecked. Zones that load are cached. Errors wrap ErrInvalidLocation.
+func LoadZone(name string) (*time.Location, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if v, ok := loadedZones.Load(name); ok {
+		return v.(*time.Location), nil
 	}
 	if err := CheckZoneName(name); err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := time.LoadLocation(name); err != nil {
-		return fmt.Errorf("%w: zone %q does not load, so no other node could read it: %v", ErrInvalidLocation, name, err)
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: zone %q does not load, so no other node could read it: %v", ErrInvalidLocation, name, err)
 	}
-	if numLoadable.Load() < maxLoadableZones {
-		if _, loaded := loadableZones.LoadOrStore(name, struct{}{}); !loaded {
-			numLoadable.Add(1)
+	if numLoaded.Load() < maxLoadedZones {
+		if _, loaded := loadedZones.LoadOrStore(name, loc); !loaded {
+			numLoaded.Add(1)
 		}
 	}
-	return nil
+	return loc, nil
 }
 
 // CheckZoneName reports whether name can be an IANA time zone name, which

@@ -27,10 +27,14 @@ type Snapshot struct {
 	// RateLimit, RateBurst and RatePeriod are the rate the state was
 	// last charged under, as a store with StoreConfig.KeepStrictest keeps
 	// it (RateBurst the effective burst), so that a receiving store with
-	// KeepStrictest decides the key at no laxer rate. RateLimit 0: unknown
-	// (another store, or a calendar window's rate).
+	// KeepStrictest decides the key at no laxer rate. A calendar window's
+	// rate has RateCalendar, its unit, and RateLocation, its zone (nil:
+	// UTC), instead of a RatePeriod, which is then 0. RateLimit 0: unknown
+	// (another store, or one without KeepStrictest).
 	RateLimit, RateBurst int64
 	RatePeriod           time.Duration
+	RateCalendar         Calendar
+	RateLocation         *time.Location
 }
 
 // ShiftTimes moves the instants s carries by d, as another node's clock
@@ -152,8 +156,13 @@ func (s *Snapshot) Validate() error {
 // validateRate checks the rate s carries, if any: one a valid request of
 // s's algorithm could have.
 func (s *Snapshot) validateRate() error {
-	if s.RateLimit == 0 && s.RateBurst == 0 && s.RatePeriod == 0 {
+	switch {
+	case s.RateLimit == 0 && s.RateBurst == 0 && s.RatePeriod == 0 && s.RateCalendar == NoCalendar && s.RateLocation == nil:
 		return nil
+	case s.RateCalendar != NoCalendar && s.RatePeriod != 0:
+		return fmt.Errorf("%w: rate period %v with calendar unit %s, want 0", ErrInvalidSnapshot, s.RatePeriod, s.RateCalendar)
+	case s.RateCalendar == NoCalendar && s.RateLocation != nil:
+		return fmt.Errorf("%w: rate zone %q without a calendar unit", ErrInvalidSnapshot, s.RateLocation)
 	}
 	r := s.rateRequest()
 	if r.burst() != s.RateBurst {
@@ -167,7 +176,8 @@ func (s *Snapshot) validateRate() error {
 
 // rateRequest is a peek of s's key at the rate s carries.
 func (s *Snapshot) rateRequest() Request {
-	r := Request{Name: s.Name, Key: s.Key, Algorithm: s.Algorithm, Limit: s.RateLimit, Period: s.RatePeriod}
+	r := Request{Name: s.Name, Key: s.Key, Algorithm: s.Algorithm, Limit: s.RateLimit, Period: s.RatePeriod,
+		Calendar: s.RateCalendar, Location: s.RateLocation}
 	if s.Algorithm.HasBurst() {
 		r.Burst = s.RateBurst
 	}
@@ -178,8 +188,16 @@ func (s *Snapshot) rateRequest() Request {
 func (sh *shard) snapshotLocked(e *entry) Snapshot {
 	name, key := splitStoreKey(e.key)
 	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords()}
-	if c := sh.rates[e]; c.known() && c.period > 0 {
-		s.RateLimit, s.RateBurst, s.RatePeriod = c.limit, c.burst, time.Duration(c.period)
+	if c := sh.rates[e]; c.known() {
+		s.RateLimit, s.RateBurst = c.limit, c.burst
+		if c.period > 0 {
+			s.RatePeriod = time.Duration(c.period)
+		} else {
+			s.RateCalendar, s.RateLocation = Calendar(-c.period), c.loc
+			if c.loc == time.UTC {
+				s.RateLocation = nil
+			}
+		}
 	}
 	if s.Algorithm == SlidingWindowLog {
 		s.Words = [3]int64{}

@@ -269,6 +269,29 @@ func TestKeepStrictestRandom(t *testing.T) {
 	}
 }
 
+// attackMoved spends base at t0 on a KeepStrictest store, moves its key
+// at now to another one through move (its snapshot, as it arrives), and
+// checks that neither bad nor base is admitted there. It returns the
+// snapshot that left.
+func attackMoved(t *testing.T, base, bad Request, t0, now time.Time, move func(Snapshot) Snapshot) Snapshot {
+	t.Helper()
+	from, to := newStrictStore(t), newStrictStore(t)
+	if d, err := from.CheckAt(base, t0); err != nil || !d.Allowed {
+		t.Fatalf("spending: %+v %v", d, err)
+	}
+	sn := snapOf(t, from, base, now)
+	mustMerge(t, to, []Snapshot{move(sn)}, now)
+	if d, err := to.CheckAt(bad, now); err != nil || d.Allowed {
+		t.Fatalf("after the move, a check at %+v admitted: %+v %v", bad, d, err)
+	}
+	own := base
+	own.Hits = 1
+	if d, err := to.CheckAt(own, now); err != nil || d.Allowed {
+		t.Fatalf("after the move and %+v, a check at the key's rate admitted: %+v %v", bad, d, err)
+	}
+	return sn
+}
+
 // TestKeepStrictestAcrossMerge: a key spent on one KeepStrictest store and
 // moved to another by Snapshot and Merge carries its rate: a check at a
 // laxer rate on the receiving store finds it spent, for every algorithm
@@ -286,22 +309,9 @@ func TestKeepStrictestAcrossMerge(t *testing.T) {
 				if bad.Validate() != nil {
 					t.Skip("invalid variant")
 				}
-				from, to := newStrictStore(t), newStrictStore(t)
-				if d, err := from.CheckAt(base, t0); err != nil || !d.Allowed {
-					t.Fatalf("spending: %+v %v", d, err)
-				}
-				sn := snapOf(t, from, base, now)
+				sn := attackMoved(t, base, bad, t0, now, func(sn Snapshot) Snapshot { return sn })
 				if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
 					t.Fatalf("snapshot rate %d per %v", sn.RateLimit, sn.RatePeriod)
-				}
-				mustMerge(t, to, []Snapshot{sn}, now)
-				if d, err := to.CheckAt(bad, now); err != nil || d.Allowed {
-					t.Fatalf("after the move, a check at %s admitted: %+v %v", v.name, d, err)
-				}
-				own := base
-				own.Hits = 1
-				if d, err := to.CheckAt(own, now); err != nil || d.Allowed {
-					t.Fatalf("after the move and %s, a check at the key's rate admitted: %+v %v", v.name, d, err)
 				}
 			})
 		}

@@ -22,7 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/internal/testrogue"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

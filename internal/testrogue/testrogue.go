@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

@@ -902,8 +902,19 @@ type KeyState struct {
 	RateLimit       int64 `protobuf:"varint,8,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	RateBurst       int64 `protobuf:"varint,9,opt,name=rate_burst,json=rateBurst,proto3" json:"rate_burst,omitempty"`
 	RatePeriodNanos int64 `protobuf:"varint,10,opt,name=rate_period_nanos,json=ratePeriodNanos,proto3" json:"rate_period_nanos,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A calendar window's rate (limiter.Snapshot's RateCalendar and
+	// RateLocation) is rate_limit and rate_burst per rate_calendar in
+	// rate_time_zone (an IANA name, at most 64 bytes; "" is UTC), with
+	// rate_period_nanos 0. Format version 1 of state, which the previous
+	// release reads, holds no such rate, so senders write state in version
+	// 1 without it and the rate in these fields beside it: a receiver that
+	// finds rate_calendar set reads state and takes the rate from here
+	// (state must then carry no rate of its own). Nodes that predate these
+	// fields read the state alone, without its rate.
+	RateCalendar  Calendar `protobuf:"varint,11,opt,name=rate_calendar,json=rateCalendar,proto3,enum=sluice.v1.Calendar" json:"rate_calendar,omitempty"`
+	RateTimeZone  string   `protobuf:"bytes,12,opt,name=rate_time_zone,json=rateTimeZone,proto3" json:"rate_time_zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
@@ -1004,6 +1015,20 @@ func (x *KeyState) GetRatePeriodNanos() int64 {
 		return x.RatePeriodNanos
 	}
 	return 0
+}
+
+func (x *KeyState) GetRateCalendar() Calendar {
+	if x != nil {
+		return x.RateCalendar
+	}
+	return Calendar_CALENDAR_NONE
+}
+
+func (x *KeyState) GetRateTimeZone() string {
+	if x != nil {
+		return x.RateTimeZone
+	}
+	return ""
 }
 
 // LogEntry is hits admitted at one instant of a sliding window log.
@@ -2375,7 +2400,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xd0\x02\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xb0\x03\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2389,7 +2414,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"rate_burst\x18\t \x01(\x03R\trateBurst\x12*\n" +
 	"\x11rate_period_nanos\x18\n" +
-	" \x01(\x03R\x0fratePeriodNanos\"@\n" +
+	" \x01(\x03R\x0fratePeriodNanos\x128\n" +
+	"\rrate_calendar\x18\v \x01(\x0e2\x13.sluice.v1.CalendarR\frateCalendar\x12$\n" +
+	"\x0erate_time_zone\x18\f \x01(\tR\frateTimeZone\"@\n" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
@@ -2601,45 +2628,46 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	6,  // 5: sluice.v1.PeerCheckResponse.items:type_name -> sluice.v1.RateLimitResponse
 	0,  // 6: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
 	10, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
-	4,  // 8: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
-	9,  // 9: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
-	5,  // 10: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 11: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
-	9,  // 12: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
-	5,  // 13: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 14: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	5,  // 15: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 16: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	25, // 17: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
-	25, // 18: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
-	27, // 19: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
-	7,  // 20: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 21: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	11, // 22: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	13, // 23: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	15, // 24: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	17, // 25: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
-	19, // 26: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	21, // 27: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	23, // 28: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	15, // 29: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	26, // 30: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
-	8,  // 31: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 32: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	12, // 33: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	14, // 34: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	16, // 35: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	18, // 36: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
-	20, // 37: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	22, // 38: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	24, // 39: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	16, // 40: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	28, // 41: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	1,  // 8: sluice.v1.KeyState.rate_calendar:type_name -> sluice.v1.Calendar
+	4,  // 9: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
+	9,  // 10: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
+	5,  // 11: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 12: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
+	9,  // 13: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
+	5,  // 14: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 15: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 16: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 17: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	25, // 18: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	25, // 19: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	27, // 20: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	7,  // 21: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 22: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	11, // 23: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	13, // 24: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	15, // 25: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	17, // 26: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
+	19, // 27: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	21, // 28: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	23, // 29: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	15, // 30: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	26, // 31: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 32: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 33: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	12, // 34: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	14, // 35: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	16, // 36: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	18, // 37: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
+	20, // 38: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	22, // 39: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	24, // 40: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	16, // 41: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	28, // 42: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	32, // [32:43] is the sub-list for method output_type
+	21, // [21:32] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // The admin API: inspect a key's state on its owner, and reset a key.

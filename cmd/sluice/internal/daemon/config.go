@@ -24,9 +24,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/internal/yamlfile"
 	"github.com/sluicehq/sluice/redislimit"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Config is the daemon's configuration. Build it with DefaultConfig (or

@@ -25,8 +25,8 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/envoyrls"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/rules"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Option changes how New builds a Daemon; options are for programs that

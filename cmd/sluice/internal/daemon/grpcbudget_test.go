@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/internal/testwait"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

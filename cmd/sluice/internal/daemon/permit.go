@@ -10,8 +10,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Who may use the destructive behaviors: reset clears a key's counter,

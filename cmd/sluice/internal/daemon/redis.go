@@ -15,9 +15,9 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/labelset"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/redislimit"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // RedisOwner is the Owner of a decision Redis made, with backend redis;

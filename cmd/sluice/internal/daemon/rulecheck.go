@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Bounds of a POST /v1/rules/check body, checked before anything is built

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
-	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

@@ -16,10 +16,10 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/testcluster"
-	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

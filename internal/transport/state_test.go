@@ -3,9 +3,11 @@ package transport
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -39,19 +41,27 @@ func liveSnapshots(tb testing.TB) []limiter.Snapshot {
 	return out
 }
 
+// overTheWire is sn's KeyState, encoded and decoded as protobuf, and the
+// size of its encoding.
+func overTheWire(t *testing.T, sn *limiter.Snapshot) (*pb.KeyState, int) {
+	t.Helper()
+	b, err := proto.Marshal(SnapshotToProto(sn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := new(pb.KeyState)
+	if err := proto.Unmarshal(b, m); err != nil {
+		t.Fatal(err)
+	}
+	return m, len(b)
+}
+
 func TestSnapshotProtoRoundTrip(t *testing.T) {
 	for _, sn := range liveSnapshots(t) {
 		if sn.RateLimit != 10 || sn.RatePeriod != time.Minute {
 			t.Fatalf("%s: snapshot rate %d per %v, want the store's 10 per 1m", sn.Algorithm, sn.RateLimit, sn.RatePeriod)
 		}
-		b, err := proto.Marshal(SnapshotToProto(&sn))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := new(pb.KeyState)
-		if err := proto.Unmarshal(b, m); err != nil {
-			t.Fatal(err)
-		}
+		m, _ := overTheWire(t, &sn)
 		got, err := SnapshotFromProto(m)
 		if err != nil {
 			t.Fatalf("%s: %v", sn.Algorithm, err)
@@ -73,6 +83,121 @@ func TestSnapshotProtoRoundTrip(t *testing.T) {
 	}
 }
 
+// calendarSnapshots returns snapshots of fixed windows charged under
+// calendar rates, in UTC and in zones, taken from a KeepStrictest store.
+func calendarSnapshots(tb testing.TB) []limiter.Snapshot {
+	tb.Helper()
+	s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1, KeepStrictest: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	var out []limiter.Snapshot
+	for i, zone := range []string{"", "Europe/Paris", "America/Argentina/Buenos_Aires"} {
+		loc, err := limiter.LoadZone(zone)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		req := limiter.Request{Name: "api", Key: "cal-" + zone, Hits: 3, Limit: 10, Algorithm: limiter.FixedWindow,
+			Calendar: []limiter.Calendar{limiter.Day, limiter.Week, limiter.Month}[i], Location: loc}
+		if _, err := s.CheckAt(req, now); err != nil {
+			tb.Fatal(err)
+		}
+		sn, ok := s.Snapshot(req.Name, req.Key, now)
+		if !ok || sn.RateCalendar != req.Calendar || sn.RateLocation != loc || sn.RateLimit != 10 {
+			tb.Fatalf("snapshot of %+v: %+v, %v", req, sn, ok)
+		}
+		out = append(out, sn)
+	}
+	return out
+}
+
+// TestSnapshotProtoCalendarRate: a calendar window's rate crosses the
+// wire with its unit and zone, beside a state of format version 1, which
+// members of the previous release read (without the rate); a message of
+// such a member, without the calendar fields, reads as its state alone.
+func TestSnapshotProtoCalendarRate(t *testing.T) {
+	for _, sn := range calendarSnapshots(t) {
+		m, size := overTheWire(t, &sn)
+		if len(m.State) == 0 || m.State[0] != 1 {
+			t.Fatalf("%s: state %x, want format version 1", sn.Key, m.State)
+		}
+		got, err := SnapshotFromProto(m)
+		if err != nil || !reflect.DeepEqual(got, sn) {
+			t.Errorf("%s: round trip gave %+v, %v, want %+v", sn.Key, got, err, sn)
+		}
+		old, err := snapshotFromWords(m)
+		if err != nil || !reflect.DeepEqual(old, sn) {
+			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Key, old, err, sn)
+		}
+		// What a member without the calendar fields reads: the state,
+		// without its rate.
+		var v1 limiter.Snapshot
+		if err := v1.UnmarshalBinary(m.State); err != nil || v1.RateLimit != 0 || v1.Words != sn.Words || v1.ExpireAt != sn.ExpireAt {
+			t.Errorf("%s: the state alone reads %+v, %v", sn.Key, v1, err)
+		}
+		m.RateCalendar, m.RateTimeZone = 0, ""
+		if got, err := SnapshotFromProto(m); err != nil || got.RateLimit != 0 || got.Words != sn.Words {
+			t.Errorf("%s: without the calendar fields: %+v, %v", sn.Key, got, err)
+		}
+		if size := 1 + protowire.SizeBytes(size); size > stateSize(&sn) {
+			t.Errorf("%s: takes %d bytes, more than its bound %d", sn.Key, size, stateSize(&sn))
+		}
+	}
+}
+
+// TestSnapshotFromProtoCalendarRejects: the calendar rate beside a state
+// or the earlier form is checked before a zone is loaded, and validated
+// with the state.
+func TestSnapshotFromProtoCalendarRejects(t *testing.T) {
+	good := SnapshotToProto(&calendarSnapshots(t)[1])
+	withRate := SnapshotToProto(&liveSnapshots(t)[0])
+	tests := []struct {
+		name string
+		mut  func(*pb.KeyState)
+		want error
+	}{
+		{"unknown unit", func(m *pb.KeyState) { m.RateCalendar = 99 }, ErrInvalidArgument},
+		{"negative unit", func(m *pb.KeyState) { m.RateCalendar = -1 }, ErrInvalidArgument},
+		{"zone too long", func(m *pb.KeyState) { m.RateTimeZone = strings.Repeat("a", limiter.MaxZoneNameLen+1) }, limiter.ErrInvalidLocation},
+		{"zone path", func(m *pb.KeyState) { m.RateTimeZone = "../../../etc/passwd" }, limiter.ErrInvalidLocation},
+		{"zone Local", func(m *pb.KeyState) { m.RateTimeZone = "Local" }, limiter.ErrInvalidLocation},
+		{"zone unknown", func(m *pb.KeyState) { m.RateTimeZone = "Mars/Olympus_Mons" }, limiter.ErrInvalidLocation},
+		{"zone without unit", func(m *pb.KeyState) { m.RateCalendar = 0 }, ErrInvalidArgument},
+		{"with a period", func(m *pb.KeyState) { m.RatePeriodNanos = int64(time.Minute) }, limiter.ErrInvalidSnapshot},
+		{"without a limit", func(m *pb.KeyState) { m.RateLimit = 0 }, limiter.ErrInvalidSnapshot},
+		{"burst unlike the limit", func(m *pb.KeyState) { m.RateBurst = 11 }, limiter.ErrInvalidSnapshot},
+		{"rate in the state too", func(m *pb.KeyState) {
+			m.State = withRate.State
+			m.Name, m.Key, m.Algorithm = withRate.Name, withRate.Key, withRate.Algorithm
+		}, ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		for _, form := range []string{"state", "words"} {
+			if form == "words" && tt.name == "rate in the state too" {
+				continue
+			}
+			m := proto.Clone(good).(*pb.KeyState)
+			if form == "words" {
+				m.State = nil
+			}
+			tt.mut(m)
+			if _, err := SnapshotFromProto(m); !errors.Is(err, tt.want) {
+				t.Errorf("%s (%s): %v, want %v", tt.name, form, err, tt.want)
+			}
+		}
+	}
+	// A calendar rate of an algorithm other than the fixed window.
+	m := proto.Clone(withRate).(*pb.KeyState)
+	if m.Algorithm == pb.Algorithm_ALGORITHM_FIXED_WINDOW {
+		t.Fatal("liveSnapshots' first is a fixed window")
+	}
+	m.State, m.RatePeriodNanos, m.RateCalendar = nil, 0, pb.Calendar_CALENDAR_DAY
+	if _, err := SnapshotFromProto(m); !errors.Is(err, limiter.ErrInvalidCalendar) {
+		t.Errorf("calendar rate of %s: %v, want ErrInvalidCalendar", m.Algorithm, err)
+	}
+}
+
 // TestSnapshotFromProtoStateWins: with state set, the words beside it are
 // not read, and a state that disagrees with the message's fields, is
 // damaged or is of a format version this node does not know is refused.
@@ -87,7 +212,7 @@ func TestSnapshotFromProtoStateWins(t *testing.T) {
 		{"other key", func(m *pb.KeyState) { m.Key = "other" }, ErrInvalidArgument},
 		{"other algorithm", func(m *pb.KeyState) { m.Algorithm = m.Algorithm%6 + 1 }, ErrInvalidArgument},
 		{"truncated state", func(m *pb.KeyState) { m.State = m.State[:len(m.State)-1] }, limiter.ErrStateFormat},
-		{"format version 2", func(m *pb.KeyState) { m.State[0] = 2 }, limiter.ErrStateFormat},
+		{"format version 3", func(m *pb.KeyState) { m.State[0] = 3 }, limiter.ErrStateFormat},
 	}
 	for _, tt := range tests {
 		m := proto.Clone(good).(*pb.KeyState)
@@ -169,6 +294,20 @@ func FuzzSnapshotFromProto(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
+		f.Add(b)
+	}
+	for _, sn := range calendarSnapshots(f) {
+		m := SnapshotToProto(&sn)
+		for _, zone := range []string{m.RateTimeZone, "../x", "Local", "Mars/Olympus_Mons"} {
+			m.RateTimeZone = zone
+			b, err := proto.Marshal(m)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b)
+		}
+		m.State = nil
+		b, _ := proto.Marshal(m)
 		f.Add(b)
 	}
 	f.Add([]byte{})

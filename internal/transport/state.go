@@ -106,10 +106,17 @@ func WithLeaser(l Leaser) ServerOption {
 
 // SnapshotToProto returns the wire form of s: its state format
 // (limiter.Snapshot.AppendBinary) and, for members that read only the
-// earlier form, its words and log. An invalid s carries only the earlier
-// form, which the receiver refuses.
+// earlier form, its words and log. A calendar window's rate, which format
+// version 1 does not hold, goes beside the state, written in version 1
+// without it, so that members of the previous release read the state
+// (see KeyState.rate_calendar). The receiver refuses an invalid s: where
+// the state format refuses it, it carries only the earlier form.
 func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
-	state, err := s.MarshalBinary()
+	inState := *s
+	if s.RateCalendar != limiter.NoCalendar {
+		inState.RateLimit, inState.RateBurst, inState.RateCalendar, inState.RateLocation = 0, 0, limiter.NoCalendar, nil
+	}
+	state, err := inState.MarshalBinary()
 	if err != nil {
 		state = nil
 	}
@@ -123,6 +130,10 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 		RateLimit:        s.RateLimit,
 		RateBurst:        s.RateBurst,
 		RatePeriodNanos:  int64(s.RatePeriod),
+		RateCalendar:     calendarToProto(s.RateCalendar),
+	}
+	if s.RateLocation != nil && s.RateLocation != time.UTC {
+		m.RateTimeZone = s.RateLocation.String()
 	}
 	if len(s.Log) > 0 {
 		m.Log = make([]*pb.LogEntry, len(s.Log))
@@ -134,26 +145,64 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 }
 
 // SnapshotFromProto converts m and validates it (limiter.Snapshot.Validate).
-// With m.State set it reads that alone (limiter.Snapshot.UnmarshalBinary),
-// and its name, key and algorithm must match the fields beside it; without
-// it, the earlier form of words and log. Errors wrap ErrInvalidArgument,
-// limiter.ErrStateFormat or limiter.ErrInvalidSnapshot.
+// With m.State set it reads that (limiter.Snapshot.UnmarshalBinary), and
+// its name, key and algorithm must match the fields beside it; without it,
+// the earlier form of words and log. With m.RateCalendar set, the rate is
+// the calendar window's of the rate fields, and a state must carry none of
+// its own. Errors wrap ErrInvalidArgument, limiter.ErrStateFormat or
+// limiter.ErrInvalidSnapshot.
 func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
 		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
 	}
-	if len(m.State) > 0 {
-		var s limiter.Snapshot
-		if err := s.UnmarshalBinary(m.State); err != nil {
-			return limiter.Snapshot{}, err
-		}
-		if a, _ := algorithmFromProto(m.Algorithm); s.Name != m.Name || s.Key != m.Key || s.Algorithm != a {
-			return limiter.Snapshot{}, fmt.Errorf("%w: KeyState state is of %q/%q (%s), its fields say %q/%q (%s)",
-				ErrInvalidArgument, s.Name, s.Key, s.Algorithm, m.Name, m.Key, a)
-		}
+	if len(m.State) == 0 {
+		return snapshotFromWords(m)
+	}
+	var s limiter.Snapshot
+	if err := s.UnmarshalBinary(m.State); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	if a, _ := algorithmFromProto(m.Algorithm); s.Name != m.Name || s.Key != m.Key || s.Algorithm != a {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState state is of %q/%q (%s), its fields say %q/%q (%s)",
+			ErrInvalidArgument, s.Name, s.Key, s.Algorithm, m.Name, m.Key, a)
+	}
+	if m.RateCalendar == pb.Calendar_CALENDAR_NONE && m.RateTimeZone == "" {
 		return s, nil
 	}
-	return snapshotFromWords(m)
+	if s.RateLimit != 0 || s.RateBurst != 0 || s.RatePeriod != 0 || s.RateCalendar != limiter.NoCalendar {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState carries a rate in its state and a calendar rate beside it", ErrInvalidArgument)
+	}
+	if err := calendarRate(&s, m); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	if err := s.Validate(); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	return s, nil
+}
+
+// calendarRate sets the rate of s to the calendar window's rate of m's
+// fields, when m.RateCalendar is set: a known unit, a zone name that
+// limiter.LoadZone accepts (checked before it is loaded). The caller
+// validates the rate with s.
+func calendarRate(s *limiter.Snapshot, m *pb.KeyState) error {
+	if m.RateCalendar == pb.Calendar_CALENDAR_NONE {
+		if m.RateTimeZone != "" {
+			return fmt.Errorf("%w: KeyState rate_time_zone without a rate_calendar", ErrInvalidArgument)
+		}
+		return nil
+	}
+	c, ok := calendarFromProto(m.RateCalendar)
+	if !ok {
+		return fmt.Errorf("%w: KeyState rate_calendar %d", ErrInvalidArgument, m.RateCalendar)
+	}
+	loc, err := limiter.LoadZone(m.RateTimeZone)
+	if err != nil {
+		return fmt.Errorf("%w: KeyState rate_time_zone: %w", ErrInvalidArgument, err)
+	}
+	s.RateLimit, s.RateBurst, s.RatePeriod = m.RateLimit, m.RateBurst, time.Duration(m.RatePeriodNanos)
+	s.RateCalendar, s.RateLocation = c, loc
+	return nil
 }
 
 // snapshotFromWords reads the earlier form of m: its words and log, the
@@ -180,6 +229,9 @@ func snapshotFromWords(m *pb.KeyState) (limiter.Snapshot, error) {
 		RateBurst: m.RateBurst,
 		// Validate refuses a period outside a request's bounds.
 		RatePeriod: time.Duration(m.RatePeriodNanos),
+	}
+	if err := calendarRate(&s, m); err != nil {
+		return limiter.Snapshot{}, err
 	}
 	if len(m.Log) > 0 {
 		s.Log = make([]limiter.LogEntry, len(m.Log))

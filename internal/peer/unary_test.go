@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // storeSide serves Transfer and Lease from a real store, recording who

@@ -78,10 +78,13 @@ func TransferSplit(states []limiter.Snapshot) int {
 // length and KeyState).
 func stateSize(s *limiter.Snapshot) int {
 	n := 1 + protowire.SizeBytes(len(s.Name)) + 1 + protowire.SizeBytes(len(s.Key)) +
-		5*varintField + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos
+		6*varintField + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos, rate_calendar
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
 		len(s.Log)*maxLogEntry +
 		stateFieldSize(s)
+	if s.RateLocation != nil {
+		n += lenField + len(s.RateLocation.String()) // rate_time_zone
+	}
 	return 1 + protowire.SizeBytes(n)
 }
 

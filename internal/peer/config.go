@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // MaxMaxInFlight bounds Config.MaxInFlight.

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/peer"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/peer"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // countingOwner admits Limit hits per key; a stand-in for the limiter.

@@ -156,7 +156,7 @@ type budgetCall struct {
 	conn   *budgetConn
 	cancel context.CancelCauseFunc
 	stream atomic.Bool // a client stream: keeps its reservation until it ends
-	first  atomic.Bool // its first message is in
+	first  atomic.Bool // its first message is in: it counts as open on conn.slot
 	held   int64       // bytes reserved; guarded by MessageBudget.mu
 	stop   func() bool // stops the timer of its first message
 }
@@ -270,38 +270,23 @@ func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) co
 // HandleConn does nothing: a connection's calls end before it does.
 func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 
-// slotCallKey keys a call's slotCall in its context.
-type slotCallKey struct{}
-
-// slotCall tells whether a call counts as open on its connection's slot:
-// from its first message in until it ends. A call whose message has not
-// arrived keeps no slot, so that calls opened and left without a message
-// (renewed before MessageTimeout) cannot hold the cap.
-type slotCall struct{ open atomic.Bool }
-
-// TagRPC gives each call of a listener's connection its slotCall.
+// TagRPC does nothing: tap has given each call its budgetCall, which
+// also says whether the call counts as open on its connection's slot.
 func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	if conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn); conn != nil && conn.slot != nil {
-		return context.WithValue(ctx, slotCallKey{}, &slotCall{})
-	}
 	return ctx
 }
 
-// HandleRPC counts the calls open on each connection, for Listen's cap,
-// and follows the messages of a call that tap reserved for.
+// HandleRPC follows the messages of a call that tap reserved for, and
+// counts the calls open on each connection of Listen's listener: a call
+// counts from its first message in until it ends, so that calls opened
+// and left without a message (renewed before MessageTimeout) cannot hold
+// the cap. It is called for every message in and out of every call, so
+// it looks at the call's context only for the events it follows.
 func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if sc, _ := ctx.Value(slotCallKey{}).(*slotCall); sc != nil {
-		conn := ctx.Value(budgetConnKey{}).(*budgetConn)
-		switch s.(type) {
-		case *stats.InPayload:
-			if sc.open.CompareAndSwap(false, true) {
-				b.callBegan(conn.slot)
-			}
-		case *stats.End:
-			if sc.open.Load() {
-				b.callEnded(conn.slot)
-			}
-		}
+	switch s.(type) {
+	case *stats.Begin, *stats.InPayload, *stats.End:
+	default:
+		return // headers, trailers, the messages out
 	}
 	c, _ := ctx.Value(budgetCallKey{}).(*budgetCall)
 	if c == nil {
@@ -314,11 +299,17 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	case *stats.InPayload:
 		if c.first.CompareAndSwap(false, true) {
 			c.stop()
+			if c.conn.slot != nil {
+				b.callBegan(c.conn.slot)
+			}
 		}
 		if !c.stream.Load() {
 			c.release()
 		}
 	case *stats.End:
+		if c.first.Load() && c.conn.slot != nil {
+			b.callEnded(c.conn.slot)
+		}
 		c.stop()
 		c.release()
 		c.cancel(nil)

@@ -16,8 +16,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/transport"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/internal/transport"
 )
 
 // Tracing (Config.TracerProvider): a forwarded call, Check or CheckMany,
@@ -20,7 +20,7 @@ import (
 // shared by callers of different traces, has no span.
 
 // tracerName names the tracer of this package.
-const tracerName = "github.com/sluicehq/sluice/peer"
+const tracerName = "github.com/sluicehq/sluice/internal/peer"
 
 // forwardSpan is the name of the span of a forwarded call.
 const forwardSpan = "sluice.peer.Forward"

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -30,8 +31,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // startNode starts a single-node cluster and returns a client of it.
 func startNode(t *testing.T, opts ...client.Option) (*cluster.Node, *client.Client) {
 	t.Helper()
+	return startNodeWith(t, func(*cluster.Config) {}, opts...)
+}
+
+// startNodeWith is startNode with the node's config changed by change.
+func startNodeWith(t *testing.T, change func(*cluster.Config), opts ...client.Option) (*cluster.Node, *client.Client) {
+	t.Helper()
 	cfg := cluster.TestConfig("client-test")
 	cfg.ServePublicAPI = true
+	change(&cfg)
 	n, err := cluster.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +115,35 @@ func TestCheckAgainstANode(t *testing.T) {
 		if d.Allowed == (d.RetryAfter != 0) || d.ResetAt.IsZero() {
 			t.Errorf("step %d: retry after %v, reset at %v", i, d.RetryAfter, d.ResetAt)
 		}
+	}
+}
+
+// Through the public API, a fixed window's charge names its window, and
+// a refund that carries it gives its hits back to that window only.
+func TestRefundToItsChargedWindow(t *testing.T) {
+	clk := fakeclock.New(time.Unix(1_700_000_000, 0))
+	_, c := startNodeWith(t, func(cfg *cluster.Config) { cfg.Clock = cluster.ClockFunc(clk.Now) })
+	ctx := context.Background()
+	r := limiter.Request{Name: "api", Key: "user:1", Hits: 1, Limit: 3, Period: time.Minute, Algorithm: limiter.FixedWindow}
+	charge, err := c.Check(ctx, r)
+	if err != nil || !charge.Allowed || charge.Window.IsZero() {
+		t.Fatalf("charge: %+v, %v", charge, err)
+	}
+	back := r
+	back.Behavior, back.Charged = limiter.Refund, charge.Window
+	if d, err := c.Check(ctx, back); err != nil || d.Window != charge.Window || d.Remaining != 3 {
+		t.Fatalf("refund to the charge's window: %+v, %v", d, err)
+	}
+	if _, err := c.Check(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute) // the next window: a hit of another request
+	next, err := c.Check(ctx, r)
+	if err != nil || next.Window == charge.Window {
+		t.Fatalf("the next window's charge: %+v, %v", next, err)
+	}
+	if d, err := c.Check(ctx, back); err != nil || !d.Window.IsZero() || d.Remaining != 2 {
+		t.Fatalf("refund to the window that ended: %+v, %v; want nothing given back, remaining 2", d, err)
 	}
 }
 

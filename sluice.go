@@ -134,6 +134,15 @@ func OnUnreachable(p Policy) CheckOption { return func(o *CheckOptions) { o.Unre
 // Options applies opts in order and returns the settings they leave; nil
 // options are skipped.
 func Options(opts []CheckOption) CheckOptions {
+	if len(opts) == 0 {
+		// Most calls have none: the settings an option writes to are on
+		// the heap (an option is a call through a pointer), these not.
+		return CheckOptions{}
+	}
+	return applyOptions(opts)
+}
+
+func applyOptions(opts []CheckOption) CheckOptions {
 	var o CheckOptions
 	for _, f := range opts {
 		if f != nil {

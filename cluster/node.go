@@ -127,6 +127,9 @@ func New(cfg Config) (n *Node, err error) {
 		n.clock = SystemClock()
 	}
 	n.now = n.clock.Now
+	if _, ok := n.clock.(systemClock); ok {
+		n.now = time.Now // every check reads it: no call through the interface
+	}
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}

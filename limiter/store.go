@@ -256,7 +256,8 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	at := sh.readingLocked(now)
-	took, d := s.decideKeyLocked(sh, k, req, at, want)
+	var d Decision
+	took := s.decideKeyLocked(sh, k, req, at, want, &d)
 	sh.mu.Unlock()
 	if late := time.Duration(at - now); late > 0 {
 		// Decided as at the later reading: the waits start from the
@@ -271,20 +272,24 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 	return took, d
 }
 
-// decideKeyLocked is decideKey's work on k, the key of req, in sh, at now.
-// sh.mu must be held.
-func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int64) (int64, Decision) {
+// decideKeyLocked is decideKey's work on k, the key of req, in sh, at now:
+// it writes the decision to d (in place: a Decision returned goes
+// through every frame) and returns the hits taken. sh.mu must be held.
+func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int64, d *Decision) int64 {
 	e, found := sh.m[string(k)]
 	var lg *windowLog
 	if found && (req.Algorithm == SlidingWindowLog || e.algo() == SlidingWindowLog) {
 		lg = sh.logs[e.key]
 	}
-	if c := sh.rates[e]; found && e.expireAt > now && req.Behavior&Reset == 0 && c.known() {
-		m := strictest(c, e.algo(), req, now)
-		req = &m
-		if want == 0 && req.Hits > req.Capacity() {
-			sh.touchLocked(e)
-			return 0, overCapacity(e.state, lg, req, now)
+	if sh.rates != nil && found && e.expireAt > now && req.Behavior&Reset == 0 {
+		if c := sh.rates[e]; c.known() {
+			m := strictest(c, e.algo(), req, now)
+			req = &m
+			if want == 0 && req.Hits > req.Capacity() {
+				sh.touchLocked(e)
+				*d = overCapacity(e.state, lg, req, now)
+				return 0
+			}
 		}
 	}
 	if want == 0 && req.windowRefund() && (req.Hits == 0 || !found || e.expireAt <= now || e.windowCount(req) == noWindow) {
@@ -300,17 +305,16 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			st = e.state
 			sh.touchLocked(e)
 		}
-		d := peek(st, lg, req, now)
-		return 0, d
+		*d = peek(st, lg, req, now)
+		return 0
 	}
 	if found {
 		had, before := lg != nil, logBytes(lg)
 		var took int64
-		var d Decision
 		if want == 0 {
-			d = decide(&e.state, &lg, req, now)
+			*d = decide(&e.state, &lg, req, now)
 		} else {
-			took, d = take(&e.state, &lg, req, now, want)
+			took, *d = take(&e.state, &lg, req, now, want)
 		}
 		if lg != nil && e.algo() != SlidingWindowLog {
 			delete(sh.logs, e.key) // the key moved to another algorithm
@@ -326,22 +330,21 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			sh.chargeLocked(e, req)
 			s.markChangedLocked(sh, e)
 		}
-		return took, d
+		return took
 	}
 	var st state
 	var took int64
-	var d Decision
 	if want == 0 {
-		d = decide(&st, &lg, req, now)
+		*d = decide(&st, &lg, req, now)
 	} else {
-		took, d = take(&st, &lg, req, now, want)
+		took, *d = take(&st, &lg, req, now, want)
 	}
 	if st.expireAt > now { // only state that is not fresh is worth keeping
 		e := s.insertLocked(sh, string(k), st, lg, now)
 		sh.chargeLocked(e, req)
 		s.markChangedLocked(sh, e)
 	}
-	return took, d
+	return took
 }
 
 // chargeLocked records req's rate as the one e's state was charged

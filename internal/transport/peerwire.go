@@ -2,6 +2,7 @@ package transport
 
 import (
 	"unicode/utf8"
+	"unsafe"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -19,10 +20,11 @@ import (
 //
 // Decoding allocates per message, not per item: the items of a message
 // share one array, and the strings of a request up to smallMessage bytes
-// are substrings of one copy of it.
+// share one copy of their bytes alone (see requestSpace.detach), where an
+// item's name or time zone equal to the one before it is that one.
 
-// smallMessage is the largest message whose strings share one copy of it:
-// a string kept from a larger one keeps no more than itself alive.
+// smallMessage is the largest message whose strings share one copy: a
+// string kept from a larger one keeps no more than itself alive.
 const smallMessage = 4 << 10
 
 // Field numbers of the Peer messages, as in sluice.proto.
@@ -40,14 +42,16 @@ const (
 type reader struct {
 	b      []byte
 	i, end int
-	s      *string // b as a string once a string has been read; nil: copy each
+	// view makes str return strings that alias b, which the caller
+	// copies (requestSpace.detach) before b is reused; false: str copies
+	// each.
+	view bool
 }
 
-func newReader(b []byte, s *string) reader {
-	if len(b) > smallMessage {
-		s = nil
-	}
-	return reader{b: b, end: len(b), s: s}
+// newReader reads b; view is reader.view, for a message up to
+// smallMessage bytes.
+func newReader(b []byte, view bool) reader {
+	return reader{b: b, end: len(b), view: view && len(b) <= smallMessage}
 }
 
 func (r *reader) more() bool { return r.i < r.end }
@@ -93,7 +97,7 @@ func (r *reader) sub(typ protowire.Type) (reader, bool) {
 	}
 	start := r.i + n - len(v)
 	r.i += n
-	return reader{b: r.b, i: start, end: r.i, s: r.s}, true
+	return reader{b: r.b, i: start, end: r.i, view: r.view}, true
 }
 
 // str reads a string field, which must be valid UTF-8.
@@ -104,13 +108,10 @@ func (r *reader) str(typ protowire.Type) (string, bool) {
 		return "", false
 	case v.i == v.end:
 		return "", true
-	case r.s == nil:
+	case !r.view:
 		return string(v.b[v.i:v.end]), true
 	}
-	if *r.s == "" {
-		*r.s = string(r.b)
-	}
-	return (*r.s)[v.i:v.end], true
+	return unsafe.String(&v.b[v.i], v.end-v.i), true
 }
 
 // count returns how many fields num of type typ the message has, and
@@ -180,6 +181,71 @@ func (s *itemSpace[T]) items(n int) ([]*T, bool) {
 type requestSpace struct {
 	itemSpace[pb.RateLimitRequest]
 	hits []int64 // the items' hits fields; allocated when one has it
+	// The last name and time zone detach copied, which the next items
+	// (of this message, or of the next one in a buffer) share while
+	// theirs are the same.
+	name, zone string
+}
+
+// detach makes the strings of m, decoded as views of its message
+// (reader.view), its own before the message's memory is reused: their
+// bytes alone are copied, into one allocation, but for a Name or TimeZone
+// equal to the one before it, which is that one. Every string field that
+// decodeRequestItem reads is here.
+func (s *requestSpace) detach(m *pb.PeerCheckRequest) {
+	n := len(m.From)
+	name, zone := s.name, s.zone
+	for _, it := range m.Items {
+		if it.Name != name {
+			n += len(it.Name)
+			name = it.Name
+		}
+		if it.TimeZone != zone {
+			n += len(it.TimeZone)
+			zone = it.TimeZone
+		}
+		n += len(it.Key) + len(it.Traceparent)
+	}
+	a := arena{b: make([]byte, 0, n)}
+	m.From = a.copy(m.From)
+	for _, it := range m.Items {
+		if it.Name == s.name {
+			it.Name = s.name
+		} else {
+			it.Name = a.copy(it.Name)
+			s.name = it.Name
+		}
+		if it.TimeZone == s.zone {
+			it.TimeZone = s.zone
+		} else {
+			it.TimeZone = a.copy(it.TimeZone)
+			s.zone = it.TimeZone
+		}
+		it.Key = a.copy(it.Key)
+		it.Traceparent = a.copy(it.Traceparent)
+	}
+}
+
+// forget drops the strings of m and its items, views of a message that
+// was not decoded whole.
+func forget(m *pb.PeerCheckRequest, items []*pb.RateLimitRequest) {
+	m.From = ""
+	for _, it := range items {
+		it.Name, it.Key, it.TimeZone, it.Traceparent = "", "", "", ""
+	}
+}
+
+// arena copies strings into b, whose capacity holds them all: b is only
+// appended to, so the bytes of a string returned never change.
+type arena struct{ b []byte }
+
+func (a *arena) copy(s string) string {
+	if s == "" {
+		return ""
+	}
+	start := len(a.b)
+	a.b = append(a.b, s...)
+	return unsafe.String(&a.b[start], len(s))
 }
 
 func (s *requestSpace) items(n int) []*pb.RateLimitRequest {
@@ -217,8 +283,7 @@ func (r *reader) each(field func(protowire.Number, protowire.Type) bool) bool {
 // nothing; or it reports false, leaving m in any state, when b is not for
 // it to decode.
 func decodePeerRequest(b []byte, m *pb.PeerCheckRequest, sp *requestSpace) (bool, error) {
-	var s string
-	r := newReader(b, &s)
+	r := newReader(b, true)
 	n, ok := r.count(peerReqItems, protowire.BytesType)
 	if !ok {
 		return false, nil
@@ -246,8 +311,17 @@ func decodePeerRequest(b []byte, m *pb.PeerCheckRequest, sp *requestSpace) (bool
 		}
 		return ok
 	})
+	switch {
+	case !r.view:
+		m.Items = items
+		return ok, nil
+	case !ok:
+		forget(m, items)
+		return false, nil
+	}
 	m.Items = items
-	return ok, nil
+	sp.detach(m)
+	return true, nil
 }
 
 // decodeRequestItem decodes item i, whose hits field goes in sp.
@@ -308,7 +382,7 @@ type responseSpace struct {
 // (peerResponseLimits).
 func decodePeerResponse(b []byte, m *pb.PeerCheckResponse, sp *responseSpace) (bool, error) {
 	// A response has few strings, usually its owner only: each is copied.
-	r := newReader(b, nil)
+	r := newReader(b, false)
 	n, ok := r.count(peerRespItems, protowire.BytesType)
 	if !ok {
 		return false, nil

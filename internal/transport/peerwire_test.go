@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto"
@@ -243,6 +244,57 @@ func BenchmarkPeerWire(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A small request's strings are copied, before the received buffer is
+// reused, into one allocation of their bytes alone: a name or time zone
+// that repeats the one before it, in the message or in the last message
+// of the same buffer, shares that one's bytes.
+func TestPeerWireRequestStrings(t *testing.T) {
+	var buf peerRequestBuffer
+	decode := func(m *pb.PeerCheckRequest) {
+		t.Helper()
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := decodePeerRequest(b, &buf.PeerCheckRequest, &buf.space); !ok || err != nil {
+			t.Fatalf("not decoded by hand: %v", err)
+		}
+		clear(b) // the received buffer is reused
+		if !proto.Equal(&buf.PeerCheckRequest, m) {
+			t.Fatalf("decoded %v, want %v", &buf.PeerCheckRequest, m)
+		}
+	}
+	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	decode(&pb.PeerCheckRequest{From: "node-1", Items: []*pb.RateLimitRequest{
+		{Name: "api", Key: "k1", TimeZone: "Europe/Paris", Traceparent: tp},
+		{Name: "api", Key: "k22", TimeZone: "Europe/Paris"},
+		{Name: "web", Key: "k333"},
+	}})
+	items := buf.Items
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	if !same(items[0].Name, items[1].Name) || !same(items[0].TimeZone, items[1].TimeZone) {
+		t.Error("a repeated name or time zone is copied again")
+	}
+	// The copies lie end to end, in one allocation of their length.
+	addr := func(s string) uintptr { return uintptr(unsafe.Pointer(unsafe.StringData(s))) }
+	lo, hi := addr(buf.From), addr(buf.From)+uintptr(len(buf.From))
+	for _, s := range []string{items[0].Name, items[0].Key, items[0].TimeZone, items[0].Traceparent, items[1].Key, items[2].Name, items[2].Key} {
+		lo, hi = min(lo, addr(s)), max(hi, addr(s)+uintptr(len(s)))
+	}
+	want := len("node-1apik1Europe/Paris") + len(tp) + len("k22webk333")
+	if got := int(hi - lo); got != want {
+		t.Errorf("the strings span %d bytes, want %d", got, want)
+	}
+	web := items[2].Name
+	decode(&pb.PeerCheckRequest{Items: []*pb.RateLimitRequest{{Name: "web", Key: "k4"}, {Name: "api", Key: "k5"}}})
+	if !same(buf.Items[0].Name, web) {
+		t.Error("the name of the last message is copied again")
+	}
+	if buf.Items[1].Name != "api" || web != "web" {
+		t.Fatalf("names %q and %q", buf.Items[1].Name, web)
 	}
 }
 

@@ -180,6 +180,9 @@ func (n *Node) rejoinLoop() {
 
 // rejoin is one pass of rejoinLoop.
 func (n *Node) rejoin() {
+	if n.closed.Load() { // closed, or leaving: it joins nothing more
+		return
+	}
 	seeds := n.cfg.Seeds
 	if len(seeds) > 0 && !n.joinedOnce.Load() {
 		// join resolves the seeds again: a headless service's pods

@@ -16,6 +16,10 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
@@ -488,5 +492,64 @@ func TestDataDirRefusesForeignMembersFile(t *testing.T) {
 		if !errors.Is(err, cluster.ErrMembersFile) || !strings.Contains(err.Error(), path) {
 			t.Errorf("%s members file: %v, want ErrMembersFile naming %s", name, err, path)
 		}
+	}
+}
+
+// A leaving node drains the calls in flight for up to LeaveTimeout after
+// it has left serf, and serf forgets the node's own member TombstoneTimeout
+// after the leave: meanwhile the node still names its addresses, and its
+// rejoin loop, which ticks on, neither stops the process nor joins again.
+func TestLeaveOutlivesItsOwnTombstone(t *testing.T) {
+	a := startNode(t, cluster.TestConfig("stays"))
+	cfg := cluster.TestConfig("drains")
+	cfg.Seeds = []string{a.GossipAddr()}
+	cfg.LeaveTimeout = 2 * testwait.Timeout // the watch below ends it first
+	cfg.DataDir = t.TempDir()
+	cfg.RegisterServices = func(s grpc.ServiceRegistrar, _ *cluster.Node) error {
+		healthpb.RegisterHealthServer(s, health.NewServer())
+		return nil
+	}
+	b := startNode(t, cfg)
+	converged(t, a, b)
+	testwait.For(t, "drains to remember stays, whom its rejoin loop looks for", func() bool {
+		text, _ := os.ReadFile(filepath.Join(cfg.DataDir, "members.json"))
+		return strings.Contains(string(text), `"stays"`)
+	})
+	gossip, grpcAddr := b.GossipAddr(), b.GRPCAddr()
+
+	// A server stream the client keeps open: Leave's drain waits for it.
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	left := make(chan error, 1)
+	go func() { left <- b.Leave() }()
+	testwait.For(t, "drains's serf to forget its own member", func() bool {
+		for _, m := range b.Members() {
+			if m.Name == "drains" {
+				return false
+			}
+		}
+		return true
+	})
+	if got := b.GossipAddr(); got != gossip {
+		t.Errorf("GossipAddr after serf forgot the node: %q, want %q", got, gossip)
+	}
+	if got := b.GRPCAddr(); got != grpcAddr {
+		t.Errorf("GRPCAddr after serf forgot the node: %q, want %q", got, grpcAddr)
+	}
+	cancel()
+	if err := <-left; err != nil {
+		t.Errorf("Leave: %v", err)
 	}
 }

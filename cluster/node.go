@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,10 @@ type Node struct {
 	budget *transport.MessageBudget // of grpc
 	serf   *serf.Serf
 	gossip memberlist.Transport // nil unless Config.GossipTransport is set
+	// self is what this node advertises, fixed once serf has started:
+	// serf forgets its own member TombstoneTimeout after Leave, while
+	// Leave may still be draining calls, so it is not read from serf.
+	self advertised
 
 	serfEvents chan serf.Event
 	shutdown   chan struct{} // closed by Close: every loop selects on it
@@ -279,13 +284,15 @@ func New(cfg Config) (n *Node, err error) {
 	if n.serf, err = serf.Create(sc); err != nil {
 		return nil, fmt.Errorf("cluster: start serf: %w", err)
 	}
+	self := n.serf.LocalMember()
 	if !known { // bound to all interfaces: advertise serf's address
-		self := n.serf.LocalMember()
 		grpcAddr = net.JoinHostPort(self.Addr.String(), grpcAddr[1:])
 		if err = n.serf.SetTags(nodeTags(&cfg, grpcAddr, false)); err != nil {
 			return nil, fmt.Errorf("cluster: set tags: %w", err)
 		}
 	}
+	ip, _ := netip.AddrFromSlice(self.Addr)
+	n.self = advertised{gossip: netip.AddrPortFrom(ip.Unmap(), self.Port), grpc: grpcAddr}
 	n.rebuild(0)
 	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
 	n.goFunc(n.eventLoop)
@@ -389,13 +396,16 @@ func (n *Node) goFunc(f func()) {
 func (n *Node) Name() string { return n.cfg.NodeName }
 
 // GossipAddr returns the address other nodes join this one at.
-func (n *Node) GossipAddr() string {
-	m := n.serf.LocalMember()
-	return net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))
-}
+func (n *Node) GossipAddr() string { return n.self.gossip.String() }
 
 // GRPCAddr returns the address the node serves gRPC on, as advertised.
-func (n *Node) GRPCAddr() string { return n.serf.LocalMember().Tags[grpcTag] }
+func (n *Node) GRPCAddr() string { return n.self.grpc }
+
+// advertised is the addresses a node gives the other members.
+type advertised struct {
+	gossip netip.AddrPort // serf's address and port
+	grpc   string         // the gRPC tag
+}
 
 // Join joins the cluster through any of the given gossip addresses, host
 // names resolved to all their addresses and this node's own left out, and

@@ -143,11 +143,7 @@ func (n *Node) knowsAnotherMember() bool {
 }
 
 // selfGossip returns the gossip address this node advertises.
-func (n *Node) selfGossip() netip.AddrPort {
-	m := n.serf.LocalMember()
-	ip, _ := netip.AddrFromSlice(m.Addr)
-	return netip.AddrPortFrom(ip.Unmap(), m.Port)
-}
+func (n *Node) selfGossip() netip.AddrPort { return n.self.gossip }
 
 // joinHint names the likely mistake behind a failed join, or is "".
 // memberlist reads the first byte a seed answers as a message type: an

@@ -98,7 +98,8 @@ type Node struct {
 	remembered []rememberedMember
 
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
-	debts                                         *debts // hits admitted without the owner, to settle (settle.go)
+	debts                                         *debts    // hits admitted without the owner, to settle (settle.go)
+	standins                                      *standins // hits admitted as a stand-in owner (standin.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -127,6 +128,7 @@ func New(cfg Config) (n *Node, err error) {
 		n.clock = SystemClock()
 	}
 	n.now = n.clock.Now
+	n.standins = newStandins(cfg.NodeName, n.now())
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}
@@ -434,7 +436,7 @@ func (n *Node) Stats() Stats {
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
 		Persist:       n.persist.stats(),
-		Settle:        n.debts.stats(),
+		Settle:        n.settleStats(),
 	}
 }
 
@@ -536,7 +538,9 @@ func (n *Node) eventLoop() {
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
+	serfMembers := n.serf.Members()
 	members := n.proofs.admit(n.compatibleRingMembers(), n.now())
+	prev := n.ring.Members()
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
 		if m.Name != n.cfg.NodeName {
@@ -547,9 +551,13 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.peers.Update(addrs)
 	n.transfers.holdOrphans(n.transfers.outbox.retain(addrs), false) // the pass this rebuild wakes sends them
 	n.router.breakers.forget(addrs)
+	// Stand-in decisions are told by the ring with the failed members:
+	// with both the old and the new ones while the ring changes.
+	n.standins.update(serfMembers, prev, members, n.ring.Config())
 	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
+	n.standins.publish(members, n.ring.Config())
 	n.transfers.wakeHandoff()
 	if !n.handover.ready.Load() {
 		n.wakeReady()
@@ -578,6 +586,7 @@ func (n *Node) sweepLoop() {
 		case <-t.C:
 			n.grants.sweep(n.handover, n.store, n.now().UnixNano())
 			n.store.Sweep(n.now())
+			n.standins.prune(n.store, n.now())
 		}
 	}
 }

@@ -123,10 +123,24 @@ type SettleStats struct {
 	Recorded int64 // hits recorded to be charged to their owner
 	Settled  int64 // hits charged to their owner (or found in this node's store as the owner)
 	Dropped  int64 // hits not recorded: the record was full
+	// StandIn counts hits this node admitted standing in for a failed
+	// owner, recorded to be charged wherever its state meets the owner's
+	// (standin.go); Charged the hits of other nodes' stand-in records
+	// charged to this node's store on receipt; StandInDropped the hits of
+	// stand-in records not kept: that record was full.
+	StandIn, Charged, StandInDropped int64
 }
 
 func (t *debts) stats() SettleStats {
 	return SettleStats{Recorded: t.recorded.Load(), Settled: t.settled.Load(), Dropped: t.dropped.Load()}
+}
+
+// settleStats returns the node's settlement counters, its stand-in
+// record's (standin.go) included.
+func (n *Node) settleStats() SettleStats {
+	s := n.debts.stats()
+	s.StandIn, s.Charged, s.StandInDropped = n.standins.counts()
+	return s
 }
 
 // settleLoop settles the record every settleInterval while it holds

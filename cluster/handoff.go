@@ -532,15 +532,10 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	now := s.n.now()
 	var firstErr error
 	for i := range states {
-		var k int
-		var err error
-		if states[i].Settle != nil {
-			var changed bool
-			if changed, err = s.n.standins.merge(s.n.store, &states[i], now); changed {
-				k = 1
-			}
-		} else {
-			k, err = s.n.store.Merge(states[i:i+1], now)
+		k := 0
+		changed, err := s.n.standins.merge(s.n.store, &states[i], now)
+		if changed {
+			k = 1
 		}
 		if err != nil {
 			if rejected++; firstErr == nil {

@@ -45,6 +45,7 @@ func waitReplicated(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request
 // at least 400, the keys node 0 held before the partition (as owner or
 // replica) at least 450, and none more than the 550 really consumed.
 func TestPartitionKeepsConsumption(t *testing.T) {
+	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := handoffRequests(200, 300)
 	consume(t, c.Node(1), reqs)
@@ -122,6 +123,7 @@ func admitUntilDenied(t *testing.T, nd *cluster.Node, req limiter.Request, max i
 // to its 50 before merging: the key holds 80, and node 1 admits 20 more,
 // 100 in all. (Merging by the larger state alone kept 50: 130 in all.)
 func TestPartitionMergeKeepsLarger(t *testing.T) {
+	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	n0, n1 := c.Node(0), c.Node(1)
 	var req limiter.Request

@@ -21,9 +21,11 @@ import (
 // already, and those admitted under PolicyAllow are charged to it.
 //
 // Decisions a node makes as the owner of a key because the key's owner
-// failed (each side of a partition) are not recorded: the two sides'
-// states meet by hand-off when the partition heals, the more consumed
-// winning (docs/design.md, Partitions).
+// failed (each side of a partition) are recorded apart (standin.go) and
+// travel with the key's state: the two sides' states meet by hand-off when
+// the partition heals, each charged what the other admitted. Hits
+// admitted on this node's store without the owner that are settled here
+// while this node stands in for the owner go to that record too.
 //
 // The record is bounded: maxDebtBytes in all, an entry counted as its
 // name, its key and debtOverhead. Past the bound, the hits of a key not
@@ -196,6 +198,11 @@ func (n *Node) settle() int {
 		switch p.way {
 		case wayHere:
 			if d.local { // in this node's store already
+				if n.standins.standingIn(hash) {
+					// Standing in for the owner: the owner's history
+					// lacks them as it lacks the stand-in's own.
+					n.standins.record(&d.req, d.req.Hits)
+				}
 				n.debts.settled.Add(d.req.Hits)
 				continue
 			}

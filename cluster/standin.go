@@ -23,24 +23,23 @@ import (
 // So a stand-in records, per key, the hits it admits as a part (its name,
 // and a generation new for each record it starts), and every state this
 // node sends (hand-off, replication, leave) carries the parts this node
-// holds for its key (limiter.Settlement). A receiver charges the hits of
-// the parts it has not counted yet (the larger of the parts of one origin
-// and generation wins) to its own state, then merges the state sent, as
-// one step (limiter.Store.MergeCharged), and keeps the parts: the key ends
-// up with the larger of the two histories' states before the partition
-// plus what each stand-in admitted. A state that comes from the receiver's
-// own history (a replica's copy, the hand-off to a joiner, a leave) carries
-// the parts the receiver holds already, which charge nothing: only what
-// was admitted apart is added.
+// holds for its key (limiter.Settlement). A receiver that holds parts of
+// the key, or is sent some, merges the two as two histories
+// (limiter.Store.MergeCharged), as one step: it charges the hits of the
+// parts sent that it has not counted (the larger of the parts of one
+// origin and generation wins) to its own state, and the hits of its own
+// parts the state sent does not count to that state, keeps the larger of
+// the two, and keeps the parts. With states b1 + h1 and b2 + h2 (b the
+// history before, h the parts), the key ends up with max(b1, b2) plus every
+// stand-in hit once. A state from the receiver's own history (a replica's
+// copy, the hand-off to a joiner, a leave) carries the parts the receiver
+// holds already, which charge nothing: only what was admitted apart is
+// added.
 //
-// The charge is at most what the state sent still counts at the receiver's
-// time under the stand-in's rate (hits out of the window or drained from
-// the bucket are not charged) and is made as a DrainOverLimit check, never
-// past the capacity. A node that holds parts a state sent lacks and a
-// smaller state from before the partition (the owner's state reaching a
-// stand-in's replica before the stand-in's hand-off) keeps the larger of
-// the two until the owner replicates its settled state, which carries the
-// parts.
+// Each charge is at most what the state it comes from still counts at the
+// receiver's time under the stand-in's rate (hits out of the window or
+// drained from the bucket are not charged) and is made as a
+// DrainOverLimit check, never past the capacity.
 //
 // The record is bounded: maxDebtBytes in all (as settlement's), an entry
 // counted as its name, its key, standinOverhead and each part's origin and
@@ -259,50 +258,76 @@ func (t *standins) attach(ss []limiter.Snapshot) {
 	}
 }
 
-// merge merges sn, which carries a settlement, into store at now: it
-// charges the hits of the parts this node has not counted, merges, and
-// keeps the parts. Without room for the key's parts it merges sn alone.
+// merge merges sn into store at now. When sn carries a settlement or this
+// node holds parts of its key, sn and the store's state are two histories
+// of the key: it charges the hits of sn's parts this node has not counted
+// to the store's state, and those of this node's parts sn does not count
+// to sn, merges (limiter.Store.MergeCharged), and keeps the parts. Without
+// room for the key's parts it merges sn alone.
 func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
-	st := sn.Settle
+	k := debtKey{sn.Name, sn.Key}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.entryLocked(debtKey{sn.Name, sn.Key})
-	if e == nil {
-		for _, p := range st.Parts {
-			t.dropped.Add(p.Hits)
-		}
-		k, err := store.Merge([]limiter.Snapshot{*sn}, now)
-		return k > 0, err
+	e, held := t.m[k]
+	if held && (len(e.parts) == 0 || e.req.Algorithm != sn.Algorithm) {
+		held = false
 	}
-	var owed int64
-	for _, p := range st.Parts {
-		have := int64(0)
-		for _, q := range e.parts {
-			if q.Origin == p.Origin && q.Gen == p.Gen {
-				have = q.Hits
+	if sn.Settle == nil && !held {
+		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+		return n > 0, err
+	}
+	if !held {
+		if e = t.entryLocked(k); e == nil {
+			for _, p := range sn.Settle.Parts {
+				t.dropped.Add(p.Hits)
 			}
+			n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+			return n > 0, err
 		}
-		owed += max(p.Hits-have, 0)
 	}
-	charge := st.Request
-	charge.Hits = min(owed, limiter.MaxLimit)
-	changed, err := store.MergeCharged(sn, charge, now)
+	var theirs, mine int64
+	var in []limiter.SettlePart
+	charge := e.req
+	if st := sn.Settle; st != nil {
+		in = st.Parts
+		charge = st.Request
+	}
+	for _, p := range in {
+		theirs += max(p.Hits-partHits(e.parts, p.Origin, p.Gen), 0)
+	}
+	for _, q := range e.parts {
+		mine += max(q.Hits-partHits(in, q.Origin, q.Gen), 0)
+	}
+	charge.Hits = min(theirs, limiter.MaxLimit)
+	changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
 	if err != nil {
 		if len(e.parts) == 0 {
-			t.removeLocked(debtKey{sn.Name, sn.Key}, e)
+			t.removeLocked(k, e)
 		}
 		return false, err
 	}
 	t.charged.Add(charge.Hits)
-	for _, p := range st.Parts {
+	for _, p := range in {
 		if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
 			t.dropped.Add(p.Hits)
 		}
 	}
 	if e.req.Name == "" {
-		e.req = st.Request
+		e.req = charge
+		e.req.Hits = 0
 	}
 	return changed, nil
+}
+
+// partHits returns the hits of the part of origin and gen in ps, 0 when
+// there is none.
+func partHits(ps []limiter.SettlePart, origin string, gen uint64) int64 {
+	for _, p := range ps {
+		if p.Origin == origin && p.Gen == gen {
+			return p.Hits
+		}
+	}
+	return 0
 }
 
 func (t *standins) removeLocked(k debtKey, e *standinRec) {

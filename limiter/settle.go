@@ -65,16 +65,21 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 	return nil
 }
 
-// MergeCharged charges hits of charge's key at charge's rate, then merges
-// sn as Merge does, as one step under the key's lock: the state the store
-// keeps is the larger of its own state with the hits added and sn. The
-// hits charged are at most what sn itself still counts at now under
+// MergeCharged merges sn into the store as two histories of one key
+// that each admitted hits the other did not count: it charges charge.Hits
+// to the store's state and mine hits to sn, then keeps the larger of the
+// two (as Merge does), all as one step under the key's lock. Each charge
+// is at most what the state it comes from still counts at now under
 // charge's rate (hits that have left its window, or drained from its
-// bucket, are not charged again) and at most the capacity; they are
-// charged as a DrainOverLimit check, so that they consume what remains
-// when they are more. charge's Name, Key and Algorithm must be sn's;
-// Behavior is ignored. It reports whether the key changed.
-func (s *Store) MergeCharged(sn *Snapshot, charge Request, now time.Time) (bool, error) {
+// bucket, are not charged again) and is made as a DrainOverLimit check,
+// never past the capacity. charge's Name, Key and Algorithm must be sn's;
+// its Behavior is ignored. It reports whether the key changed.
+//
+// With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
+// charging the hits of h2 the store has not counted to the store's state
+// and those of h1 sn has not counted to sn, the larger of the two is the
+// larger of b1 and b2 plus every stand-in hit, once.
+func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.Time) (bool, error) {
 	n := now.UnixNano()
 	if err := sn.Validate(); err != nil {
 		return false, err
@@ -85,7 +90,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, now time.Time) (bool,
 	if sn.ExpireAt <= n {
 		return false, nil // fresh: it counts none of its hits any more
 	}
-	hits := charge.Hits
+	theirs := charge.Hits
 	charge.Hits, charge.Behavior = 0, 0
 	if charge.Name != sn.Name || charge.Key != sn.Key || charge.Algorithm != sn.Algorithm {
 		return false, fmt.Errorf("%w: charge of %q/%q (%s) with a state of %q/%q (%s)", ErrInvalidSnapshot, charge.Name, charge.Key, charge.Algorithm, sn.Name, sn.Key, sn.Algorithm)
@@ -93,20 +98,53 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, now time.Time) (bool,
 	if err := charge.Validate(); err != nil {
 		return false, err
 	}
-	if hits > 0 {
-		d := peek(snapshotState(sn), snapshotLog(sn), &charge, n)
-		hits = min(hits, max(charge.Capacity()-d.Remaining, 0))
+	in, inLog := snapshotState(sn), snapshotLog(sn)
+	if theirs > 0 {
+		d := peek(in, inLog, &charge, n)
+		theirs = min(theirs, max(charge.Capacity()-d.Remaining, 0))
 	}
 	var buf [96]byte
 	k := appendStoreKey(buf[:0], sn.Name, sn.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	at := sh.readingLocked(n)
+	merged := sn
+	if mine > 0 {
+		// What the store's own state counts, before it is charged.
+		if e, ok := sh.m[string(k)]; ok && e.expireAt > at && e.algo() == sn.Algorithm {
+			d := peek(e.state, sh.logs[e.key], &charge, at)
+			mine = min(mine, max(charge.Capacity()-d.Remaining, 0))
+		} else {
+			mine = 0
+		}
+	}
+	if mine > 0 {
+		r := charge
+		r.Hits, r.Behavior = mine, DrainOverLimit
+		decide(&in, &inLog, &r, at)
+		c := stateSnapshot(sn.Name, sn.Key, &in, inLog)
+		c.RateLimit, c.RateBurst, c.RatePeriod = sn.RateLimit, sn.RateBurst, sn.RatePeriod
+		merged = &c
+	}
 	changed := false
-	if hits > 0 {
-		charge.Hits, charge.Behavior = hits, DrainOverLimit
-		s.decideKeyLocked(sh, k, &charge, sh.readingLocked(n), 0)
+	if theirs > 0 {
+		charge.Hits, charge.Behavior = theirs, DrainOverLimit
+		s.decideKeyLocked(sh, k, &charge, at, 0)
 		changed = true
 	}
-	return s.mergeLocked(sh, k, sn, n) || changed, nil
+	return s.mergeLocked(sh, k, merged, at) || changed, nil
+}
+
+// stateSnapshot returns the snapshot of st, with its log lg, as the key
+// (name, key)'s.
+func stateSnapshot(name, key string, st *state, lg *windowLog) Snapshot {
+	s := Snapshot{Name: name, Key: key, Algorithm: st.algo(), ExpireAt: st.expireAt, Words: st.snapshotWords()}
+	if s.Algorithm == SlidingWindowLog {
+		s.Words = [3]int64{}
+		if lg != nil {
+			s.Log = lg.export()
+		}
+	}
+	return s
 }

@@ -23,7 +23,7 @@ func TestMergeChargedAddsThenMerges(t *testing.T) {
 			sn, _ := standIn.Snapshot("n", "k", t0.Add(time.Second))
 			charge := req
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, t0.Add(2*time.Second)); err != nil {
+			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
@@ -31,13 +31,33 @@ func TestMergeChargedAddsThenMerges(t *testing.T) {
 			}
 			// Charged again with the same state, as a second copy would
 			// be without its parts: the charge adds up, capped.
-			if _, err := owner.MergeCharged(&sn, charge, t0.Add(2*time.Second)); err != nil {
+			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r != 0 {
 				t.Fatalf("%d remaining after 110 charged, want 0", r)
 			}
 		})
+	}
+}
+
+// A store's own stand-in hits are charged to the state merged when that
+// state is the other history: the owner's 50 meet the stand-in's 30 at the
+// stand-in, and the key holds 80.
+func TestMergeChargedChargesTheStateMerged(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Hour)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter, TokenBucket, GCRA, SlidingWindowLog} {
+		req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Hour, Algorithm: a}
+		owner, standIn := newTestStore(t), newTestStore(t)
+		checkHits(t, owner, req, 50, t0)
+		checkHits(t, standIn, req, 30, t0.Add(time.Second))
+		sn, _ := owner.Snapshot("n", "k", t0.Add(time.Second))
+		if _, err := standIn.MergeCharged(&sn, req, 30, t0.Add(2*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if r := remainingAt(t, standIn, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
+			t.Fatalf("%s: %d remaining after 50 merged onto 30 of its own, want 20", a, r)
+		}
 	}
 }
 
@@ -52,14 +72,14 @@ func TestMergeChargedAtMostWhatTheStateCounts(t *testing.T) {
 	charge := req
 	charge.Hits = 40
 	later := t0.Add(18 * time.Second) // 30 of 40 drained
-	if _, err := owner.MergeCharged(&sn, charge, later); err != nil {
+	if _, err := owner.MergeCharged(&sn, charge, 0, later); err != nil {
 		t.Fatal(err)
 	}
 	if r := remainingAt(t, owner, req, later); r < 89 || r > 90 {
 		t.Fatalf("%d remaining, want 90: only the 10 the state still counts are charged", r)
 	}
 	charge.Key = "other"
-	if _, err := owner.MergeCharged(&sn, charge, later); !errors.Is(err, ErrInvalidSnapshot) {
+	if _, err := owner.MergeCharged(&sn, charge, 0, later); !errors.Is(err, ErrInvalidSnapshot) {
 		t.Fatalf("a charge of another key: err %v, want ErrInvalidSnapshot", err)
 	}
 }

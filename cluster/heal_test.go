@@ -235,3 +235,38 @@ func TestTakeoverCalmPathsCountOnce(t *testing.T) {
 		}
 	}
 }
+
+// A partition {0} | {1,2} heals while a fourth node joins: 200 keys of
+// every algorithm, 40 hits before, then 20 through node 0 and 10 through
+// node 1 on each. The joiner takes keys from both sides' states as they
+// meet, in whatever order they arrive: every key holds exactly 70.
+func TestPartitionHealsWhileANodeJoins(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	reqs := make([]limiter.Request, 0, 200)
+	for i := range 200 {
+		a := healAlgorithms[i%len(healAlgorithms)]
+		reqs = append(reqs, limiter.Request{Name: "join", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a})
+	}
+	consume(t, c.Node(1), withHits(reqs, 40))
+	waitReplicated(t, c, reqs)
+
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 20))
+	consume(t, c.Node(1), withHits(reqs, 10))
+
+	c.Heal()
+	joiner := c.Add()
+	exactly(t, c, reqs, 30)
+	owned := 0
+	for _, r := range reqs {
+		if c.Owner(r.Name, r.Key) == joiner {
+			owned++
+		}
+	}
+	if owned == 0 {
+		t.Fatal("the joiner owns none of the keys")
+	}
+}

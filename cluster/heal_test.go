@@ -120,9 +120,9 @@ func TestPartitionSettlesEveryAlgorithm(t *testing.T) {
 // while the cluster is cut into {0} | {1,2} and healed: node 0 decides
 // under the unreachable policy until gossip drops node 1, then as the
 // key's stand-in owner, and forwards again once healed. Once the traffic
-// stops and the states settle, the key holds exactly what both sides
-// admitted: its owner admits the rest of the limit in one check, and not
-// one hit more.
+// stops and the states settle, the key holds what both sides admitted
+// (and at most one check per caller more, in flight at the cut): its
+// owner admits the rest of the limit in one check, and not one hit more.
 func TestPartitionUnderLiveTraffic(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
@@ -181,9 +181,25 @@ func TestPartitionUnderLiveTraffic(t *testing.T) {
 	wg.Wait()
 	total := admitted.Load()
 	t.Logf("%d admitted through nodes 0 and 1 across the cut and the heal, %d of them without the owner", total, withoutOwner.Load())
-	exactly(t, c, []limiter.Request{req}, req.Limit-total)
+	// A check in flight when the cut came may be counted twice: its
+	// owner admitted it, the answer was lost, and the sender decided it
+	// again under its policy. One such per caller, at most.
+	const inFlight = 2
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{req}, req.Limit-total) }); err != nil {
+		t.Fatal(err)
+	}
+	peek := req
+	peek.Hits = 0
+	d, err := c.Node(1).Check(context.Background(), peek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the key has %d remaining, %d counted beyond what the callers saw admitted", d.Remaining, req.Limit-total-d.Remaining)
+	if d.Remaining < req.Limit-total-inFlight {
+		t.Fatalf("%d remaining after %d admitted of %d: more counted than checks in flight at the cut", d.Remaining, total, req.Limit)
+	}
 	rest := req
-	rest.Hits = req.Limit - total
+	rest.Hits = d.Remaining
 	if d, err := c.Node(1).Check(context.Background(), rest); err != nil || !d.Allowed {
 		t.Fatalf("the rest of the limit, %d, is not admitted: allowed %v, err %v", rest.Hits, d.Allowed, err)
 	}

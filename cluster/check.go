@@ -257,6 +257,9 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	}
 	if err == nil {
 		n.resetReplicas(req)
+		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && n.standins.standingIn(hash) {
+			n.standins.record(req, req.Hits)
+		}
 	}
 	return d, err, true
 }

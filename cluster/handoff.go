@@ -260,9 +260,11 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 		} else {
 			moved, replica := n.planHandoff(oldR, newR)
 			for to, states := range moved {
+				n.standins.attach(states)
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
+				n.standins.attach(states)
 				n.transfers.outbox.replicate(to, states)
 			}
 		}
@@ -446,6 +448,7 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 		for to, states := range batches {
+			n.standins.attach(states)
 			n.transfers.outbox.handOff(to, states)
 		}
 		lost = n.transfers.outbox.waitHandedOff(ctx)
@@ -529,7 +532,11 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	now := s.n.now()
 	var firstErr error
 	for i := range states {
-		k, err := s.n.store.Merge(states[i:i+1], now)
+		k := 0
+		changed, err := s.n.standins.merge(s.n.store, &states[i], now)
+		if changed {
+			k = 1
+		}
 		if err != nil {
 			if rejected++; firstErr == nil {
 				firstErr = err

@@ -103,7 +103,8 @@ type Node struct {
 	remembered []rememberedMember
 
 	local, forwarded, withoutOwner, droppedEvents atomic.Int64
-	debts                                         *debts // hits admitted without the owner, to settle (settle.go)
+	debts                                         *debts    // hits admitted without the owner, to settle (settle.go)
+	standins                                      *standins // hits admitted as a stand-in owner (standin.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -135,6 +136,7 @@ func New(cfg Config) (n *Node, err error) {
 	if _, ok := n.clock.(systemClock); ok {
 		n.now = time.Now // every check reads it: no call through the interface
 	}
+	n.standins = newStandins(cfg.NodeName, n.now())
 	if n.resolver = cfg.Resolver; n.resolver == nil {
 		n.resolver = net.DefaultResolver
 	}
@@ -447,7 +449,7 @@ func (n *Node) Stats() Stats {
 		Store:         n.store.Stats(),
 		Leases:        n.leaseStats(),
 		Persist:       n.persist.stats(),
-		Settle:        n.debts.stats(),
+		Settle:        n.settleStats(),
 	}
 }
 
@@ -549,7 +551,9 @@ func (n *Node) eventLoop() {
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
+	serfMembers := n.serf.Members()
 	members := n.proofs.admit(n.compatibleRingMembers(), n.now())
+	prev := n.ring.Members()
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
 		if m.Name != n.cfg.NodeName {
@@ -560,9 +564,13 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.peers.Update(addrs)
 	n.transfers.holdOrphans(n.transfers.outbox.retain(addrs), false) // the pass this rebuild wakes sends them
 	n.router.breakers.forget(addrs)
+	// Stand-in decisions are told by the ring with the failed members:
+	// with both the old and the new ones while the ring changes.
+	n.standins.update(serfMembers, prev, members, n.ring.Config())
 	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	}
+	n.standins.publish(members, n.ring.Config())
 	n.transfers.wakeHandoff()
 	if !n.handover.ready.Load() {
 		n.wakeReady()
@@ -591,6 +599,7 @@ func (n *Node) sweepLoop() {
 		case <-t.C:
 			n.grants.sweep(n.handover, n.store, n.now().UnixNano())
 			n.store.Sweep(n.now())
+			n.standins.prune(n.store, n.now())
 		}
 	}
 }

@@ -80,6 +80,7 @@ func (n *Node) takeChanges(owners *ownersCache) {
 	n.transfers.changedMu.Unlock()
 	for to, states := range batches {
 		if _, ok := n.peers.Get(to); ok { // a member gone is no replica
+			n.standins.attach(states)
 			n.transfers.outbox.replicate(to, states)
 		}
 	}

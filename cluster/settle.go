@@ -21,9 +21,11 @@ import (
 // already, and those admitted under PolicyAllow are charged to it.
 //
 // Decisions a node makes as the owner of a key because the key's owner
-// failed (each side of a partition) are not recorded: the two sides'
-// states meet by hand-off when the partition heals, the more consumed
-// winning (docs/design.md, Partitions).
+// failed (each side of a partition) are recorded apart (standin.go) and
+// travel with the key's state: the two sides' states meet by hand-off when
+// the partition heals, each charged what the other admitted. Hits
+// admitted on this node's store without the owner that are settled here
+// while this node stands in for the owner go to that record too.
 //
 // The record is bounded: maxDebtBytes in all, an entry counted as its
 // name, its key and debtOverhead. Past the bound, the hits of a key not
@@ -123,10 +125,24 @@ type SettleStats struct {
 	Recorded int64 // hits recorded to be charged to their owner
 	Settled  int64 // hits charged to their owner (or found in this node's store as the owner)
 	Dropped  int64 // hits not recorded: the record was full
+	// StandIn counts hits this node admitted standing in for a failed
+	// owner, recorded to be charged wherever its state meets the owner's
+	// (standin.go); Charged the hits of other nodes' stand-in records
+	// charged to this node's store on receipt; StandInDropped the hits of
+	// stand-in records not kept: that record was full.
+	StandIn, Charged, StandInDropped int64
 }
 
 func (t *debts) stats() SettleStats {
 	return SettleStats{Recorded: t.recorded.Load(), Settled: t.settled.Load(), Dropped: t.dropped.Load()}
+}
+
+// settleStats returns the node's settlement counters, its stand-in
+// record's (standin.go) included.
+func (n *Node) settleStats() SettleStats {
+	s := n.debts.stats()
+	s.StandIn, s.Charged, s.StandInDropped = n.standins.counts()
+	return s
 }
 
 // settleLoop settles the record every settleInterval while it holds
@@ -183,6 +199,11 @@ func (n *Node) settle() int {
 		switch p.way {
 		case wayHere:
 			if d.local { // in this node's store already
+				if n.standins.standingIn(hash) {
+					// Standing in for the owner: the owner's history
+					// lacks them as it lacks the stand-in's own.
+					n.standins.record(&d.req, d.req.Hits)
+				}
 				n.debts.settled.Add(d.req.Hits)
 				continue
 			}

@@ -35,6 +35,11 @@ type Snapshot struct {
 	RatePeriod           time.Duration
 	RateCalendar         Calendar
 	RateLocation         *time.Location
+	// Settle, when set, says which hits the state counts that stand-in
+	// owners admitted (see Settlement); Store.Merge ignores it, and
+	// Store.MergeCharged charges them. Nil in the snapshots a store
+	// returns.
+	Settle *Settlement
 }
 
 // ShiftTimes moves the instants s carries by d, as another node's clock
@@ -365,6 +370,12 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	return s.mergeLocked(sh, k, sn, now)
+}
+
+// mergeLocked is merge's work on k, the key of sn, in sh. sh.mu must be
+// held.
+func (s *Store) mergeLocked(sh *shard, k []byte, sn *Snapshot, now int64) bool {
 	e, ok := sh.m[string(k)]
 	if !ok {
 		e = s.insertLocked(sh, string(k), snapshotState(sn), snapshotLog(sn), now)

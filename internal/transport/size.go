@@ -81,11 +81,25 @@ func stateSize(s *limiter.Snapshot) int {
 		6*varintField + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos, rate_calendar
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
 		len(s.Log)*maxLogEntry +
-		stateFieldSize(s)
+		stateFieldSize(s) +
+		settleSize(s.Settle)
 	if s.RateLocation != nil {
 		n += lenField + len(s.RateLocation.String()) // rate_time_zone
 	}
 	return 1 + protowire.SizeBytes(n)
+}
+
+// settleSize bounds the size of a KeyState's settlement fields: the
+// request, and per part its origin and two integers.
+func settleSize(st *limiter.Settlement) int {
+	if st == nil {
+		return 0
+	}
+	n := lenField + maxRequestItem
+	for _, p := range st.Parts {
+		n += lenField + 1 + protowire.SizeBytes(len(p.Origin)) + 2*varintField
+	}
+	return n
 }
 
 // stateFieldSize bounds the size of s's state field (the state format,

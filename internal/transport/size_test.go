@@ -228,6 +228,17 @@ func TestTransferSplit(t *testing.T) {
 	}
 	huge := fullStates(1)
 	huge[0].Log = append(huge[0].Log, huge[0].Log...)
+	// States with a settlement of the most parts, with the longest names.
+	settled := make([]limiter.Snapshot, 2*MaxTransferStates)
+	for i := range settled {
+		name, key := strings.Repeat("n", limiter.MaxNameLen), strings.Repeat("k", limiter.MaxKeyLen)
+		req := limiter.Request{Name: name, Key: key, Limit: limiter.MaxLimit, Period: limiter.MaxPeriod, Burst: limiter.MaxLimit, Algorithm: limiter.GCRA}
+		st := &limiter.Settlement{Request: req}
+		for j := range limiter.MaxSettleParts {
+			st.Parts = append(st.Parts, limiter.SettlePart{Origin: strings.Repeat("o", limiter.MaxNameLen-1) + string(rune('a'+j)), Gen: math.MaxUint64, Hits: limiter.MaxLimit})
+		}
+		settled[i] = limiter.Snapshot{Name: name, Key: key, Algorithm: limiter.GCRA, Settle: st}
+	}
 	for _, tt := range []struct {
 		name    string
 		states  []limiter.Snapshot
@@ -238,6 +249,7 @@ func TestTransferSplit(t *testing.T) {
 		{"small states", small, 3, false},
 		{"full logs", fullStates(40), 6, false}, // 7 per call: bounded by size (a log goes in both forms)
 		{"a state over the limits goes alone", huge, 1, true},
+		{"settlements", settled, 8, false}, // 250 per call: bounded by size
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			calls := 0

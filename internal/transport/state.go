@@ -141,7 +141,49 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 			m.Log[i] = &pb.LogEntry{AtUnixNano: e.At, Hits: e.Hits}
 		}
 	}
+	if st := s.Settle; st != nil {
+		r := st.Request
+		r.Hits, r.Behavior = 0, 0
+		m.SettleRequest = RequestToProto(r)
+		m.SettleParts = make([]*pb.SettlePart, len(st.Parts))
+		for i, p := range st.Parts {
+			m.SettleParts[i] = &pb.SettlePart{Origin: p.Origin, Gen: p.Gen, Hits: p.Hits}
+		}
+	}
 	return m
+}
+
+// settlementFromProto reads m's settlement into s (limiter.Settlement),
+// with c's zone cache, and validates it against s. A state without one is
+// left as it is. Errors wrap ErrInvalidArgument or
+// limiter.ErrInvalidSnapshot.
+func (c *Codec) settlementFromProto(m *pb.KeyState, s *limiter.Snapshot) error {
+	if len(m.SettleParts) == 0 && m.SettleRequest == nil {
+		return nil
+	}
+	if len(m.SettleParts) > limiter.MaxSettleParts {
+		return fmt.Errorf("%w: KeyState has %d settle_parts, more than %d", ErrInvalidArgument, len(m.SettleParts), limiter.MaxSettleParts)
+	}
+	if m.SettleRequest == nil || len(m.SettleParts) == 0 {
+		return fmt.Errorf("%w: KeyState has settle_parts or settle_request without the other", ErrInvalidArgument)
+	}
+	req, err := c.RequestFromProto(m.SettleRequest)
+	if err != nil {
+		return fmt.Errorf("%w: settle_request: %w", limiter.ErrInvalidSnapshot, err)
+	}
+	req.Hits, req.Behavior = 0, 0
+	st := &limiter.Settlement{Request: req, Parts: make([]limiter.SettlePart, len(m.SettleParts))}
+	for i, p := range m.SettleParts {
+		if p == nil {
+			return fmt.Errorf("%w: settle_parts %d is nil", ErrInvalidArgument, i)
+		}
+		st.Parts[i] = limiter.SettlePart{Origin: p.Origin, Gen: p.Gen, Hits: p.Hits}
+	}
+	if err := st.Validate(s); err != nil {
+		return err
+	}
+	s.Settle = st
+	return nil
 }
 
 // SnapshotFromProto converts m and validates it (limiter.Snapshot.Validate).
@@ -149,7 +191,8 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 // its name, key and algorithm must match the fields beside it; without it,
 // the earlier form of words and log. With m.RateCalendar set, the rate is
 // the calendar window's of the rate fields, and a state must carry none of
-// its own. Errors wrap ErrInvalidArgument, limiter.ErrStateFormat or
+// its own. The settlement fields are not read (a Transfer's server reads
+// them). Errors wrap ErrInvalidArgument, limiter.ErrStateFormat or
 // limiter.ErrInvalidSnapshot.
 func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
@@ -326,8 +369,11 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 		s, err := SnapshotFromProto(m)
 		if reason == Reset {
 			s, err = resetKeyFromProto(m)
-		} else if err == nil && shifted {
-			s.ShiftTimes(shift)
+		} else if err == nil {
+			err = p.cfg.codec.settlementFromProto(m, &s)
+			if err == nil && shifted {
+				s.ShiftTimes(shift)
+			}
 		}
 		if err != nil {
 			rejected++

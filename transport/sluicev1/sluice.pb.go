@@ -911,8 +911,19 @@ type KeyState struct {
 	// finds rate_calendar set reads state and takes the rate from here
 	// (state must then carry no rate of its own). Nodes that predate these
 	// fields read the state alone, without its rate.
-	RateCalendar  Calendar `protobuf:"varint,11,opt,name=rate_calendar,json=rateCalendar,proto3,enum=sluice.v1.Calendar" json:"rate_calendar,omitempty"`
-	RateTimeZone  string   `protobuf:"bytes,12,opt,name=rate_time_zone,json=rateTimeZone,proto3" json:"rate_time_zone,omitempty"`
+	RateCalendar Calendar `protobuf:"varint,11,opt,name=rate_calendar,json=rateCalendar,proto3,enum=sluice.v1.Calendar" json:"rate_calendar,omitempty"`
+	RateTimeZone string   `protobuf:"bytes,12,opt,name=rate_time_zone,json=rateTimeZone,proto3" json:"rate_time_zone,omitempty"`
+	// The hits of this state that stand-in owners admitted (nodes that
+	// decided the key as its owner while the owner they stood in for was cut
+	// off), per stand-in and period (limiter.Settlement), at most 8, for a
+	// receiver to charge the ones it has not counted to its own state before
+	// it merges this one; none when there are none. settle_request is the
+	// rate they were admitted at, set with settle_parts: its hits and
+	// behavior flags are ignored, and its name, key and algorithm are the
+	// state's. Nodes that predate them ignore both and merge the state
+	// alone.
+	SettleParts   []*SettlePart     `protobuf:"bytes,13,rep,name=settle_parts,json=settleParts,proto3" json:"settle_parts,omitempty"`
+	SettleRequest *RateLimitRequest `protobuf:"bytes,14,opt,name=settle_request,json=settleRequest,proto3" json:"settle_request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1031,6 +1042,82 @@ func (x *KeyState) GetRateTimeZone() string {
 	return ""
 }
 
+func (x *KeyState) GetSettleParts() []*SettlePart {
+	if x != nil {
+		return x.SettleParts
+	}
+	return nil
+}
+
+func (x *KeyState) GetSettleRequest() *RateLimitRequest {
+	if x != nil {
+		return x.SettleRequest
+	}
+	return nil
+}
+
+// SettlePart is the hits one stand-in owner (origin, a node name) admitted
+// in one period of standing in (gen), at least 1.
+type SettlePart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Origin        string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	Gen           uint64                 `protobuf:"varint,2,opt,name=gen,proto3" json:"gen,omitempty"`
+	Hits          int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettlePart) Reset() {
+	*x = SettlePart{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettlePart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettlePart) ProtoMessage() {}
+
+func (x *SettlePart) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettlePart.ProtoReflect.Descriptor instead.
+func (*SettlePart) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SettlePart) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *SettlePart) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *SettlePart) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
 // LogEntry is hits admitted at one instant of a sliding window log.
 type LogEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1042,7 +1129,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1141,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1154,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LogEntry) GetAtUnixNano() int64 {
@@ -1108,7 +1195,7 @@ type TransferRequest struct {
 
 func (x *TransferRequest) Reset() {
 	*x = TransferRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1207,7 @@ func (x *TransferRequest) String() string {
 func (*TransferRequest) ProtoMessage() {}
 
 func (x *TransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1220,7 @@ func (x *TransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
 func (*TransferRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransferRequest) GetFrom() string {
@@ -1184,7 +1271,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1283,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1296,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TransferResponse) GetMerged() int32 {
@@ -1249,7 +1336,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1348,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1361,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaseRequest) GetFrom() string {
@@ -1337,7 +1424,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1436,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1449,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LeaseResponse) GetGranted() int64 {
@@ -1407,7 +1494,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1506,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1519,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InspectRequest) GetFrom() string {
@@ -1481,7 +1568,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1580,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1593,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InspectResponse) GetStates() []*KeyState {
@@ -1561,7 +1648,7 @@ type ProveRequest struct {
 
 func (x *ProveRequest) Reset() {
 	*x = ProveRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1660,7 @@ func (x *ProveRequest) String() string {
 func (*ProveRequest) ProtoMessage() {}
 
 func (x *ProveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1673,7 @@ func (x *ProveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveRequest.ProtoReflect.Descriptor instead.
 func (*ProveRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProveRequest) GetVersion() uint32 {
@@ -1641,7 +1728,7 @@ type ProveResponse struct {
 
 func (x *ProveResponse) Reset() {
 	*x = ProveResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1740,7 @@ func (x *ProveResponse) String() string {
 func (*ProveResponse) ProtoMessage() {}
 
 func (x *ProveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1753,7 @@ func (x *ProveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveResponse.ProtoReflect.Descriptor instead.
 func (*ProveResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProveResponse) GetVersion() uint32 {
@@ -1713,7 +1800,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1812,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1825,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -1757,7 +1844,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1856,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1869,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -1802,7 +1889,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1901,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +1914,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -1847,7 +1934,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +1946,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +1959,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -1890,7 +1977,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +1989,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2002,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 type HealthResponse struct {
@@ -1932,7 +2019,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2031,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2044,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -1992,7 +2079,7 @@ type RulesEntry struct {
 
 func (x *RulesEntry) Reset() {
 	*x = RulesEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2091,7 @@ func (x *RulesEntry) String() string {
 func (*RulesEntry) ProtoMessage() {}
 
 func (x *RulesEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2104,7 @@ func (x *RulesEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesEntry.ProtoReflect.Descriptor instead.
 func (*RulesEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RulesEntry) GetName() string {
@@ -2055,7 +2142,7 @@ type RulesCheckRequest struct {
 
 func (x *RulesCheckRequest) Reset() {
 	*x = RulesCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2154,7 @@ func (x *RulesCheckRequest) String() string {
 func (*RulesCheckRequest) ProtoMessage() {}
 
 func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2167,7 @@ func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckRequest.ProtoReflect.Descriptor instead.
 func (*RulesCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RulesCheckRequest) GetRoute() string {
@@ -2160,7 +2247,7 @@ type RuleResult struct {
 
 func (x *RuleResult) Reset() {
 	*x = RuleResult{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2259,7 @@ func (x *RuleResult) String() string {
 func (*RuleResult) ProtoMessage() {}
 
 func (x *RuleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2272,7 @@ func (x *RuleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleResult.ProtoReflect.Descriptor instead.
 func (*RuleResult) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RuleResult) GetName() string {
@@ -2288,7 +2375,7 @@ type RulesCheckResponse struct {
 
 func (x *RulesCheckResponse) Reset() {
 	*x = RulesCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2387,7 @@ func (x *RulesCheckResponse) String() string {
 func (*RulesCheckResponse) ProtoMessage() {}
 
 func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2400,7 @@ func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckResponse.ProtoReflect.Descriptor instead.
 func (*RulesCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RulesCheckResponse) GetAllowed() bool {
@@ -2400,7 +2487,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xb0\x03\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xae\x04\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2416,7 +2503,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x11rate_period_nanos\x18\n" +
 	" \x01(\x03R\x0fratePeriodNanos\x128\n" +
 	"\rrate_calendar\x18\v \x01(\x0e2\x13.sluice.v1.CalendarR\frateCalendar\x12$\n" +
-	"\x0erate_time_zone\x18\f \x01(\tR\frateTimeZone\"@\n" +
+	"\x0erate_time_zone\x18\f \x01(\tR\frateTimeZone\x128\n" +
+	"\fsettle_parts\x18\r \x03(\v2\x15.sluice.v1.SettlePartR\vsettleParts\x12B\n" +
+	"\x0esettle_request\x18\x0e \x01(\v2\x1b.sluice.v1.RateLimitRequestR\rsettleRequest\"J\n" +
+	"\n" +
+	"SettlePart\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x10\n" +
+	"\x03gen\x18\x02 \x01(\x04R\x03gen\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x03R\x04hits\"@\n" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
@@ -2587,7 +2681,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -2599,25 +2693,26 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*PeerCheckRequest)(nil),   // 7: sluice.v1.PeerCheckRequest
 	(*PeerCheckResponse)(nil),  // 8: sluice.v1.PeerCheckResponse
 	(*KeyState)(nil),           // 9: sluice.v1.KeyState
-	(*LogEntry)(nil),           // 10: sluice.v1.LogEntry
-	(*TransferRequest)(nil),    // 11: sluice.v1.TransferRequest
-	(*TransferResponse)(nil),   // 12: sluice.v1.TransferResponse
-	(*LeaseRequest)(nil),       // 13: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),      // 14: sluice.v1.LeaseResponse
-	(*InspectRequest)(nil),     // 15: sluice.v1.InspectRequest
-	(*InspectResponse)(nil),    // 16: sluice.v1.InspectResponse
-	(*ProveRequest)(nil),       // 17: sluice.v1.ProveRequest
-	(*ProveResponse)(nil),      // 18: sluice.v1.ProveResponse
-	(*CheckRequest)(nil),       // 19: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 20: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 21: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 22: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 23: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 24: sluice.v1.HealthResponse
-	(*RulesEntry)(nil),         // 25: sluice.v1.RulesEntry
-	(*RulesCheckRequest)(nil),  // 26: sluice.v1.RulesCheckRequest
-	(*RuleResult)(nil),         // 27: sluice.v1.RuleResult
-	(*RulesCheckResponse)(nil), // 28: sluice.v1.RulesCheckResponse
+	(*SettlePart)(nil),         // 10: sluice.v1.SettlePart
+	(*LogEntry)(nil),           // 11: sluice.v1.LogEntry
+	(*TransferRequest)(nil),    // 12: sluice.v1.TransferRequest
+	(*TransferResponse)(nil),   // 13: sluice.v1.TransferResponse
+	(*LeaseRequest)(nil),       // 14: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),      // 15: sluice.v1.LeaseResponse
+	(*InspectRequest)(nil),     // 16: sluice.v1.InspectRequest
+	(*InspectResponse)(nil),    // 17: sluice.v1.InspectResponse
+	(*ProveRequest)(nil),       // 18: sluice.v1.ProveRequest
+	(*ProveResponse)(nil),      // 19: sluice.v1.ProveResponse
+	(*CheckRequest)(nil),       // 20: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 21: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 22: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 23: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 24: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 25: sluice.v1.HealthResponse
+	(*RulesEntry)(nil),         // 26: sluice.v1.RulesEntry
+	(*RulesCheckRequest)(nil),  // 27: sluice.v1.RulesCheckRequest
+	(*RuleResult)(nil),         // 28: sluice.v1.RuleResult
+	(*RulesCheckResponse)(nil), // 29: sluice.v1.RulesCheckResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -2627,47 +2722,49 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	5,  // 4: sluice.v1.PeerCheckRequest.items:type_name -> sluice.v1.RateLimitRequest
 	6,  // 5: sluice.v1.PeerCheckResponse.items:type_name -> sluice.v1.RateLimitResponse
 	0,  // 6: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	10, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
+	11, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
 	1,  // 8: sluice.v1.KeyState.rate_calendar:type_name -> sluice.v1.Calendar
-	4,  // 9: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
-	9,  // 10: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
-	5,  // 11: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 12: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
-	9,  // 13: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
-	5,  // 14: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 15: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	5,  // 16: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 17: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	25, // 18: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
-	25, // 19: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
-	27, // 20: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
-	7,  // 21: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 22: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	11, // 23: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	13, // 24: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	15, // 25: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	17, // 26: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
-	19, // 27: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	21, // 28: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	23, // 29: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	15, // 30: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	26, // 31: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
-	8,  // 32: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 33: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	12, // 34: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	14, // 35: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	16, // 36: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	18, // 37: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
-	20, // 38: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	22, // 39: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	24, // 40: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	16, // 41: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	28, // 42: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
-	32, // [32:43] is the sub-list for method output_type
-	21, // [21:32] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	10, // 9: sluice.v1.KeyState.settle_parts:type_name -> sluice.v1.SettlePart
+	5,  // 10: sluice.v1.KeyState.settle_request:type_name -> sluice.v1.RateLimitRequest
+	4,  // 11: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
+	9,  // 12: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
+	5,  // 13: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 14: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
+	9,  // 15: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
+	5,  // 16: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 17: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 18: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 19: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	26, // 20: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	26, // 21: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	28, // 22: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	7,  // 23: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 24: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	12, // 25: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	14, // 26: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	16, // 27: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	18, // 28: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
+	20, // 29: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	22, // 30: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	24, // 31: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	16, // 32: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	27, // 33: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 34: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 35: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	13, // 36: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	15, // 37: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	17, // 38: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	19, // 39: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
+	21, // 40: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	23, // 41: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	25, // 42: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	17, // 43: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	29, // 44: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2676,14 +2773,14 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[21].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[22].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

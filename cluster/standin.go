@@ -1,0 +1,353 @@
+package cluster
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Stand-in owners: a node decides a key as its owner while the member that
+// owns the key on the ring with its failed members (gossip declared them
+// failed; they did not leave) is cut off, which is each side of a
+// partition and the new owner after a hard kill. It decides from what it
+// holds of the key (nothing, or a replica's copy that may lag), so its
+// state and the owner's are two histories of one key: merging them by the
+// larger state forgets what the smaller one admitted.
+//
+// So a stand-in records, per key, the hits it admits as a part (its name,
+// and a generation new for each record it starts), and every state this
+// node sends (hand-off, replication, leave) carries the parts this node
+// holds for its key (limiter.Settlement). A receiver that holds parts of
+// the key, or is sent some, merges the two as two histories
+// (limiter.Store.MergeCharged), as one step: it charges the hits of the
+// parts sent that it has not counted (the larger of the parts of one
+// origin and generation wins) to its own state, and the hits of its own
+// parts the state sent does not count to that state, keeps the larger of
+// the two, and keeps the parts. With states b1 + h1 and b2 + h2 (b the
+// history before, h the parts), the key ends up with max(b1, b2) plus every
+// stand-in hit once. A state from the receiver's own history (a replica's
+// copy, the hand-off to a joiner, a leave) carries the parts the receiver
+// holds already, which charge nothing: only what was admitted apart is
+// added.
+//
+// Each charge is at most what the state it comes from still counts at the
+// receiver's time under the stand-in's rate (hits out of the window or
+// drained from the bucket are not charged) and is made as a
+// DrainOverLimit check, never past the capacity.
+//
+// The record is bounded: maxDebtBytes in all (as settlement's), an entry
+// counted as its name, its key, standinOverhead and each part's origin and
+// partOverhead, at most limiter.MaxSettleParts parts. Past the bound a key
+// not recorded yet is not recorded (its stand-in hits, and the parts it is
+// sent, counted in SettleStats.StandInDropped): its states merge by the
+// larger, as before. A record lives as long as its key's state on this
+// node; it is not kept in Config.DataDir, so a node restarted from its
+// data directory charges again, once, what a state it is sent has counted
+// in a part its own state counts already (more counted, never less).
+
+// standinOverhead is what an entry of the record costs beside its name,
+// key and parts; partOverhead what a part costs beside its origin.
+const (
+	standinOverhead = 192
+	partOverhead    = 48
+)
+
+// standinRec is the parts this node holds for one key.
+type standinRec struct {
+	req   limiter.Request // the last stand-in request's rate, Hits 0
+	parts []limiter.SettlePart
+	size  int64
+	gen   uint64 // this node's own part's generation; 0 when it has none
+}
+
+// standins is the record, and the ring with the failed members that tells
+// a stand-in decision. Safe for concurrent use.
+type standins struct {
+	self string
+	// full is the ring over the members and the failed members that
+	// were in the ring; nil while none failed.
+	full atomic.Pointer[ring.Ring]
+	// failed is the failed members full adds; rebuild alone touches it.
+	failed map[string]ring.Member
+
+	// mu guards the fields below. It is taken before a store shard's
+	// lock, never after.
+	mu      sync.Mutex
+	m       map[debtKey]*standinRec
+	bytes   int64
+	nextGen uint64
+
+	recorded, charged, dropped atomic.Int64 // hits
+}
+
+func newStandins(self string, now time.Time) *standins {
+	// Generations start at the node's start time, so that a node
+	// restarted under its name starts new ones.
+	return &standins{self: self, m: map[debtKey]*standinRec{}, nextGen: uint64(now.UnixNano())}
+}
+
+// update records the members of ms that serf declares failed and that
+// were in the ring (prev) or failed already, and publishes the ring over
+// members and every failed member, old and new, for the ring change to
+// come; publish then drops the members no longer failed. Called by
+// rebuild, which serialises them.
+func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config) {
+	was := map[string]bool{}
+	for _, m := range prev {
+		was[m.Name] = true
+	}
+	failed := map[string]ring.Member{}
+	for _, m := range ms {
+		if m.Status != serf.StatusFailed || m.Name == t.self {
+			continue
+		}
+		if f, ok := t.failed[m.Name]; ok {
+			failed[m.Name] = f
+			continue
+		}
+		if was[m.Name] {
+			if addr, err := checkGRPCTag(m.Tags[grpcTag]); err == nil {
+				failed[m.Name] = ring.Member{Name: m.Name, Addr: addr}
+			}
+		}
+	}
+	old := t.failed
+	t.failed = failed
+	t.store(members, cfg, old, failed)
+}
+
+// publish publishes the ring over members and the failed members.
+func (t *standins) publish(members []ring.Member, cfg ring.Config) {
+	t.store(members, cfg, t.failed)
+}
+
+// store publishes the ring over members and the members of failed that
+// are not among them; nil when there are none.
+func (t *standins) store(members []ring.Member, cfg ring.Config, failed ...map[string]ring.Member) {
+	all := slices.Clone(members)
+	in := map[string]bool{}
+	for _, m := range members {
+		in[m.Name] = true
+	}
+	for _, f := range failed {
+		for name, m := range f {
+			if !in[name] {
+				in[name] = true
+				all = append(all, m)
+			}
+		}
+	}
+	if len(all) == len(members) {
+		t.full.Store(nil)
+		return
+	}
+	r, err := ring.New(cfg)
+	if err == nil {
+		err = r.SetMembers(all)
+	}
+	if err != nil {
+		r = nil
+	}
+	t.full.Store(r)
+}
+
+// standingIn reports whether this node, deciding the key of hash as its
+// owner, stands in for a failed member.
+func (t *standins) standingIn(hash uint64) bool {
+	r := t.full.Load()
+	if r == nil {
+		return false
+	}
+	m, ok := r.OwnerOfHash(hash)
+	return ok && m.Name != t.self
+}
+
+// entrySize is what an entry of the key of req with no parts costs.
+func entrySize(name, key string) int64 { return int64(len(name)+len(key)) + standinOverhead }
+
+// entryLocked returns the entry of k, creating it when there is room;
+// nil when there is none. t.mu must be held.
+func (t *standins) entryLocked(k debtKey) *standinRec {
+	if e, ok := t.m[k]; ok {
+		return e
+	}
+	size := entrySize(k.name, k.key)
+	if t.bytes+size > maxDebtBytes {
+		return nil
+	}
+	e := &standinRec{size: size}
+	t.m[k] = e
+	t.bytes += size
+	return e
+}
+
+// addPartLocked adds a part of origin and gen with hits to e, or raises
+// its hits to hits when larger (add: adds them instead); false when there
+// is no room for a new part. t.mu must be held.
+func (t *standins) addPartLocked(e *standinRec, origin string, gen uint64, hits int64, add bool) bool {
+	for i := range e.parts {
+		p := &e.parts[i]
+		if p.Origin == origin && p.Gen == gen {
+			if add {
+				p.Hits = min(p.Hits+hits, limiter.MaxLimit)
+			} else {
+				p.Hits = max(p.Hits, hits)
+			}
+			return true
+		}
+	}
+	size := int64(len(origin)) + partOverhead
+	if len(e.parts) >= limiter.MaxSettleParts || t.bytes+size > maxDebtBytes {
+		return false
+	}
+	e.parts = append(e.parts, limiter.SettlePart{Origin: origin, Gen: gen, Hits: min(hits, limiter.MaxLimit)})
+	e.size += size
+	t.bytes += size
+	return true
+}
+
+// record adds hits of req, admitted by this node standing in for the
+// key's owner, to this node's part of the key.
+func (t *standins) record(req *limiter.Request, hits int64) {
+	if hits <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entryLocked(debtKey{req.Name, req.Key})
+	if e == nil {
+		t.dropped.Add(hits)
+		return
+	}
+	if e.gen == 0 {
+		t.nextGen++
+		e.gen = t.nextGen
+	}
+	if !t.addPartLocked(e, t.self, e.gen, hits, true) {
+		t.dropped.Add(hits)
+		return
+	}
+	e.req = *req
+	e.req.Hits, e.req.Behavior = 0, 0
+	t.recorded.Add(hits)
+}
+
+// attach sets the settlement of every state of ss whose key has parts.
+func (t *standins) attach(ss []limiter.Snapshot) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.m) == 0 {
+		return
+	}
+	for i := range ss {
+		s := &ss[i]
+		if s.Settle != nil {
+			continue // passed on as it was sent
+		}
+		e, ok := t.m[debtKey{s.Name, s.Key}]
+		if !ok || len(e.parts) == 0 || e.req.Algorithm != s.Algorithm {
+			continue
+		}
+		s.Settle = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+	}
+}
+
+// merge merges sn into store at now. When sn carries a settlement or this
+// node holds parts of its key, sn and the store's state are two histories
+// of the key: it charges the hits of sn's parts this node has not counted
+// to the store's state, and those of this node's parts sn does not count
+// to sn, merges (limiter.Store.MergeCharged), and keeps the parts. Without
+// room for the key's parts it merges sn alone.
+func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
+	k := debtKey{sn.Name, sn.Key}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, held := t.m[k]
+	if held && (len(e.parts) == 0 || e.req.Algorithm != sn.Algorithm) {
+		held = false
+	}
+	if sn.Settle == nil && !held {
+		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+		return n > 0, err
+	}
+	if !held {
+		if e = t.entryLocked(k); e == nil {
+			for _, p := range sn.Settle.Parts {
+				t.dropped.Add(p.Hits)
+			}
+			n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+			return n > 0, err
+		}
+	}
+	var theirs, mine int64
+	var in []limiter.SettlePart
+	charge := e.req
+	if st := sn.Settle; st != nil {
+		in = st.Parts
+		charge = st.Request
+	}
+	for _, p := range in {
+		theirs += max(p.Hits-partHits(e.parts, p.Origin, p.Gen), 0)
+	}
+	for _, q := range e.parts {
+		mine += max(q.Hits-partHits(in, q.Origin, q.Gen), 0)
+	}
+	charge.Hits = min(theirs, limiter.MaxLimit)
+	changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
+	if err != nil {
+		if len(e.parts) == 0 {
+			t.removeLocked(k, e)
+		}
+		return false, err
+	}
+	t.charged.Add(charge.Hits)
+	for _, p := range in {
+		if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
+			t.dropped.Add(p.Hits)
+		}
+	}
+	if e.req.Name == "" {
+		e.req = charge
+		e.req.Hits = 0
+	}
+	return changed, nil
+}
+
+// partHits returns the hits of the part of origin and gen in ps, 0 when
+// there is none.
+func partHits(ps []limiter.SettlePart, origin string, gen uint64) int64 {
+	for _, p := range ps {
+		if p.Origin == origin && p.Gen == gen {
+			return p.Hits
+		}
+	}
+	return 0
+}
+
+func (t *standins) removeLocked(k debtKey, e *standinRec) {
+	delete(t.m, k)
+	t.bytes -= e.size
+}
+
+// prune forgets the parts of keys whose state store no longer holds live
+// at now: they count nothing any more.
+func (t *standins) prune(store *limiter.Store, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.m {
+		if _, ok := store.Snapshot(k.name, k.key, now); !ok {
+			t.removeLocked(k, e)
+		}
+	}
+}
+
+// counts returns the stand-in counters of SettleStats.
+func (t *standins) counts() (recorded, charged, dropped int64) {
+	return t.recorded.Load(), t.charged.Load(), t.dropped.Load()
+}

@@ -1,0 +1,103 @@
+package limiter
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// MergeCharged adds the hits charged to the store's own state, then keeps
+// the larger of that and the state merged, never charging more than the
+// state merged still counts.
+func TestMergeChargedAddsThenMerges(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Hour)
+	for _, a := range Algorithms {
+		req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Hour, Algorithm: a}
+		if a == LeakyBucket {
+			continue // a queue: its hits are delays, not a count to add
+		}
+		t.Run(a.String(), func(t *testing.T) {
+			owner, standIn := newTestStore(t), newTestStore(t)
+			checkHits(t, owner, req, 50, t0)
+			checkHits(t, standIn, req, 30, t0.Add(time.Second))
+			sn, _ := standIn.Snapshot("n", "k", t0.Add(time.Second))
+			charge := req
+			charge.Hits = 30
+			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
+				t.Fatalf("%d remaining after 50 and 30 more charged, want 20", r)
+			}
+			// Charged again with the same state, as a second copy would
+			// be without its parts: the charge adds up, capped.
+			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r != 0 {
+				t.Fatalf("%d remaining after 110 charged, want 0", r)
+			}
+		})
+	}
+}
+
+// A store's own stand-in hits are charged to the state merged when that
+// state is the other history: the owner's 50 meet the stand-in's 30 at the
+// stand-in, and the key holds 80.
+func TestMergeChargedChargesTheStateMerged(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Hour)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter, TokenBucket, GCRA, SlidingWindowLog} {
+		req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Hour, Algorithm: a}
+		owner, standIn := newTestStore(t), newTestStore(t)
+		checkHits(t, owner, req, 50, t0)
+		checkHits(t, standIn, req, 30, t0.Add(time.Second))
+		sn, _ := owner.Snapshot("n", "k", t0.Add(time.Second))
+		if _, err := standIn.MergeCharged(&sn, req, 30, t0.Add(2*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if r := remainingAt(t, standIn, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
+			t.Fatalf("%s: %d remaining after 50 merged onto 30 of its own, want 20", a, r)
+		}
+	}
+}
+
+// A state that counts fewer hits than the charge (its window ended, its
+// bucket drained) charges only what it counts.
+func TestMergeChargedAtMostWhatTheStateCounts(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Minute)
+	req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Minute, Algorithm: TokenBucket}
+	owner, standIn := newTestStore(t), newTestStore(t)
+	checkHits(t, standIn, req, 40, t0)
+	sn, _ := standIn.Snapshot("n", "k", t0)
+	charge := req
+	charge.Hits = 40
+	later := t0.Add(18 * time.Second) // 30 of 40 drained
+	if _, err := owner.MergeCharged(&sn, charge, 0, later); err != nil {
+		t.Fatal(err)
+	}
+	if r := remainingAt(t, owner, req, later); r < 89 || r > 90 {
+		t.Fatalf("%d remaining, want 90: only the 10 the state still counts are charged", r)
+	}
+	charge.Key = "other"
+	if _, err := owner.MergeCharged(&sn, charge, 0, later); !errors.Is(err, ErrInvalidSnapshot) {
+		t.Fatalf("a charge of another key: err %v, want ErrInvalidSnapshot", err)
+	}
+}
+
+func checkHits(t *testing.T, s *Store, req Request, hits int64, at time.Time) {
+	t.Helper()
+	req.Hits = hits
+	if d, err := s.CheckAt(req, at); err != nil || !d.Allowed {
+		t.Fatalf("%d hits: allowed %v, err %v", hits, d.Allowed, err)
+	}
+}
+
+func remainingAt(t *testing.T, s *Store, req Request, at time.Time) int64 {
+	t.Helper()
+	req.Hits = 0
+	d, err := s.CheckAt(req, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}

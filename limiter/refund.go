@@ -1,9 +1,10 @@
 package limiter
 
 // refund returns req.Hits to st, which decide has already reset if its
-// state was stale, for a refund without a Window (see refundWindow). Only what is still counted can be given back: a bucket
-// level, the count of the window the hits went into, the TAT, the newest
-// log entries; nothing goes below fresh.
+// state was stale, for a refund without Charged (see refundWindow). Only
+// what is still counted can be given back: a bucket level, the count of
+// the window the hits went into, the TAT, the newest log entries; nothing
+// goes below fresh.
 func refund(st *state, lg *windowLog, req *Request, now int64) {
 	h := req.Hits
 	switch req.Algorithm {
@@ -101,22 +102,18 @@ func (st *state) windowCount(req *Request) int {
 // holds req.Charged, and reports whether one does (see windowCount);
 // nothing goes below zero.
 func refundWindow(st *state, req *Request) bool {
-	h := req.Hits
-	switch st.windowCount(req) {
-	case curWindow:
-		if req.Algorithm == SlidingWindowCounter {
-			q := counterPeriod(st, int64(req.Period))
-			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
-			st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
-		} else {
-			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
-		}
-	case prevWindow:
-		q := counterPeriod(st, int64(req.Period))
-		st.setPrevWindowHits(max(st.prevWindowHits()-h, 0))
-		st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
-	default:
+	which := st.windowCount(req)
+	if which == noWindow {
 		return false
+	}
+	q := counterPeriod(st, int64(req.Period)) // a counter's, before its counts change
+	if which == prevWindow {
+		st.setPrevWindowHits(max(st.prevWindowHits()-req.Hits, 0))
+	} else {
+		st.setWindow(st.windowStart(), max(st.windowHits()-req.Hits, 0))
+	}
+	if req.Algorithm == SlidingWindowCounter {
+		st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
 	}
 	return true
 }

@@ -80,7 +80,10 @@ type Verdict struct {
 	// anyway.
 	ShadowRejected bool
 	// Refunded says hits were consumed and then given back: a concurrent
-	// request got in first, or the wait was abandoned.
+	// request got in first, or the wait was abandoned. A window limit's
+	// go back to the window that charged them only, while the key's state
+	// counts it: its Limit's Decision.Window names that window when they
+	// did, and is zero when the window had ended and they stayed there.
 	Refunded bool
 	// Err is set when the limiter failed for some limit; Allowed is then
 	// false and nothing stays consumed (unless giving it back failed too,

@@ -68,6 +68,7 @@ func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Po
 	})
 	if timedOut {
 		n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
+		n.waitedOut.Add(1)
 		return n.unreachable(req, policy)
 	}
 	return d, err
@@ -225,10 +226,14 @@ func (n *Node) answered(ctx context.Context, req *limiter.Request, policy sluice
 	return d, err, false
 }
 
-// departing reports whether serf knows the member named name as leaving or
-// gone, though the ring may still route to it. It is asked only when a
+// departing reports whether the member named name confirmed its
+// departure, or serf knows it as leaving or gone, though the ring may
+// still route to it. It is asked only when a
 // forwarded check or a transfer failed.
 func (n *Node) departing(name string) bool {
+	if n.departures.has(name) {
+		return true
+	}
 	for _, m := range n.serf.Members() {
 		if m.Name == name {
 			return m.Status != serf.StatusAlive

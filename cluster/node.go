@@ -39,15 +39,23 @@ var (
 
 // Stats counts what a node has done.
 type Stats struct {
-	Local         int64 // checks decided here as owner
-	Forwarded     int64 // checks sent to their owner
-	WithoutOwner  int64 // checks decided under the unreachable policy
-	DroppedEvents int64 // member events not delivered on Config.Events
-	Transfers     TransferStats
-	Store         limiter.StoreStats
-	Leases        LeaseStats
-	Persist       PersistStats // zero without Config.DataDir
-	Settle        SettleStats
+	Local        int64 // checks decided here as owner
+	Forwarded    int64 // checks sent to their owner
+	WithoutOwner int64 // checks decided under the unreachable policy
+	// WaitedOut counts the checks and lease requests that waited
+	// Config.HandoverTimeout for a node to decide their key, then went to
+	// the unreachable policy (they are in WithoutOwner too).
+	WaitedOut int64
+	// HandoverExpired counts the memberships whose moved keys this node
+	// began to decide when Config.HandoverTimeout passed, without the
+	// hand-over confirmation of every member.
+	HandoverExpired int64
+	DroppedEvents   int64 // member events not delivered on Config.Events
+	Transfers       TransferStats
+	Store           limiter.StoreStats
+	Leases          LeaseStats
+	Persist         PersistStats // zero without Config.DataDir
+	Settle          SettleStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -86,6 +94,7 @@ type Node struct {
 	closed     atomic.Bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
 	transfers  transfers  // hand-off and replication (handoff.go)
+	departures departures // members that left, before serf says so
 	// proofCtx ends the members' proofs in flight when the node closes.
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
@@ -97,8 +106,8 @@ type Node struct {
 	rememberMu sync.Mutex    // guards remembered and the members file
 	remembered []rememberedMember
 
-	local, forwarded, withoutOwner, droppedEvents atomic.Int64
-	debts                                         *debts // hits admitted without the owner, to settle (settle.go)
+	local, forwarded, withoutOwner, waitedOut, droppedEvents atomic.Int64
+	debts                                                    *debts // hits admitted without the owner, to settle (settle.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -426,15 +435,17 @@ func (n *Node) Store() *limiter.Store { return n.store }
 // Stats returns the node's counters.
 func (n *Node) Stats() Stats {
 	return Stats{
-		Local:         n.local.Load(),
-		Forwarded:     n.forwarded.Load(),
-		WithoutOwner:  n.withoutOwner.Load(),
-		DroppedEvents: n.droppedEvents.Load(),
-		Transfers:     n.transfers.stats(),
-		Store:         n.store.Stats(),
-		Leases:        n.leaseStats(),
-		Persist:       n.persist.stats(),
-		Settle:        n.debts.stats(),
+		Local:           n.local.Load(),
+		Forwarded:       n.forwarded.Load(),
+		WithoutOwner:    n.withoutOwner.Load(),
+		WaitedOut:       n.waitedOut.Load(),
+		HandoverExpired: n.handover.expired.Load(),
+		DroppedEvents:   n.droppedEvents.Load(),
+		Transfers:       n.transfers.stats(),
+		Store:           n.store.Stats(),
+		Leases:          n.leaseStats(),
+		Persist:         n.persist.stats(),
+		Settle:          n.debts.stats(),
 	}
 }
 
@@ -536,7 +547,8 @@ func (n *Node) eventLoop() {
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
-	members := n.proofs.admit(n.compatibleRingMembers(), n.now())
+	n.departures.forget(kind, changed)
+	members := n.proofs.admit(n.departures.without(n.compatibleRingMembers()), n.now())
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
 		if m.Name != n.cfg.NodeName {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
@@ -174,7 +175,7 @@ func (n *Node) startTransfers() {
 }
 
 func (n *Node) handoffLoop() {
-	var expire *clockTimer // the hand-over's timeout, on the node's clock
+	var expire *clocks.Timer // the hand-over's timeout, on the node's clock
 	never := make(chan struct{})
 	expired := func() <-chan struct{} {
 		if expire == nil {
@@ -187,7 +188,7 @@ func (n *Node) handoffLoop() {
 		expire.Stop()
 		expire = nil
 		if at := n.handover.expire(n.now()); !at.IsZero() {
-			expire = newTimer(n.clock, at.Sub(n.now()))
+			expire = clocks.NewTimer(n.clock, at.Sub(n.now()))
 		}
 	}
 	for {
@@ -424,7 +425,7 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
 // this node after its gRPC server stopped, which their senders decide
 // under their unreachable policy.
 func (n *Node) leaveHandoff() error {
-	ctx, cancel := withTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
+	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
 	n.transfers.changedMu.Lock()

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
@@ -364,8 +365,8 @@ func (n *Node) startLeases() error {
 		}
 	}
 	if n.leases.enabled {
-		t, stop, now, timeout, logger := n.leases, n.shutdown, n.now, n.cfg.Peer.Timeout, n.logger
-		n.goFunc(func() { t.loop(stop, leaseCalls{n}, now, timeout, logger) })
+		t, stop, clock, timeout, logger := n.leases, n.shutdown, n.clock, n.cfg.Peer.Timeout, n.logger
+		n.goFunc(func() { t.loop(stop, leaseCalls{n}, clock, timeout, logger) })
 	}
 	return nil
 }
@@ -667,16 +668,17 @@ type leaseOwners interface {
 // loop makes the lease requests the hot path asks for, sends unused hits
 // back, and retires expired leases, leases unused for a quarter of a TTL
 // and leases whose owner changed, until stop is closed. Then it returns
-// every outstanding lease, within returnTimeout. now is the node's clock.
-func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, now func() time.Time, returnTimeout time.Duration, logger *slog.Logger) {
+// every outstanding lease, within returnTimeout. clock is the node's.
+func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock, returnTimeout time.Duration, logger *slog.Logger) {
+	now := clock.Now
 	ctx, cancel := context.WithCancel(context.Background())
 	var work sync.WaitGroup // lease requests and returns in flight
 	defer func() {
 		cancel()
 		work.Wait()
-		t.returnAll(owners, now().UnixNano(), returnTimeout)
+		t.returnAll(owners, clock, returnTimeout)
 	}()
-	tick := time.NewTicker(max(t.cfg.TTL/4, time.Millisecond))
+	tick := clocks.NewTicker(clock, max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
 	sendReturns := func() {
 		if t.sendingReturns.CompareAndSwap(false, true) {
@@ -779,9 +781,10 @@ func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) {
 	wg.Wait()
 }
 
-// returnAll retires every lease at now and sends the unused hits back,
-// within timeout. The node is closing: nothing leases any more.
-func (t *leaseTable) returnAll(owners leaseOwners, now int64, timeout time.Duration) {
+// returnAll retires every lease now and sends the unused hits back,
+// within timeout on clock. The node is closing: nothing leases any more.
+func (t *leaseTable) returnAll(owners leaseOwners, clock Clock, timeout time.Duration) {
+	now := clock.Now().UnixNano()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -792,7 +795,7 @@ func (t *leaseTable) returnAll(owners leaseOwners, now int64, timeout time.Durat
 		}
 		sh.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := clocks.WithTimeout(context.Background(), clock, timeout)
 	defer cancel()
 	t.sendReturns(ctx, owners)
 }

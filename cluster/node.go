@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/peer"
 	"github.com/sluicehq/sluice/ring"
@@ -187,7 +188,7 @@ func New(cfg Config) (n *Node, err error) {
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
 	if pcfg.Clock == nil {
-		pcfg.Clock = n.now
+		pcfg.Clock = n.clock
 	}
 	if pcfg.SendClock == nil {
 		pcfg.SendClock = n.now // the clock the states' times are on
@@ -505,7 +506,10 @@ func (n *Node) Close() error {
 	return err
 }
 
-// stopGRPC drains in-flight calls for up to grace, then stops hard.
+// stopGRPC drains in-flight calls for up to grace, then stops hard. The
+// grace is on the system's clock, not the node's: it bounds how long
+// stopping takes, which must end even when a test's clock stands still
+// while peers hold streams open; it decides nothing.
 func stopGRPC(s *grpc.Server, grace time.Duration) {
 	done := make(chan struct{})
 	go func() {
@@ -581,7 +585,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 }
 
 func (n *Node) sweepLoop() {
-	t := time.NewTicker(n.cfg.SweepInterval)
+	t := clocks.NewTicker(n.clock, n.cfg.SweepInterval)
 	defer t.Stop()
 	for {
 		select {

@@ -657,9 +657,11 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 type leaseOwners interface {
 	// ownerOf returns the owner of (name, key) in this node's ring.
 	ownerOf(name, key string) (string, bool)
-	// lease asks owner for up to want hits of req's key for ttl; an owner
-	// that cannot be called now gives an error wrapping
-	// transport.ErrUnavailable without a call.
+	// lease asks owner for up to want hits of req's key for ttl, on the
+	// route a check of the key takes (router.pick); an owner that cannot
+	// be called now gives an error wrapping transport.ErrUnavailable, and
+	// one that is not the key's settled owner an error wrapping
+	// ErrLeaseRefused, without a call.
 	lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error)
 	// giveBack returns hits of req's key to owner.
 	giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error
@@ -810,12 +812,26 @@ func (c leaseCalls) ownerOf(name, key string) (string, bool) {
 	return o.Name, ok
 }
 
+// lease takes a check's route: the router picks where req's key is
+// decided now, as it does for every check (check.go's plan), and the
+// request goes only to a settled owner that is owner: a key this node
+// decides, one in hand-over, one whose owner changed since the lease
+// was asked for, or whose owner cannot be called now (its breaker is
+// open), is not leased, and the loop asks again later. The call's outcome
+// feeds the owner's breaker as a forwarded check's does.
 func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
-	cl, ok := c.n.peers.Get(owner)
-	if !ok || !c.n.router.mayLease(owner, c.n.now().UnixNano()) {
-		return transport.Lease{}, fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+	r := c.n.router
+	p := r.pick(ring.RouteHash(req.Name, req.Key))
+	if p.way != wayOwner || p.peer != owner {
+		r.release(&p)
+		if p.way == wayDown || p.way == wayNotReady {
+			return transport.Lease{}, fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+		}
+		return transport.Lease{}, fmt.Errorf("%w: %s does not decide %s/%s now", ErrLeaseRefused, owner, req.Name, req.Key)
 	}
-	return cl.Lease(ctx, req, want, ttl)
+	l, err := p.client.Lease(ctx, req, want, ttl)
+	r.done(&p, err)
+	return l, err
 }
 
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {

@@ -193,4 +193,3 @@ func batchErr(rs []transport.Result) error {
 	}
 	return gone
 }
-

@@ -1,15 +1,15 @@
 package cluster
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/serf/serf"
+
+	"github.com/sluicehq/sluice/internal/clocks"
 )
 
 // A node is ready (it decides the keys it owns) only inside a cluster that
@@ -160,7 +160,7 @@ func (n *Node) readyLoop() {
 // remembers members), the seeds until they answer, and then the addresses of seeds and remembered
 // members that are not alive members.
 func (n *Node) rejoinLoop() {
-	t := time.NewTicker(n.cfg.RetryJoinInterval)
+	t := clocks.NewTicker(n.clock, n.cfg.RetryJoinInterval)
 	defer t.Stop()
 	n.rememberMu.Lock()
 	remembered := len(n.remembered) > 0
@@ -221,7 +221,7 @@ func (n *Node) rejoinTargets(seeds []string) []string {
 	if len(want) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(n.transfers.ctx, resolveTimeout)
+	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, resolveTimeout)
 	defer cancel()
 	addrs, _ := resolveSeeds(ctx, n.resolver, want, n.selfGossip())
 	// A leaving member is going: joining it would only slow its leave.

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -26,6 +27,9 @@ func (n *Node) Check(ctx context.Context, req limiter.Request, opts ...sluice.Ch
 	if n.metrics == nil && n.tracing == nil {
 		return n.check(ctx, &req, opts)
 	}
+	// Latencies are measured on the system's monotonic clock, not the
+	// node's: they report how long the caller waited, which a test's
+	// clock does not change.
 	start := time.Now()
 	var span trace.Span
 	if n.tracing != nil && ctx != nil {
@@ -68,6 +72,7 @@ func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Po
 	})
 	if timedOut {
 		n.logger.Warn("cluster: no owner decided the key in time", "name", req.Name, "key", req.Key, "after", n.cfg.HandoverTimeout)
+		n.waitedOut.Add(1)
 		return n.unreachable(req, policy)
 	}
 	return d, err
@@ -120,7 +125,7 @@ func (n *Node) waitRoute(ctx context.Context, deadline time.Time, backoff *time.
 		return false
 	}
 	*backoff = min(2**backoff, 50*time.Millisecond)
-	t := newTimer(n.clock, wait)
+	t := clocks.NewTimer(n.clock, wait)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -225,10 +230,14 @@ func (n *Node) answered(ctx context.Context, req *limiter.Request, policy sluice
 	return d, err, false
 }
 
-// departing reports whether serf knows the member named name as leaving or
-// gone, though the ring may still route to it. It is asked only when a
+// departing reports whether the member named name confirmed its
+// departure, or serf knows it as leaving or gone, though the ring may
+// still route to it. It is asked only when a
 // forwarded check or a transfer failed.
 func (n *Node) departing(name string) bool {
+	if n.departures.has(name) {
+		return true
+	}
 	for _, m := range n.serf.Members() {
 		if m.Name == name {
 			return m.Status != serf.StatusAlive
@@ -331,7 +340,8 @@ func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sl
 	return n.checkMany(ctx, reqs, policies)
 }
 
-// recordMany records the metrics of a batch answered together.
+// recordMany records the metrics of a batch answered together, started
+// at start on the system's clock (as Check's latency is).
 func (n *Node) recordMany(reqs []limiter.Request, out []sluice.Result, start time.Time) {
 	if n.metrics == nil {
 		return

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/peer"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -67,7 +68,7 @@ func TestCheckManyOwnerStalled(t *testing.T) {
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		switch i {
 		case 0:
-			cfg.Peer.Clock = clk.Now
+			cfg.Peer.Clock = peer.ClockFunc(clk.Now)
 			timeout = cfg.Peer.Timeout
 		case 1:
 			cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainStreamInterceptor(st.intercept))

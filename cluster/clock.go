@@ -1,14 +1,17 @@
 package cluster
 
 import (
-	"context"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/clocks"
 )
 
 // Clock is the one time a Node reads and waits on: the time its
-// decisions are made at, and every deadline of its own (a hand-over's
-// timeout, the wait of a check for a key's owner, the outbox's retries and
-// give-up time, the peer clients' check deadlines, the proofs' retries).
+// decisions are made at, and every deadline, timer and ticker of its own
+// (a hand-over's timeout, the wait of a check for a key's owner, the
+// outbox's retries and give-up time, the peer clients' call deadlines,
+// the proofs' retries, the periodic sweeps, copies, clock probes and join
+// retries, the lease loop, a Leave's time limit).
 // A deadline is the clock's Now plus a duration, waited for with the
 // clock's AfterFunc and compared with the clock's Now, so no deadline is
 // started on one clock and ended on another. Implementations are safe for
@@ -29,15 +32,7 @@ type Clock interface {
 }
 
 // SystemClock returns the system's clock.
-func SystemClock() Clock { return systemClock{} }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
-	return time.AfterFunc(d, f).Stop
-}
+func SystemClock() Clock { return clocks.System{} }
 
 // ClockFunc is a Clock that reads the time from the function and waits
 // on the system's timer: AfterFunc(d, f) calls f once d has passed on the
@@ -55,45 +50,7 @@ func (c ClockFunc) AfterFunc(d time.Duration, f func()) func() bool {
 }
 
 var (
-	_ Clock = systemClock{}
-	_ Clock = ClockFunc(nil)
+	_ Clock        = ClockFunc(nil)
+	_ clocks.Clock = Clock(nil)
+	_ Clock        = clocks.Clock(nil)
 )
-
-// clockTimer is a one-shot timer on a Clock, for selects: C receives once
-// the duration has passed.
-type clockTimer struct {
-	C    chan struct{}
-	stop func() bool
-}
-
-// newTimer starts a timer of d on c.
-func newTimer(c Clock, d time.Duration) *clockTimer {
-	t := &clockTimer{C: make(chan struct{}, 1)}
-	t.stop = c.AfterFunc(d, t.fire)
-	return t
-}
-
-func (t *clockTimer) fire() {
-	select {
-	case t.C <- struct{}{}:
-	default:
-	}
-}
-
-// Stop stops the timer; it is safe on a nil timer.
-func (t *clockTimer) Stop() {
-	if t != nil {
-		t.stop()
-	}
-}
-
-// withTimeout is context.WithTimeout with d measured on c: ctx ends, with
-// context.DeadlineExceeded as its cause, once d has passed on c.
-func withTimeout(ctx context.Context, c Clock, d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := c.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
-	return ctx, func() {
-		stop()
-		cancel(context.Canceled)
-	}
-}

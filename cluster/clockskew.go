@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 )
 
@@ -188,7 +189,7 @@ func (n *Node) probeClocks(ctx context.Context) {
 func (n *Node) clockLoop() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	t := time.NewTicker(n.cfg.ClockProbeInterval)
+	t := clocks.NewTicker(n.clock, n.cfg.ClockProbeInterval)
 	defer t.Stop()
 	for {
 		select {

@@ -251,11 +251,14 @@ type Config struct {
 	// any caller (no TLS identities, no ClusterSecret), which then goes to
 	// slog.Default().
 	Logger *slog.Logger
-	// Clock is the time decisions are made at and every deadline of the
-	// node is measured on (hand-over timeouts, a check's wait for its
-	// key's owner, the outbox's retries, the peer clients' deadlines when
-	// Peer.Clock is nil); nil is SystemClock(). ClockFunc adapts a
-	// function.
+	// Clock is the time decisions are made at and every deadline, timer
+	// and ticker of the node is measured on (hand-over timeouts, a check's
+	// wait for its key's owner, the outbox's retries, the peer clients'
+	// deadlines when Peer.Clock is nil, the periodic sweeps, copies, clock
+	// probes and join retries, the lease loop, a Leave's time limit); nil
+	// is SystemClock(). ClockFunc adapts a function. Only the grace of
+	// gRPC's shutdown and the latencies of metrics and logs are on the
+	// system's clock, as are gRPC's own keepalives.
 	Clock Clock
 	// MaxClockSkew is the largest offset between two nodes' clocks the
 	// cluster tolerates: the node estimates each member's offset every

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -62,6 +65,9 @@ type transfers struct {
 	// Leave alone hands off, to the owners on the ring without this node,
 	// and takes the store's changes.
 	leaving atomic.Bool
+	// lastPass is set when Leave has sent its last states: the hand-off
+	// loop sends nothing more.
+	lastPass atomic.Bool
 
 	handedOff, replicated, failures, givenUp, merged, rejected, passes atomic.Int64
 }
@@ -169,7 +175,7 @@ func (n *Node) startTransfers() {
 }
 
 func (n *Node) handoffLoop() {
-	var expire *clockTimer // the hand-over's timeout, on the node's clock
+	var expire *clocks.Timer // the hand-over's timeout, on the node's clock
 	never := make(chan struct{})
 	expired := func() <-chan struct{} {
 		if expire == nil {
@@ -182,7 +188,7 @@ func (n *Node) handoffLoop() {
 		expire.Stop()
 		expire = nil
 		if at := n.handover.expire(n.now()); !at.IsZero() {
-			expire = newTimer(n.clock, at.Sub(n.now()))
+			expire = clocks.NewTimer(n.clock, at.Sub(n.now()))
 		}
 	}
 	for {
@@ -190,7 +196,16 @@ func (n *Node) handoffLoop() {
 		case <-n.shutdown:
 			return
 		case <-n.transfers.wake:
-			if !n.transfers.leaving.Load() { // Leave hands off on its own
+			if n.transfers.leaving.Load() {
+				// Leave hands off every state on its own; a membership
+				// that changes meanwhile (a join during a leave) still
+				// gets what moved and this node's confirmation, so that
+				// its new owners need not wait for the leave to end,
+				// until Leave's last pass.
+				if !n.transfers.lastPass.Load() {
+					n.handoffPass(nil)
+				}
+			} else {
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
@@ -412,7 +427,7 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
 // this node after its gRPC server stopped, which their senders decide
 // under their unreachable policy.
 func (n *Node) leaveHandoff() error {
-	ctx, cancel := withTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
+	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
 	defer cancel()
 	track := n.cfg.Replicas > 1
 	n.transfers.changedMu.Lock()
@@ -426,9 +441,11 @@ func (n *Node) leaveHandoff() error {
 	var lost int
 	// Each pass sends to the owners on the ring of the members other than
 	// this node at that time: one that left meanwhile gets nothing.
-	var unrouted int // states with no member to go to
+	var unrouted int         // states with no member to go to
+	var sentTo []ring.Member // the members of the last pass's target ring
 	pass := func(collect func(func(limiter.Snapshot))) {
 		others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+		sentTo = others
 		var target *ring.Ring
 		if len(others) > 0 {
 			var err error
@@ -458,6 +475,9 @@ func (n *Node) leaveHandoff() error {
 		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
 	}
 	pass(all)
+	// Whether this node alone decided the keys it owns: then, once its
+	// states are delivered, they are whole on their new owners.
+	sole := n.handover.ownsAllSettled()
 	// Stop deciding: local checks get ErrClosed, and forwarded ones
 	// ErrNotOwner, so that their senders route them again once their
 	// rings have dropped this node, to owners that hold its states.
@@ -488,7 +508,20 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 	}
+	// A member that joined or left meanwhile: every state goes again to
+	// the owners on the ring without this node now, which the departure
+	// below confirms.
+	for range 3 {
+		if ctx.Err() != nil || !n.ringChangedSince(sentTo) {
+			break
+		}
+		pass(all)
+	}
+	n.transfers.lastPass.Store(true)
 	lost += len(n.transfers.takeForeign()) + int(n.transfers.givenUp.Load()-givenUp)
+	if sole && lost == 0 && ctx.Err() == nil && !n.ringChangedSince(sentTo) {
+		n.confirmDeparture(ctx, sentTo)
+	}
 	if n.persist == nil {
 		lost += unrouted
 	} else if unrouted > 0 {
@@ -503,6 +536,33 @@ func (n *Node) leaveHandoff() error {
 	return err
 }
 
+// ringChangedSince reports whether the ring's members other than this
+// node are no longer others.
+func (n *Node) ringChangedSince(others []ring.Member) bool {
+	now := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+	return !slices.Equal(now, others)
+}
+
+// confirmDeparture sends every member of others, the membership this
+// leaving node handed all its states to, the confirmation of that
+// membership, and waits until they are delivered or ctx ends. A member
+// takes the confirmation of a membership without its sender as the
+// sender's departure (handover.confirm): the sender decides nothing any
+// more and decided alone the keys it owned, whose whole states are on
+// their owners in others. So each member decides at once the keys that
+// move to it when it drops the sender, and confirms nothing else first.
+// It is sent only when this node had every key it owned settled (no
+// other node decided them meanwhile) and delivered every state.
+func (n *Node) confirmDeparture(ctx context.Context, others []ring.Member) {
+	fp := ring.Fingerprint(others)
+	for _, m := range others {
+		n.transfers.outbox.confirmTo(m.Name, fp)
+	}
+	if k := n.transfers.outbox.waitConfirmed(ctx); k > 0 {
+		n.logger.Warn("cluster: leave: departure not confirmed to every member", "members", k)
+	}
+}
+
 // stateSink takes key states other nodes send to this one, and their
 // hand-over confirmations.
 type stateSink struct{ n *Node }
@@ -514,7 +574,65 @@ var (
 
 // HandoffDone records a member's hand-over confirmation (handover.go).
 func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64) {
-	s.n.handover.confirm(from, fp)
+	if s.n.handover.confirm(from, fp) && s.n.departures.add(from) {
+		// The member left with every state handed over: the ring drops
+		// it now, without waiting for gossip to say it left, and the
+		// sender's wait for this answer covers the rebuild.
+		s.n.rebuild(0)
+	}
+}
+
+// departures are the members that confirmed their departure
+// (confirmDeparture) and that serf has not reported gone or back since:
+// the ring leaves them out. Safe for concurrent use.
+type departures struct {
+	mu    sync.Mutex // guards names
+	names map[string]bool
+}
+
+// add marks name departed, and reports whether it was not already; it
+// keeps at most maxDeparted names, the rest wait for serf.
+func (d *departures) add(name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.names[name] || len(d.names) >= maxDeparted {
+		return false
+	}
+	if d.names == nil {
+		d.names = map[string]bool{}
+	}
+	d.names[name] = true
+	return true
+}
+
+// forget unmarks the members serf reported an event of other than an
+// update: they left, failed or came back, so serf's word on them holds.
+func (d *departures) forget(kind MemberEventKind, changed []serf.Member) {
+	if kind == 0 || kind == MemberUpdated {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, m := range changed {
+		delete(d.names, m.Name)
+	}
+}
+
+// has reports whether name is marked departed.
+func (d *departures) has(name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.names[name]
+}
+
+// without returns members less the departed ones.
+func (d *departures) without(members []ring.Member) []ring.Member {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.names) == 0 {
+		return members
+	}
+	return slices.DeleteFunc(members, func(m ring.Member) bool { return d.names[m.Name] })
 }
 
 // TakeStates merges states into the store at the node's time, one at a

@@ -81,6 +81,9 @@ type handover struct {
 	// ready: joined (or given no seeds), serf running, not leaving. Written
 	// under mu, read without it.
 	ready atomic.Bool
+	// expired counts the memberships whose moved keys the timeout
+	// settled (expire).
+	expired atomic.Int64
 
 	mu       sync.Mutex        // guards the fields below
 	r        *ring.Ring        // the node's ring
@@ -248,8 +251,10 @@ func (h *handover) ringOf(ms []ring.Member) *ring.Ring {
 }
 
 // confirm records that the member from has adopted the membership of
-// fingerprint fp and delivered what it owed this node.
-func (h *handover) confirm(from string, fp uint64) {
+// fingerprint fp and delivered what it owed this node. departed is set
+// when fp is the membership without from: from has left it (leaveHandoff),
+// and the ring should drop it now.
+func (h *handover) confirm(from string, fp uint64) (departed bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, known := h.lastDone[from]; !known && len(h.lastDone) >= maxConfirmations {
@@ -263,16 +268,90 @@ func (h *handover) confirm(from string, fp uint64) {
 			}
 		}
 		if len(h.lastDone) >= maxConfirmations {
-			return
+			return false
 		}
 	}
 	h.lastDone[from] = fp
-	if fp == h.fp && h.awaited[from] {
-		delete(h.awaited, from)
-		if len(h.awaited) == 0 {
+	member := h.isMember(from)
+	departed = member && fp != h.fp && fp == h.departureOf(from)
+	switch {
+	case fp == h.fp && !member:
+		// A member that left this membership confirmed it: the keys it
+		// owned are settled here (publishLocked).
+		h.publishLocked(true)
+	case fp == h.fp || departed:
+		// A member's departure (leaveHandoff) also confirms the
+		// membership it leaves: it decides none of its keys any more and
+		// has delivered every state it held.
+		if h.awaited[from] {
+			delete(h.awaited, from)
 			h.publishLocked(true)
 		}
 	}
+	return departed
+}
+
+// departureOf returns the fingerprint of the ring's membership without
+// name: the confirmation a member sends when it leaves (leaveHandoff).
+func (h *handover) departureOf(name string) uint64 {
+	return ring.Fingerprint(slices.DeleteFunc(h.r.Members(), func(m ring.Member) bool { return m.Name == name }))
+}
+
+// maxDeparted bounds the departed members whose keys one publication
+// settles.
+const maxDeparted = 8
+
+// departedLocked returns, for each member that left the current
+// membership and confirmed it when it left (at most maxDeparted), the
+// ring over the membership and that member: the partitions the member
+// owns there are those it handed to their owners here, where they may be
+// decided at once. h.mu must be held.
+func (h *handover) departedLocked() []*ring.Ring {
+	var out []*ring.Ring
+	members := h.r.Members()
+	for name, done := range h.lastDone {
+		if done != h.fp || slices.ContainsFunc(members, func(m ring.Member) bool { return m.Name == name }) {
+			continue
+		}
+		if r := h.ringOf(append(slices.Clone(members), ring.Member{Name: name})); r != nil {
+			out = append(out, r)
+		}
+		if len(out) == maxDeparted {
+			break
+		}
+	}
+	return out
+}
+
+// handedOver reports whether the partition of hash belonged to one of
+// departed (departedLocked), which handed its keys here when it left.
+func handedOver(departed []*ring.Ring, hash uint64, members []ring.Member) bool {
+	for _, r := range departed {
+		if m, ok := r.OwnerOfHash(hash); ok && !slices.ContainsFunc(members, func(x ring.Member) bool { return x.Name == m.Name }) {
+			return true
+		}
+	}
+	return false
+}
+
+// ownsAllSettled reports whether this node decides every key its ring
+// gives it: no partition it owns is waiting for its hand-over.
+func (h *handover) ownsAllSettled() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.ready.Load() {
+		return false
+	}
+	s := h.settled.Load()
+	if s.version != h.r.Version() {
+		return false
+	}
+	for p := range h.r.Config().PartitionCount {
+		if m, ok := h.r.OwnerOfHash(uint64(p)); ok && m.Name == h.self && !s.has(p) {
+			return false
+		}
+	}
+	return true
 }
 
 // expire settles every owned partition once HandoverTimeout has passed
@@ -291,7 +370,11 @@ func (h *handover) expire(now time.Time) time.Time {
 	names := slices.Sorted(maps.Keys(h.awaited))
 	h.logger.Warn("cluster: deciding moved keys without the hand-over confirmation of some members", "members", names, "after", h.timeout)
 	clear(h.awaited)
+	before := h.settled.Load()
 	h.publishLocked(true)
+	if !slices.Equal(before.bits, h.settled.Load().bits) {
+		h.expired.Add(1) // keys that were waiting are decided now
+	}
 	return time.Time{}
 }
 
@@ -299,20 +382,26 @@ func (h *handover) expire(now time.Time) time.Time {
 // current ring: every partition this node owns when it is ready and no
 // member is waited for, otherwise those it owned, settled, before (when
 // keep is set: the ring changed, or a confirmation came, but nothing
-// unsettled it).
+// unsettled it), and those that a member which left this membership
+// owned and handed here (departedLocked).
 func (h *handover) publishLocked(keep bool) {
 	old := h.settled.Load()
 	version := h.r.Version()
 	bits := make([]uint64, len(old.bits))
 	if h.ready.Load() {
 		all := len(h.awaited) == 0
+		var departed []*ring.Ring
+		if !all {
+			departed = h.departedLocked()
+		}
+		members := h.r.Members()
 		parts := h.r.Config().PartitionCount
 		for p := range parts {
 			m, ok := h.r.OwnerOfHash(uint64(p))
 			if !ok || m.Name != h.self {
 				continue
 			}
-			if all || (keep && old.has(p)) {
+			if all || (keep && old.has(p)) || handedOver(departed, uint64(p), members) {
 				bits[p/64] |= 1 << (p % 64)
 			}
 		}

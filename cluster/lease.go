@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -365,8 +366,8 @@ func (n *Node) startLeases() error {
 		}
 	}
 	if n.leases.enabled {
-		t, stop, now, timeout, logger := n.leases, n.shutdown, n.now, n.cfg.Peer.Timeout, n.logger
-		n.goFunc(func() { t.loop(stop, leaseCalls{n}, now, timeout, logger) })
+		t, stop, clock, timeout, logger := n.leases, n.shutdown, n.clock, n.cfg.Peer.Timeout, n.logger
+		n.goFunc(func() { t.loop(stop, leaseCalls{n}, clock, timeout, logger) })
 	}
 	return nil
 }
@@ -657,9 +658,11 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 type leaseOwners interface {
 	// ownerOf returns the owner of (name, key) in this node's ring.
 	ownerOf(name, key string) (string, bool)
-	// lease asks owner for up to want hits of req's key for ttl; an owner
-	// that cannot be called now gives an error wrapping
-	// transport.ErrUnavailable without a call.
+	// lease asks owner for up to want hits of req's key for ttl, on the
+	// route a check of the key takes (router.pick); an owner that cannot
+	// be called now gives an error wrapping transport.ErrUnavailable, and
+	// one that is not the key's settled owner an error wrapping
+	// ErrLeaseRefused, without a call.
 	lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error)
 	// giveBack returns hits of req's key to owner.
 	giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error
@@ -668,16 +671,17 @@ type leaseOwners interface {
 // loop makes the lease requests the hot path asks for, sends unused hits
 // back, and retires expired leases, leases unused for a quarter of a TTL
 // and leases whose owner changed, until stop is closed. Then it returns
-// every outstanding lease, within returnTimeout. now is the node's clock.
-func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, now func() time.Time, returnTimeout time.Duration, logger *slog.Logger) {
+// every outstanding lease, within returnTimeout. clock is the node's.
+func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock, returnTimeout time.Duration, logger *slog.Logger) {
+	now := clock.Now
 	ctx, cancel := context.WithCancel(context.Background())
 	var work sync.WaitGroup // lease requests and returns in flight
 	defer func() {
 		cancel()
 		work.Wait()
-		t.returnAll(owners, now().UnixNano(), returnTimeout)
+		t.returnAll(owners, clock, returnTimeout)
 	}()
-	tick := time.NewTicker(max(t.cfg.TTL/4, time.Millisecond))
+	tick := clocks.NewTicker(clock, max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
 	sendReturns := func() {
 		if t.sendingReturns.CompareAndSwap(false, true) {
@@ -780,9 +784,10 @@ func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) {
 	wg.Wait()
 }
 
-// returnAll retires every lease at now and sends the unused hits back,
-// within timeout. The node is closing: nothing leases any more.
-func (t *leaseTable) returnAll(owners leaseOwners, now int64, timeout time.Duration) {
+// returnAll retires every lease now and sends the unused hits back,
+// within timeout on clock. The node is closing: nothing leases any more.
+func (t *leaseTable) returnAll(owners leaseOwners, clock Clock, timeout time.Duration) {
+	now := clock.Now().UnixNano()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -793,7 +798,7 @@ func (t *leaseTable) returnAll(owners leaseOwners, now int64, timeout time.Durat
 		}
 		sh.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := clocks.WithTimeout(context.Background(), clock, timeout)
 	defer cancel()
 	t.sendReturns(ctx, owners)
 }
@@ -808,12 +813,26 @@ func (c leaseCalls) ownerOf(name, key string) (string, bool) {
 	return o.Name, ok
 }
 
+// lease takes a check's route: the router picks where req's key is
+// decided now, as it does for every check (check.go's plan), and the
+// request goes only to a settled owner that is owner: a key this node
+// decides, one in hand-over, one whose owner changed since the lease
+// was asked for, or whose owner cannot be called now (its breaker is
+// open), is not leased, and the loop asks again later. The call's outcome
+// feeds the owner's breaker as a forwarded check's does.
 func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {
-	cl, ok := c.n.peers.Get(owner)
-	if !ok || !c.n.router.mayLease(owner, c.n.now().UnixNano()) {
-		return transport.Lease{}, fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+	r := c.n.router
+	p := r.pick(ring.RouteHash(req.Name, req.Key))
+	if p.way != wayOwner || p.peer != owner {
+		r.release(&p)
+		if p.way == wayDown || p.way == wayNotReady {
+			return transport.Lease{}, fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+		}
+		return transport.Lease{}, fmt.Errorf("%w: %s does not decide %s/%s now", ErrLeaseRefused, owner, req.Name, req.Key)
 	}
-	return cl.Lease(ctx, req, want, ttl)
+	l, err := p.client.Lease(ctx, req, want, ttl)
+	r.done(&p, err)
+	return l, err
 }
 
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {

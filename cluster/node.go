@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/peer"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
@@ -40,15 +41,23 @@ var (
 
 // Stats counts what a node has done.
 type Stats struct {
-	Local         int64 // checks decided here as owner
-	Forwarded     int64 // checks sent to their owner
-	WithoutOwner  int64 // checks decided under the unreachable policy
-	DroppedEvents int64 // member events not delivered on Config.Events
-	Transfers     TransferStats
-	Store         limiter.StoreStats
-	Leases        LeaseStats
-	Persist       PersistStats // zero without Config.DataDir
-	Settle        SettleStats
+	Local        int64 // checks decided here as owner
+	Forwarded    int64 // checks sent to their owner
+	WithoutOwner int64 // checks decided under the unreachable policy
+	// WaitedOut counts the checks and lease requests that waited
+	// Config.HandoverTimeout for a node to decide their key, then went to
+	// the unreachable policy (they are in WithoutOwner too).
+	WaitedOut int64
+	// HandoverExpired counts the memberships whose moved keys this node
+	// began to decide when Config.HandoverTimeout passed, without the
+	// hand-over confirmation of every member.
+	HandoverExpired int64
+	DroppedEvents   int64 // member events not delivered on Config.Events
+	Transfers       TransferStats
+	Store           limiter.StoreStats
+	Leases          LeaseStats
+	Persist         PersistStats // zero without Config.DataDir
+	Settle          SettleStats
 }
 
 // Node is one member of a sluice cluster. It is safe for concurrent use.
@@ -91,6 +100,7 @@ type Node struct {
 	closed     atomic.Bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
 	transfers  transfers  // hand-off and replication (handoff.go)
+	departures departures // members that left, before serf says so
 	// proofCtx ends the members' proofs in flight when the node closes.
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
@@ -102,9 +112,9 @@ type Node struct {
 	rememberMu sync.Mutex    // guards remembered and the members file
 	remembered []rememberedMember
 
-	local, forwarded, withoutOwner, droppedEvents atomic.Int64
-	debts                                         *debts    // hits admitted without the owner, to settle (settle.go)
-	standins                                      *standins // hits admitted as a stand-in owner (standin.go)
+	local, forwarded, withoutOwner, waitedOut, droppedEvents atomic.Int64
+	debts                                                    *debts    // hits admitted without the owner, to settle (settle.go)
+	standins                                                 *standins // hits admitted as a stand-in owner (standin.go)
 }
 
 // New validates cfg, starts the gRPC server and serf, and joins cfg.Seeds.
@@ -133,7 +143,7 @@ func New(cfg Config) (n *Node, err error) {
 		n.clock = SystemClock()
 	}
 	n.now = n.clock.Now
-	if _, ok := n.clock.(systemClock); ok {
+	if _, ok := n.clock.(clocks.System); ok {
 		n.now = time.Now // every check reads it: no call through the interface
 	}
 	n.standins = newStandins(cfg.NodeName, n.now())
@@ -188,7 +198,7 @@ func New(cfg Config) (n *Node, err error) {
 	pcfg := cfg.Peer
 	pcfg.Self = cfg.NodeName
 	if pcfg.Clock == nil {
-		pcfg.Clock = n.now
+		pcfg.Clock = n.clock
 	}
 	if pcfg.SendClock == nil {
 		pcfg.SendClock = n.now // the clock the states' times are on
@@ -441,15 +451,17 @@ func (n *Node) Store() *limiter.Store { return n.store }
 // Stats returns the node's counters.
 func (n *Node) Stats() Stats {
 	return Stats{
-		Local:         n.local.Load(),
-		Forwarded:     n.forwarded.Load(),
-		WithoutOwner:  n.withoutOwner.Load(),
-		DroppedEvents: n.droppedEvents.Load(),
-		Transfers:     n.transfers.stats(),
-		Store:         n.store.Stats(),
-		Leases:        n.leaseStats(),
-		Persist:       n.persist.stats(),
-		Settle:        n.settleStats(),
+		Local:           n.local.Load(),
+		Forwarded:       n.forwarded.Load(),
+		WithoutOwner:    n.withoutOwner.Load(),
+		WaitedOut:       n.waitedOut.Load(),
+		HandoverExpired: n.handover.expired.Load(),
+		DroppedEvents:   n.droppedEvents.Load(),
+		Transfers:       n.transfers.stats(),
+		Store:           n.store.Stats(),
+		Leases:          n.leaseStats(),
+		Persist:         n.persist.stats(),
+		Settle:          n.settleStats(),
 	}
 }
 
@@ -509,7 +521,10 @@ func (n *Node) Close() error {
 	return err
 }
 
-// stopGRPC drains in-flight calls for up to grace, then stops hard.
+// stopGRPC drains in-flight calls for up to grace, then stops hard. The
+// grace is on the system's clock, not the node's: it bounds how long
+// stopping takes, which must end even when a test's clock stands still
+// while peers hold streams open; it decides nothing.
 func stopGRPC(s *grpc.Server, grace time.Duration) {
 	done := make(chan struct{})
 	go func() {
@@ -551,8 +566,9 @@ func (n *Node) eventLoop() {
 func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
+	n.departures.forget(kind, changed)
 	serfMembers := n.serf.Members()
-	members := n.proofs.admit(n.compatibleRingMembers(), n.now())
+	members := n.proofs.admit(n.departures.without(n.compatibleRingMembers()), n.now())
 	prev := n.ring.Members()
 	addrs := make(map[string]string, len(members))
 	for _, m := range members {
@@ -590,7 +606,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 }
 
 func (n *Node) sweepLoop() {
-	t := time.NewTicker(n.cfg.SweepInterval)
+	t := clocks.NewTicker(n.clock, n.cfg.SweepInterval)
 	defer t.Stop()
 	for {
 		select {

@@ -71,7 +71,9 @@ type outbox struct {
 	peers   map[string]*peerQueue
 	members map[string]string // set by retain; nil: every name is a member
 	closed  bool
-	drained chan struct{} // closed and replaced when a queue's hand-off drains
+	// drained is closed and replaced when a queue's hand-off drains, or
+	// its confirmation is sent or dropped: waiters look again.
+	drained chan struct{}
 	wg      sync.WaitGroup
 }
 
@@ -319,6 +321,32 @@ func (o *outbox) waitHandedOff(ctx context.Context) int {
 	}
 }
 
+// waitConfirmed waits until every queued confirmation was delivered, or
+// dropped with the states it followed, or ctx ends, and returns how many
+// peers still had one queued.
+func (o *outbox) waitConfirmed(ctx context.Context) int {
+	for {
+		o.mu.Lock()
+		n, drained := 0, o.drained
+		for _, q := range o.peers {
+			q.mu.Lock()
+			if q.hasConfirm {
+				n++
+			}
+			q.mu.Unlock()
+		}
+		o.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-drained:
+		}
+	}
+}
+
 // work is q's worker: it sends what q holds, in order, until q is empty,
 // and waits for the next trigger, until q is stopped.
 func (o *outbox) work(q *peerQueue) {
@@ -368,7 +396,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 		}
 		o.counts.givenUp.Add(int64(pendingStates(q.handoff[:k])))
 		q.handoff = slices.Delete(q.handoff, 0, k)
-		q.hasConfirm, q.cuts, drained = false, q.cuts+1, len(q.handoff) == 0
+		q.hasConfirm, q.cuts, drained = false, q.cuts+1, true
 	}
 	var (
 		reason = transport.Handoff
@@ -413,7 +441,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	switch {
 	case confirming:
 		if err == nil && q.confirm == fp {
-			q.hasConfirm = false
+			q.hasConfirm, drained = false, true
 		}
 	case reason == transport.Handoff:
 		// Unless the queue was cut meanwhile, what was sent is still at

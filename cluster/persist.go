@@ -122,7 +122,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		}
 		return err
 	}
-	start := time.Now()
+	start := time.Now() // for the log: how long the restore took, on the system's clock
 	for _, name := range files.all() {
 		if err := read(name); err != nil {
 			return nil, nil, err

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/ring"
 )
@@ -212,7 +213,7 @@ func (p *proofs) refused() []RefusedMember {
 // proveLoop challenges every member whose attempt is due, each in a
 // goroutine of its own, until the node closes.
 func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
-	var t *clockTimer
+	var t *clocks.Timer
 	defer func() { t.Stop() }()
 	for {
 		due, next := n.proofs.due(n.now())
@@ -224,7 +225,7 @@ func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
 			wait = max(next.Sub(n.now()), MinInterval)
 		}
 		t.Stop()
-		t = newTimer(n.clock, wait)
+		t = clocks.NewTimer(n.clock, wait)
 		select {
 		case <-n.shutdown:
 			return
@@ -237,7 +238,7 @@ func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
 // prove challenges m once and applies the answer: a member whose status
 // changed is logged, once, and the ring rebuilt.
 func (n *Node) prove(m ring.Member, dial []grpc.DialOption, keys [][]byte) {
-	ctx, cancel := withTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
+	ctx, cancel := clocks.WithTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
 	defer cancel()
 	err := n.challenge(ctx, m, dial, keys)
 	if n.closed.Load() {
@@ -272,7 +273,7 @@ func (n *Node) challenge(ctx context.Context, m ring.Member, dial []grpc.DialOpt
 // decide keys as owner while its ring lacks members that are about to
 // prove themselves. It reports whether it waited for any.
 func (n *Node) awaitProofs() (waited bool) {
-	t := newTimer(n.clock, n.cfg.ProofTimeout)
+	t := clocks.NewTimer(n.clock, n.cfg.ProofTimeout)
 	defer t.Stop()
 	for {
 		changed, ok := n.proofs.settled()

@@ -1,8 +1,7 @@
 package cluster
 
 import (
-	"time"
-
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 )
@@ -34,7 +33,7 @@ func (n *Node) changesLoop() {
 	if n.cfg.Replicas > 1 && (n.persist == nil || n.cfg.ReplicateInterval < every) {
 		every = n.cfg.ReplicateInterval
 	}
-	t := time.NewTicker(every)
+	t := clocks.NewTicker(n.clock, every)
 	defer t.Stop()
 	owners := newOwnersCache(n.ring, n.cfg.Replicas)
 	for {

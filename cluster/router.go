@@ -193,9 +193,3 @@ func batchErr(rs []transport.Result) error {
 	}
 	return gone
 }
-
-// mayLease reports whether a lease request to owner may be made now: its
-// breaker is not open.
-func (r *router) mayLease(owner string, now int64) bool {
-	return !r.breakers.get(owner).Open(now)
-}

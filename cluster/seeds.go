@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/serf/serf"
+
+	"github.com/sluicehq/sluice/internal/clocks"
 )
 
 // Resolver looks up the addresses of a seed's host name; *net.Resolver is
@@ -101,7 +103,7 @@ func resolveSeeds(ctx context.Context, r Resolver, seeds []string, self netip.Ad
 // succeeds, so a name answering with this node alone would count as a
 // join, and the node would be ready alone and stop retrying.
 func (n *Node) join(seeds []string) (int, error) {
-	ctx, cancel := context.WithTimeout(n.transfers.ctx, resolveTimeout)
+	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, resolveTimeout)
 	defer cancel()
 	addrs, rerr := resolveSeeds(ctx, n.resolver, seeds, n.selfGossip())
 	if len(addrs) == 0 {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -155,7 +156,7 @@ func (n *Node) settleLoop() {
 		case <-n.debts.wake:
 		}
 		for {
-			t := newTimer(n.clock, settleInterval)
+			t := clocks.NewTimer(n.clock, settleInterval)
 			select {
 			case <-n.shutdown:
 				t.Stop()
@@ -232,7 +233,7 @@ func (n *Node) settle() int {
 		g.reqs = append(g.reqs, charge)
 		g.debts = append(g.debts, d)
 	}
-	ctx, cancel := withTimeout(context.Background(), n.clock, n.cfg.HandoverTimeout)
+	ctx, cancel := clocks.WithTimeout(context.Background(), n.clock, n.cfg.HandoverTimeout)
 	defer cancel()
 	for _, g := range groups {
 		rs := g.pick.client.CheckMany(ctx, g.reqs)

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -32,6 +33,7 @@ type traffic struct {
 	checks  atomic.Int64
 	without atomic.Int64 // admitted without the owner
 	unowned atomic.Int64 // decided without the owner, admitted or not
+	late    atomic.Int64 // errors of checks that outlived their caller's 5s
 	stop    chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
@@ -72,6 +74,9 @@ func startTraffic(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, 
 				switch {
 				case err != nil:
 					tr.errs.Add(1)
+					if errors.Is(err, context.DeadlineExceeded) {
+						tr.late.Add(1)
+					}
 				case d.Allowed:
 					tr.allowed[i].Add(1)
 					if d.WithoutOwner {

@@ -30,6 +30,7 @@ type network struct {
 	owners map[string]int            // address -> node index
 	groups map[int]int               // node index -> group; nil when whole
 	slow   map[int]time.Duration     // node index -> delay of each message
+	muted  map[int]bool              // node indices whose gossip reaches no one
 	conns  map[*trackedConn]struct{} // open conns dialled through the hooks
 }
 
@@ -37,6 +38,7 @@ func newNetwork() *network {
 	return &network{
 		owners: make(map[string]int),
 		slow:   make(map[int]time.Duration),
+		muted:  make(map[int]bool),
 		conns:  make(map[*trackedConn]struct{}),
 	}
 }
@@ -119,6 +121,14 @@ func (nw *network) cutTo(from int, addr string) bool {
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
 	return nw.cutLocked(from, nw.nodeAtLocked(addr))
+}
+
+// gossipCutTo reports whether the gossip node from sends to the node at
+// addr is lost: cut, or from is muted.
+func (nw *network) gossipCutTo(from int, addr string) bool {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	return nw.muted[from] || nw.cutLocked(from, nw.nodeAtLocked(addr))
 }
 
 // partition puts node i in group groups[i] (nodes not in the map are cut
@@ -267,7 +277,7 @@ func (g *gossipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 }
 
 func (g *gossipTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	if g.nw.cutTo(g.from, a.Addr) {
+	if g.nw.gossipCutTo(g.from, a.Addr) {
 		return time.Now(), nil
 	}
 	return g.NodeAwareTransport.WriteToAddress(b, a)
@@ -278,7 +288,7 @@ func (g *gossipTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 }
 
 func (g *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
-	if g.nw.cutTo(g.from, a.Addr) {
+	if g.nw.gossipCutTo(g.from, a.Addr) {
 		return nil, errCut
 	}
 	conn, err := g.NodeAwareTransport.DialAddressTimeout(a, timeout)
@@ -313,6 +323,24 @@ func (c *Cluster) Partition(groups ...[]int) {
 		}
 	}
 	c.net.partition(in)
+}
+
+// MuteGossip makes the gossip node i sends lost (mute true), as lost UDP
+// packets and refused streams, or delivered again (false); what it
+// receives, and gRPC both ways, are untouched. A muted node's leave
+// intent reaches no one: the others learn it left only from what it says
+// over gRPC, or when their failure detection gives up on it. The setting
+// outlives a restart of node i.
+func (c *Cluster) MuteGossip(i int, mute bool) {
+	c.t.Helper()
+	c.checkIndex("MuteGossip", i)
+	c.net.mu.Lock()
+	defer c.net.mu.Unlock()
+	if mute {
+		c.net.muted[i] = true
+	} else {
+		delete(c.net.muted, i)
+	}
 }
 
 // Heal ends a partition: traffic flows between every node again. Each

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -51,7 +52,8 @@ func (e *sentinel) Unwrap() error { return e.also }
 type Client struct {
 	name, addr string
 	cfg        Config
-	now        func() time.Time // Config.Clock, or time.Now
+	clock      Clock            // Config.Clock, or the system's
+	now        func() time.Time // clock.Now
 	conn       *grpc.ClientConn
 	rpc        pb.PeerClient
 
@@ -59,20 +61,21 @@ type Client struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // cap 1: the sender has work
 	done   chan struct{} // closed by Close: loops return
-	timer  *time.Timer   // the watchdog's: fires at timerAt
+	fire   chan struct{} // cap 1: the watchdog's timer fired
 	wg     sync.WaitGroup
 
 	mu        sync.Mutex // guards the fields below and the streams' shared fields
 	pending   []*item    // checks waiting for a batch, in the order queued
 	closed    bool
-	sendToken sendToken // see stream.go
-	cur       *stream   // where new batches go; nil until opened, and once it fails or drains
-	streams   []*stream // streams that have not failed, cur among them
-	draining  []*stream // streams whose sending side the sender must close
-	inFlight  int       // batches sent and not yet answered or failed, on every stream
-	seq       uint64    // id of the last batch taken
-	timerAt   time.Time // when timer fires; zero when stopped or fired
-	free      []*batch  // batches to reuse
+	sendToken sendToken   // see stream.go
+	cur       *stream     // where new batches go; nil until opened, and once it fails or drains
+	streams   []*stream   // streams that have not failed, cur among them
+	draining  []*stream   // streams whose sending side the sender must close
+	inFlight  int         // batches sent and not yet answered or failed, on every stream
+	seq       uint64      // id of the last batch taken
+	timerAt   time.Time   // when the watchdog's timer fires; zero when stopped or fired
+	stopTimer func() bool // stops the watchdog's timer; nil when none was started
+	free      []*batch    // batches to reuse
 
 	enc *encoder // the send token's
 
@@ -130,18 +133,18 @@ func NewClient(name, addr string, cfg Config) (*Client, error) {
 		name:  name,
 		addr:  addr,
 		cfg:   cfg,
-		now:   cfg.Clock,
+		clock: cfg.Clock,
 		conn:  conn,
 		rpc:   pb.NewPeerClient(conn),
 		wake:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
-		timer: time.NewTimer(time.Hour),
+		fire:  make(chan struct{}, 1),
 		enc:   newEncoder(cfg.MaxBatch),
 	}
-	c.timer.Stop()
-	if c.now == nil {
-		c.now = time.Now
+	if c.clock == nil {
+		c.clock = clocks.System{}
 	}
+	c.now = c.clock.Now
 	if cfg.TracerProvider != nil {
 		c.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
@@ -357,7 +360,11 @@ func (c *Client) Close() error {
 		c.cancel()
 		close(c.done)
 		c.wg.Wait()
-		c.timer.Stop()
+		c.mu.Lock()
+		if c.stopTimer != nil {
+			c.stopTimer()
+		}
+		c.mu.Unlock()
 		c.closeErr = c.conn.Close()
 	})
 	if !first {

@@ -401,7 +401,7 @@ func TestTimeoutFailsOnlyItsBatchAndReopens(t *testing.T) {
 	t.Cleanup(func() { close(o.unhang) }) // runs before the server stops
 	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.Clock = time.Second, clk.Now
+	cfg.Timeout, cfg.Clock = time.Second, ClockFunc(clk.Now)
 	var observed []error
 	var obsMu sync.Mutex
 	cfg.Observer = func(peer string, items int, _ time.Duration, err error) {

@@ -50,14 +50,16 @@ type Config struct {
 	// must be fast, must not block, and must be safe for concurrent use.
 	// Default nil: none.
 	Observer func(peer string, items int, latency time.Duration, err error)
-	// Clock returns the time the checks' deadlines are measured on, and
-	// the Observer's latencies. The watchdog that enforces the deadlines
-	// sleeps on the system's timer for the time Clock says is left, then
-	// looks again: a clock moved by hand is seen within Timeout. The calls
-	// of Transfer, HandoffDone, Lease and ReturnLease have context
-	// deadlines on the system's clock. Tests set it to move time by hand.
-	// Default nil: time.Now.
-	Clock func() time.Time
+	// Clock is the time every deadline of the client is measured and
+	// waited on: the checks' (the watchdog that enforces them waits with
+	// Clock's AfterFunc for the time Clock says is left, then looks
+	// again), the Observer's latencies, and the Timeout of the calls of
+	// Transfer, HandoffDone, Lease, ReturnLease and Inspect. A cluster
+	// node gives its peer clients its own clock. Tests set it to move
+	// time by hand: ClockFunc reads a function and waits on the system's
+	// timer, so a clock moved by hand is seen within Timeout. Default nil:
+	// the system's clock.
+	Clock Clock
 	// SendClock is the clock of the node whose states Transfer sends: each
 	// transfer carries its reading, so that the peer reads the states'
 	// times on its own clock (transport's Transfer). Default nil: Clock.
@@ -69,6 +71,29 @@ type Config struct {
 	// spans, no traceparent, nothing added to the path of a check.
 	TracerProvider trace.TracerProvider
 }
+
+// Clock is the time a client reads and waits on; cluster.Clock has the
+// same methods. Implementations are safe for concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine once d has passed on the
+	// clock, unless stop is called first; stop reports whether it
+	// stopped the call.
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+// ClockFunc is a Clock that reads the time from the function and waits
+// on the system's timer.
+type ClockFunc func() time.Time
+
+func (c ClockFunc) Now() time.Time { return c() }
+
+func (c ClockFunc) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+var _ Clock = ClockFunc(nil)
 
 // DefaultConfig returns the default configuration.
 func DefaultConfig() Config {

@@ -68,7 +68,7 @@ func TestCheckWaitsAtMostTimeoutFromQueued(t *testing.T) {
 	srv := startServer(t, o)
 	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.MaxInFlight, cfg.Clock = timeout, 1, clk.Now
+	cfg.Timeout, cfg.MaxInFlight, cfg.Clock = timeout, 1, ClockFunc(clk.Now)
 	c := newTestClient(t, srv.addr, cfg)
 
 	const n = 40 // checks in each group but the first
@@ -160,7 +160,7 @@ func TestCheckManyRestFailsWithItsFirstBatch(t *testing.T) {
 	srv := startServer(t, o)
 	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.MaxInFlight, cfg.MaxBatch, cfg.Clock = time.Second, 1, 2, clk.Now
+	cfg.Timeout, cfg.MaxInFlight, cfg.MaxBatch, cfg.Clock = time.Second, 1, 2, ClockFunc(clk.Now)
 	c := newTestClient(t, srv.addr, cfg)
 
 	// Three checks in one CheckMany, MaxBatch 2: a batch of two is held,

@@ -496,13 +496,25 @@ func (c *Client) streamErr(err error) error {
 	return fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, c.name, c.addr, err)
 }
 
-// armLocked makes the watchdog fire by deadline. The timer waits for the
-// time Config.Clock says is left; a clock that moves otherwise is looked
-// at again when it fires. c.mu must be held.
+// armLocked makes the watchdog fire by deadline. The timer waits on
+// Config.Clock for the time it says is left; a clock whose waits run on
+// another timer (ClockFunc) is looked at again when it fires. c.mu must be
+// held.
 func (c *Client) armLocked(deadline time.Time) {
 	if c.timerAt.IsZero() || deadline.Before(c.timerAt) {
 		c.timerAt = deadline
-		c.timer.Reset(deadline.Sub(c.now()))
+		if c.stopTimer != nil {
+			c.stopTimer()
+		}
+		c.stopTimer = c.clock.AfterFunc(deadline.Sub(c.now()), c.fireWatchdog)
+	}
+}
+
+// fireWatchdog wakes the watchdog; it never blocks.
+func (c *Client) fireWatchdog() {
+	select {
+	case c.fire <- struct{}{}:
+	default:
 	}
 }
 
@@ -515,7 +527,7 @@ func (c *Client) watchdog() {
 		select {
 		case <-c.done:
 			return
-		case <-c.timer.C:
+		case <-c.fire:
 		}
 		c.expire(c.now())
 	}

@@ -375,7 +375,7 @@ func TestCloseDuringOpen(t *testing.T) {
 	})
 	clk := fakeclock.New(clockStart)
 	cfg := testConfig()
-	cfg.Timeout, cfg.Clock = time.Second, clk.Now
+	cfg.Timeout, cfg.Clock = time.Second, ClockFunc(clk.Now)
 	c, err := NewClient("node-b", lis.Addr().String(), cfg)
 	if err != nil {
 		t.Fatal(err)

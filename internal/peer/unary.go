@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
@@ -48,10 +49,8 @@ func (c *Client) sendClock() time.Time {
 	switch {
 	case c.cfg.SendClock != nil:
 		return c.cfg.SendClock()
-	case c.cfg.Clock != nil:
-		return c.cfg.Clock()
 	}
-	return time.Now()
+	return c.now()
 }
 
 // HandoffDone tells the peer that this node has adopted the membership
@@ -130,7 +129,7 @@ func (c *Client) unary(ctx context.Context, call func(context.Context) error) er
 	if c.ctx.Err() != nil {
 		return ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	ctx, cancel := clocks.WithTimeout(ctx, c.clock, c.cfg.Timeout)
 	defer cancel()
 	stop := context.AfterFunc(c.ctx, cancel) // Close cancels the call
 	defer stop()

@@ -219,7 +219,7 @@ func stateFileName(prefix string, seq uint64) string {
 // stateFiles lists the state files of dir: the newest snapshot's sequence
 // number (0 and "" when there is none) and the segments after it, oldest
 // first; stale lists the older snapshots and segments it covers, and
-// temporary files a crash left.
+// temporary files a crash left (of state files and of the members file).
 type stateFiles struct {
 	snapshot    string
 	snapshotSeq uint64
@@ -241,7 +241,7 @@ func listStateFiles(dir string) (stateFiles, error) {
 	var snaps, segs []numbered
 	for _, e := range entries {
 		name := e.Name()
-		if strings.HasSuffix(name, stateFileExt+".tmp") {
+		if strings.HasSuffix(name, stateFileExt+".tmp") || strings.HasPrefix(name, membersFileName+".tmp-") {
 			sf.stale = append(sf.stale, name)
 			continue
 		}

@@ -102,10 +102,16 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
 		info, _ := os.Stat(path)
-		err := readStateFile(path, func(s limiter.Snapshot) { last[stateKey{s.Name, s.Key}] = s })
+		// A file counts whole or not at all: the states before a bad
+		// record are not restored either.
+		var states []limiter.Snapshot
+		err := readStateFile(path, func(s limiter.Snapshot) { states = append(states, s) })
 		var bad *DataFileError
 		switch {
 		case err == nil:
+			for _, s := range states {
+				last[stateKey{s.Name, s.Key}] = s
+			}
 			if info != nil {
 				p.segmentBytes += int(info.Size())
 			}
@@ -132,7 +138,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		}
 	}
 	for _, name := range files.stale { // covered by the snapshot, or torn
-		if !setAside || strings.HasSuffix(name, ".tmp") {
+		if !setAside || !strings.HasSuffix(name, stateFileExt) {
 			// Kept when a file was set aside: what it covered may be
 			// all that is left of the states it held.
 			os.Remove(filepath.Join(cfg.DataDir, name))

@@ -1,0 +1,325 @@
+package cluster_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// stateFile builds a state file as cluster/datadir.go lays it out: the
+// magic, format version 1, each record with its length, the end marker
+// and the CRC-32C of all before it. The records are raw bytes, so that a
+// test can write one with a valid checksum and content no node wrote.
+func stateFile(records ...[]byte) []byte {
+	b := append([]byte("SLUICEST"), 1)
+	for _, r := range records {
+		b = binary.AppendUvarint(b, uint64(len(r)))
+		b = append(b, r...)
+	}
+	b = append(b, 0)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+}
+
+// encoded returns s in the state format, failing the test if s is invalid.
+func encoded(t *testing.T, s limiter.Snapshot) []byte {
+	t.Helper()
+	b, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// spentDataDir returns a data directory a node closed on after spending
+// every quota of reqs (their whole limit each).
+func spentDataDir(t *testing.T, reqs []limiter.Request) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := cluster.TestConfig("writer")
+	cfg.DataDir = dir
+	nd, err := cluster.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reqs {
+		r.Hits = r.Limit
+		consume(t, nd, []limiter.Request{r})
+	}
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// startOn starts a node alone on dir, closed when the test ends.
+func startOn(t *testing.T, name, dir string, edit ...func(*cluster.Config)) *cluster.Node {
+	t.Helper()
+	cfg := cluster.TestConfig(name)
+	cfg.DataDir = dir
+	for _, e := range edit {
+		e(&cfg)
+	}
+	return startNode(t, cfg)
+}
+
+// stillSpent counts the quotas of reqs that nd admits one more hit of.
+func readmittedOn(t *testing.T, nd *cluster.Node, reqs []limiter.Request) int {
+	t.Helper()
+	n := 0
+	for _, r := range reqs {
+		d, err := nd.Check(context.Background(), r, sluice.OnUnreachable(sluice.PolicyDeny))
+		if err != nil {
+			t.Fatalf("%s: %v", r.Key, err)
+		}
+		if d.Allowed {
+			n++
+			t.Logf("%s (%s) admitted again", r.Key, r.Algorithm)
+		}
+	}
+	return n
+}
+
+// A crash in the middle of a write leaves temporary files: a snapshot and
+// a segment cut short under their .tmp names, and a members file's
+// temporary copy. The next start restores every state the complete files
+// hold, ignores the torn ones, and removes every temporary file, so that
+// crashes do not fill the volume.
+func TestRestartAfterCrashMidWrite(t *testing.T) {
+	reqs := dailyQuotas(30)
+	dir := spentDataDir(t, reqs)
+	snaps, _ := filepath.Glob(filepath.Join(dir, "snapshot-*.state"))
+	if len(snaps) != 1 {
+		t.Fatalf("snapshots %v, want one", snaps)
+	}
+	whole, err := os.ReadFile(snaps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn := map[string][]byte{
+		// The next snapshot and segment, cut short as a crash leaves them.
+		"snapshot-00000000000000f0.state.tmp": whole[:len(whole)/2],
+		"segment-00000000000000f1.state.tmp":  []byte("SLUICEST\x01\x05"),
+		"members.json.tmp-1234567":            []byte(`{"format":"sluice-members","vers`),
+	}
+	for name, b := range torn {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nd := startOn(t, "reader", dir)
+	if got := readmittedOn(t, nd, reqs); got != 0 {
+		t.Fatalf("%d quotas admitted again after a crash mid-write", got)
+	}
+	if r := nd.Stats().Persist.Restored; r != int64(len(reqs)) {
+		t.Fatalf("%d states restored, want %d", r, len(reqs))
+	}
+	for name := range torn {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after the start (%v)", name, err)
+		}
+	}
+}
+
+// A state file whose checksum is right but whose records hold a state no
+// node writes (found by a disk that flipped a bit before the checksum was
+// taken, or written by another program) is refused whole, naming the file
+// and the record; set aside, the node starts without it and still
+// restores the other files.
+func TestDataFileWithInvalidStateRefused(t *testing.T) {
+	day := 24 * time.Hour
+	expire := time.Now().Add(day).UnixNano()
+	good := limiter.Snapshot{Name: "n", Key: "k", Algorithm: limiter.FixedWindow, ExpireAt: expire}
+	withAlgo := func(code byte) []byte {
+		b := encoded(t, good)
+		b[1] = code // after the format version
+		return b
+	}
+	bigKey := func() []byte {
+		b := binary.AppendUvarint([]byte{1, 3}, 1)
+		b = append(b, 'n')
+		b = binary.AppendUvarint(b, limiter.MaxKeyLen+1)
+		return append(b, strings.Repeat("k", limiter.MaxKeyLen+1)...)
+	}
+	// A fixed window's record: header, then rate, window start and count.
+	window := func(limit, burst uint64, period int64, hits uint64) []byte {
+		b := binary.AppendUvarint(nil, 1)
+		b = append(b, 3) // fixed window
+		b = binary.AppendUvarint(b, 1)
+		b = append(b, 'n')
+		b = binary.AppendUvarint(b, 1)
+		b = append(b, 'k')
+		b = binary.AppendVarint(b, expire)
+		b = binary.AppendUvarint(b, limit)
+		b = binary.AppendUvarint(b, burst)
+		b = binary.AppendVarint(b, period)
+		b = binary.AppendVarint(b, time.Now().Truncate(day).UnixNano())
+		return binary.AppendUvarint(b, hits)
+	}
+	steps := []struct {
+		name   string
+		record []byte
+		want   string
+	}{
+		{"a foreign algorithm", withAlgo(42), "unknown algorithm code 42"},
+		{"algorithm 0", withAlgo(0), "unknown algorithm code 0"},
+		{"an enormous key", bigKey(), "more than the maximum"},
+		{"a rate of limit 0", window(0, 0, int64(day), 1), "rate"},
+		{"a negative period", window(5, 5, -int64(day), 1), "rate"},
+		{"more hits than any limit", window(0, 0, 0, limiter.MaxLimit+1), "window count"},
+		{"a byte after the state", append(encoded(t, good), 0), "1 bytes after the state"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "segment-0000000000000001.state")
+			ok := encoded(t, limiter.Snapshot{Name: "n", Key: "other", Algorithm: limiter.FixedWindow, ExpireAt: expire})
+			if err := os.WriteFile(file, stateFile(ok, s.record), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := cluster.TestConfig("reader")
+			cfg.DataDir = dir
+			nd, err := cluster.New(cfg)
+			var bad *cluster.DataFileError
+			if err == nil {
+				nd.Close()
+			}
+			if !errors.As(err, &bad) || bad.Path != file || !strings.Contains(err.Error(), s.want) {
+				t.Fatalf("New: %v, want a DataFileError on %s saying %q", err, file, s.want)
+			}
+			if !strings.Contains(err.Error(), "record 1") {
+				t.Errorf("New: %v, want the record named (record 1)", err)
+			}
+			// Set aside, the node starts with the states of the files
+			// that are intact, and none of the refused one's, not even
+			// those before its bad record.
+			intact := stateFile(encoded(t, limiter.Snapshot{Name: "n", Key: "kept", Algorithm: limiter.FixedWindow, ExpireAt: expire,
+				Words: [3]int64{time.Now().Truncate(day).UnixNano(), 3}}))
+			if err := os.WriteFile(filepath.Join(dir, "segment-0000000000000002.state"), intact, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg.DamagedData = cluster.SetDamagedAside
+			nd = startNode(t, cfg)
+			if _, err := os.Stat(file + ".damaged"); err != nil {
+				t.Fatalf("the file was not set aside: %v", err)
+			}
+			if r := nd.Stats().Persist.Restored; r != 1 {
+				t.Fatalf("%d states restored, want the intact file's 1", r)
+			}
+		})
+	}
+}
+
+// A node whose clock ran ahead wrote its states, then started again with
+// its clock set right (an NTP step back, a VM restored on another host):
+// its own states' times are now in the future. Restoring them must keep
+// their consumption: the quotas spent before the restart stay spent.
+func TestRestoreStatesWrittenByAClockAhead(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: states a node wrote while its clock was more than MaxClockSkew ahead are refused at restore (Store.Merge's checkTimes), and their quotas admit again (SLUICE_ATTACK=1)")
+	}
+	for _, ahead := range []time.Duration{time.Minute, 10 * time.Minute} {
+		t.Run(fmt.Sprintf("ahead=%v", ahead), func(t *testing.T) {
+			dir := t.TempDir()
+			right := time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC)
+			reqs := dailyQuotas(12)
+			start := func(clk *fakeclock.Clock) *cluster.Node {
+				return startOn(t, "skewed", dir, func(c *cluster.Config) { c.Clock = cluster.ClockFunc(clk.Now) })
+			}
+			nd := start(fakeclock.New(right.Add(ahead)))
+			for _, r := range reqs {
+				r.Hits = r.Limit
+				consume(t, nd, []limiter.Request{r})
+			}
+			if err := nd.Close(); err != nil {
+				t.Fatal(err)
+			}
+			nd = start(fakeclock.New(right))
+			if got := readmittedOn(t, nd, reqs); got != 0 {
+				t.Fatalf("%d of %d spent daily quotas admitted again after a restart with the clock %v earlier (%d states restored)",
+					got, len(reqs), ahead, nd.Stats().Persist.Restored)
+			}
+		})
+	}
+}
+
+// A write that fails (the segment's temporary name is taken by a
+// directory, as an unwritable volume would fail it) is counted, and the
+// states it held are written at a later interval once writing works
+// again: a kill after that loses none of them.
+func TestPersistRetriesAFailedWrite(t *testing.T) {
+	dir := t.TempDir()
+	nd := startOn(t, "writer", dir, func(c *cluster.Config) { c.PersistInterval = 20 * time.Millisecond })
+	// The directory holds no state file yet: the first segment is 1.
+	block := filepath.Join(dir, "segment-0000000000000001.state.tmp")
+	if err := os.MkdirAll(filepath.Join(block, "in-the-way"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	reqs := dailyQuotas(20)
+	for _, r := range reqs {
+		r.Hits = r.Limit
+		consume(t, nd, []limiter.Request{r})
+	}
+	testwait.For(t, "a failed write", func() bool { return nd.Stats().Persist.WriteErrors >= 2 })
+	if st := nd.Stats().Persist; st.Segments != 0 || st.Written != 0 {
+		t.Fatalf("%+v: a segment written while its name was blocked", st)
+	}
+	if err := os.RemoveAll(block); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the states written once the write works", func() bool { return nd.Stats().Persist.Written == int64(len(reqs)) })
+	// What a SIGKILL now leaves: the directory as it is, without the
+	// snapshot Close would write.
+	copied := t.TempDir()
+	copyDir(t, dir, copied)
+	again := startOn(t, "after-kill", copied)
+	if got := readmittedOn(t, again, reqs); got != 0 {
+		t.Fatalf("%d quotas admitted again after a kill that followed a failed write", got)
+	}
+}
+
+// copyDir copies the regular files of src to dst, but the lock.
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || e.Name() == "LOCK" {
+			continue
+		}
+		in, err := os.Open(filepath.Join(src, e.Name()))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) { // replaced by a snapshot meanwhile
+				continue
+			}
+			t.Fatal(err)
+		}
+		out, err := os.Create(filepath.Join(dst, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = io.Copy(out, in)
+		in.Close()
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}

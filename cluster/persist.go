@@ -260,6 +260,7 @@ func (n *Node) restore() error {
 	if len(restored) == 0 {
 		return nil
 	}
+	aheadOfNow(restored, now)
 	if _, err := n.store.Merge(restored, now); err != nil {
 		n.logger.Warn("cluster: some restored key states were refused by the store", "err", err)
 	}
@@ -268,4 +269,31 @@ func (n *Node) restore() error {
 	n.store.Changed(now, func(limiter.Snapshot) {})
 	n.transfers.prev = []ring.Member{{Name: n.cfg.NodeName}}
 	return nil
+}
+
+// aheadOfNow moves back to now the states of restored whose level time
+// or last log entry is after now: this node wrote them while its clock
+// read later than it does now (stepped back since, or a directory moved
+// from a node whose clock was ahead). Each keeps the consumption it had
+// when written, with nothing drained or expired for the time its clock
+// was ahead; unmoved, Store.Merge would refuse those more than
+// limiter.MaxClockSkew ahead, and their keys would admit again. Window
+// starts stay, aligned on every clock (Snapshot.ShiftTimes); a GCRA
+// arrival time is in the future by nature, and bounded by Merge.
+func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
+	for i := range restored {
+		s := &restored[i]
+		var latest time.Time
+		switch s.Algorithm {
+		case limiter.TokenBucket, limiter.LeakyBucket:
+			latest = s.View().LevelAt
+		case limiter.SlidingWindowLog:
+			if k := len(s.Log); k > 0 {
+				latest = time.Unix(0, s.Log[k-1].At)
+			}
+		}
+		if latest.After(now) {
+			s.ShiftTimes(now.Sub(latest))
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -318,6 +319,59 @@ func copyDir(t *testing.T, src, dst string) {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// A node remembers the members it saw (members.json) and joins their
+// addresses again on start. When its whole cluster is gone and another,
+// unrelated cluster now listens at a remembered address, the restarted
+// node must not glue itself, and its keys, to that cluster.
+func TestRememberedAddressNowAnotherCluster(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: a node joins whatever cluster now listens at a remembered member's address, by address alone, and the two clusters merge into one ring (SLUICE_ATTACK=1)")
+	}
+	dirA := t.TempDir()
+	ca := cluster.TestConfig("a")
+	ca.DataDir = dirA
+	a := startNode(t, ca)
+	cb := cluster.TestConfig("b")
+	cb.Seeds = []string{a.GossipAddr()}
+	b := startNode(t, cb)
+	converged(t, a, b)
+	bAddr := b.GossipAddr()
+	testwait.For(t, "a to remember b", func() bool {
+		text, _ := os.ReadFile(filepath.Join(dirA, "members.json"))
+		return strings.Contains(string(text), bAddr)
+	})
+	if err := b.Leave(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Leave(); err != nil {
+		t.Fatal(err)
+	}
+	// Another cluster, of other names, takes b's address.
+	cp := cluster.TestConfig("other-p")
+	cp.GossipAddr = bAddr
+	p := startNode(t, cp)
+	cq := cluster.TestConfig("other-q")
+	cq.Seeds = []string{p.GossipAddr()}
+	q := startNode(t, cq)
+	converged(t, p, q)
+
+	log := &logLines{}
+	ca.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ca.GossipAddr = cluster.TestConfig("a").GossipAddr
+	a = startNode(t, ca)
+	// The start's pass has tried the remembered address once it logged it.
+	testwait.For(t, "a's first pass over its remembered members", func() bool {
+		return log.find("remembered members") || len(p.RingMembers()) > 2
+	})
+	for _, n := range []*cluster.Node{a, p, q} {
+		for _, m := range n.RingMembers() {
+			if (n == a) != (m.Name == "a") {
+				t.Fatalf("%s routes to %v: a restarted node and an unrelated cluster at a remembered address merged", n.Name(), n.RingMembers())
+			}
 		}
 	}
 }

@@ -90,14 +90,9 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	}
 	p = &persister{dir: cfg.DataDir, interval: cfg.PersistInterval, logger: logger, release: release,
 		pending: map[stateKey]limiter.Snapshot{}, nextSeq: files.lastSeq + 1, lastWrite: now}
-	// A state takes 30 bytes or more on disk: size the map once.
-	var total int64
-	for _, name := range files.all() {
-		if info, err := os.Stat(filepath.Join(cfg.DataDir, name)); err == nil {
-			total += info.Size()
-		}
-	}
-	last := make(map[stateKey]limiter.Snapshot, min(total/30, 1<<24))
+	// Sized by the first file read whole, the snapshot when there is
+	// one, not by the files' sizes, which a damaged file can make any.
+	var last map[stateKey]limiter.Snapshot
 	setAside := false
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
@@ -109,6 +104,9 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		var bad *DataFileError
 		switch {
 		case err == nil:
+			if last == nil {
+				last = make(map[stateKey]limiter.Snapshot, len(states))
+			}
 			for _, s := range states {
 				last[stateKey{s.Name, s.Key}] = s
 			}

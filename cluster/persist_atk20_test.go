@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -447,4 +448,56 @@ func TestRollingRestartWithDataDir(t *testing.T) {
 		t.Fatal("no state restored: the restarts proved nothing")
 	}
 	t.Logf("%d states restored in all; %d checks decided without their owner", restored, tr.unowned.Load())
+}
+
+// A damaged state file can be large and cost nothing on disk: a file of
+// zeros of its former length (what a crash leaves on some file systems),
+// or a sparse one. Refusing it must not cost memory in proportion to its
+// length: New allocates less than a tenth of the file's 64 MiB before it
+// refuses it, where reading it whole and sizing the restore's map by it
+// took 704 MiB.
+func TestLargeDamagedDataFileRefusedCheaply(t *testing.T) {
+	const size = 64 << 20
+	for name, head := range map[string]string{
+		"zeros":                "",
+		"a header, then zeros": "SLUICEST\x01",
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "snapshot-0000000000000001.state")
+			f, err := os.Create(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.WriteString(head)
+			if err == nil {
+				err = f.Truncate(size) // sparse: zeros that take no disk
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := cluster.TestConfig("reader")
+			cfg.DataDir = dir
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			nd, err := cluster.New(cfg)
+			runtime.ReadMemStats(&after)
+			if err == nil {
+				nd.Close()
+				t.Fatal("New started on a damaged file")
+			}
+			var bad *cluster.DataFileError
+			if !errors.As(err, &bad) || bad.Path != file {
+				t.Fatalf("New: %v, want a DataFileError on %s", err, file)
+			}
+			alloc := after.TotalAlloc - before.TotalAlloc
+			t.Logf("refused (%v) after allocating %d KiB", err, alloc>>10)
+			if alloc > size/10 {
+				t.Fatalf("New allocated %d MiB to refuse a damaged file of %d MiB", alloc>>20, size>>20)
+			}
+		})
+	}
 }

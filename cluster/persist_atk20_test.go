@@ -501,3 +501,24 @@ func TestLargeDamagedDataFileRefusedCheaply(t *testing.T) {
 		})
 	}
 }
+
+// A DataDir that cannot be a directory (a file is there, or under it) stops
+// New with ErrDataDir, as every error about the directory does, naming it.
+func TestDataDirNotADirectory(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{file, filepath.Join(file, "under")} {
+		cfg := cluster.TestConfig("n")
+		cfg.DataDir = dir
+		nd, err := cluster.New(cfg)
+		if err == nil {
+			nd.Close()
+			t.Fatalf("New started on DataDir %s", dir)
+		}
+		if !errors.Is(err, cluster.ErrDataDir) || !strings.Contains(err.Error(), file) {
+			t.Errorf("DataDir %s: %v, want ErrDataDir naming the path", dir, err)
+		}
+	}
+}

@@ -522,3 +522,97 @@ func TestDataDirNotADirectory(t *testing.T) {
 		}
 	}
 }
+
+// A whole cluster of three with BootstrapExpect 3 and data directories
+// stops gracefully, and only two come back: they are not ready, say they
+// wait for the third, and decide nothing as owner (under deny, every
+// spent quota stays denied); the third's return makes all ready, with
+// every quota still spent.
+func TestFullRestartWaitsForBootstrapExpect(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	names := []string{"boot-0", "boot-1", "boot-2"}
+	start := func(i int, seeds ...*cluster.Node) *cluster.Node {
+		c := cluster.TestConfig(names[i])
+		c.DataDir, c.BootstrapExpect = dirs[i], 3
+		for _, s := range seeds {
+			c.Seeds = append(c.Seeds, s.GossipAddr())
+		}
+		return startNode(t, c)
+	}
+	first := start(0)
+	nodes := []*cluster.Node{first, start(1, first), start(2, first)}
+	waitReady(t, nodes...)
+	converged(t, nodes...)
+	reqs := dailyRequests("boot-restart", 30, 2)
+	for _, r := range reqs {
+		if got := admitted(t, nodes[0], r, 3); got != 2 {
+			t.Fatalf("%s: %d of 3 admitted, want the limit 2", r.Key, got)
+		}
+	}
+	for _, n := range nodes {
+		if err := n.Leave(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := start(0)
+	b := start(1, a)
+	routes(t, 2, a, b)
+	for _, n := range []*cluster.Node{a, b} {
+		if n.Ready() {
+			t.Fatalf("%s is ready with 2 of the 3 members BootstrapExpect names", n.Name())
+		}
+		if why := n.NotReadyReason(); !strings.Contains(why, "3 members") || !strings.Contains(why, "2 seen") {
+			t.Errorf("%s is not ready for %q, want the count of members it waits for", n.Name(), why)
+		}
+		for _, r := range reqs[:10] {
+			if got := admitted(t, n, r, 1); got != 0 {
+				t.Fatalf("%s admitted %s, spent before the restart, while not ready", n.Name(), r.Key)
+			}
+		}
+	}
+	c := start(2, a)
+	waitReady(t, a, b, c)
+	converged(t, a, b, c)
+	for i, r := range reqs {
+		if got := admitted(t, []*cluster.Node{a, b, c}[i%3], r, 1); got != 0 {
+			t.Fatalf("%s admitted again after the full restart", r.Key)
+		}
+	}
+}
+
+// TestRestartKeepsTheStrictestPeriodRate: a key of a 24h Period spent on
+// a node with KeepStrictest, restored from its data directory, is decided
+// at the rate it was charged under: a check at 50 a second finds it spent.
+func TestRestartKeepsTheStrictestPeriodRate(t *testing.T) {
+	dir := t.TempDir()
+	clk := fakeclock.New(time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC))
+	start := func() *cluster.Node {
+		return startOn(t, "strict", dir, func(c *cluster.Config) {
+			c.Store.KeepStrictest, c.Clock = true, cluster.ClockFunc(clk.Now)
+		})
+	}
+	var reqs []limiter.Request
+	for _, a := range allAlgorithms {
+		reqs = append(reqs, limiter.Request{Name: "daily", Key: a.String(), Hits: 50, Limit: 50, Period: 24 * time.Hour, Algorithm: a})
+	}
+	nd := start()
+	consume(t, nd, reqs)
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	nd = start()
+	for range 3 {
+		clk.Advance(1500 * time.Millisecond)
+		for _, r := range reqs {
+			lax := r
+			lax.Hits, lax.Period = 1, time.Second
+			d, err := nd.Check(context.Background(), lax)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				t.Errorf("%s: a spent key restored from the data directory admitted a check at 50 a second at %v", r.Algorithm, clk.Now())
+			}
+		}
+	}
+}

@@ -24,7 +24,8 @@ import (
 // half-written:
 //
 //	snapshot-<seq>.state  every live state the node held when it wrote
-//	                      it, covering the segments up to seq
+//	                      it, covering the segments up to seq, most
+//	                      recently used first (Store.Range's order)
 //	segment-<seq>.state   the states that changed in one PersistInterval
 //	LOCK                  held (flock) by the process that uses the
 //	                      directory

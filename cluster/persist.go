@@ -1,11 +1,13 @@
 package cluster
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -71,6 +73,17 @@ type persister struct {
 
 type stateKey struct{ name, key string }
 
+// restoring is a state read from the data directory and its place in the
+// order the node used the keys: a snapshot lists them most recently used
+// first in each shard (Store.Range), and the segments after it follow in
+// the order they were written. Restored oldest first, the store's
+// least-recently-used order comes back as it was, and a store over its
+// MaxEntries or MaxBytes evicts the keys it would have evicted before.
+type restoring struct {
+	s   limiter.Snapshot
+	seq int
+}
+
 // openPersister locks cfg.DataDir and reads its state files: it returns
 // the last live state of each key at now. A refused file fails it under
 // RefuseDamaged; under SetDamagedAside the file is renamed and skipped.
@@ -92,7 +105,10 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		pending: map[stateKey]limiter.Snapshot{}, nextSeq: files.lastSeq + 1, lastWrite: now}
 	// Sized by the first file read whole, the snapshot when there is
 	// one, not by the files' sizes, which a damaged file can make any.
-	var last map[stateKey]limiter.Snapshot
+	// seq numbers each state in the order of use, oldest first, so that
+	// the store restores them in that order (restoreOrder).
+	var last map[stateKey]restoring
+	var seq int
 	setAside := false
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
@@ -105,10 +121,14 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		switch {
 		case err == nil:
 			if last == nil {
-				last = make(map[stateKey]limiter.Snapshot, len(states))
+				last = make(map[stateKey]restoring, len(states))
+			}
+			if name == files.snapshot {
+				slices.Reverse(states) // Store.Range: most recently used first
 			}
 			for _, s := range states {
-				last[stateKey{s.Name, s.Key}] = s
+				seq++
+				last[stateKey{s.Name, s.Key}] = restoring{s, seq}
 			}
 			if info != nil {
 				p.segmentBytes += int(info.Size())
@@ -142,11 +162,16 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 			os.Remove(filepath.Join(cfg.DataDir, name))
 		}
 	}
-	restored = make([]limiter.Snapshot, 0, len(last))
-	for _, s := range last {
-		if s.ExpireAt > now.UnixNano() {
-			restored = append(restored, s)
+	live := make([]restoring, 0, len(last))
+	for _, r := range last {
+		if r.s.ExpireAt > now.UnixNano() {
+			live = append(live, r)
 		}
+	}
+	slices.SortFunc(live, func(a, b restoring) int { return cmp.Compare(a.seq, b.seq) })
+	restored = make([]limiter.Snapshot, len(live))
+	for i, r := range live {
+		restored[i] = r.s
 	}
 	p.restored.Store(int64(len(restored)))
 	logger.Info("cluster: key states restored", "dir", cfg.DataDir, "states", len(restored),

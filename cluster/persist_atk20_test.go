@@ -616,3 +616,76 @@ func TestRestartKeepsTheStrictestPeriodRate(t *testing.T) {
 		}
 	}
 }
+
+// A node at its MaxEntries evicts the keys used least recently. Its data
+// directory, as a kill leaves it, holds the evicted keys too (in a
+// snapshot or earlier segments): a restore into a store of the same bound
+// keeps the keys the store held at the kill, and evicts those it had
+// evicted already, not some of the others.
+func TestRestoreAtMaxEntriesKeepsTheRecentKeys(t *testing.T) {
+	bound := func(c *cluster.Config) {
+		c.Store.Shards, c.Store.MaxEntries = 1, 100
+		c.PersistInterval = 20 * time.Millisecond
+	}
+	reqs := dailyQuotas(150)
+	// spend spends reqs in order, 50 at a time, each 50 written before
+	// the next.
+	spend := func(nd *cluster.Node, reqs []limiter.Request) {
+		for i := 0; i < len(reqs); i += 50 {
+			written := nd.Stats().Persist.Written
+			for _, r := range reqs[i : i+50] {
+				r.Hits = r.Limit
+				consume(t, nd, []limiter.Request{r})
+			}
+			testwait.For(t, "50 more states written", func() bool { return nd.Stats().Persist.Written >= written+50 })
+		}
+	}
+	steps := []struct {
+		name  string
+		write func(t *testing.T, dir string) *cluster.Node // the node to kill
+	}{
+		{"segments", func(t *testing.T, dir string) *cluster.Node {
+			nd := startOn(t, "bounded", dir, bound)
+			spend(nd, reqs)
+			return nd
+		}},
+		{"a snapshot then segments", func(t *testing.T, dir string) *cluster.Node {
+			nd := startOn(t, "bounded", dir, bound)
+			spend(nd, reqs[:100])
+			if err := nd.Close(); err != nil { // a snapshot of the 100
+				t.Fatal(err)
+			}
+			nd = startOn(t, "bounded", dir, bound)
+			spend(nd, reqs[100:])
+			return nd
+		}},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			dir := t.TempDir()
+			nd := s.write(t, dir)
+			if ev := nd.Stats().Store.Evictions; ev != 50 {
+				t.Fatalf("%d keys evicted, want the 50 used first", ev)
+			}
+			copied := t.TempDir()
+			copyDir(t, dir, copied) // what a kill leaves
+			again := startOn(t, "bounded-again", copied, bound)
+			// Inspect reads without inserting: a check of a lost key
+			// would evict another.
+			lost := 0
+			for _, r := range reqs[50:] {
+				ins, err := again.Inspect(context.Background(), r.Name, r.Key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ins.Found {
+					lost++
+				}
+			}
+			if lost != 0 {
+				t.Fatalf("%d of the 100 keys the store held at the kill were not restored (%d states restored, %d evicted)",
+					lost, again.Stats().Persist.Restored, again.Stats().Store.Evictions)
+			}
+		})
+	}
+}

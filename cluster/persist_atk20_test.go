@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -687,5 +688,31 @@ func TestRestoreAtMaxEntriesKeepsTheRecentKeys(t *testing.T) {
 					lost, again.Stats().Persist.Restored, again.Stats().Store.Evictions)
 			}
 		})
+	}
+}
+
+// A New that fails after it restored its data directory (its gRPC port is
+// taken) gives the directory back, states intact: the next New on it
+// starts and restores every state.
+func TestFailedStartKeepsTheDataDir(t *testing.T) {
+	reqs := dailyQuotas(20)
+	dir := spentDataDir(t, reqs)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cfg := cluster.TestConfig("retry")
+	cfg.DataDir, cfg.GRPCAddr = dir, busy.Addr().String()
+	if nd, err := cluster.New(cfg); err == nil {
+		nd.Close()
+		t.Fatal("New started on a taken gRPC port")
+	}
+	nd := startOn(t, "retry", dir)
+	if r := nd.Stats().Persist.Restored; r != int64(len(reqs)) {
+		t.Fatalf("%d states restored after a failed start, want %d", r, len(reqs))
+	}
+	if got := readmittedOn(t, nd, reqs); got != 0 {
+		t.Fatalf("%d quotas admitted again after a failed start", got)
 	}
 }

@@ -185,10 +185,11 @@ func (p *persister) note(s limiter.Snapshot) {
 }
 
 // tick writes a segment of the pending states once an interval has passed
-// since the last, then a snapshot of store when the segments outgrow the
-// last one.
+// since the last, or the clock has gone back since (else a step back
+// would hold every write for as long as it stepped), then a snapshot of
+// store when the segments outgrow the last one.
 func (p *persister) tick(store *limiter.Store, now time.Time) {
-	if now.Sub(p.lastWrite) < p.interval {
+	if d := now.Sub(p.lastWrite); d >= 0 && d < p.interval {
 		return
 	}
 	p.lastWrite = now

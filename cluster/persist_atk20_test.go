@@ -716,3 +716,26 @@ func TestFailedStartKeepsTheDataDir(t *testing.T) {
 		t.Fatalf("%d quotas admitted again after a failed start", got)
 	}
 }
+
+// The node's clock steps back an hour while it runs (an NTP step, a VM
+// migrated): the keys that change after it are still written within an
+// interval, so that a kill loses no more than PersistInterval of traffic,
+// not the hour the clock went back.
+func TestPersistAfterTheClockStepsBack(t *testing.T) {
+	clk := fakeclock.New(time.Date(2026, 3, 4, 5, 6, 30, 0, time.UTC))
+	nd := startOn(t, "stepped", t.TempDir(), func(c *cluster.Config) {
+		c.Clock, c.PersistInterval = cluster.ClockFunc(clk.Now), 20*time.Millisecond
+	})
+	reqs := dailyQuotas(20)
+	written := func(want int64) {
+		t.Helper()
+		testwait.For(t, fmt.Sprintf("%d states written", want), func() bool { return nd.Stats().Persist.Written >= want })
+	}
+	consume(t, nd, reqs[:10])
+	clk.Advance(time.Second)
+	written(10)
+	clk.Advance(-time.Hour)
+	consume(t, nd, reqs[10:])
+	clk.Advance(time.Second)
+	written(20)
+}

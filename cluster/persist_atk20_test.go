@@ -739,3 +739,38 @@ func TestPersistAfterTheClockStepsBack(t *testing.T) {
 	clk.Advance(time.Second)
 	written(20)
 }
+
+// A state file with a valid checksum whose record dates a window in 2100
+// (no clock of this node wrote it) starts the node: that state is refused
+// by the merge's bound on times and its key starts fresh, logged, while
+// the file's other states are restored.
+func TestDataFileWithAStateFromTheFarFuture(t *testing.T) {
+	day := 24 * time.Hour
+	now := time.Now()
+	future := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+	window := func(key string, start time.Time) limiter.Snapshot {
+		return limiter.Snapshot{Name: "n", Key: key, Algorithm: limiter.FixedWindow, ExpireAt: start.Add(day).UnixNano(),
+			Words: [3]int64{start.UnixNano(), 7}}
+	}
+	dir := t.TempDir()
+	file := stateFile(encoded(t, window("now", now.Truncate(day))), encoded(t, window("2100", future)))
+	if err := os.WriteFile(filepath.Join(dir, "segment-0000000000000001.state"), file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := &logLines{}
+	nd := startOn(t, "reader", dir, func(c *cluster.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	for key, want := range map[string]bool{"now": true, "2100": false} {
+		ins, err := nd.Inspect(context.Background(), "n", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ins.Found != want || (want && ins.State.View().WindowHits != 7) {
+			t.Errorf("key %s: found %v (%+v), want %v", key, ins.Found, ins.State.View(), want)
+		}
+	}
+	if !log.find("refused by the store") {
+		t.Error("the refused state was not logged")
+	}
+}

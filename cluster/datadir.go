@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -23,7 +24,8 @@ import (
 // half-written:
 //
 //	snapshot-<seq>.state  every live state the node held when it wrote
-//	                      it, covering the segments up to seq
+//	                      it, covering the segments up to seq, most
+//	                      recently used first (Store.Range's order)
 //	segment-<seq>.state   the states that changed in one PersistInterval
 //	LOCK                  held (flock) by the process that uses the
 //	                      directory
@@ -116,41 +118,68 @@ func (w *stateFileWriter) bytes() []byte {
 
 // readStateFile reads the states of a state file, calling fn with each in
 // file order. A file that is not complete and intact is refused with a
-// *DataFileError saying why.
+// *DataFileError saying why, and fn may have been called before: the
+// caller keeps the states only when it returns nil. The header and the
+// checksum are checked before the file is read into memory, so that a
+// damaged file (a large one of zeros, say) costs no more than a buffer.
 func readStateFile(path string, fn func(limiter.Snapshot)) error {
 	refuse := func(format string, a ...any) error {
 		return &DataFileError{Path: path, Reason: fmt.Sprintf(format, a...)}
 	}
-	info, err := os.Stat(path)
+	failed := func(err error) error { return fmt.Errorf("%w: %v", ErrDataDir, err) }
+	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrDataDir, err)
+		return failed(err)
 	}
-	if info.Size() > maxStateFile {
-		return refuse("%d bytes, more than the maximum %d", info.Size(), int64(maxStateFile))
-	}
-	data, err := os.ReadFile(path)
+	defer f.Close()
+	info, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrDataDir, err)
+		return failed(err)
 	}
-	if !bytes.HasPrefix(data, []byte(stateFileMagic)) {
+	size := info.Size()
+	if size > maxStateFile {
+		return refuse("%d bytes, more than the maximum %d", size, int64(maxStateFile))
+	}
+	head := make([]byte, min(size, int64(len(stateFileMagic)+binary.MaxVarintLen64)))
+	if _, err := io.ReadFull(f, head); err != nil {
+		return failed(err)
+	}
+	if !bytes.HasPrefix(head, []byte(stateFileMagic)) {
 		return refuse("not a sluice state file (it does not begin with %q)", stateFileMagic)
 	}
-	body := data[len(stateFileMagic):]
-	v, n := binary.Uvarint(body)
+	v, n := binary.Uvarint(head[len(stateFileMagic):])
 	if n <= 0 {
 		return refuse("truncated header")
 	}
 	if v != stateFileVersion {
 		return refuse("file format version %d; this node reads version %d", v, stateFileVersion)
 	}
-	if len(data) < len(stateFileMagic)+n+5 {
+	if size < int64(len(stateFileMagic)+n+5) {
 		return refuse("truncated: no end marker")
 	}
-	end := len(data) - 4
-	if got, want := crc32.Checksum(data[:end], castagnoli), binary.LittleEndian.Uint32(data[end:]); got != want {
+	end := size - 4
+	sum := crc32.New(castagnoli)
+	var tail [4]byte
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return failed(err)
+	}
+	if _, err := io.CopyN(sum, f, end); err != nil {
+		return failed(err)
+	}
+	if _, err := io.ReadFull(f, tail[:]); err != nil {
+		return failed(err)
+	}
+	if got, want := sum.Sum32(), binary.LittleEndian.Uint32(tail[:]); got != want {
 		return refuse("checksum %08x, the file says %08x: truncated or damaged", got, want)
 	}
-	records := body[n : len(body)-4]
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return failed(err)
+	}
+	if crc32.Checksum(data[:end], castagnoli) != binary.LittleEndian.Uint32(data[end:]) {
+		return refuse("changed while it was read")
+	}
+	records := data[len(stateFileMagic)+n : end]
 	for i := 0; ; i++ {
 		l, k := binary.Uvarint(records)
 		switch {
@@ -219,7 +248,7 @@ func stateFileName(prefix string, seq uint64) string {
 // stateFiles lists the state files of dir: the newest snapshot's sequence
 // number (0 and "" when there is none) and the segments after it, oldest
 // first; stale lists the older snapshots and segments it covers, and
-// temporary files a crash left.
+// temporary files a crash left (of state files and of the members file).
 type stateFiles struct {
 	snapshot    string
 	snapshotSeq uint64
@@ -241,7 +270,7 @@ func listStateFiles(dir string) (stateFiles, error) {
 	var snaps, segs []numbered
 	for _, e := range entries {
 		name := e.Name()
-		if strings.HasSuffix(name, stateFileExt+".tmp") {
+		if strings.HasSuffix(name, stateFileExt+".tmp") || strings.HasPrefix(name, membersFileName+".tmp-") {
 			sf.stale = append(sf.stale, name)
 			continue
 		}

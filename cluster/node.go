@@ -160,7 +160,7 @@ func New(cfg Config) (n *Node, err error) {
 	}()
 	if cfg.DataDir != "" {
 		if err = os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("cluster: DataDir: %w", err)
+			return nil, fmt.Errorf("%w: %v", ErrDataDir, err)
 		}
 		if n.remembered, err = readMembersFile(cfg.DataDir); err != nil {
 			return nil, err

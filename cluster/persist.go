@@ -1,11 +1,13 @@
 package cluster
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -71,6 +73,17 @@ type persister struct {
 
 type stateKey struct{ name, key string }
 
+// restoring is a state read from the data directory and its place in the
+// order the node used the keys: a snapshot lists them most recently used
+// first in each shard (Store.Range), and the segments after it follow in
+// the order they were written. Restored oldest first, the store's
+// least-recently-used order comes back as it was, and a store over its
+// MaxEntries or MaxBytes evicts the keys it would have evicted before.
+type restoring struct {
+	s   limiter.Snapshot
+	seq int
+}
+
 // openPersister locks cfg.DataDir and reads its state files: it returns
 // the last live state of each key at now. A refused file fails it under
 // RefuseDamaged; under SetDamagedAside the file is renamed and skipped.
@@ -90,22 +103,33 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	}
 	p = &persister{dir: cfg.DataDir, interval: cfg.PersistInterval, logger: logger, release: release,
 		pending: map[stateKey]limiter.Snapshot{}, nextSeq: files.lastSeq + 1, lastWrite: now}
-	// A state takes 30 bytes or more on disk: size the map once.
-	var total int64
-	for _, name := range files.all() {
-		if info, err := os.Stat(filepath.Join(cfg.DataDir, name)); err == nil {
-			total += info.Size()
-		}
-	}
-	last := make(map[stateKey]limiter.Snapshot, min(total/30, 1<<24))
+	// Sized by the first file read whole, the snapshot when there is
+	// one, not by the files' sizes, which a damaged file can make any.
+	// seq numbers each state in the order of use, oldest first, so that
+	// the store restores them in that order (restoreOrder).
+	var last map[stateKey]restoring
+	var seq int
 	setAside := false
 	read := func(name string) error {
 		path := filepath.Join(cfg.DataDir, name)
 		info, _ := os.Stat(path)
-		err := readStateFile(path, func(s limiter.Snapshot) { last[stateKey{s.Name, s.Key}] = s })
+		// A file counts whole or not at all: the states before a bad
+		// record are not restored either.
+		var states []limiter.Snapshot
+		err := readStateFile(path, func(s limiter.Snapshot) { states = append(states, s) })
 		var bad *DataFileError
 		switch {
 		case err == nil:
+			if last == nil {
+				last = make(map[stateKey]restoring, len(states))
+			}
+			if name == files.snapshot {
+				slices.Reverse(states) // Store.Range: most recently used first
+			}
+			for _, s := range states {
+				seq++
+				last[stateKey{s.Name, s.Key}] = restoring{s, seq}
+			}
 			if info != nil {
 				p.segmentBytes += int(info.Size())
 			}
@@ -132,17 +156,22 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		}
 	}
 	for _, name := range files.stale { // covered by the snapshot, or torn
-		if !setAside || strings.HasSuffix(name, ".tmp") {
+		if !setAside || !strings.HasSuffix(name, stateFileExt) {
 			// Kept when a file was set aside: what it covered may be
 			// all that is left of the states it held.
 			os.Remove(filepath.Join(cfg.DataDir, name))
 		}
 	}
-	restored = make([]limiter.Snapshot, 0, len(last))
-	for _, s := range last {
-		if s.ExpireAt > now.UnixNano() {
-			restored = append(restored, s)
+	live := make([]restoring, 0, len(last))
+	for _, r := range last {
+		if r.s.ExpireAt > now.UnixNano() {
+			live = append(live, r)
 		}
+	}
+	slices.SortFunc(live, func(a, b restoring) int { return cmp.Compare(a.seq, b.seq) })
+	restored = make([]limiter.Snapshot, len(live))
+	for i, r := range live {
+		restored[i] = r.s
 	}
 	p.restored.Store(int64(len(restored)))
 	logger.Info("cluster: key states restored", "dir", cfg.DataDir, "states", len(restored),
@@ -156,10 +185,11 @@ func (p *persister) note(s limiter.Snapshot) {
 }
 
 // tick writes a segment of the pending states once an interval has passed
-// since the last, then a snapshot of store when the segments outgrow the
-// last one.
+// since the last, or the clock has gone back since (else a step back
+// would hold every write for as long as it stepped), then a snapshot of
+// store when the segments outgrow the last one.
 func (p *persister) tick(store *limiter.Store, now time.Time) {
-	if now.Sub(p.lastWrite) < p.interval {
+	if d := now.Sub(p.lastWrite); d >= 0 && d < p.interval {
 		return
 	}
 	p.lastWrite = now
@@ -254,6 +284,7 @@ func (n *Node) restore() error {
 	if len(restored) == 0 {
 		return nil
 	}
+	aheadOfNow(restored, now)
 	if _, err := n.store.Merge(restored, now); err != nil {
 		n.logger.Warn("cluster: some restored key states were refused by the store", "err", err)
 	}
@@ -262,4 +293,31 @@ func (n *Node) restore() error {
 	n.store.Changed(now, func(limiter.Snapshot) {})
 	n.transfers.prev = []ring.Member{{Name: n.cfg.NodeName}}
 	return nil
+}
+
+// aheadOfNow moves back to now the states of restored whose level time
+// or last log entry is after now: this node wrote them while its clock
+// read later than it does now (stepped back since, or a directory moved
+// from a node whose clock was ahead). Each keeps the consumption it had
+// when written, with nothing drained or expired for the time its clock
+// was ahead; unmoved, Store.Merge would refuse those more than
+// limiter.MaxClockSkew ahead, and their keys would admit again. Window
+// starts stay, aligned on every clock (Snapshot.ShiftTimes); a GCRA
+// arrival time is in the future by nature, and bounded by Merge.
+func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
+	for i := range restored {
+		s := &restored[i]
+		var latest time.Time
+		switch s.Algorithm {
+		case limiter.TokenBucket, limiter.LeakyBucket:
+			latest = s.View().LevelAt
+		case limiter.SlidingWindowLog:
+			if k := len(s.Log); k > 0 {
+				latest = time.Unix(0, s.Log[k-1].At)
+			}
+		}
+		if latest.After(now) {
+			s.ShiftTimes(now.Sub(latest))
+		}
+	}
 }

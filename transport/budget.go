@@ -150,15 +150,32 @@ type budgetConn struct {
 	slot *slotConn // its slot of Listen's cap; nil for another listener's
 }
 
-// budgetCall is the reservation of one call.
+// budgetCall is the reservation of one call, and the call's context
+// (tap's, which cancels it): it answers budgetCallKey itself, so that
+// every call takes one context fewer.
 type budgetCall struct {
+	context.Context
 	b      *MessageBudget
 	conn   *budgetConn
 	cancel context.CancelCauseFunc
 	stream atomic.Bool // a client stream: keeps its reservation until it ends
 	first  atomic.Bool // its first message is in
-	held   int64       // bytes reserved; guarded by MessageBudget.mu
-	stop   func() bool // stops the timer of its first message
+	// open tells whether the call counts as open on its connection's
+	// slot (conn.slot, when set): from its first message in until it
+	// ends. A call whose message has not arrived keeps no slot, so that
+	// calls opened and left without a message (renewed before
+	// MessageTimeout) cannot hold the cap.
+	open atomic.Bool
+	held int64       // bytes reserved; guarded by MessageBudget.mu
+	stop func() bool // stops the timer of its first message
+}
+
+// Value answers budgetCallKey with c, and the rest from c's parent.
+func (c *budgetCall) Value(key any) any {
+	if _, ok := key.(budgetCallKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 type budgetConnKey struct{}
@@ -224,7 +241,7 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 			info.FullMethodName, b.limits.MessageBytes, b.limits.ConnMessageBytes)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	c.cancel = cancel
+	c.Context, c.cancel = ctx, cancel
 	c.stop = b.afterFunc(b.limits.MessageTimeout, func() {
 		if c.first.Load() {
 			return
@@ -233,7 +250,7 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 		cancel(fmt.Errorf("%w: the first message of %s was not all in within %v", ErrMessageTimeout, info.FullMethodName, b.limits.MessageTimeout))
 		c.release()
 	})
-	return context.WithValue(ctx, budgetCallKey{}, c), nil
+	return c, nil
 }
 
 // begin reserves the rest of c's message before its handler reads it,
@@ -270,39 +287,12 @@ func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) co
 // HandleConn does nothing: a connection's calls end before it does.
 func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 
-// slotCallKey keys a call's slotCall in its context.
-type slotCallKey struct{}
-
-// slotCall tells whether a call counts as open on its connection's slot:
-// from its first message in until it ends. A call whose message has not
-// arrived keeps no slot, so that calls opened and left without a message
-// (renewed before MessageTimeout) cannot hold the cap.
-type slotCall struct{ open atomic.Bool }
-
-// TagRPC gives each call of a listener's connection its slotCall.
-func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	if conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn); conn != nil && conn.slot != nil {
-		return context.WithValue(ctx, slotCallKey{}, &slotCall{})
-	}
-	return ctx
-}
+// TagRPC does nothing: tap gave the call its context.
+func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
 // HandleRPC counts the calls open on each connection, for Listen's cap,
 // and follows the messages of a call that tap reserved for.
 func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if sc, _ := ctx.Value(slotCallKey{}).(*slotCall); sc != nil {
-		conn := ctx.Value(budgetConnKey{}).(*budgetConn)
-		switch s.(type) {
-		case *stats.InPayload:
-			if sc.open.CompareAndSwap(false, true) {
-				b.callBegan(conn.slot)
-			}
-		case *stats.End:
-			if sc.open.Load() {
-				b.callEnded(conn.slot)
-			}
-		}
-	}
 	c, _ := ctx.Value(budgetCallKey{}).(*budgetCall)
 	if c == nil {
 		return
@@ -312,6 +302,9 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		c.stream.Store(s.IsClientStream)
 		c.begin(ctx)
 	case *stats.InPayload:
+		if c.conn.slot != nil && c.open.CompareAndSwap(false, true) {
+			b.callBegan(c.conn.slot)
+		}
 		if c.first.CompareAndSwap(false, true) {
 			c.stop()
 		}
@@ -319,6 +312,9 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			c.release()
 		}
 	case *stats.End:
+		if c.conn.slot != nil && c.open.Load() {
+			b.callEnded(c.conn.slot)
+		}
 		c.stop()
 		c.release()
 		c.cancel(nil)

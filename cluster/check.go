@@ -332,12 +332,7 @@ func (n *Node) forwardFailed(ctx context.Context, req *limiter.Request, policy s
 // CheckMany decides every request, in order, one Result each. Requests for
 // one owner travel together.
 func (n *Node) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
-	policy := n.policy(opts)
-	policies := make([]sluice.Policy, len(reqs))
-	for i := range policies {
-		policies[i] = policy
-	}
-	return n.checkMany(ctx, reqs, policies)
+	return n.checkMany(ctx, reqs, n.policy(opts), nil)
 }
 
 // recordMany records the metrics of a batch answered together, started
@@ -352,10 +347,11 @@ func (n *Node) recordMany(reqs []limiter.Request, out []sluice.Result, start tim
 	}
 }
 
-// checkMany is CheckMany with a policy per request. It takes route's
-// steps, batching the forwarded checks of each owner into one call; the
+// checkMany is CheckMany with a policy per request: policies[i], or
+// policy for every request when policies is nil. It takes route's steps,
+// batching the forwarded checks of each owner into one call; the
 // requests that route would wait for go through route itself.
-func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies []sluice.Policy) []sluice.Result {
+func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policy sluice.Policy, policies []sluice.Policy) []sluice.Result {
 	out := make([]sluice.Result, len(reqs))
 	defer n.recordMany(reqs, out, time.Now())
 	if n.tracing != nil && ctx != nil {
@@ -375,18 +371,14 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		}
 		return out
 	}
-	type group struct {
-		pick pick
-		idx  []int
-		reqs []limiter.Request
-	}
+	pols := policyList{one: policy, each: policies}
 	var (
-		groups map[string]*group
+		groups map[string]*checkGroup
 		slow   []int // to route one by one
 	)
 	for i := range reqs {
 		req := &reqs[i]
-		p, err, next := n.plan(ctx, req, ring.RouteHash(req.Name, req.Key), policies[i], &out[i].Decision)
+		p, err, next := n.plan(ctx, req, ring.RouteHash(req.Name, req.Key), pols.at(i), &out[i].Decision)
 		switch next {
 		case planDone:
 			out[i].Err = err
@@ -403,21 +395,53 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		}
 		g := groups[p.peer]
 		if next == planDown && g == nil {
-			out[i].Decision, out[i].Err = n.unreachable(req, policies[i])
+			out[i].Decision, out[i].Err = n.unreachable(req, pols.at(i))
 			continue
 		}
 		if g != nil {
 			n.router.release(&p) // the group's call is the probe, if any
 		} else {
 			if groups == nil {
-				groups = make(map[string]*group)
+				groups = make(map[string]*checkGroup)
 			}
-			g = &group{pick: p}
+			g = &checkGroup{pick: p}
 			groups[p.peer] = g
 		}
 		g.idx = append(g.idx, i)
 		g.reqs = append(g.reqs, *req)
 	}
+	if len(groups) > 0 || len(slow) > 0 {
+		n.sendMany(ctx, reqs, pols, out, groups, slow)
+	}
+	return out
+}
+
+// policyList is the unreachable policy of each request of a batch: each[i],
+// or one for all when each is nil.
+type policyList struct {
+	one  sluice.Policy
+	each []sluice.Policy
+}
+
+func (l policyList) at(i int) sluice.Policy {
+	if l.each != nil {
+		return l.each[i]
+	}
+	return l.one
+}
+
+// checkGroup is the requests of checkMany for one owner.
+type checkGroup struct {
+	pick pick
+	idx  []int
+	reqs []limiter.Request
+}
+
+// sendMany is the rest of checkMany, apart so that a batch decided here
+// alone needs none of its goroutines: it sends each group to its owner,
+// then routes the slow requests one by one, each answer into out.
+func (n *Node) sendMany(ctx context.Context, reqs []limiter.Request, pols policyList, out []sluice.Result,
+	groups map[string]*checkGroup, slow []int) {
 	var (
 		wg     sync.WaitGroup
 		slowMu sync.Mutex // guards slow once the groups are sent
@@ -432,7 +456,7 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 			for j, i := range g.idx {
 				var again bool
 				err := rs[j].Err
-				out[i].Decision, out[i].Err, again = n.answered(ctx, &reqs[i], policies[i], &g.pick, itemOutcome(down, err), rs[j].Decision.Decision, err)
+				out[i].Decision, out[i].Err, again = n.answered(ctx, &reqs[i], pols.at(i), &g.pick, itemOutcome(down, err), rs[j].Decision.Decision, err)
 				if again {
 					slowMu.Lock()
 					slow = append(slow, i)
@@ -446,11 +470,10 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policies [
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i].Decision, out[i].Err = n.route(ctx, &reqs[i], policies[i])
+			out[i].Decision, out[i].Err = n.route(ctx, &reqs[i], pols.at(i))
 		}()
 	}
 	wg.Wait()
-	return out
 }
 
 // itemOutcome is the outcome of one check of a batch whose call had
@@ -578,12 +601,7 @@ func (r publicAPI) Route(ctx context.Context, rr []transport.RoutedRequest) []sl
 		reqs[i] = rr[i].Request
 		policies[i] = r.n.policyOf(rr[i].Policy)
 	}
-	rs := r.n.checkMany(ctx, reqs, policies)
-	out := make([]sluice.Result, len(rs))
-	for i, res := range rs {
-		out[i] = res
-	}
-	return out
+	return r.n.checkMany(ctx, reqs, sluice.PolicyDefault, policies)
 }
 
 func (r publicAPI) Health(ctx context.Context) transport.HealthReport {

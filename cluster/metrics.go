@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,12 @@ type metrics struct {
 	// counters caches the labelled check counters: the hot path looks one
 	// up without hashing label values each time.
 	counters sync.Map // checkLabels -> prometheus.Counter
+	// latencyOf caches the two latency series, local and forwarded, each
+	// made on its first check.
+	latencyOf [2]atomic.Pointer[latencySeries]
 }
+
+type latencySeries struct{ prometheus.Observer }
 
 type checkLabels struct {
 	name   string
@@ -124,11 +130,22 @@ func (m *metrics) check(req *limiter.Request, d *sluice.Decision, err error, for
 		}
 	}
 	c.(prometheus.Counter).Inc()
-	path := "local"
+	m.latencySeries(forwarded).Observe(took.Seconds())
+}
+
+// latencySeries returns the check latency series of a local or a
+// forwarded check.
+func (m *metrics) latencySeries(forwarded bool) prometheus.Observer {
+	i, path := 0, "local"
 	if forwarded {
-		path = "forwarded"
+		i, path = 1, "forwarded"
 	}
-	m.latency.WithLabelValues(path).Observe(took.Seconds())
+	if s := m.latencyOf[i].Load(); s != nil {
+		return s.Observer
+	}
+	s := &latencySeries{m.latency.WithLabelValues(path)}
+	m.latencyOf[i].Store(s)
+	return s.Observer
 }
 
 // unreachable records a decision made under policy without the owner.

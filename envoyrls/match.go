@@ -49,9 +49,18 @@ type hop struct {
 // descriptor with more or fewer entries than the configured path matches
 // nothing.
 func (d *Domain) Match(entries []Entry) Match {
+	return d.match(entries, nil)
+}
+
+// match is Match, with the path in space when it has room.
+func (d *Domain) match(entries []Entry, space []hop) Match {
 	m := Match{domain: d.Name, entries: entries}
 	lv := &d.root
-	path := make([]hop, len(entries))
+	path := space
+	if len(path) < len(entries) {
+		path = make([]hop, len(entries))
+	}
+	path = path[:len(entries)]
 	for i, e := range entries {
 		next, h := lv.find(e)
 		if next == nil {
@@ -103,6 +112,14 @@ const MaxCounterKeyLen = limiter.MaxKeyLen
 // "sha256:" and the hex SHA-256 of the key.
 func (m *Match) CounterKey() string {
 	var b strings.Builder
+	n := len(m.domain)
+	for i, e := range m.entries {
+		n += 2 + len(e.Key) + len(e.Value)
+		if m.path != nil && m.path[i].shared() {
+			n += len(m.path[i].ds.Value)
+		}
+	}
+	b.Grow(n) // enough unless something needs escaping
 	escape(&b, m.domain)
 	for i, e := range m.entries {
 		b.WriteByte('|')
@@ -160,18 +177,25 @@ func (m *Match) MetricKey() string {
 		return ""
 	}
 	detailed := m.Descriptor.DetailedMetric
-	var b strings.Builder
-	b.WriteString(m.domain)
-	for i, st := range m.path {
-		e := m.entries[i]
-		value := st.ds.Value
+	value := func(i int) string {
+		st, e := m.path[i], m.entries[i]
 		switch {
 		case st.shared():
 		case detailed || st.how == byValue || st.ds.ValueToMetric:
-			value = e.Value
+			return e.Value
 		}
+		return st.ds.Value
+	}
+	n := len(m.domain)
+	for i := range m.path {
+		n += 2 + len(m.entries[i].Key) + len(value(i))
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString(m.domain)
+	for i := range m.path {
 		b.WriteByte('.')
-		b.WriteString(compositeKey(e.Key, value))
+		writeComposite(&b, m.entries[i].Key, value(i))
 	}
 	return b.String()
 }
@@ -184,7 +208,16 @@ func (m *Match) overrideMetricKey() string {
 	b.WriteString(m.domain)
 	for _, e := range m.entries {
 		b.WriteByte('.')
-		b.WriteString(compositeKey(e.Key, e.Value))
+		writeComposite(&b, e.Key, e.Value)
 	}
 	return b.String()
+}
+
+// writeComposite writes compositeKey(key, value) to b.
+func writeComposite(b *strings.Builder, key, value string) {
+	b.WriteString(key)
+	if value != "" {
+		b.WriteByte('_')
+		b.WriteString(value)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -252,10 +253,26 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 	if domain == nil && s.cfg.OnUnknownDomain != nil {
 		s.cfg.OnUnknownDomain(req.Domain)
 	}
-	items := make([]item, len(req.Descriptors))
+	// The items, entries and paths of a request of a few descriptors of
+	// a few entries each, the usual, take no allocation.
+	sc := scratchPool.Get().(*scratch)
+	defer sc.free()
+	items := sc.items[:0]
+	if n := len(req.Descriptors); n <= len(sc.items) {
+		items = sc.items[:n]
+	} else {
+		items = make([]item, n)
+	}
+	entries, hops := sc.entries[:], sc.hops[:]
 	var replaced map[string]bool
 	for i, d := range req.Descriptors {
-		it, err := s.resolve(req, d, domain)
+		var es []Entry
+		var hs []hop
+		if n := len(d.GetEntries()); n <= len(entries) {
+			es, entries = entries[:n:n], entries[n:]
+			hs, hops = hops[:n:n], hops[n:]
+		}
+		it, err := s.resolve(req, d, domain, es, hs)
 		if err != nil {
 			return nil, err
 		}
@@ -288,6 +305,21 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 	}
 	return s.respond(req, items, results, now), nil
+}
+
+// scratch is the space of the items of one request.
+type scratch struct {
+	items   [2]item
+	entries [8]Entry
+	hops    [8]hop
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// free clears sc, which keeps no request's memory, and pools it.
+func (sc *scratch) free() {
+	*sc = scratch{}
+	scratchPool.Put(sc)
 }
 
 // check counts reqs, the requests of the counted items, and returns their
@@ -358,8 +390,9 @@ func (it *item) counts(d limiter.Decision) (before, after uint64) {
 	return used, used + it.hits
 }
 
-// resolve finds the limit of descriptor d of req.
-func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor, domain *Domain) (item, error) {
+// resolve finds the limit of descriptor d of req, its entries in
+// entrySpace and its match's path in hopSpace when they have room.
+func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor, domain *Domain, entrySpace []Entry, hopSpace []hop) (item, error) {
 	it := item{counted: -1, hits: uint64(max(req.HitsAddend, 1))}
 	if h := d.GetHitsAddend(); h != nil {
 		it.hits = h.Value
@@ -370,7 +403,11 @@ func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDesc
 	if domain == nil {
 		return it, nil
 	}
-	entries := make([]Entry, len(d.Entries))
+	entries := entrySpace
+	if len(entries) < len(d.Entries) {
+		entries = make([]Entry, len(d.Entries))
+	}
+	entries = entries[:len(d.Entries)]
 	for j, e := range d.Entries {
 		entries[j] = Entry{Key: e.GetKey(), Value: e.GetValue()}
 	}
@@ -385,7 +422,7 @@ func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDesc
 		it.limit = &RateLimit{Unit: u, RequestsPerUnit: o.RequestsPerUnit}
 		return it, nil
 	}
-	it.match = domain.Match(entries)
+	it.match = domain.match(entries, hopSpace)
 	if ds := it.match.Descriptor; ds != nil {
 		it.limit, it.shadow, it.quota = ds.RateLimit, ds.ShadowMode, ds.QuotaMode
 	}
@@ -473,16 +510,27 @@ func limiterError(err error) error {
 
 // respond builds the response from the items and the limiter's results.
 func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []sluice.Result, now time.Time) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
+	// The messages of the response, allocated together: one allocation
+	// for a request of one descriptor.
+	var resp *rlsv3.RateLimitResponse
+	var space []statusSpace
+	if len(items) == 1 {
+		one := new(oneResponse)
+		resp, space = &one.resp, one.space[:]
+		resp.Statuses = one.statuses[:]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
+		space = make([]statusSpace, len(items))
 	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	var closest *rlsv3.RateLimitResponse_DescriptorStatus
 	var closestReset time.Time
 	quotas, quotasOver := 0, 0
 	for i := range items {
 		it := &items[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		sp := &space[i]
+		st := &sp.status
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		l := it.limit
 		switch {
@@ -500,9 +548,8 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		}
 		limit := uint64(l.RequestsPerUnit)
 		over := after > limit
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-			Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
-		}
+		sp.limit.Name, sp.limit.RequestsPerUnit, sp.limit.Unit = l.Name, l.RequestsPerUnit, rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit)
+		st.CurrentLimit = &sp.limit
 		if !over {
 			st.LimitRemaining = uint32(limit - after)
 		}
@@ -510,7 +557,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		if it.counted >= 0 {
 			reset = s.resetOf(l.Unit, results[it.counted].Decision.Decision, now)
 		}
-		st.DurationUntilReset = durationpb.New(s.untilReset(reset, now))
+		until := s.untilReset(reset, now)
+		sp.reset.Seconds, sp.reset.Nanos = int64(until/time.Second), int32(until%time.Second) // as durationpb.New
+		st.DurationUntilReset = &sp.reset
 		if over && !it.shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -553,6 +602,21 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		resp.DynamicMetadata = dynamicMetadata(req, items, resp.Statuses)
 	}
 	return resp
+}
+
+// statusSpace holds the messages of one descriptor's status.
+type statusSpace struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+}
+
+// oneResponse holds the messages of the response to a request of one
+// descriptor.
+type oneResponse struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	space    [1]statusSpace
 }
 
 // resetOf is the end of the window of unit u that decision d counted in:

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,14 +87,17 @@ func serveExactly(t *testing.T, args ...string) *served {
 
 func serveWith(t *testing.T, env map[string]string, args []string) *served {
 	t.Helper()
+	return serveApp(t, &app{env: envMap(env)}, args)
+}
+
+// serveApp runs a with args, its output and onReady set, and stops it
+// when the test ends.
+func serveApp(t *testing.T, a *app, args []string) *served {
+	t.Helper()
 	ready := make(chan *daemon.Daemon, 1)
 	s := &served{done: make(chan error, 1), logs: new(syncBuffer)}
-	a := &app{
-		env:     envMap(env),
-		stdout:  io.Discard,
-		stderr:  s.logs,
-		onReady: func(d *daemon.Daemon) { ready <- d },
-	}
+	a.stdout, a.stderr = io.Discard, s.logs
+	a.onReady = func(d *daemon.Daemon) { ready <- d }
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go func() { s.done <- a.run(ctx, args) }()
@@ -743,5 +747,39 @@ func TestReadyCommand(t *testing.T) {
 		if code != tc.wantCode || !strings.Contains(stdout, tc.wantStdout) || !strings.Contains(stderr, tc.wantStderr) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, stdout, stderr, tc.wantCode, tc.wantStdout, tc.wantStderr)
 		}
+	}
+}
+
+// serve sets the soft memory limit it computes and, under it, GOGC
+// serveGCPercent, unless GOMEMLIMIT or GOGC in the environment says
+// otherwise.
+func TestServeSetsGCUnderItsMemoryLimit(t *testing.T) {
+	args := []string{"serve", "--node-name", "gc", "--gossip-addr", "127.0.0.1:0", "--gossip-profile", "fast",
+		"--bootstrap-expect", "1", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn"}
+	for _, tt := range []struct {
+		name      string
+		env       map[string]string
+		wantLimit int64
+		wantGC    int
+	}{
+		{"defaults", nil, 128<<20 + daemon.MemoryHeadroom, serveGCPercent},
+		{"GOGC set", map[string]string{"GOGC": "100"}, 128<<20 + daemon.MemoryHeadroom, 0},
+		{"GOMEMLIMIT set", map[string]string{"GOMEMLIMIT": "1GiB"}, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var limit atomic.Int64
+			var gc atomic.Int64
+			a := &app{env: envMap(tt.env),
+				setMemoryLimit: func(n int64) int64 { limit.Store(n); return 0 },
+				setGCPercent:   func(n int) int { gc.Store(int64(n)); return 100 },
+			}
+			s := serveApp(t, a, args)
+			if err := s.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			if limit.Load() != tt.wantLimit || gc.Load() != int64(tt.wantGC) {
+				t.Fatalf("memory limit %d, GOGC %d; want %d, %d", limit.Load(), gc.Load(), tt.wantLimit, tt.wantGC)
+			}
+		})
 	}
 }

@@ -61,14 +61,22 @@ const MessageReservation = MaxMessageSize + 5
 // server. Its methods are safe for concurrent use.
 type MessageBudget struct {
 	limits ServerLimits
-	// afterFunc runs f after d, as time.AfterFunc does; tests replace it.
+	// afterFunc runs f after d, as time.AfterFunc does, and now is the
+	// time; tests replace them.
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
+	now       func() time.Time
 
 	mu   sync.Mutex // guards used, freed, and each connection's and call's bytes
 	used int64      // bytes reserved by every connection
 	// freed is closed at the next release, for the calls waiting for
 	// room; nil when none waits.
 	freed chan struct{}
+	// awaited are the calls whose first message is not all in, oldest
+	// first: all wait MessageTimeout, so the oldest times out first.
+	// One timer (sweep), armed while the list is not empty, times them
+	// out, rather than one timer per call.
+	awaited  callList
+	sweeping bool // a sweep is scheduled
 
 	refused   atomic.Int64
 	timedOut  atomic.Int64
@@ -125,7 +133,7 @@ func NewMessageBudget(l ServerLimits) (*MessageBudget, error) {
 func newMessageBudget(l ServerLimits) *MessageBudget {
 	return &MessageBudget{limits: l, afterFunc: func(d time.Duration, f func()) func() bool {
 		return time.AfterFunc(d, f).Stop
-	}, connSlots: connSlots{conns: make(map[string]*slotConn)}}
+	}, now: time.Now, connSlots: connSlots{conns: make(map[string]*slotConn)}}
 }
 
 // ServerOptions returns the options a grpc.Server serving sluice should
@@ -150,15 +158,67 @@ type budgetConn struct {
 	slot *slotConn // its slot of Listen's cap; nil for another listener's
 }
 
-// budgetCall is the reservation of one call.
+// budgetCall is the reservation of one call, and the call's context
+// (tap's, which cancels it): it answers budgetCallKey itself, so that
+// every call takes one context fewer.
 type budgetCall struct {
+	context.Context
 	b      *MessageBudget
 	conn   *budgetConn
 	cancel context.CancelCauseFunc
 	stream atomic.Bool // a client stream: keeps its reservation until it ends
-	first  atomic.Bool // its first message is in: it counts as open on conn.slot
-	held   int64       // bytes reserved; guarded by MessageBudget.mu
-	stop   func() bool // stops the timer of its first message
+	first  atomic.Bool // its first message is in
+	// open tells whether the call counts as open on its connection's
+	// slot (conn.slot, when set): from its first message in until it
+	// ends. A call whose message has not arrived keeps no slot, so that
+	// calls opened and left without a message (renewed before
+	// MessageTimeout) cannot hold the cap.
+	open atomic.Bool
+	held int64 // bytes reserved; guarded by MessageBudget.mu
+	// In MessageBudget.awaited until its first message is in; guarded
+	// by MessageBudget.mu.
+	prev, next *budgetCall
+	listed     bool
+	deadline   time.Time // of its first message
+	method     string
+}
+
+// callList is a list of calls, linked through their prev and next.
+type callList struct{ head, tail *budgetCall }
+
+func (l *callList) push(c *budgetCall) {
+	c.prev, c.next, c.listed = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *callList) remove(c *budgetCall) {
+	if !c.listed {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next, c.listed = nil, nil, false
+}
+
+// Value answers budgetCallKey with c, and the rest from c's parent.
+func (c *budgetCall) Value(key any) any {
+	if _, ok := key.(budgetCallKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 type budgetConnKey struct{}
@@ -185,9 +245,13 @@ func (b *MessageBudget) reserve(c *budgetCall, n int64) (ok bool, freed <-chan s
 
 // release gives back what c holds.
 func (c *budgetCall) release() {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	c.releaseLocked()
+}
+
+func (c *budgetCall) releaseLocked() {
 	b := c.b
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if c.held == 0 {
 		return
 	}
@@ -224,16 +288,65 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 			info.FullMethodName, b.limits.MessageBytes, b.limits.ConnMessageBytes)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	c.cancel = cancel
-	c.stop = b.afterFunc(b.limits.MessageTimeout, func() {
+	c.Context, c.cancel, c.method = ctx, cancel, info.FullMethodName
+	b.await(c)
+	return c, nil
+}
+
+// await puts c in the calls awaited, and schedules a sweep if none is.
+func (b *MessageBudget) await(c *budgetCall) {
+	b.mu.Lock()
+	c.deadline = b.now().Add(b.limits.MessageTimeout)
+	b.awaited.push(c)
+	arm := !b.sweeping
+	b.sweeping = true
+	b.mu.Unlock()
+	if arm {
+		b.afterFunc(b.limits.MessageTimeout, b.sweep)
+	}
+}
+
+// sweep times out the awaited calls whose deadline has come: each is
+// cancelled, and gives back what it held. It schedules the next sweep
+// for the oldest call left, if any.
+func (b *MessageBudget) sweep() {
+	b.mu.Lock()
+	now := b.now()
+	var late []*budgetCall
+	for c := b.awaited.head; c != nil && !c.deadline.After(now); c = b.awaited.head {
+		b.awaited.remove(c)
+		late = append(late, c)
+	}
+	var next time.Duration
+	if h := b.awaited.head; h != nil {
+		next = h.deadline.Sub(now)
+	} else {
+		b.sweeping = false
+	}
+	b.mu.Unlock()
+	if next > 0 {
+		b.afterFunc(next, b.sweep)
+	}
+	for _, c := range late {
 		if c.first.Load() {
-			return
+			continue
 		}
 		b.timedOut.Add(1)
-		cancel(fmt.Errorf("%w: the first message of %s was not all in within %v", ErrMessageTimeout, info.FullMethodName, b.limits.MessageTimeout))
+		c.cancel(fmt.Errorf("%w: the first message of %s was not all in within %v", ErrMessageTimeout, c.method, b.limits.MessageTimeout))
 		c.release()
-	})
-	return context.WithValue(ctx, budgetCallKey{}, c), nil
+	}
+}
+
+// settle takes c out of the calls awaited, its first message in or the
+// call ended, and gives back what it holds when release is set.
+func (c *budgetCall) settle(release bool) {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.awaited.remove(c)
+	if release {
+		c.releaseLocked()
+	}
 }
 
 // begin reserves the rest of c's message before its handler reads it,
@@ -270,11 +383,8 @@ func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) co
 // HandleConn does nothing: a connection's calls end before it does.
 func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 
-// TagRPC does nothing: tap has given each call its budgetCall, which
-// also says whether the call counts as open on its connection's slot.
-func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return ctx
-}
+// TagRPC does nothing: tap gave the call its context.
+func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
 // HandleRPC follows the messages of a call that tap reserved for, and
 // counts the calls open on each connection of Listen's listener: a call
@@ -297,21 +407,20 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		c.stream.Store(s.IsClientStream)
 		c.begin(ctx)
 	case *stats.InPayload:
-		if c.first.CompareAndSwap(false, true) {
-			c.stop()
-			if c.conn.slot != nil {
-				b.callBegan(c.conn.slot)
-			}
+		if c.conn.slot != nil && c.open.CompareAndSwap(false, true) {
+			b.callBegan(c.conn.slot)
 		}
-		if !c.stream.Load() {
+		unary := !c.stream.Load()
+		if c.first.CompareAndSwap(false, true) {
+			c.settle(unary)
+		} else if unary {
 			c.release()
 		}
 	case *stats.End:
-		if c.first.Load() && c.conn.slot != nil {
+		if c.conn.slot != nil && c.open.Load() {
 			b.callEnded(c.conn.slot)
 		}
-		c.stop()
-		c.release()
+		c.settle(true)
 		c.cancel(nil)
 	}
 }

@@ -32,7 +32,7 @@ func TestPeerBudgetKeepsOutCallersWithoutCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	timers := new(fakeTimers) // MessageTimeout never comes during the test
-	b.afterFunc = timers.after
+	timers.install(b)
 	auth := &PeerAuth{Keys: [][]byte{key}}
 	b.AuthorizePeers(auth)
 	addr := serveBudget(t, b, func(s *grpc.Server) {
@@ -83,7 +83,7 @@ func TestPeerBudgetKeepsOutAPIClientCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	timers := new(fakeTimers)
-	b.afterFunc = timers.after
+	timers.install(b)
 	auth := &PeerAuth{Identities: []string{id}}
 	b.AuthorizePeers(auth)
 	addr := serveBudget(t, b, func(s *grpc.Server) {

@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -10,29 +12,44 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/sluicehq/sluice/internal/testwait"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
 // fakeTimers holds the functions of MessageBudget.afterFunc until fire
-// runs them.
+// runs them, on a clock of its own (MessageBudget.now) that stands still
+// until then.
 type fakeTimers struct {
-	mu      sync.Mutex // guards pending and next
-	pending map[int]func()
+	mu      sync.Mutex // guards pending, next and clock
+	pending map[int]fakeTimer
 	next    int
+	clock   time.Time
 }
 
-func (f *fakeTimers) after(_ time.Duration, fn func()) func() bool {
+type fakeTimer struct {
+	due time.Time
+	fn  func()
+}
+
+func (f *fakeTimers) now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clock
+}
+
+func (f *fakeTimers) after(d time.Duration, fn func()) func() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.pending == nil {
-		f.pending = make(map[int]func())
+		f.pending = make(map[int]fakeTimer)
 	}
 	id := f.next
 	f.next++
-	f.pending[id] = fn
+	f.pending[id] = fakeTimer{due: f.clock.Add(d), fn: fn}
 	return func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -42,17 +59,35 @@ func (f *fakeTimers) after(_ time.Duration, fn func()) func() bool {
 	}
 }
 
-// fire runs every pending function, as if their time had come, and
-// returns how many ran.
+// fire moves the clock to the time of the last pending function and
+// runs every pending one, as if their time had come; it returns how many
+// ran.
 func (f *fakeTimers) fire() int {
 	f.mu.Lock()
 	fns := f.pending
 	f.pending = nil
+	for _, t := range fns {
+		if t.due.After(f.clock) {
+			f.clock = t.due
+		}
+	}
 	f.mu.Unlock()
-	for _, fn := range fns {
-		fn()
+	for _, t := range fns {
+		t.fn()
 	}
 	return len(fns)
+}
+
+// advance moves the clock d on, running nothing.
+func (f *fakeTimers) advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.clock = f.clock.Add(d)
+}
+
+// install makes f b's timers and clock.
+func (f *fakeTimers) install(b *MessageBudget) {
+	b.afterFunc, b.now = f.after, f.now
 }
 
 // budgetServer serves the Peer service with limits l and a message budget
@@ -64,7 +99,7 @@ func budgetServer(t *testing.T, l ServerLimits) (addr string, b *MessageBudget, 
 		t.Fatal(err)
 	}
 	timers = new(fakeTimers)
-	b.afterFunc = timers.after
+	timers.install(b)
 	addr = serveBudget(t, b, func(s *grpc.Server) { RegisterPeer(s, &echoChecker{}) })
 	return addr, b, timers
 }
@@ -157,8 +192,8 @@ func TestMessageBudgetBoundsUnfinishedMessages(t *testing.T) {
 	// held.
 	c := stallCalls(t, addr, 3, 60_000)
 	testwait.For(t, "3 stalled calls to hold their messages", func() bool { return b.Stats().Reserved == 3*r })
-	if n := timers.fire(); n != 3 {
-		t.Fatalf("%d timers pending, want one per stalled call (3)", n)
+	if n := timers.fire(); n != 1 {
+		t.Fatalf("%d timers pending, want one for all the stalled calls", n)
 	}
 	awaitEnded(t, c, 3)
 	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
@@ -191,8 +226,9 @@ func TestMessageBudgetKeepsStreams(t *testing.T) {
 	if seq := p.answer(); seq != 1 {
 		t.Fatalf("answer to batch %d, want 1", seq)
 	}
-	if n := timers.fire(); n != 0 {
-		t.Fatalf("%d timers pending after the first message", n)
+	timers.fire() // the stream's first message is in: no deadline left
+	if s := b.Stats(); s.TimedOut != 0 {
+		t.Fatalf("%d calls timed out after their first message", s.TimedOut)
 	}
 	if got := b.Stats().Reserved; got != r {
 		t.Fatalf("%d bytes reserved for an open stream, want %d", got, r)
@@ -205,7 +241,7 @@ func TestMessageBudgetKeepsStreams(t *testing.T) {
 	q := newRawPeer(t, addr)
 	testwait.For(t, "the silent stream to be reserved for", func() bool { return b.Stats().Reserved == 2*r })
 	if n := timers.fire(); n != 1 {
-		t.Fatalf("%d timers pending, want the silent stream's", n)
+		t.Fatalf("%d timers pending, want one for the silent stream", n)
 	}
 	q.await(func() bool { return q.ended != "" }, nil)
 	testwait.For(t, "the silent stream's reservation to be freed", func() bool { return b.Stats().Reserved == r })
@@ -260,4 +296,57 @@ func TestMessageBudgetServesConcurrentCalls(t *testing.T) {
 		t.Fatalf("of 1000 calls at once, failed: %v, want ResourceExhausted or none", failed)
 	}
 	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
+}
+
+// One timer serves every call awaiting its first message: each is timed
+// out at its own deadline, the later ones at a later sweep, and a call
+// whose message came in is never timed out.
+func TestMessageBudgetTimesOutEachCallAtItsDeadline(t *testing.T) {
+	l := DefaultServerLimits()
+	b, err := NewMessageBudget(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	timers := new(fakeTimers)
+	timers.install(b)
+	conn := b.TagConn(context.Background(), nil)
+	open := func() *budgetCall {
+		ctx, err := b.tap(conn, &tap.Info{FullMethodName: "/test.S/M"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ctx.(*budgetCall)
+	}
+	first := open()
+	timers.advance(l.MessageTimeout / 2)
+	second, served := open(), open()
+	b.HandleRPC(served, &stats.InPayload{}) // its message is in
+	if s := b.Stats(); s.Reserved != 2*StreamWindow {
+		t.Fatalf("%d bytes reserved, want two stream windows", s.Reserved)
+	}
+
+	if n := timers.fire(); n != 1 {
+		t.Fatalf("%d timers pending, want one", n)
+	}
+	if !errors.Is(context.Cause(first), ErrMessageTimeout) || second.Err() != nil || served.Err() != nil {
+		t.Fatalf("after the first deadline: causes %v, %v, %v; want only the first call timed out",
+			context.Cause(first), context.Cause(second), context.Cause(served))
+	}
+	if s := b.Stats(); s.TimedOut != 1 || s.Reserved != StreamWindow {
+		t.Fatalf("stats %+v, want 1 timed out and one stream window reserved", s)
+	}
+
+	if n := timers.fire(); n != 1 {
+		t.Fatalf("%d timers pending, want one for the second call", n)
+	}
+	if !errors.Is(context.Cause(second), ErrMessageTimeout) || served.Err() != nil {
+		t.Fatalf("after the second deadline: causes %v, %v; want the second call timed out", context.Cause(second), context.Cause(served))
+	}
+	if s := b.Stats(); s.TimedOut != 2 || s.Reserved != 0 {
+		t.Fatalf("stats %+v, want 2 timed out and nothing reserved", s)
+	}
+	if n := timers.fire(); n != 0 {
+		t.Fatalf("%d timers pending with no call awaited", n)
+	}
+	b.HandleRPC(served, &stats.End{})
 }

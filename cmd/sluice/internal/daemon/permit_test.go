@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -191,5 +192,24 @@ func TestPeerSettingsRefused(t *testing.T) {
 			d.Close()
 		}
 		t.Fatalf("New with an 8-byte secret: %v, want an error of cluster_secret_file", err)
+	}
+}
+
+// serverName joins the prefix to any name, and keeps at most
+// maxServerNames of them, however many names it is given.
+func TestServerNameKeepsABoundedSet(t *testing.T) {
+	for i := range maxServerNames + 100 {
+		name := fmt.Sprintf("bounded-%d", i)
+		for range 2 { // joined, then kept (or not, beyond the bound)
+			if got := serverName(name); got != serverNamePrefix+name {
+				t.Fatalf("serverName(%q) = %q", name, got)
+			}
+		}
+	}
+	if m := serverNames.m.Load(); m == nil || len(*m) != maxServerNames {
+		t.Fatalf("kept %d names, want %d", lenOf(m), maxServerNames)
+	}
+	if got := serverName("envoy/second"); got != "@envoy/second" {
+		t.Fatalf(`serverName("envoy/second") = %q`, got)
 	}
 }

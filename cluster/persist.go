@@ -285,9 +285,13 @@ func (n *Node) restore() error {
 		return nil
 	}
 	aheadOfNow(restored, now)
-	if _, err := n.store.Merge(restored, now); err != nil {
-		n.logger.Warn("cluster: some restored key states were refused by the store", "err", err)
+	// Into an empty store, every state the merge takes changes it: the
+	// count leaves out those it refused.
+	merged, err := n.store.Merge(restored, now)
+	if err != nil {
+		n.logger.Warn("cluster: some restored key states were refused by the store", "refused", len(restored)-merged, "err", err)
 	}
+	p.restored.Store(int64(merged))
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

@@ -773,4 +773,7 @@ func TestDataFileWithAStateFromTheFarFuture(t *testing.T) {
 	if !log.find("refused by the store") {
 		t.Error("the refused state was not logged")
 	}
+	if r := nd.Stats().Persist.Restored; r != 1 {
+		t.Errorf("%d states counted restored, want 1: the refused one is not", r)
+	}
 }

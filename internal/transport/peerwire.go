@@ -21,7 +21,7 @@ import (
 // Decoding allocates per message, not per item: the items of a message
 // share one array, and the strings of a request up to smallMessage bytes
 // share one copy of their bytes alone (see requestSpace.detach), where an
-// item's name or time zone equal to the one before it is that one.
+// item's name equal to the one before it is that one.
 
 // smallMessage is the largest message whose strings share one copy: a
 // string kept from a larger one keeps no more than itself alive.
@@ -181,49 +181,68 @@ func (s *itemSpace[T]) items(n int) ([]*T, bool) {
 type requestSpace struct {
 	itemSpace[pb.RateLimitRequest]
 	hits []int64 // the items' hits fields; allocated when one has it
-	// The last name and time zone detach copied, which the next items
-	// (of this message, or of the next one in a buffer) share while
-	// theirs are the same.
-	name, zone string
+	// name is the last name detach copied, which the next items (of
+	// this message, or of the next one in a buffer) share while theirs is
+	// the same.
+	name string
 }
 
 // detach makes the strings of m, decoded as views of its message
 // (reader.view), its own before the message's memory is reused: their
-// bytes alone are copied, into one allocation, but for a Name or TimeZone
-// equal to the one before it, which is that one. Every string field that
-// decodeRequestItem reads is here.
+// bytes alone are copied, into one allocation. An item's Name that
+// decodeRequestItem found equal to the one before it (see sameName) is
+// that one's. Every string field that decodeRequestItem reads is here.
 func (s *requestSpace) detach(m *pb.PeerCheckRequest) {
 	n := len(m.From)
-	name, zone := s.name, s.zone
+	prev := s.name
 	for _, it := range m.Items {
-		if it.Name != name {
+		if !identical(it.Name, prev) {
 			n += len(it.Name)
-			name = it.Name
+			prev = it.Name
 		}
-		if it.TimeZone != zone {
-			n += len(it.TimeZone)
-			zone = it.TimeZone
-		}
-		n += len(it.Key) + len(it.Traceparent)
+		n += len(it.Key) + len(it.TimeZone) + len(it.Traceparent)
 	}
-	a := arena{b: make([]byte, 0, n)}
-	m.From = a.copy(m.From)
+	a := arena{b: make([]byte, n)}
+	if m.From != "" {
+		m.From = a.copy(m.From)
+	}
+	view, own := s.name, s.name // the last name read, and its copy
 	for _, it := range m.Items {
-		if it.Name == s.name {
-			it.Name = s.name
+		if identical(it.Name, view) {
+			it.Name = own
 		} else {
-			it.Name = a.copy(it.Name)
-			s.name = it.Name
-		}
-		if it.TimeZone == s.zone {
-			it.TimeZone = s.zone
-		} else {
-			it.TimeZone = a.copy(it.TimeZone)
-			s.zone = it.TimeZone
+			view, own = it.Name, a.copy(it.Name)
+			it.Name = own
 		}
 		it.Key = a.copy(it.Key)
-		it.Traceparent = a.copy(it.Traceparent)
+		if it.TimeZone != "" {
+			it.TimeZone = a.copy(it.TimeZone)
+		}
+		if it.Traceparent != "" {
+			it.Traceparent = a.copy(it.Traceparent)
+		}
 	}
+	s.name = own
+}
+
+// sameName returns the name of item i, just read: the name of the item
+// before it (of the last message, for the first) when they are equal, so
+// that detach copies it once.
+func (s *requestSpace) sameName(name string, i int) string {
+	prev := s.name
+	if i > 0 {
+		prev = s.slab[i-1].Name
+	}
+	if name == prev {
+		return prev
+	}
+	return name
+}
+
+// identical reports whether a and b are the same bytes in memory, not
+// only equal ones.
+func identical(a, b string) bool {
+	return len(a) == len(b) && unsafe.StringData(a) == unsafe.StringData(b)
 }
 
 // forget drops the strings of m and its items, views of a message that
@@ -235,17 +254,21 @@ func forget(m *pb.PeerCheckRequest, items []*pb.RateLimitRequest) {
 	}
 }
 
-// arena copies strings into b, whose capacity holds them all: b is only
-// appended to, so the bytes of a string returned never change.
-type arena struct{ b []byte }
+// arena copies strings into b, which holds them all: each copy goes
+// after the last, so the bytes of a string returned never change.
+type arena struct {
+	b   []byte
+	off int
+}
 
 func (a *arena) copy(s string) string {
 	if s == "" {
 		return ""
 	}
-	start := len(a.b)
-	a.b = append(a.b, s...)
-	return unsafe.String(&a.b[start], len(s))
+	c := a.b[a.off : a.off+len(s)]
+	copy(c, s)
+	a.off += len(s)
+	return unsafe.String(&c[0], len(c))
 }
 
 func (s *requestSpace) items(n int) []*pb.RateLimitRequest {
@@ -330,7 +353,9 @@ func decodeRequestItem(r *reader, m *pb.RateLimitRequest, sp *requestSpace, i in
 		var v int32
 		switch num {
 		case 1:
-			m.Name, ok = r.str(typ)
+			if m.Name, ok = r.str(typ); ok && r.view {
+				m.Name = sp.sameName(m.Name, i)
+			}
 		case 2:
 			m.Key, ok = r.str(typ)
 		case 3:

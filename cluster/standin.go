@@ -13,9 +13,13 @@ import (
 )
 
 // Stand-in owners: a node decides a key as its owner while the member that
-// owns the key on the ring with its failed members (gossip declared them
-// failed; they did not leave) is cut off, which is each side of a
-// partition and the new owner after a hard kill. It decides from what it
+// owns the key on the ring with the members cut off (gossip declared them
+// failed, or they are back from a partition and not admitted to the ring
+// again yet; they did not leave) is cut off, which is each side of a
+// partition and the new owner after a hard kill. Whether a decision is a
+// stand-in's is told with its ownership, under the key's decide lock, so
+// the hand-off pass after a heal (which waits for such decisions) sends
+// it with its part. It decides from what it
 // holds of the key (nothing, or a replica's copy that may lag), so its
 // state and the owner's are two histories of one key: merging them by the
 // larger state forgets what the smaller one admitted.

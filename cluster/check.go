@@ -257,6 +257,10 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	if st, _ := n.handover.stateOf(hash); st != owned {
 		return sluice.Decision{}, nil, false
 	}
+	// Told with the ownership, before the ring with the cut-off members
+	// can change back: a decision under the ring it was owned by belongs
+	// to that ring's history, and the hand-off pass waits for it.
+	standingIn := n.standins.standingIn(hash)
 	held := false
 	if n.grants.active() {
 		d, err, held = n.decideLeased(req, hash)
@@ -266,7 +270,7 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	}
 	if err == nil {
 		n.resetReplicas(req)
-		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && n.standins.standingIn(hash) {
+		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && standingIn {
 			n.standins.record(req, req.Hits)
 		}
 	}

@@ -186,6 +186,10 @@ func TestPartitionUnderLiveTraffic(t *testing.T) {
 	// again under its policy. One such per caller, at most.
 	const inFlight = 2
 	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{req}, req.Limit-total) }); err != nil {
+		for _, nd := range c.Nodes() {
+			st := nd.Stats()
+			t.Logf("%s: settle %+v, transfers %+v", nd.Name(), st.Settle, st.Transfers)
+		}
 		t.Fatal(err)
 	}
 	peek := req

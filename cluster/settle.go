@@ -170,6 +170,25 @@ func (n *Node) settleLoop() {
 	}
 }
 
+// settleHere settles hits of req that this node admitted on its store
+// without the key's owner, now that it decides the key: as a decision,
+// under the key's decide lock, so that a hand-off pass sees them. Standing
+// in for the owner, it records them as its own (the owner's history lacks
+// them as it lacks the stand-in's decisions). false: this node does not
+// decide the key (any more).
+func (n *Node) settleHere(req *limiter.Request, hash uint64) bool {
+	mu := n.handover.lock(hash)
+	mu.RLock()
+	defer mu.RUnlock()
+	if st, _ := n.handover.stateOf(hash); st != owned {
+		return false
+	}
+	if n.standins.standingIn(hash) {
+		n.standins.record(req, req.Hits)
+	}
+	return true
+}
+
 // settle charges every debt to its key's owner and returns how many are
 // still owed. A debt is charged only where the router sends checks now
 // without waiting: here as the settled owner, or the owner's peer when its
@@ -200,10 +219,9 @@ func (n *Node) settle() int {
 		switch p.way {
 		case wayHere:
 			if d.local { // in this node's store already
-				if n.standins.standingIn(hash) {
-					// Standing in for the owner: the owner's history
-					// lacks them as it lacks the stand-in's own.
-					n.standins.record(&d.req, d.req.Hits)
+				if !n.settleHere(&d.req, hash) {
+					again = append(again, d)
+					continue
 				}
 				n.debts.settled.Add(d.req.Hits)
 				continue

@@ -13,9 +13,13 @@ import (
 )
 
 // Stand-in owners: a node decides a key as its owner while the member that
-// owns the key on the ring with its failed members (gossip declared them
-// failed; they did not leave) is cut off, which is each side of a
-// partition and the new owner after a hard kill. It decides from what it
+// owns the key on the ring with the members cut off (gossip declared them
+// failed, or they are back from a partition and not admitted to the ring
+// again yet; they did not leave) is cut off, which is each side of a
+// partition and the new owner after a hard kill. Whether a decision is a
+// stand-in's is told with its ownership, under the key's decide lock, so
+// the hand-off pass after a heal (which waits for such decisions) sends
+// it with its part. It decides from what it
 // holds of the key (nothing, or a replica's copy that may lag), so its
 // state and the owner's are two histories of one key: merging them by the
 // larger state forgets what the smaller one admitted.
@@ -82,6 +86,9 @@ type standins struct {
 	m       map[debtKey]*standinRec
 	bytes   int64
 	nextGen uint64
+	// entries is len(m), read without mu: while it is 0, a state sent
+	// without a settlement merges without taking mu.
+	entries atomic.Int64
 
 	recorded, charged, dropped atomic.Int64 // hits
 }
@@ -92,19 +99,25 @@ func newStandins(self string, now time.Time) *standins {
 	return &standins{self: self, m: map[debtKey]*standinRec{}, nextGen: uint64(now.UnixNano())}
 }
 
-// update records the members of ms that serf declares failed and that
-// were in the ring (prev) or failed already, and publishes the ring over
-// members and every failed member, old and new, for the ring change to
-// come; publish then drops the members no longer failed. Called by
-// rebuild, which serialises them.
+// update records the members of ms that are cut off from the ring, serf
+// declaring them failed or (back from a partition) alive but not admitted
+// to the ring again yet, and that were in the ring (prev) or cut off
+// already; it publishes the ring over members and every member cut off,
+// old and new, for the ring change to come; publish then drops the
+// members no longer cut off. A member that left, or joins for the first
+// time, is not cut off. Called by rebuild, which serialises them.
 func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config) {
 	was := map[string]bool{}
 	for _, m := range prev {
 		was[m.Name] = true
 	}
+	in := map[string]bool{}
+	for _, m := range members {
+		in[m.Name] = true
+	}
 	failed := map[string]ring.Member{}
 	for _, m := range ms {
-		if m.Status != serf.StatusFailed || m.Name == t.self {
+		if m.Status != serf.StatusFailed && m.Status != serf.StatusAlive || m.Name == t.self || in[m.Name] {
 			continue
 		}
 		if f, ok := t.failed[m.Name]; ok {
@@ -184,6 +197,7 @@ func (t *standins) entryLocked(k debtKey) *standinRec {
 	e := &standinRec{size: size}
 	t.m[k] = e
 	t.bytes += size
+	t.entries.Store(int64(len(t.m)))
 	return e
 }
 
@@ -240,6 +254,9 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 
 // attach sets the settlement of every state of ss whose key has parts.
 func (t *standins) attach(ss []limiter.Snapshot) {
+	if t.entries.Load() == 0 {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.m) == 0 {
@@ -265,6 +282,10 @@ func (t *standins) attach(ss []limiter.Snapshot) {
 // to sn, merges (limiter.Store.MergeCharged), and keeps the parts. Without
 // room for the key's parts it merges sn alone.
 func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
+	if sn.Settle == nil && t.entries.Load() == 0 { // no stand-in anywhere in sight
+		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+		return n > 0, err
+	}
 	k := debtKey{sn.Name, sn.Key}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -333,11 +354,15 @@ func partHits(ps []limiter.SettlePart, origin string, gen uint64) int64 {
 func (t *standins) removeLocked(k debtKey, e *standinRec) {
 	delete(t.m, k)
 	t.bytes -= e.size
+	t.entries.Store(int64(len(t.m)))
 }
 
 // prune forgets the parts of keys whose state store no longer holds live
 // at now: they count nothing any more.
 func (t *standins) prune(store *limiter.Store, now time.Time) {
+	if t.entries.Load() == 0 {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.m {

@@ -40,6 +40,15 @@ func TestSettlementProtoRoundTrip(t *testing.T) {
 	}
 	plain := sn
 	plain.Settle = nil
+	// A node that predates the settlement reads the state alone, as
+	// SnapshotFromProto does: the same state, merged by the larger.
+	m := new(pb.KeyState)
+	if err := proto.Unmarshal(b, m); err != nil {
+		t.Fatal(err)
+	}
+	if old, err := SnapshotFromProto(m); err != nil || !reflect.DeepEqual(old, plain) {
+		t.Fatalf("read without the settlement: %+v, %v; want %+v", old, err, plain)
+	}
 	b, _ = proto.Marshal(SnapshotToProto(&plain))
 	if got, err := read(b); err != nil || got.Settle != nil {
 		t.Fatalf("a state without settlement read with %+v, %v", got.Settle, err)

@@ -65,8 +65,11 @@ type transfers struct {
 	// Leave alone hands off, to the owners on the ring without this node,
 	// and takes the store's changes.
 	leaving atomic.Bool
-	// lastPass is set when Leave has sent its last states: the hand-off
-	// loop sends nothing more.
+	// lastPass is set, under passMu, when Leave is about to send its last
+	// states: the hand-off loop, which runs its passes during a leave
+	// under passMu, sends nothing more, and what its passes left to pass
+	// on is Leave's.
+	passMu   sync.Mutex
 	lastPass atomic.Bool
 
 	handedOff, replicated, failures, givenUp, merged, rejected, passes atomic.Int64
@@ -202,9 +205,11 @@ func (n *Node) handoffLoop() {
 				// gets what moved and this node's confirmation, so that
 				// its new owners need not wait for the leave to end,
 				// until Leave's last pass.
+				n.transfers.passMu.Lock()
 				if !n.transfers.lastPass.Load() {
 					n.handoffPass(nil)
 				}
+				n.transfers.passMu.Unlock()
 			} else {
 				n.handoffPass(n.foreignToSend())
 			}
@@ -441,10 +446,16 @@ func (n *Node) leaveHandoff() error {
 	var lost int
 	// Each pass sends to the owners on the ring of the members other than
 	// this node at that time: one that left meanwhile gets nothing.
-	var unrouted int         // states with no member to go to
-	var sentTo []ring.Member // the members of the last pass's target ring
+	var unrouted int // states with no member to go to
+	// sentTo is the members of the last pass's target ring, and one
+	// whether every pass since the last of all states had that target.
+	var sentTo []ring.Member
+	one := true
 	pass := func(collect func(func(limiter.Snapshot))) {
 		others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+		if sentTo != nil && !slices.Equal(sentTo, others) {
+			one = false
+		}
 		sentTo = others
 		var target *ring.Ring
 		if len(others) > 0 {
@@ -494,6 +505,22 @@ func (n *Node) leaveHandoff() error {
 	} else {
 		pass(all)
 	}
+	n.transfers.passMu.Lock()
+	n.transfers.lastPass.Store(true)
+	n.transfers.passMu.Unlock()
+	// A member that joined or left meanwhile (the passes went to owners on
+	// different rings, or the ring changed since the last one): every
+	// state goes again to the owners on the ring without this node now,
+	// which the departure below confirms. A state sent to an owner on an
+	// older ring reaches the owner on the new one only through the
+	// receiver's own hand-off, which a departure must not wait for.
+	for range 3 {
+		if ctx.Err() != nil || (one && !n.ringChangedSince(sentTo)) {
+			break
+		}
+		sentTo, one = nil, true
+		pass(all)
+	}
 	// States the outbox took back from members that left meanwhile, and
 	// states held for other nodes, go to their owners on the target ring
 	// too; what is still held when LeaveTimeout ends is lost.
@@ -508,18 +535,8 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 	}
-	// A member that joined or left meanwhile: every state goes again to
-	// the owners on the ring without this node now, which the departure
-	// below confirms.
-	for range 3 {
-		if ctx.Err() != nil || !n.ringChangedSince(sentTo) {
-			break
-		}
-		pass(all)
-	}
-	n.transfers.lastPass.Store(true)
 	lost += len(n.transfers.takeForeign()) + int(n.transfers.givenUp.Load()-givenUp)
-	if sole && lost == 0 && ctx.Err() == nil && !n.ringChangedSince(sentTo) {
+	if sole && one && lost == 0 && ctx.Err() == nil && !n.ringChangedSince(sentTo) {
 		n.confirmDeparture(ctx, sentTo)
 	}
 	if n.persist == nil {

@@ -139,6 +139,21 @@ func (h *handover) stateOf(hash uint64) (ownerState, ring.Member) {
 		return moved, m
 	}
 	s := h.settled.Load()
+	if s.version != version {
+		// The ring changed and its settled partitions are being
+		// computed, under mu: wait for them rather than call a partition
+		// that stays settled pending meanwhile.
+		h.mu.Lock()
+		s = h.settled.Load()
+		m, version, ok = h.r.OwnerAndVersion(hash)
+		h.mu.Unlock()
+		if !ok {
+			return pending, m
+		}
+		if m.Name != h.self {
+			return moved, m
+		}
+	}
 	if s.version != version || !s.has(h.r.Partition(hash)) {
 		return pending, m
 	}

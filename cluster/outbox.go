@@ -291,25 +291,25 @@ func (o *outbox) signalDrained() {
 	o.mu.Unlock()
 }
 
-// pendingHandoff returns the hand-off states queued for every peer, and a
-// channel closed when a queue's hand-off drains.
-func (o *outbox) pendingHandoff() (int, <-chan struct{}) {
+// pending returns the sum of count over every peer's queue, each locked
+// while counted, and a channel closed when a queue's hand-off drains or
+// its confirmation is sent or dropped.
+func (o *outbox) pending(count func(q *peerQueue) int) (int, <-chan struct{}) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := 0
 	for _, q := range o.peers {
 		q.mu.Lock()
-		n += pendingStates(q.handoff)
+		n += count(q)
 		q.mu.Unlock()
 	}
 	return n, o.drained
 }
 
-// waitHandedOff waits until every queued hand-off state was delivered or
-// given up, or ctx ends, and returns how many were still queued.
-func (o *outbox) waitHandedOff(ctx context.Context) int {
+// waitNone waits until pending(count) is 0, or ctx ends, and returns it.
+func (o *outbox) waitNone(ctx context.Context, count func(q *peerQueue) int) int {
 	for {
-		n, drained := o.pendingHandoff()
+		n, drained := o.pending(count)
 		if n == 0 {
 			return 0
 		}
@@ -321,31 +321,27 @@ func (o *outbox) waitHandedOff(ctx context.Context) int {
 	}
 }
 
+func queuedStates(q *peerQueue) int { return pendingStates(q.handoff) }
+
+func queuedConfirmation(q *peerQueue) int {
+	if q.hasConfirm {
+		return 1
+	}
+	return 0
+}
+
+// pendingHandoff returns the hand-off states queued for every peer, and a
+// channel closed when a queue's hand-off drains.
+func (o *outbox) pendingHandoff() (int, <-chan struct{}) { return o.pending(queuedStates) }
+
+// waitHandedOff waits until every queued hand-off state was delivered or
+// given up, or ctx ends, and returns how many were still queued.
+func (o *outbox) waitHandedOff(ctx context.Context) int { return o.waitNone(ctx, queuedStates) }
+
 // waitConfirmed waits until every queued confirmation was delivered, or
 // dropped with the states it followed, or ctx ends, and returns how many
 // peers still had one queued.
-func (o *outbox) waitConfirmed(ctx context.Context) int {
-	for {
-		o.mu.Lock()
-		n, drained := 0, o.drained
-		for _, q := range o.peers {
-			q.mu.Lock()
-			if q.hasConfirm {
-				n++
-			}
-			q.mu.Unlock()
-		}
-		o.mu.Unlock()
-		if n == 0 {
-			return 0
-		}
-		select {
-		case <-ctx.Done():
-			return n
-		case <-drained:
-		}
-	}
-}
+func (o *outbox) waitConfirmed(ctx context.Context) int { return o.waitNone(ctx, queuedConfirmation) }
 
 // work is q's worker: it sends what q holds, in order, until q is empty,
 // and waits for the next trigger, until q is stopped.

@@ -61,15 +61,17 @@ func signal(c chan struct{}) {
 	}
 }
 
-// Ticker ticks on a Clock every period: C receives one tick after each
-// period that passed since the last one, and holds at most one (a slow
-// receiver drops ticks, as time.Ticker's does).
+// Ticker ticks on a Clock every period: C receives a tick at each
+// multiple of the period from the ticker's start, as the clock reads
+// them, and holds at most one (a slow receiver drops ticks, as
+// time.Ticker's does).
 type Ticker struct {
 	C      chan struct{}
 	c      Clock
 	period time.Duration
 
-	mu      sync.Mutex  // guards stop and stopped
+	mu      sync.Mutex  // guards next, stop and stopped
+	next    time.Time   // when the pending tick is due
 	stop    func() bool // the pending tick's
 	stopped bool
 }
@@ -81,19 +83,28 @@ func NewTicker(c Clock, d time.Duration) *Ticker {
 	}
 	t := &Ticker{C: make(chan struct{}, 1), c: c, period: d}
 	t.mu.Lock()
+	t.next = c.Now().Add(d)
 	t.stop = c.AfterFunc(d, t.tick)
 	t.mu.Unlock()
 	return t
 }
 
+// tick sends a tick and arms the next one, due a period after this one
+// was: a clock moved past it meanwhile has it fire at once.
 func (t *Ticker) tick() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.stopped {
 		return
 	}
+	now := t.c.Now()
+	t.next = t.next.Add(t.period)
+	if !t.next.After(now) {
+		// Ticks that fell behind are dropped, as time.Ticker's are.
+		t.next = now.Add(t.period)
+	}
+	t.stop = t.c.AfterFunc(t.next.Sub(now), t.tick)
 	signal(t.C)
-	t.stop = t.c.AfterFunc(t.period, t.tick)
 }
 
 // Stop stops the ticker: no tick is sent after it returns.

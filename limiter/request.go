@@ -117,8 +117,9 @@ const (
 	// a fresh key has, and the decision reports the state after the refund
 	// as a peek would. With Charged (the charge's Decision.Window), the
 	// hits go back to that window only, and only while the key's state
-	// still counts it; otherwise nothing is given back (see
-	// Request.Charged).
+	// still counts it, or, for the algorithms without windows, at most
+	// what of the hits charged at that instant the key still counts;
+	// otherwise nothing is given back (see Request.Charged).
 	Refund
 	// Charge consumes Hits whatever the key's state: hits admitted
 	// elsewhere (a lease's, say) that must count here even past the

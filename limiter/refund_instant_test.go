@@ -49,6 +49,11 @@ func TestRefundOnlyWhatOfTheChargeIsCounted(t *testing.T) {
 		)
 	}
 	cases = append(cases,
+		tc{"reset, then the clock stepped back", GCRA, []refundStep{
+			{name: "charge", at: time.Second, wantRemaining: 9},
+			{name: "reset", at: time.Second, req: func(r *Request) { r.Hits, r.Behavior = 0, Reset }, wantRemaining: 10},
+			{name: "refund, half a second earlier", at: 500 * time.Millisecond, refund: true, wantRemaining: 10},
+		}},
 		tc{"drained, then another's hit", SlidingWindowLog, []refundStep{
 			{name: "charge", wantRemaining: 9},
 			{name: "another, after it left the window", at: 11 * time.Second, wantRemaining: 9},

@@ -33,6 +33,9 @@ func decideBucket(st *state, req *Request, now int64, leaky bool) Decision {
 			d.Delay = time.Duration(drainTime(level, limit, period))
 		}
 		level += hits
+		if req.Hits > 0 {
+			d.Window = Window{now, now}
+		}
 	} else if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && level < capacity {
 		level = capacity
 	}

@@ -18,6 +18,9 @@ func decideGCRA(st *state, req *Request, now int64) Decision {
 	if behind <= room || req.Behavior&Charge != 0 {
 		d.Allowed = true
 		behind = min(behind+req.Hits*t, ahead)
+		if req.Hits > 0 {
+			d.Window = Window{now, now}
+		}
 	} else {
 		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && behind < tolerance {
 			behind = min(tolerance, ahead)

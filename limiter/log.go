@@ -214,6 +214,10 @@ func decideSlidingLog(st *state, l *windowLog, req *Request, now int64) Decision
 		if req.Hits > 0 {
 			l.add(now, req.Hits)
 			total += req.Hits
+			// The entry the hits went into, later than now if the
+			// clock stepped back.
+			at := l.entries[len(l.entries)-1].at
+			d.Window = Window{at, at}
 		}
 	} else {
 		if req.Behavior&DrainOverLimit != 0 && req.Hits > 0 && total < req.Limit {

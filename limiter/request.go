@@ -117,8 +117,9 @@ const (
 	// a fresh key has, and the decision reports the state after the refund
 	// as a peek would. With Charged (the charge's Decision.Window), the
 	// hits go back to that window only, and only while the key's state
-	// still counts it; otherwise nothing is given back (see
-	// Request.Charged).
+	// still counts it, or, for the algorithms without windows, at most
+	// what of the hits charged at that instant the key still counts;
+	// otherwise nothing is given back (see Request.Charged).
 	Refund
 	// Charge consumes Hits whatever the key's state: hits admitted
 	// elsewhere (a lease's, say) that must count here even past the
@@ -283,14 +284,28 @@ type Request struct {
 	// otherwise it gives nothing back, and its decision's Window is zero:
 	// the window has ended, or the key has since been reset, gone fresh
 	// or been charged under another algorithm or Period, and the hits of
-	// the key's window now are other requests'. A zero Charged refunds as
-	// the key's state reads now (see Refund), and only Refund takes one.
+	// the key's window now are other requests'.
+	//
+	// For a token bucket, leaky bucket, GCRA or sliding window log,
+	// Charged is the instant the hits were charged at (Start == End). A
+	// bucket or GCRA state of the request's algorithm and rate then gets
+	// back at most the part of the hits that has not drained since:
+	// Hits - rate×(now - Start), floor 0, and no more than it holds
+	// (rate is Limit per Period, one hit per emission interval for
+	// GCRA). A sliding window log gets back at most Hits of its entry at
+	// that instant, while the entry is in the window and has not been
+	// merged into a later one. Neither ever takes another request's hits
+	// off the key. Otherwise the refund gives nothing back, as above.
+	//
+	// A zero Charged refunds as the key's state reads now (see Refund),
+	// and only Refund takes one.
 	Charged Window
 }
 
 // Window is one window of a fixed window or sliding window counter, the
-// instants [Start, End) in nanoseconds since the Unix epoch. The zero
-// Window is none.
+// instants [Start, End) in nanoseconds since the Unix epoch, or, with
+// Start == End, the instant a token bucket, leaky bucket, GCRA or sliding
+// window log charged hits at. The zero Window is none.
 type Window struct{ Start, End int64 }
 
 // IsZero reports whether w is the zero Window.
@@ -355,8 +370,10 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
 	case !r.Charged.IsZero() && r.Behavior&Refund == 0:
 		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
-	case !r.Charged.IsZero() && r.Charged.Start >= r.Charged.End:
-		return fmt.Errorf("%w: Charged window [%d, %d) is empty", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
+	case !r.Charged.IsZero() && r.Charged.Start > r.Charged.End:
+		return fmt.Errorf("%w: Charged window [%d, %d) ends before it starts", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
+	case !r.Charged.IsZero() && r.Charged.Start == r.Charged.End && !r.Algorithm.instantAlgorithm():
+		return fmt.Errorf("%w: Charged window [%d, %d) is empty: an instant is a charge of token_bucket, leaky_bucket, gcra or sliding_window_log, not %s", ErrInvalidBehavior, r.Charged.Start, r.Charged.End, r.Algorithm)
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {
@@ -411,10 +428,12 @@ type Decision struct {
 	Delay time.Duration
 	// Window is the window of a fixed window or sliding window counter
 	// (the algorithm and rate the key's state was decided with) that this
-	// decision counted hits in: for an admitted request of Hits > 0, the
-	// window they went into, which a Refund of them carries
-	// (Request.Charged); for a Refund with Charged, that window when the
-	// hits went back to it. Zero otherwise: another algorithm, a peek, a
-	// rejection, or a refund that gave nothing back.
+	// decision counted hits in, or for the other algorithms the instant
+	// it counted them at (Start == End: for the sliding window log, that
+	// of the log's entry they went into): for an admitted request of
+	// Hits > 0, the window they went into, which a Refund of them carries
+	// (Request.Charged); for a Refund with Charged, the Charged it gave
+	// hits back to. Zero otherwise: a peek, a rejection, or a refund that
+	// gave nothing back.
 	Window Window
 }

@@ -120,10 +120,10 @@ func (st *state) setPrevWindowHits(hits int64) {
 // state of another algorithm is converted first (see convert).
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 	gave := Window{}
-	if req.windowRefund() {
-		// The window is found on the state as stored: before its times
+	if req.chargedRefund() {
+		// The charge is found on the state as stored: before its times
 		// are bounded, before any conversion.
-		if req.Hits > 0 && st.expireAt > now && refundWindow(st, req) {
+		if req.Hits > 0 && st.expireAt > now && refundCharged(st, *lg, req, now, true) {
 			gave = req.Charged
 		}
 		p := *req

@@ -292,8 +292,8 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			}
 		}
 	}
-	if want == 0 && req.windowRefund() && (req.Hits == 0 || !found || e.expireAt <= now || e.windowCount(req) == noWindow) {
-		// No window of the key's state is the refund's: it gives
+	if want == 0 && req.chargedRefund() && (req.Hits == 0 || !found || e.expireAt <= now || !refundCharged(&e.state, lg, req, now, false)) {
+		// Nothing of the key's state is the refund's: it gives
 		// nothing back and is decided as a peek, which keeps nothing.
 		p := *req
 		p.Hits, p.Behavior, p.Charged = 0, 0, Window{}

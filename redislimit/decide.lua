@@ -13,13 +13,15 @@
 -- ARGV[10] the calendar unit (limiter.Calendar, 0 for none),
 -- ARGV[11] the calendar's zone, a number naming it (0 without a calendar),
 -- ARGV[12], ARGV[13] a refund's charged window (limiter.Request.Charged):
---          its start and end in Unix microseconds, 0 and 0 for none,
+--          its start and end in Unix microseconds, 0 and 0 for none; equal
+--          for the instant a bucket, GCRA or log charged at,
 -- ARGV[14..17] with a calendar: b0 < b1 < b2 < b3, the bounds of three
 --          consecutive calendar windows around the caller's clock.
 --
 -- Returns {allowed, remaining, resetAt, retryAfter, delay, now, limit,
 -- windowStart, windowEnd}, times in microseconds, limit the Limit that
--- decided, the window limiter.Decision.Window names (0 and 0 for none);
+-- decided, the window limiter.Decision.Window names (0 and 0 for none;
+-- the instant twice for a bucket, GCRA or log);
 -- {-1, now} when no calendar window given holds now.
 --
 -- The order of limiter's decide: a state that is expired, or reset,
@@ -428,6 +430,22 @@ local function logRemoveNewest(h)
   if logN == 0 then logClear() end
 end
 
+-- logRemoveAt takes up to h hits off entry i and drops it if none are
+-- left.
+local function logRemoveAt(i, h)
+  local at, cum = unpackLog()
+  local before = 0
+  if i > 1 then before = cum[i - 1] end
+  local take = math.min(h, cum[i] - before)
+  for j = i, #cum do cum[j] = cum[j] - take end
+  if cum[i] == before then
+    table.remove(at, i)
+    table.remove(cum, i)
+  end
+  packLog(at, cum)
+  if logN == 0 then logClear() end
+end
+
 -- The sliding window counter.
 local function counterExpiry(start, cur, prev, p, t)
   if cur > 0 then return addsat(start, 2 * p) end
@@ -523,6 +541,7 @@ local function decideAlgorithm(h, drain)
       allowed = 1
       if algo == LEAKY then delay = drainTime(level) end
       level = level + h
+      if h > 0 then windowStart, windowEnd = now, now end
     elseif drain and level < capacity then
       level = capacity
     end
@@ -580,6 +599,7 @@ local function decideAlgorithm(h, drain)
     if behind <= room then
       allowed = 1
       behind = math.min(behind + h * t, ahead)
+      if h > 0 then windowStart, windowEnd = now, now end
     else
       if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
       retry = behind - room
@@ -596,6 +616,10 @@ local function decideAlgorithm(h, drain)
       if h > 0 then
         logAdd(now, h)
         total = total + h
+        -- The entry the hits went into, later than now if the clock
+        -- stepped back.
+        local at = entry(logN)
+        windowStart, windowEnd = at, at
       end
     else
       if drain and total < limit then
@@ -715,27 +739,80 @@ local function boundTimes(a)
   end
 end
 
+-- refundInstant gives back what is still counted of hits charged at the
+-- instant chargedStart, to st, a live state of the request's algorithm as
+-- stored, and reports whether it gave any back: limiter's refundInstant
+-- (which says why this never takes another request's hits). A bucket or
+-- GCRA gets back at most hits - rate*(now - at), floor 0, if its rate is
+-- the request's; a sliding window log at most hits of its entry at that
+-- instant, while the entry is in the window.
+local function refundInstant()
+  local at = chargedStart
+  if algo == TOKEN or algo == LEAKY then
+    local stored, last = st.w[1], st.w[2]
+    -- The expiry the last decision wrote tells the rate it drained at.
+    if stored <= 0 or st.exp ~= math.min(addsat(last, drainTime(stored)), HORIZON) then return false end
+    local level = levelAt(stored, last, now, period)
+    local back = hits
+    if at < now then back = back - (now - at) * limit / period end
+    back = math.min(back, level)
+    if back <= 0 then return false end
+    level = level - back
+    if level < EPS then level = 0 end
+    st.w[1], st.w[2] = level, math.max(last, now)
+    return true
+  elseif algo == GCRA then
+    local t, tat, lead = st.w[2], st.w[1], st.w[3]
+    -- The TAT as boundTimes reads it: a clock that stepped back leaves it
+    -- further ahead than any hits are.
+    if lead < MAXLEAD and tat > addsat(now, lead) then tat = now + lead end
+    if t == 0 or t ~= gcraInterval() or tat <= now then return false end
+    local back = hits * t
+    if at < now then
+      if now - at >= back then return false end
+      back = back - (now - at)
+    end
+    st.w[1] = tat - math.min(back, tat - now)
+    return true
+  end
+  -- SLOG
+  if logN == 0 or st.exp ~= addsat(entry(logN), period) or at <= now - period then return false end
+  local i = firstEntry(function(j) return entry(j) >= at end)
+  if i > logN or entry(i) ~= at then return false end
+  logRemoveAt(i, hits)
+  return true
+end
+
 local gaveBack = false
--- A refund to the window it names (limiter's refundWindow): the hits go
--- back to the count of the stored state, of the request's algorithm, whose
--- window it is (a fixed window's, or a sliding window counter's current
--- or previous one), before its times are bounded; one that finds no such
--- window gives nothing back and is a peek, which writes nothing.
+-- A refund to the charge it names: to the window of a fixed window or
+-- sliding window counter (limiter's refundWindow), the hits go back to the
+-- count of the stored state, of the request's algorithm, whose window it
+-- is (a fixed window's, or a sliding window counter's current or previous
+-- one); to the other algorithms, what of the hits charged at the instant
+-- it names is still counted (refundInstant). Both before the state's times
+-- are bounded; one that finds nothing gives nothing back and is a peek,
+-- which writes nothing.
 if has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) then
   local which = 0 -- 1 the current window's count, 2 the counter's previous
   if hits > 0 and st.exp > now and st.algo == algo then
     if algo == FIXED then
       if st.w[2] > 0 and st.w[1] == chargedStart and st.exp == chargedEnd then which = 1 end
-    elseif algo == SCOUNTER and (st.w[2] > 0 or st.w[3] > 0) then
-      local q = counterPeriod(period)
-      if st.w[2] > 0 and st.w[1] == chargedStart and addsat(st.w[1], q) == chargedEnd then
-        which = 1
-      elseif st.w[3] > 0 and st.w[1] - q == chargedStart and st.w[1] == chargedEnd then
-        which = 2
+    elseif algo == SCOUNTER then
+      if st.w[2] > 0 or st.w[3] > 0 then
+        local q = counterPeriod(period)
+        if st.w[2] > 0 and st.w[1] == chargedStart and addsat(st.w[1], q) == chargedEnd then
+          which = 1
+        elseif st.w[3] > 0 and st.w[1] - q == chargedStart and st.w[1] == chargedEnd then
+          which = 2
+        end
       end
+    elseif chargedStart == chargedEnd and refundInstant() then
+      which = 3
     end
   end
-  if which ~= 0 and algo == SCOUNTER then
+  if which == 3 then
+    -- refundInstant gave them back.
+  elseif which ~= 0 and algo == SCOUNTER then
     local q = counterPeriod(period)
     if which == 1 then st.w[2] = math.max(st.w[2] - hits, 0) else st.w[3] = math.max(st.w[3] - hits, 0) end
     st.exp = counterExpiry(st.w[1], st.w[2], st.w[3], q, st.exp)

@@ -403,9 +403,11 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 }
 
 // chargedMicro is a refund's charged window in Unix microseconds, the
-// script's times: 0 and 0 for none. A window that is not on whole
-// microseconds (one that Redis never reported) is sent as [-1, -1), which
-// no live state's window is: the refund gives nothing back.
+// script's times: 0 and 0 for none, the instant twice for a bucket's,
+// GCRA's or log's. A window or instant that is not on whole microseconds
+// (one that Redis never reported) is sent as [-1, -1), which no live
+// state's window or log entry is, and which every bucket or GCRA charge
+// has drained since: the refund gives nothing back.
 func chargedMicro(w limiter.Window) (start, end int64) {
 	const us = int64(time.Microsecond)
 	if w.Start%us != 0 || w.End%us != 0 {

@@ -89,3 +89,79 @@ func TestRefundToItsChargedWindow(t *testing.T) {
 		})
 	}
 }
+
+// On Redis, as in limiter's store, a refund carrying the instant a token
+// bucket, leaky bucket, GCRA or sliding window log charged its hits at
+// gives back only what of them is still counted: nothing of a charge that
+// has drained (or left the log's window) before another request charged
+// the key, and part of one that has partly drained.
+func TestRefundToItsChargedInstant(t *testing.T) {
+	srv := testredis.Start(t)
+	t0 := time.Unix(1_700_000_000, 0)
+	type step struct {
+		at            time.Duration
+		hits          int64
+		refund        bool // a refund carrying the instant of the first step
+		wantRemaining int64
+		wantBack      bool
+	}
+	drained := []step{
+		{hits: 1, wantRemaining: 9},
+		{at: 2 * time.Second, hits: 1, wantRemaining: 9},
+		{at: 2 * time.Second, hits: 1, refund: true, wantRemaining: 9},
+	}
+	partly := []step{
+		{hits: 4, wantRemaining: 6},
+		{at: 2 * time.Second, hits: 4, wantRemaining: 4},
+		{at: 2 * time.Second, hits: 4, refund: true, wantRemaining: 6, wantBack: true},
+	}
+	for _, tc := range []struct {
+		algo  limiter.Algorithm
+		name  string
+		steps []step
+	}{
+		{limiter.TokenBucket, "drained", drained},
+		{limiter.TokenBucket, "partly drained", partly},
+		{limiter.LeakyBucket, "drained", drained},
+		{limiter.LeakyBucket, "partly drained", partly},
+		{limiter.GCRA, "drained", drained},
+		{limiter.GCRA, "partly drained", partly},
+		{limiter.SlidingWindowLog, "left the window", []step{
+			{hits: 1, wantRemaining: 9},
+			{at: 11 * time.Second, hits: 1, wantRemaining: 9},
+			{at: 11 * time.Second, hits: 1, refund: true, wantRemaining: 9},
+		}},
+		{limiter.SlidingWindowLog, "in the window", []step{
+			{hits: 1, wantRemaining: 9},
+			{at: 2 * time.Second, hits: 1, wantRemaining: 8},
+			{at: 2 * time.Second, hits: 1, refund: true, wantRemaining: 9, wantBack: true},
+			{at: 10500 * time.Millisecond, wantRemaining: 9}, // the other's hit still counts
+		}},
+	} {
+		t.Run(tc.algo.String()+", "+tc.name, func(t *testing.T) {
+			clock := &testClock{now: t0}
+			l := newTestLimiter(t, clock, srv.Addr())
+			var charged limiter.Window
+			for i, st := range tc.steps {
+				clock.now = t0.Add(st.at)
+				req := limiter.Request{Name: "r", Key: tc.algo.String() + tc.name, Hits: st.hits, Limit: 10, Period: 10 * time.Second, Algorithm: tc.algo}
+				if st.refund {
+					req.Behavior, req.Charged = limiter.Refund, charged
+				}
+				d, err := l.Check(context.Background(), req)
+				if err != nil || d.WithoutOwner {
+					t.Fatalf("step %d: %+v, %v", i, d, err)
+				}
+				if i == 0 {
+					charged = d.Window
+					if charged != (limiter.Window{Start: t0.UnixNano(), End: t0.UnixNano()}) {
+						t.Fatalf("step 0: the charge names no instant: %+v", d)
+					}
+				}
+				if d.Remaining != st.wantRemaining || st.refund && (d.Window == charged) != st.wantBack {
+					t.Fatalf("step %d: %+v, want remaining %d and the hits given back %v to %+v", i, d.Decision, st.wantRemaining, st.wantBack, charged)
+				}
+			}
+		})
+	}
+}

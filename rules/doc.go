@@ -76,7 +76,10 @@
 // that charged the hits: it carries the window the consume's decision
 // names (limiter.Request.Charged), and the limiter gives a fixed window or
 // sliding window counter rule's hits back to that window only, while the
-// key's state still counts it. (Where a decision names no window, a rule
+// key's state still counts it; a token bucket, leaky bucket, GCRA or
+// sliding window log rule's decision names the instant it charged at, and
+// the limiter gives back at most what of the hits has not drained since,
+// never another request's. (Where a decision names no window, a rule
 // whose window may have ended since the consume, as [Enforcer].Now reads
 // it widened by [Enforcer].ClockSkew, keeps them counted.) Shadow rules
 // are decided and reported but never block. A leaky-bucket rule's pacing

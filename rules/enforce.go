@@ -25,7 +25,9 @@ import (
 // (limiter.Request.Charged): the limiter gives a window limit's hits back
 // to that window only, while the key's state still counts it, never to a
 // later window nor to a state the key has since begun under another
-// Period or algorithm. Between the consume and the refund, which is one round trip,
+// Period or algorithm; a bucket, GCRA or log limit's decision names the
+// instant it charged at, and gets back at most what of the hits has not
+// drained since, never another request's. Between the consume and the refund, which is one round trip,
 // those limits show hits that do not stand: a concurrent request can see
 // them and be rejected although, in the end, it would have fitted. The
 // window is brief and can only make the limiter stricter, never looser.

@@ -156,3 +156,30 @@ func TestEnforceRefundAfterAReloadForwarded(t *testing.T) {
 	}
 	refundAfterReload(t, c, entry, clk)
 }
+
+// A token bucket's, leaky bucket's, GCRA's or sliding window log's refund
+// carries the instant its consume charged at (limiter.Request.Charged):
+// once the hits have drained, or left the log's window, and another
+// request has taken a hit, the refund gives nothing back and that hit
+// stays counted.
+func TestEnforceRefundAfterItDrained(t *testing.T) {
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.LeakyBucket, limiter.GCRA, limiter.SlidingWindowLog} {
+		r := Rule{Name: "wide", Algorithm: a, Limit: 10, Period: 10 * time.Second}
+		gap := 2 * time.Second // two hits drain
+		if a == limiter.SlidingWindowLog {
+			gap = 11 * time.Second
+		}
+		c := reloadCase{a.String(), r, r, 5 * time.Second, gap}
+		t.Run(c.name, func(t *testing.T) {
+			clk := fakeclock.New(caseStart(c))
+			cfg := cluster.TestConfig("rules-refund-drained")
+			cfg.Clock = cluster.ClockFunc(clk.Now)
+			n, err := cluster.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { n.Close() })
+			refundAfterReload(t, c, n, clk)
+		})
+	}
+}

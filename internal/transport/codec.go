@@ -83,6 +83,12 @@ func (c *Codec) RequestFromProto(m *pb.RateLimitRequest) (limiter.Request, error
 		Behavior:  b,
 		Charged:   limiter.Window{Start: m.ChargedStartUnixNano, End: m.ChargedEndUnixNano},
 	}
+	if at := m.ChargedAtUnixNano; at != 0 {
+		if !r.Charged.IsZero() {
+			return limiter.Request{}, fmt.Errorf("%w: charged_at_unix_nano %d beside the charged window [%d, %d)", limiter.ErrInvalidBehavior, at, r.Charged.Start, r.Charged.End)
+		}
+		r.Charged = limiter.Window{Start: at, End: at}
+	}
 	if err := r.Validate(); err != nil {
 		return limiter.Request{}, err
 	}
@@ -150,7 +156,7 @@ func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
 	dst.Reset_ = r.Behavior&limiter.Reset != 0
 	dst.DrainOverLimit = r.Behavior&limiter.DrainOverLimit != 0
 	dst.Refund = r.Behavior&limiter.Refund != 0
-	dst.ChargedStartUnixNano, dst.ChargedEndUnixNano = r.Charged.Start, r.Charged.End
+	dst.ChargedStartUnixNano, dst.ChargedEndUnixNano, dst.ChargedAtUnixNano = chargedToProto(r.Charged)
 	dst.UnreachablePolicy = pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
 }
 
@@ -175,10 +181,20 @@ func EncodeResult(dst *pb.RateLimitResponse, r *Result) {
 	dst.ResetAtUnixNano = unixNano(d.ResetAt)
 	dst.RetryAfterNanos = int64(d.RetryAfter)
 	dst.DelayNanos = int64(d.Delay)
-	dst.WindowStartUnixNano, dst.WindowEndUnixNano = d.Window.Start, d.Window.End
+	dst.WindowStartUnixNano, dst.WindowEndUnixNano, dst.ChargedAtUnixNano = chargedToProto(d.Window)
 	dst.Owner = cleanText(r.Owner, math.MaxInt)
 	dst.WithoutOwner = r.WithoutOwner
 	dst.ErrorCode, dst.ErrorMessage = ErrorToProto(r.Err)
+}
+
+// chargedToProto is w in wire form: a window as its start and end, an
+// instant (Start == End) as charged_at, which a build that reads only the
+// window ignores, where an empty window would fail its checks.
+func chargedToProto(w limiter.Window) (start, end, at int64) {
+	if w.Start == w.End {
+		return 0, 0, w.Start
+	}
+	return w.Start, w.End, 0
 }
 
 // unixNano returns t in nanoseconds since the epoch, 0 for the zero time,
@@ -199,7 +215,7 @@ func unixNano(t time.Time) int64 {
 // it carries (see ErrorFromProto), or an error wrapping
 // ErrMalformedResponse when a field is out of range: limit or remaining
 // outside [0, limiter.MaxLimit], a negative retry_after_nanos or
-// delay_nanos, an empty window, or a nil m. A reset_at_unix_nano of 0 gives the zero time;
+// delay_nanos, an empty window, a window beside charged_at_unix_nano, or a nil m. A reset_at_unix_nano of 0 gives the zero time;
 // other instants are in UTC.
 func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 	if m == nil {
@@ -221,6 +237,9 @@ func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 		if m.WindowStartUnixNano >= m.WindowEndUnixNano {
 			return limiter.Decision{}, fmt.Errorf("%w: window [%d, %d) is empty", ErrMalformedResponse, m.WindowStartUnixNano, m.WindowEndUnixNano)
 		}
+		if m.ChargedAtUnixNano != 0 {
+			return limiter.Decision{}, fmt.Errorf("%w: charged_at_unix_nano %d beside the window [%d, %d)", ErrMalformedResponse, m.ChargedAtUnixNano, m.WindowStartUnixNano, m.WindowEndUnixNano)
+		}
 	}
 	d := limiter.Decision{
 		Allowed:    m.Allowed,
@@ -229,6 +248,9 @@ func DecisionFromProto(m *pb.RateLimitResponse) (limiter.Decision, error) {
 		RetryAfter: time.Duration(m.RetryAfterNanos),
 		Delay:      time.Duration(m.DelayNanos),
 		Window:     limiter.Window{Start: m.WindowStartUnixNano, End: m.WindowEndUnixNano},
+	}
+	if at := m.ChargedAtUnixNano; at != 0 {
+		d.Window = limiter.Window{Start: at, End: at}
 	}
 	if m.ResetAtUnixNano != 0 {
 		d.ResetAt = time.Unix(0, m.ResetAtUnixNano).UTC()

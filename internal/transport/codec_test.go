@@ -41,6 +41,8 @@ func validRequests(t testing.TB) []limiter.Request {
 		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.TokenBucket, Behavior: limiter.Refund},
 		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.FixedWindow, Behavior: limiter.Refund,
 			Charged: limiter.Window{Start: 1_700_000_000 * int64(time.Second), End: 1_700_000_001 * int64(time.Second)}},
+		{Name: "n", Key: "k", Hits: 2, Limit: 5, Period: time.Second, Algorithm: limiter.GCRA, Behavior: limiter.Refund,
+			Charged: limiter.Window{Start: 1_700_000_000_123_456_789, End: 1_700_000_000_123_456_789}},
 		{Name: "n", Key: "é/ü", Hits: 1, Limit: 1000, Period: time.Second, Burst: 50, Algorithm: limiter.GCRA},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: time.Second, Algorithm: limiter.FixedWindow},
 		{Name: "n", Key: "k", Hits: 1, Limit: 10, Period: 0, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: time.UTC},
@@ -165,6 +167,13 @@ func TestRequestFromProtoErrors(t *testing.T) {
 		{"local zone", func(m *pb.RateLimitRequest) { m.TimeZone = "Local" }, limiter.ErrInvalidCalendar, "time_zone"},
 		{"long zone", func(m *pb.RateLimitRequest) { m.TimeZone = strings.Repeat("A", MaxTimeZoneLen+1) }, limiter.ErrInvalidCalendar, "time_zone"},
 		{"empty zone component", func(m *pb.RateLimitRequest) { m.TimeZone = "Europe//Paris" }, limiter.ErrInvalidCalendar, "time_zone"},
+		{"charged instant beside a window", func(m *pb.RateLimitRequest) {
+			m.Refund, m.ChargedStartUnixNano, m.ChargedEndUnixNano, m.ChargedAtUnixNano = true, 1, 2, 1
+		}, limiter.ErrInvalidBehavior, "charged_at_unix_nano"},
+		{"charged instant of a window algorithm", func(m *pb.RateLimitRequest) {
+			m.Refund, m.Algorithm, m.ChargedAtUnixNano = true, pb.Algorithm_ALGORITHM_FIXED_WINDOW, 1
+		}, limiter.ErrInvalidBehavior, "Charged"},
+		{"charged instant without a refund", func(m *pb.RateLimitRequest) { m.ChargedAtUnixNano = 1 }, limiter.ErrInvalidBehavior, "Charged"},
 	}
 	var c Codec
 	for _, tt := range tests {
@@ -345,6 +354,7 @@ func TestDecisionRoundTrip(t *testing.T) {
 		{Allowed: false, Limit: limiter.MaxLimit, Remaining: 0, ResetAt: reset.Add(-time.Hour), RetryAfter: time.Hour},
 		{Allowed: true, Limit: 1, Remaining: limiter.MaxLimit, ResetAt: time.Unix(0, 1).UTC()},
 		{Allowed: true, Limit: 3, Remaining: 2, ResetAt: reset, Window: limiter.Window{Start: reset.Add(-time.Minute).UnixNano(), End: reset.UnixNano()}},
+		{Allowed: true, Limit: 3, Remaining: 2, ResetAt: reset, Window: limiter.Window{Start: reset.UnixNano(), End: reset.UnixNano()}},
 	} {
 		b, err := proto.Marshal(DecisionToProto(d))
 		if err != nil {
@@ -399,6 +409,7 @@ func TestDecisionFromProtoMalformed(t *testing.T) {
 		{RetryAfterNanos: -1},
 		{DelayNanos: math.MinInt64},
 		{WindowStartUnixNano: 5, WindowEndUnixNano: 5},
+		{WindowStartUnixNano: 5, WindowEndUnixNano: 6, ChargedAtUnixNano: 5},
 		{WindowEndUnixNano: -1},
 	} {
 		if _, err := DecisionFromProto(m); !errors.Is(err, ErrMalformedResponse) {

@@ -390,6 +390,8 @@ func decodeRequestItem(r *reader, m *pb.RateLimitRequest, sp *requestSpace, i in
 			m.ChargedStartUnixNano, ok = r.int64(typ)
 		case 16:
 			m.ChargedEndUnixNano, ok = r.int64(typ)
+		case 17:
+			m.ChargedAtUnixNano, ok = r.int64(typ)
 		default:
 			return false
 		}
@@ -472,6 +474,8 @@ func decodeResponseItem(r *reader, m *pb.RateLimitResponse) bool {
 			m.WindowStartUnixNano, ok = r.int64(typ)
 		case 12:
 			m.WindowEndUnixNano, ok = r.int64(typ)
+		case 13:
+			m.ChargedAtUnixNano, ok = r.int64(typ)
 		default:
 			return false
 		}
@@ -595,7 +599,8 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 		sizeInt(m.Limit) + sizeInt(m.PeriodNanos) + sizeInt(m.Burst) +
 		sizeInt(int64(m.Algorithm)) + sizeInt(int64(m.Calendar)) + sizeLen(len(m.TimeZone)) +
 		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund) +
-		sizeLen(len(m.Traceparent)) + sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano)
+		sizeLen(len(m.Traceparent)) + sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano) +
+		sizeIntAt(17, m.ChargedAtUnixNano)
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
@@ -626,6 +631,7 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendString(b, 14, it.Traceparent)
 		b = appendInt(b, 15, it.ChargedStartUnixNano)
 		b = appendInt(b, 16, it.ChargedEndUnixNano)
+		b = appendInt(b, 17, it.ChargedAtUnixNano)
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)
 }
@@ -650,7 +656,7 @@ func sizeResponseItem(m *pb.RateLimitResponse) int {
 	return sizeBool(m.Allowed) + sizeInt(m.Limit) + sizeInt(m.Remaining) +
 		sizeInt(m.ResetAtUnixNano) + sizeInt(m.RetryAfterNanos) + sizeInt(m.DelayNanos) +
 		sizeLen(len(m.Owner)) + sizeBool(m.WithoutOwner) + sizeInt(int64(m.ErrorCode)) + sizeLen(len(m.ErrorMessage)) +
-		sizeInt(m.WindowStartUnixNano) + sizeInt(m.WindowEndUnixNano)
+		sizeInt(m.WindowStartUnixNano) + sizeInt(m.WindowEndUnixNano) + sizeInt(m.ChargedAtUnixNano)
 }
 
 // appendPeerResponse appends m, for which sizePeerResponse reported true.
@@ -669,6 +675,7 @@ func appendPeerResponse(b []byte, m *pb.PeerCheckResponse) []byte {
 		b = appendString(b, 10, it.ErrorMessage)
 		b = appendInt(b, 11, it.WindowStartUnixNano)
 		b = appendInt(b, 12, it.WindowEndUnixNano)
+		b = appendInt(b, 13, it.ChargedAtUnixNano)
 	}
 	b = appendVarint(b, peerRespSeq, m.Seq)
 	return appendString(b, peerRespOwner, m.Owner)

@@ -432,8 +432,17 @@ type RateLimitRequest struct {
 	// carries them, and start is before end.
 	ChargedStartUnixNano int64 `protobuf:"varint,15,opt,name=charged_start_unix_nano,json=chargedStartUnixNano,proto3" json:"charged_start_unix_nano,omitempty"`
 	ChargedEndUnixNano   int64 `protobuf:"varint,16,opt,name=charged_end_unix_nano,json=chargedEndUnixNano,proto3" json:"charged_end_unix_nano,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// With refund, for a token bucket, leaky bucket, GCRA or sliding window
+	// log: the instant the hits were charged at, in nanoseconds since the
+	// Unix epoch, as the charge's response gave it (charged_at_unix_nano).
+	// The refund gives back at most what of them is still counted
+	// (limiter.Request.Charged with Start == End); 0 refunds as the key's
+	// state reads now. Never set with charged_start_unix_nano or
+	// charged_end_unix_nano. A build without the field ignores it and
+	// refunds as the key's state reads now.
+	ChargedAtUnixNano int64 `protobuf:"varint,17,opt,name=charged_at_unix_nano,json=chargedAtUnixNano,proto3" json:"charged_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RateLimitRequest) Reset() {
@@ -578,6 +587,13 @@ func (x *RateLimitRequest) GetChargedEndUnixNano() int64 {
 	return 0
 }
 
+func (x *RateLimitRequest) GetChargedAtUnixNano() int64 {
+	if x != nil {
+		return x.ChargedAtUnixNano
+	}
+	return 0
+}
+
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
 // NONE the decision fields are zero and must be ignored.
 type RateLimitResponse struct {
@@ -603,8 +619,14 @@ type RateLimitResponse struct {
 	// Window). Both 0 for none.
 	WindowStartUnixNano int64 `protobuf:"varint,11,opt,name=window_start_unix_nano,json=windowStartUnixNano,proto3" json:"window_start_unix_nano,omitempty"`
 	WindowEndUnixNano   int64 `protobuf:"varint,12,opt,name=window_end_unix_nano,json=windowEndUnixNano,proto3" json:"window_end_unix_nano,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// For a token bucket, leaky bucket, GCRA or sliding window log: the
+	// instant an admitted check's hits were charged at, in nanoseconds since
+	// the Unix epoch, or a refund's given back to (limiter.Decision's Window
+	// with Start == End), which a refund of them carries. 0 for none; never
+	// set with window_start_unix_nano or window_end_unix_nano.
+	ChargedAtUnixNano int64 `protobuf:"varint,13,opt,name=charged_at_unix_nano,json=chargedAtUnixNano,proto3" json:"charged_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RateLimitResponse) Reset() {
@@ -717,6 +739,13 @@ func (x *RateLimitResponse) GetWindowStartUnixNano() int64 {
 func (x *RateLimitResponse) GetWindowEndUnixNano() int64 {
 	if x != nil {
 		return x.WindowEndUnixNano
+	}
+	return 0
+}
+
+func (x *RateLimitResponse) GetChargedAtUnixNano() int64 {
+	if x != nil {
+		return x.ChargedAtUnixNano
 	}
 	return 0
 }
@@ -2442,7 +2471,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xdc\x04\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x8d\x05\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -2460,8 +2489,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06refund\x18\r \x01(\bR\x06refund\x12 \n" +
 	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\x125\n" +
 	"\x17charged_start_unix_nano\x18\x0f \x01(\x03R\x14chargedStartUnixNano\x121\n" +
-	"\x15charged_end_unix_nano\x18\x10 \x01(\x03R\x12chargedEndUnixNanoB\a\n" +
-	"\x05_hits\"\xd6\x03\n" +
+	"\x15charged_end_unix_nano\x18\x10 \x01(\x03R\x12chargedEndUnixNano\x12/\n" +
+	"\x14charged_at_unix_nano\x18\x11 \x01(\x03R\x11chargedAtUnixNanoB\a\n" +
+	"\x05_hits\"\x87\x04\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2477,7 +2507,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rerror_message\x18\n" +
 	" \x01(\tR\ferrorMessage\x123\n" +
 	"\x16window_start_unix_nano\x18\v \x01(\x03R\x13windowStartUnixNano\x12/\n" +
-	"\x14window_end_unix_nano\x18\f \x01(\x03R\x11windowEndUnixNano\"\x85\x01\n" +
+	"\x14window_end_unix_nano\x18\f \x01(\x03R\x11windowEndUnixNano\x12/\n" +
+	"\x14charged_at_unix_nano\x18\r \x01(\x03R\x11chargedAtUnixNano\"\x85\x01\n" +
 	"\x10PeerCheckRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x05items\x18\x02 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\x05items\x12\x10\n" +

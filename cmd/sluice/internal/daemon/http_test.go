@@ -45,14 +45,21 @@ func testConfig(name string) Config {
 	return c
 }
 
-// start starts a daemon and closes it when the test ends.
+// start starts a daemon and closes it when the test ends; the test's log
+// shows the daemon's logs if it failed, unless opts send them elsewhere.
 func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	t.Helper()
-	d, err := New(cfg, append([]Option{WithLogOutput(io.Discard)}, opts...)...)
+	logs := &lockedBuffer{}
+	d, err := New(cfg, append([]Option{WithLogOutput(logs)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() {
+		d.Close()
+		if t.Failed() && logs.Len() > 0 {
+			t.Logf("logs of %s:\n%s", cfg.NodeName, logs)
+		}
+	})
 	return d
 }
 
@@ -538,6 +545,12 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+func (l *lockedBuffer) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Len()
 }
 
 // A shutdown whose hand-off cannot reach a new owner (they died just

@@ -45,12 +45,21 @@ func testConfig(name string) Config {
 	return c
 }
 
+// withTestCluster builds the daemon's node on cluster.TestConfig, whose
+// fast gossip tolerates a process starved of CPU for a second, as a test
+// under -race on a loaded machine is: cluster.DefaultConfig's suspects a
+// member whose probe is not answered within 100ms, and the ring and the
+// routing of its keys change under the test.
+func withTestCluster() Option {
+	return func(o *options) { o.clusterBase = cluster.TestConfig }
+}
+
 // start starts a daemon and closes it when the test ends; the test's log
 // shows the daemon's logs if it failed, unless opts send them elsewhere.
 func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	t.Helper()
 	logs := &lockedBuffer{}
-	d, err := New(cfg, append([]Option{WithLogOutput(logs)}, opts...)...)
+	d, err := New(cfg, append([]Option{WithLogOutput(logs), withTestCluster()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,14 +78,23 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 // cluster.Config.HandoverTimeout, 5s) and may then be decided without its owner.
 func waitSettled(t testing.TB, ds []*Daemon) {
 	t.Helper()
-	testwait.For(t, fmt.Sprintf("%d daemons ready, each routing over all, confirmed", len(ds)), func() bool {
+	err := testwait.Until(testwait.Timeout, func() error {
 		for _, d := range ds {
-			if !d.Ready() || len(d.Node().RingMembers()) != len(ds) || len(d.Node().Unconfirmed()) != 0 {
-				return false
+			n := d.Node()
+			switch {
+			case !d.Ready():
+				return fmt.Errorf("%s is not ready", n.Name())
+			case len(n.RingMembers()) != len(ds):
+				return fmt.Errorf("%s routes over %v", n.Name(), n.RingMembers())
+			case len(n.Unconfirmed()) != 0:
+				return fmt.Errorf("%s waits for the hand-over confirmations of %v", n.Name(), n.Unconfirmed())
 			}
 		}
-		return true
+		return nil
 	})
+	if err != nil {
+		t.Fatalf("%d daemons ready, each routing over all, confirmed: %v", len(ds), err)
+	}
 }
 
 // probe is an HTTP client that opens a new connection per request, so that

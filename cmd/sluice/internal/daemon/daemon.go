@@ -42,6 +42,9 @@ type options struct {
 	rulesCfg  func(*rules.WatchConfig)
 	envoyCfg  func(*envoyrls.WatchConfig)
 	xdsCfg    func(*envoyrls.XDSConfig)
+	// clusterBase, set by tests, returns the node configuration the
+	// daemon's settings apply to, instead of cluster.DefaultConfig.
+	clusterBase func(name string) cluster.Config
 }
 
 // WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
@@ -441,6 +444,9 @@ func (d *Daemon) stopPublic(ctx context.Context, graceful bool) {
 // clusterConfig returns the node's configuration.
 func (d *Daemon) clusterConfig() cluster.Config {
 	c := cluster.DefaultConfig()
+	if d.opts.clusterBase != nil {
+		c = d.opts.clusterBase(d.cfg.NodeName)
+	}
 	c.NodeName = d.cfg.NodeName
 	c.GossipAddr = d.cfg.GossipAddr
 	c.GRPCAddr = d.cfg.GRPCAddr

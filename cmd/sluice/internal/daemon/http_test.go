@@ -45,14 +45,30 @@ func testConfig(name string) Config {
 	return c
 }
 
-// start starts a daemon and closes it when the test ends.
+// withTestCluster builds the daemon's node on cluster.TestConfig, whose
+// fast gossip tolerates a process starved of CPU for a second, as a test
+// under -race on a loaded machine is: cluster.DefaultConfig's suspects a
+// member whose probe is not answered within 100ms, and the ring and the
+// routing of its keys change under the test.
+func withTestCluster() Option {
+	return func(o *options) { o.clusterBase = cluster.TestConfig }
+}
+
+// start starts a daemon and closes it when the test ends; the test's log
+// shows the daemon's logs if it failed, unless opts send them elsewhere.
 func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 	t.Helper()
-	d, err := New(cfg, append([]Option{WithLogOutput(io.Discard)}, opts...)...)
+	logs := &lockedBuffer{}
+	d, err := New(cfg, append([]Option{WithLogOutput(logs), withTestCluster()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() {
+		d.Close()
+		if t.Failed() && logs.Len() > 0 {
+			t.Logf("logs of %s:\n%s", cfg.NodeName, logs)
+		}
+	})
 	return d
 }
 
@@ -62,14 +78,23 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 // cluster.Config.HandoverTimeout, 5s) and may then be decided without its owner.
 func waitSettled(t testing.TB, ds []*Daemon) {
 	t.Helper()
-	testwait.For(t, fmt.Sprintf("%d daemons ready, each routing over all, confirmed", len(ds)), func() bool {
+	err := testwait.Until(testwait.Timeout, func() error {
 		for _, d := range ds {
-			if !d.Ready() || len(d.Node().RingMembers()) != len(ds) || len(d.Node().Unconfirmed()) != 0 {
-				return false
+			n := d.Node()
+			switch {
+			case !d.Ready():
+				return fmt.Errorf("%s is not ready", n.Name())
+			case len(n.RingMembers()) != len(ds):
+				return fmt.Errorf("%s routes over %v", n.Name(), n.RingMembers())
+			case len(n.Unconfirmed()) != 0:
+				return fmt.Errorf("%s waits for the hand-over confirmations of %v", n.Name(), n.Unconfirmed())
 			}
 		}
-		return true
+		return nil
 	})
+	if err != nil {
+		t.Fatalf("%d daemons ready, each routing over all, confirmed: %v", len(ds), err)
+	}
 }
 
 // probe is an HTTP client that opens a new connection per request, so that
@@ -538,6 +563,12 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+func (l *lockedBuffer) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Len()
 }
 
 // A shutdown whose hand-off cannot reach a new owner (they died just

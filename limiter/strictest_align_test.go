@@ -149,7 +149,7 @@ func TestKeepStrictestMergeMisalignedWindows(t *testing.T) {
 		a, b Request
 		at   time.Time
 	}{
-		{"day_24h", day, utc, time.Date(2026, 3, 4, 12, 0, 0, 0, ny)}, // New York's day ends at 05:00 UTC
+		{"day_24h", day, utc, time.Date(2026, 3, 4, 12, 0, 0, 0, ny)},     // New York's day ends at 05:00 UTC
 		{"dst_day_24h", day, utc, time.Date(2026, 3, 8, 12, 0, 0, 0, ny)}, // 23 hours, to 04:00 UTC
 		{"2h_3h", two, three, base6h.Add(2*time.Hour + 30*time.Minute)},
 		{"counter_2h_3h", counter(two), counter(three), base6h.Add(2*time.Hour + 30*time.Minute)},

@@ -87,7 +87,9 @@ func TestPeekKeepsCalendarStateStrictest(t *testing.T) {
 			func(r *limiter.Request) { r.Calendar = limiter.Year },
 			func(r *limiter.Request) { r.Limit = 1_000_000 },
 			func(r *limiter.Request) { r.Limit = 1 },
-			func(r *limiter.Request) { r.Calendar, r.Location, r.Period = limiter.NoCalendar, nil, time.Duration(w.End-w.Start) },
+			func(r *limiter.Request) {
+				r.Calendar, r.Location, r.Period = limiter.NoCalendar, nil, time.Duration(w.End-w.Start)
+			},
 			func(r *limiter.Request) { r.Behavior, r.Charged = limiter.Refund, w },
 		} {
 			r := base

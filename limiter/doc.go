@@ -110,7 +110,10 @@
 // Burst, Period or Calendar and Location, and the state's Algorithm), and
 // a request at another rate is decided with the state's Algorithm and the
 // strictest of both rates: the longer period (with a fixed window's
-// Calendar, if it is the longer), over it the least Limit either rate
+// Calendar, if it is the longer; for the window algorithms, only when
+// its window holding now ends no earlier than the state's, as a 3-hour
+// window beside a 2-hour one, a month beside a week or 24 hours beside a
+// 23-hour day may not), over it the least Limit either rate
 // allows (rounded down), and the least capacity. The state is never
 // converted to another algorithm and never read at a laxer rate, so no
 // request without Reset lowers what the key counts: a cut of Limit or
@@ -122,7 +125,8 @@
 // is the strictest rate's. A [Snapshot] carries the key's rate
 // (RateLimit, RateBurst, and RatePeriod or a calendar window's
 // RateCalendar and RateLocation), and [Store.Merge] keeps the strictest
-// of it and the receiving key's; a
+// of it and the receiving key's (for the window algorithms, the window
+// of the two that ends later, which the joined count lasts until); a
 // state received without one is charged at the rate of the first
 // decision after it, bounded as received states are.
 //

@@ -59,11 +59,27 @@ func zoneName(l *time.Location) string {
 // itself when it charges as c does; otherwise req with a's algorithm and
 // the strictest of both rates, which never reads the state as counting
 // less than either would. The longer Period is kept (with its Calendar, a
-// fixed window's), so that no window shortens under a count: over it, the
+// fixed window's), so that no window shortens under a count, unless its
+// window holding now ends before c's does (windows aligned elsewhere: a
+// fixed window's or counter's Period is then c's): over it, the
 // Limit is the least that either rate allows (rounded down), and the
 // capacity the least of both. A meet that Validate would refuse (a drain
 // past MaxDrain after rounding) falls back to c's rate.
 func strictest(c charged, a Algorithm, req *Request, now int64) Request {
+	return meet(c, a, req, now, false)
+}
+
+// strictestMerged is strictest for a state that Merge has joined with
+// one charged under req's rate: the merged counts last until the later
+// of both windows ends, so the window algorithms keep the rate whose
+// window holding now ends later (on a tie, the longer), its Limit cut to
+// what either rate allows over it. (A fixed window decided at the other
+// rate would end the joined count with that rate's window.)
+func strictestMerged(c charged, a Algorithm, req *Request, now int64) Request {
+	return meet(c, a, req, now, true)
+}
+
+func meet(c charged, a Algorithm, req *Request, now int64, merged bool) Request {
 	old := c.request(*req, a)
 	if sameRate(&old, req) {
 		return *req
@@ -71,12 +87,27 @@ func strictest(c charged, a Algorithm, req *Request, now int64) Request {
 	ts, tr := periodOf(&old, now), periodOf(req, now)
 	m := old
 	tm := ts
-	if tr > ts {
-		tm = tr
-		m.Period, m.Calendar, m.Location = time.Duration(tr), NoCalendar, nil
-		if req.Calendar != NoCalendar && a == FixedWindow {
-			m.Period, m.Calendar, m.Location = 0, req.Calendar, req.Location
+	theirs := old
+	theirs.Period, theirs.Calendar, theirs.Location = time.Duration(tr), NoCalendar, nil
+	if req.Calendar != NoCalendar && a == FixedWindow {
+		theirs.Period, theirs.Calendar, theirs.Location = 0, req.Calendar, req.Location
+	}
+	take := tr > ts
+	if a == FixedWindow || a == SlidingWindowCounter {
+		// A longer window aligned elsewhere may end first (3h windows
+		// against 2h ones, a month against a week, 24h against a 23-hour
+		// DST day): a fixed window's count would go fresh, a counter's
+		// start to fade, before c's window ends. Only a window that ends
+		// no earlier is kept.
+		er, eo := windowEnd(&theirs, now), windowEnd(&old, now)
+		if merged {
+			take = er > eo || er == eo && tr > ts
+		} else {
+			take = take && er >= eo
 		}
+	}
+	if take {
+		m, tm = theirs, tr
 	}
 	limit := min(mul(old.Limit, tm).div(ts), mul(req.Limit, tm).div(tr))
 	capacity := min(old.Capacity(), req.Capacity())
@@ -94,6 +125,11 @@ func strictest(c charged, a Algorithm, req *Request, now int64) Request {
 	}
 	m.Hits = req.Hits
 	return m
+}
+
+func windowEnd(r *Request, now int64) int64 {
+	_, end := windowBounds(r, now)
+	return end
 }
 
 // overCapacity is the decision on req, whose Hits are more than its

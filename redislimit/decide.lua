@@ -240,10 +240,23 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     local mAlgo, mPeriod, mBounds, mCal, mZone = a, oPeriod, oBounds, 0, oZone
     if oPeriod < 0 then mCal, mPeriod = -oPeriod, 0 end
     local tm = ts
-    if tr > ts then
+    -- The end of the window of bounds b (or Period p) that holds now.
+    local function endAt(b, p)
+      if not b then return addsat(floordiv(now, p) * p, p) end
+      for i = 1, 3 do
+        if b[i] <= now and now < b[i + 1] then return b[i + 1] end
+      end
+      return b[4]
+    end
+    local lBounds = nil
+    if bounds and a == FIXED then lBounds = bounds end
+    -- A longer window aligned elsewhere may end first (limiter's
+    -- strictest): a fixed window or counter keeps only one that ends no
+    -- earlier than the old rate's.
+    if tr > ts and ((a ~= FIXED and a ~= SCOUNTER) or endAt(lBounds, tr) >= endAt(oBounds, oPeriod)) then
       tm = tr
       mPeriod, mBounds, mCal, mZone = tr, nil, 0, 0
-      if bounds and a == FIXED then mPeriod, mBounds, mCal, mZone = 0, bounds, calendar, zone end
+      if lBounds then mPeriod, mBounds, mCal, mZone = 0, bounds, calendar, zone end
     end
     local mLimit = math.min(muldiv(oLimit, tm, ts, false, MAXLIMIT + 1), muldiv(limit, tm, tr, false, MAXLIMIT + 1))
     local mCap = math.min(oCap, capacity)

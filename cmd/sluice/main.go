@@ -24,6 +24,10 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	// The zone database inside the binary: the image is the binary alone
+	// (FROM scratch), and calendar windows name IANA zones. A host's own
+	// database, where there is one, is still read first.
+	_ "time/tzdata"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
 )

@@ -480,8 +480,10 @@ type checkRequest struct {
 	Key       string `json:"key"`
 	Hits      *int64 `json:"hits,omitempty"` // nil: 1`
 	Limit     int64  `json:"limit"`
-	Period    string `json:"period"`
+	Period    string `json:"period,omitempty"`
 	Algorithm string `json:"algorithm"`
+	Calendar  string `json:"calendar,omitempty"`
+	TimeZone  string `json:"time_zone,omitempty"`
 }
 
 // decision is the answer of POST /v1/check.

@@ -278,7 +278,7 @@ func (b *MessageBudget) reserve(c *budgetCall, n int64, rest bool) (ok bool, fre
 // of a connection's calls, each held only from its handler's start until
 // its message is in, filled the first half on their own whenever a busy
 // client had enough of them between the two at once (Envoy's one
-// connection with 64 callers did, a few calls in 10,000), and the next
+// connection with 256 callers did, 3 to 4 calls in 1000), and the next
 // calls the connection opened, past half and past its share, were refused
 // at the door: what a call's rest may hold is unknown until gRPC has read
 // its message (a message of 100 bytes reserves as much as one of 1.4 MB),

@@ -244,3 +244,38 @@ func TestMessageBudgetServesBurstsOnOneConnection(t *testing.T) {
 	}
 	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
 }
+
+// At the daemon's default budget, where a busy connection's rests leave
+// room for its windows, calls that send part of a message and stall
+// still hold no more than before: at most half the budget, and past it
+// each connection its share. A normal client is served meanwhile, and
+// the budget empties once the stalled connections close.
+func TestMessageBudgetBoundsStalledCallsAtTheDaemonDefault(t *testing.T) {
+	const r, w = MessageReservation, StreamWindow
+	l := daemonLimits()
+	addr, b, _ := budgetServer(t, l)
+	conn := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	checkWorks(t, conn)
+	const conns, each = 4, 64
+	const calls = conns * each
+	var attackers []net.Conn
+	for range conns {
+		attackers = append(attackers, stallCalls(t, addr, each, 60_000))
+	}
+	full := func(s MessageBudgetStats) int64 { return (s.Reserved - (calls-s.Refused)*w) / (r - w) }
+	testwait.For(t, "every stalled call to hold a message, wait for room or be refused", func() bool {
+		s := b.Stats()
+		held := s.Reserved - (calls-s.Refused)*w
+		return held >= 0 && held%(r-w) == 0 && full(s)+s.Waiting+s.Refused == calls
+	})
+	s := b.Stats()
+	t.Logf("%d calls hold a message, %d wait, %d refused: %d bytes reserved", full(s), s.Waiting, s.Refused, s.Reserved)
+	if most := l.MessageBytes/2 + conns*l.ConnMessageBytes; s.Reserved > most {
+		t.Fatalf("%d bytes reserved, more than half the budget and %d shares (%d)", s.Reserved, conns, most)
+	}
+	checkWorks(t, conn)
+	for _, c := range attackers {
+		c.Close()
+	}
+	testwait.For(t, "the budget to empty", func() bool { s := b.Stats(); return s.Reserved == 0 && s.Waiting == 0 })
+}

@@ -276,14 +276,14 @@ func (b *MessageBudget) reserve(c *budgetCall, n int64, rest bool) (ok bool, fre
 // budget for the stream windows of every call its connection may yet
 // open (ServerLimits.MaxConcurrentStreams in all). Without this, the rests
 // of a connection's calls, each held only from its handler's start until
-// its message is in, filled the first half on their own whenever a busy
-// client had enough of them between the two at once (Envoy's one
-// connection with 256 callers did, 3 to 4 calls in 1000), and the next
-// calls the connection opened, past half and past its share, were refused
-// at the door: what a call's rest may hold is unknown until gRPC has read
-// its message (a message of 100 bytes reserves as much as one of 1.4 MB),
-// but its window is held from the start, so rests wait for room and
-// windows do not. A connection whose unary calls hold no rest is let have
+// its message is in, fill the first half on their own whenever a busy
+// client has enough of them between the two at once (Envoy's one
+// connection with 256 callers: 3 to 4 calls in 1000), and the next calls
+// the connection opens, past half and past its share, are refused at the
+// door: what a call's rest may hold is unknown until gRPC has read its
+// message (a message of 100 bytes reserves as much as one of 1.4 MB), but
+// its window is held from the start, so rests wait for room and windows
+// cannot. A connection whose unary calls hold no rest is let have
 // one regardless, as before: it then waits for nothing but the budget, and
 // the rests it holds are given back as their messages come in, so it never
 // waits for ever on room that only its own windows hold.

@@ -14,7 +14,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // rlsTarget is a running rate limit service measured by rlsBench: its
@@ -106,7 +108,7 @@ func procsCPU(pids []int) (time.Duration, error) {
 // descriptor (key, one of keys values) of domain per call, for d after a
 // warm-up of warm. It prints checks/s, latencies and the targets'
 // server CPU per check; a call that fails or is not OK is an error, and the first error of
-// a run is printed.
+// a run is printed, with the count of the calls failed of each gRPC code.
 func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
 	values := make([]string, keys)
 	for i := range values {
@@ -127,6 +129,7 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				ccs[i], clients[i] = cc, rlsv3.NewRateLimitServiceClient(cc)
 			}
 			var firstErr atomic.Pointer[string]
+			var byCode [codes.Unauthenticated + 1]atomic.Int64
 			check := func(ctx context.Context, rng *rand.Rand) bool {
 				c := clients[rng.IntN(conns)]
 				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -143,6 +146,9 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				if err != nil {
 					msg := err.Error()
 					firstErr.CompareAndSwap(nil, &msg)
+					if c := status.Code(err); c != codes.OK && int(c) < len(byCode) {
+						byCode[c].Add(1)
+					}
 				}
 				return err == nil
 			}
@@ -153,6 +159,10 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 					}
 					return fmt.Errorf("%s at %s: every warm-up call failed", t.name, t.addr)
 				}
+			}
+			firstErr.Store(nil) // the run's, not the warm-up's
+			for i := range byCode {
+				byCode[i].Store(0)
 			}
 			cpu0, err0 := procsCPU(t.pids)
 			r := drive(callers, d, maxChecks, check)
@@ -169,6 +179,15 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
 			if e := firstErr.Swap(nil); e != nil && r.errors > 0 {
 				fmt.Printf("%-12s first error: %s\n", "", *e)
+				var counts []string
+				for c := range byCode {
+					if n := byCode[c].Swap(0); n > 0 {
+						counts = append(counts, fmt.Sprintf("%v %d", codes.Code(c), n))
+					}
+				}
+				if len(counts) > 0 {
+					fmt.Printf("%-12s failed: %s\n", "", strings.Join(counts, ", "))
+				}
 			}
 		}
 	}

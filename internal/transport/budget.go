@@ -46,6 +46,16 @@ import (
 // reset, and its bytes freed. While more than half the budget is in use,
 // one connection may hold at most ServerLimits.ConnMessageBytes of it, so
 // that a few connections cannot take it all from the others.
+//
+// The rest of a message is reserved before gRPC reads even its 5-byte
+// prefix (no hook of grpc-go's comes between Begin and the read that grows
+// the window), so a call of 100 bytes reserves as much as one of 1.4 MB,
+// for the moment between its handler's start and its message in. A busy
+// connection's rests past its share therefore leave room in the first
+// half for the windows of the calls it may yet open (roomForRest): its
+// later calls then never find the budget past half on its own account,
+// and are not refused at the door; its rests wait instead, holding their
+// windows. This only ever reserves less than the rules above allow.
 
 // StreamWindow is the flow-control window of a stream that a server with
 // ServerLimits' options gives its callers: what a call may receive before
@@ -154,8 +164,11 @@ func (b *MessageBudget) Stats() MessageBudgetStats {
 
 // budgetConn is the share of one connection.
 type budgetConn struct {
-	used int64     // guarded by MessageBudget.mu
-	slot *slotConn // its slot of Listen's cap; nil for another listener's
+	// Guarded by MessageBudget.mu: the bytes its calls reserve, of
+	// which their stream windows, and the rests of the messages of its
+	// unary calls.
+	used, windows, unaryRests int64
+	slot                      *slotConn // its slot of Listen's cap; nil for another listener's
 }
 
 // budgetCall is the reservation of one call, and the call's context
@@ -174,7 +187,9 @@ type budgetCall struct {
 	// calls opened and left without a message (renewed before
 	// MessageTimeout) cannot hold the cap.
 	open atomic.Bool
-	held int64 // bytes reserved; guarded by MessageBudget.mu
+	// Bytes reserved, and the rest of its message among them; guarded
+	// by MessageBudget.mu.
+	held, rest int64
 	// In MessageBudget.awaited until its first message is in; guarded
 	// by MessageBudget.mu.
 	prev, next *budgetCall
@@ -224,14 +239,19 @@ func (c *budgetCall) Value(key any) any {
 type budgetConnKey struct{}
 type budgetCallKey struct{}
 
-// reserve takes n bytes for c, or reports that there is no room: the
-// budget is full, or more than half of it is in use and c's connection
-// holds its share. Without room, freed is closed at the next release.
-func (b *MessageBudget) reserve(c *budgetCall, n int64) (ok bool, freed <-chan struct{}) {
+// reserve takes n bytes for c, its stream window or (rest) the rest of
+// its message, or reports that there is no room: the budget is full, or
+// more than half of it would be in use and c's connection holds its share.
+// A rest finds no room either, past its connection's share, when it would
+// leave too little of the first half for the windows of the connection's
+// calls still to come (see roomForRest). Without room, freed is closed at
+// the next release.
+func (b *MessageBudget) reserve(c *budgetCall, n int64, rest bool) (ok bool, freed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	total := b.limits.MessageBytes
-	if b.used+n > total || b.used+n > total/2 && c.conn.used+n > b.limits.ConnMessageBytes {
+	total, half := b.limits.MessageBytes, b.limits.MessageBytes/2
+	fits := b.used+n <= total && (c.conn.used+n <= b.limits.ConnMessageBytes || b.used+n <= half && (!rest || b.roomForRest(c, n)))
+	if !fits {
 		if b.freed == nil {
 			b.freed = make(chan struct{})
 		}
@@ -240,7 +260,45 @@ func (b *MessageBudget) reserve(c *budgetCall, n int64) (ok bool, freed <-chan s
 	b.used += n
 	c.conn.used += n
 	c.held += n
+	if !rest {
+		c.conn.windows += n
+		return true, nil
+	}
+	c.rest += n
+	if !c.stream.Load() {
+		c.conn.unaryRests += n
+	}
 	return true, nil
+}
+
+// roomForRest tells whether the rest n of the message of c, whose
+// connection is past its share, leaves room in the first half of the
+// budget for the stream windows of every call its connection may yet
+// open (ServerLimits.MaxConcurrentStreams in all). Without this, the rests
+// of a connection's calls, each held only from its handler's start until
+// its message is in, fill the first half on their own whenever a busy
+// client has enough of them between the two at once (Envoy's one
+// connection with 256 callers: 3 to 4 calls in 1000), and the next calls
+// the connection opens, past half and past its share, are refused at the
+// door: what a call's rest may hold is unknown until gRPC has read its
+// message (a message of 100 bytes reserves as much as one of 1.4 MB), but
+// its window is held from the start, so rests wait for room and windows
+// cannot. A connection whose unary calls hold no rest is let have
+// one regardless, as before: it then waits for nothing but the budget, and
+// the rests it holds are given back as their messages come in, so it never
+// waits for ever on room that only its own windows hold.
+//
+// A budget whose first half cannot hold the windows of a connection with
+// every stream open and a message besides (less than about 35 MiB with
+// the default 256 streams) keeps no such room: its busy connection goes
+// past its share on its windows alone, and rests fill the first half.
+func (b *MessageBudget) roomForRest(c *budgetCall, n int64) bool {
+	all := int64(b.limits.MaxConcurrentStreams) * StreamWindow
+	half := b.limits.MessageBytes / 2
+	if c.conn.unaryRests == 0 || all+MessageReservation-StreamWindow > half {
+		return true
+	}
+	return b.used+n+max(all-c.conn.windows, 0) <= half
 }
 
 // release gives back what c holds.
@@ -257,7 +315,11 @@ func (c *budgetCall) releaseLocked() {
 	}
 	b.used -= c.held
 	c.conn.used -= c.held
-	c.held = 0
+	c.conn.windows -= c.held - c.rest
+	if !c.stream.Load() {
+		c.conn.unaryRests -= c.rest
+	}
+	c.held, c.rest = 0, 0
 	if b.freed != nil {
 		close(b.freed)
 		b.freed = nil
@@ -281,7 +343,7 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 		}
 	}
 	c := &budgetCall{b: b, conn: conn}
-	if ok, _ := b.reserve(c, StreamWindow); !ok {
+	if ok, _ := b.reserve(c, StreamWindow, false); !ok {
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another call",
@@ -356,7 +418,7 @@ func (c *budgetCall) settle(release bool) {
 func (c *budgetCall) begin(ctx context.Context) {
 	b := c.b
 	for {
-		ok, freed := b.reserve(c, MessageReservation-StreamWindow)
+		ok, freed := b.reserve(c, MessageReservation-StreamWindow, true)
 		if ok {
 			return
 		}

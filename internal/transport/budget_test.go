@@ -255,11 +255,11 @@ func TestMessageBudgetKeepsStreams(t *testing.T) {
 }
 
 // Many small calls at once on one connection, as a busy client makes,
-// are all served while their reservations fit in half the budget (90
-// calls with the defaults): each gives its reservation back as soon as
-// its message is in. A burst of more may see some refused with
-// ResourceExhausted when the server falls behind reading them; every
-// call is answered either way.
+// are all served, none refused: each gives its reservation back as soon as
+// its message is in, and the reservations of those whose handlers have
+// begun leave room in the first half of the budget for the windows of the
+// calls the connection opens next (see roomForRest), however many of the
+// 1000 the client has open at once.
 func TestMessageBudgetServesConcurrentCalls(t *testing.T) {
 	l := DefaultServerLimits()
 	addr, b, _ := budgetServer(t, l)
@@ -290,10 +290,11 @@ func TestMessageBudgetServesConcurrentCalls(t *testing.T) {
 			t.Fatalf("round %d: of %d calls at once, failed: %v (stats %+v)", round, within, failed, b.Stats())
 		}
 	}
-	failed := burst(1000)
-	t.Logf("1000 calls at once: refused %d (stats %+v)", failed[codes.ResourceExhausted], b.Stats())
-	if len(failed) > 1 || len(failed) == 1 && failed[codes.ResourceExhausted] == 0 {
-		t.Fatalf("of 1000 calls at once, failed: %v, want ResourceExhausted or none", failed)
+	if failed := burst(1000); len(failed) > 0 {
+		t.Fatalf("of 1000 calls at once, failed: %v (stats %+v)", failed, b.Stats())
+	}
+	if s := b.Stats(); s.Refused != 0 {
+		t.Fatalf("stats %+v, want none refused", s)
 	}
 	testwait.For(t, "the budget to empty", func() bool { return b.Stats().Reserved == 0 })
 }

@@ -61,7 +61,11 @@ type ServerLimits struct {
 	// (MessageReservation) as its handler begins, until its message is in
 	// (a stream: until it ends). A call that finds no room for its window
 	// is refused with ResourceExhausted; one that finds no room for the
-	// rest waits for it (see MessageBudget). At least ConnMessageBytes.
+	// rest waits for it (see MessageBudget). The rests of a connection
+	// past its share leave the first half room for the windows of all the
+	// calls it may open (MaxConcurrentStreams), so that one busy
+	// connection is not refused on its own account when the first half
+	// holds that much and a message. At least ConnMessageBytes.
 	// Default 256 MiB (about 190 calls whose messages are on their way).
 	MessageBytes int64
 	// ConnMessageBytes is the most of MessageBytes one connection may

@@ -699,13 +699,13 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	return merged, rejected
 }
 
-// serfLeave tells the members this node leaves, unless Close began: a node
-// closed meanwhile has shut serf down, or will once the leave ends (serf
-// must not be shut down in the middle of a leave).
+// serfLeave tells the members this node leaves, unless Close has shut
+// serf down meanwhile; a Close that comes during the leave shuts serf down
+// once it ends (serf must not be shut down in the middle of a leave).
 func (n *Node) serfLeave() error {
 	n.serfMu.Lock()
 	defer n.serfMu.Unlock()
-	if n.closed.Load() {
+	if n.serfDown {
 		return ErrClosed
 	}
 	return n.serf.Leave()

@@ -545,7 +545,7 @@ func (n *Node) leaveHandoff() error {
 		// The last member: Close writes them to the data directory.
 		n.logger.Info("cluster: no member left to hand key states to; they stay in the data directory", "states", unrouted)
 	}
-	err := n.serf.Leave()
+	err := n.serfLeave()
 	stopGRPC(n.grpc, n.cfg.LeaveTimeout)
 	if lost > 0 {
 		err = errors.Join(err, fmt.Errorf("%w: %d key states not delivered", ErrHandoff, lost))
@@ -697,4 +697,16 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 		s.n.logger.Warn("cluster: rejected key states", "from", from, "reason", reason, "rejected", rejected, "err", firstErr)
 	}
 	return merged, rejected
+}
+
+// serfLeave tells the members this node leaves, unless Close has shut
+// serf down meanwhile; a Close that comes during the leave shuts serf down
+// once it ends (serf must not be shut down in the middle of a leave).
+func (n *Node) serfLeave() error {
+	n.serfMu.Lock()
+	defer n.serfMu.Unlock()
+	if n.serfDown {
+		return ErrClosed
+	}
+	return n.serf.Leave()
 }

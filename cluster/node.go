@@ -98,6 +98,12 @@ type Node struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 	closed     atomic.Bool
+	// serfMu keeps Close's serf.Shutdown out of a serf.Leave in
+	// progress: memberlist panics when it is shut down in the middle of
+	// a leave (a Leave whose node is closed meanwhile). serfDown, under
+	// it, says Close has shut serf down.
+	serfMu     sync.Mutex
+	serfDown   bool
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
 	transfers  transfers  // hand-off and replication (handoff.go)
 	departures departures // members that left, before serf says so
@@ -497,7 +503,10 @@ func (n *Node) Close() error {
 			n.lis.Close()
 		}
 		if n.serf != nil {
+			n.serfMu.Lock()
+			n.serfDown = true
 			err = n.serf.Shutdown()
+			n.serfMu.Unlock()
 		}
 		if n.gossip != nil { // memberlist shut it down, unless never created
 			n.gossip.Shutdown()

@@ -129,12 +129,13 @@ type Config struct {
 	// Envoy's X-RateLimit-Reset header reads only the seconds.
 	ExactReset bool
 	// StopIncrementOverLimit, as STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
-	// charges nothing for a request that is over on any descriptor: the
-	// hits admitted on its other descriptors are given back, and the
-	// descriptor over is left as it was rather than drained. Otherwise
-	// every descriptor is charged on its own, and one over leaves its
-	// window full until it ends, as envoyproxy/ratelimit's counter
-	// going past the limit does.
+	// charges only the descriptors over when a request is over on any:
+	// the hits admitted on its other descriptors are given back, and
+	// their statuses report the remaining without them, as upstream
+	// increments only the counters that go over. Either way a descriptor
+	// over leaves its window full until it ends, as envoyproxy/
+	// ratelimit's counter going past the limit does; otherwise every
+	// descriptor is charged on its own.
 	StopIncrementOverLimit bool
 	// OnHit, when set, is called with each descriptor's Hit, for metrics.
 	// It is called on the request's goroutine and must not block.
@@ -229,6 +230,9 @@ type item struct {
 	shadow  bool
 	quota   bool
 	counted int // index of its limiter.Request, or -1
+	// over: its hits went past the limit; refunded: they were given
+	// back (Config.StopIncrementOverLimit)
+	over, refunded bool
 }
 
 // ShouldRateLimitAt decides a request; now is the time of
@@ -328,8 +332,9 @@ func (sc *scratch) free() {
 // are decided without DrainOverLimit, so that a rejected one reports what
 // was left before it (the statistics of a request that straddles the
 // limit need it), and those rejected with room left are drained after.
-// With StopIncrementOverLimit a request over on any descriptor is given
-// back instead.
+// With StopIncrementOverLimit, when a descriptor is over, the hits of the
+// others are given back, as upstream increments only the counters that
+// go over.
 func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
 	results := s.cfg.Limiter.CheckMany(ctx, reqs)
 	var again []limiter.Request
@@ -344,9 +349,9 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			return nil, limiterError(r.Err)
 		}
 		before, _ := it.counts(r.Decision.Decision)
-		over := before+it.hits > uint64(it.limit.RequestsPerUnit)
-		anyOver = anyOver || over
-		if over && !s.cfg.StopIncrementOverLimit && !r.Decision.Allowed && r.Decision.Remaining > 0 {
+		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
+		anyOver = anyOver || it.over
+		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
 			drain := reqs[it.counted]
 			drain.Hits, drain.Behavior = r.Decision.Remaining, limiter.DrainOverLimit
 			again = append(again, drain)
@@ -355,7 +360,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 	if s.cfg.StopIncrementOverLimit && anyOver {
 		for i := range items {
 			it := &items[i]
-			if it.counted >= 0 && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+			if it.counted >= 0 && !it.over && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+				it.refunded = true
 				refund := reqs[it.counted]
 				refund.Behavior = limiter.Refund
 				refund.Charged = results[it.counted].Decision.Window
@@ -543,6 +549,11 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		var before, after uint64
 		if it.counted >= 0 {
 			before, after = it.counts(results[it.counted].Decision.Decision)
+			if it.refunded {
+				// Reported uncharged, as upstream's counter incremented by
+				// 0: its hits end at the count and are within the limit.
+				before, after = before-min(it.hits, before), before
+			}
 		} else { // a limit of 0 per unit
 			after = it.hits
 		}

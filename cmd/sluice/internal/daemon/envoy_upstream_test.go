@@ -179,3 +179,44 @@ func TestEnvoyUpstreamSemantics(t *testing.T) {
 		}
 	}
 }
+
+// envoy_stop_increment_over_limit does what upstream's integration test
+// of STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT sees, through the daemon and
+// go-control-plane's RLS client: two descriptors of 20 a minute and 10 an
+// hour, 15 requests; once the second is over, the first is no longer
+// charged and reports the same remaining each time. A descriptor over is
+// charged itself: 2 hits on a window holding 9 of 10 leave it full.
+func TestEnvoyStopIncrementAsUpstream(t *testing.T) {
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "another.yaml", "domain: another\ndescriptors:\n"+
+		"  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n"+
+		"  - key: key3\n    rate_limit: {unit: hour, requests_per_unit: 10}\n")
+	cfg := testConfig("envoy-stop-increment")
+	cfg.EnvoyConfigDir = dir
+	cfg.EnvoyStopIncrementOverLimit = true
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	call := rlsCaller(t, rlsClient(t, d.GRPCAddr()), "another")
+	for i := range 15 {
+		want := fmt.Sprintf("OK; OK r=%d; OK r=%d", 20-(i+1), 10-(i+1))
+		if i >= 10 {
+			want = "OVER_LIMIT; OK r=10; OVER_LIMIT r=0"
+		}
+		if got := rlsSummary(call(1, "key2=7", "key3=7")); got != want {
+			t.Errorf("request %d: %s, want %s", i, got, want)
+		}
+	}
+	for i, s := range []struct {
+		hits    uint64
+		entries []string
+		want    string
+	}{
+		{9, []string{"key3=8"}, "OK; OK r=1"},
+		{2, []string{"key2=8", "key3=8"}, "OVER_LIMIT; OK r=20; OVER_LIMIT r=0"},
+		{1, []string{"key3=8"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+		{0, []string{"key2=8"}, "OK; OK r=20"},
+	} {
+		if got := rlsSummary(call(s.hits, s.entries...)); got != s.want {
+			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+	}
+}

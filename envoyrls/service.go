@@ -293,7 +293,9 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 	var reqs []limiter.Request
 	for i := range items {
 		it := &items[i]
-		if it.limit != nil && it.limit.Name != "" && replaced[it.limit.Name] {
+		// An unlimited limit stays unlimited, replaced or not, as
+		// upstream sets unlimited descriptors aside before replacing.
+		if it.limit != nil && !it.limit.Unlimited && it.limit.Name != "" && replaced[it.limit.Name] {
 			it.limit = nil
 		}
 		if l := it.limit; l != nil && !l.Unlimited && l.RequestsPerUnit > 0 {

@@ -220,3 +220,31 @@ func TestEnvoyStopIncrementAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// A named unlimited limit another replaces stays unlimited (remaining
+// MaxUint32), as upstream sets unlimited descriptors aside before it
+// replaces limits; its own replaces still apply.
+func TestEnvoyReplacedUnlimited(t *testing.T) {
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "r.yaml", `domain: r
+descriptors:
+  - key: free
+    rate_limit: {name: open, unlimited: true, replaces: [{name: per-user}]}
+  - key: user
+    rate_limit: {name: per-user, unit: minute, requests_per_unit: 3}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 10, replaces: [{name: open}]}
+`)
+	cfg := testConfig("envoy-replaced-unlimited")
+	cfg.EnvoyConfigDir = dir
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	client := rlsClient(t, d.GRPCAddr())
+	resp, err := client.ShouldRateLimit(context.Background(), rlsRequest("r", []string{"free=x"}, []string{"user=u"}, []string{"vip=v"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "OK; OK - r=4294967295 t=-; OK - r=0 t=-; OK :10/MINUTE r=9 t=40"
+	if got := rlsStatuses(resp); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}

@@ -5,15 +5,24 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // envoyUpstream exercises envoyproxy/ratelimit's configuration features
@@ -246,5 +255,76 @@ descriptors:
 	want := "OK; OK - r=4294967295 t=-; OK - r=0 t=-; OK :10/MINUTE r=9 t=40"
 	if got := rlsStatuses(resp); got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// withNewerFields gives d the quota_mode (field 7) and metadata (field 8)
+// of the RateLimitDescriptor that envoyproxy/ratelimit builds with, in
+// the wire form such a server sends: the go-control-plane/ratelimit
+// release this module uses does not define them.
+func withNewerFields(t *testing.T, d *rlconfv3.RateLimitDescriptor, quota bool, md *structpb.Struct) *rlconfv3.RateLimitDescriptor {
+	t.Helper()
+	var b []byte
+	if quota {
+		b = protowire.AppendTag(b, 7, protowire.VarintType)
+		b = protowire.AppendVarint(b, 1)
+	}
+	if md != nil {
+		raw, err := proto.Marshal(md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = protowire.AppendTag(b, 8, protowire.BytesType)
+		b = protowire.AppendBytes(b, raw)
+	}
+	d.ProtoReflect().SetUnknown(b)
+	return d
+}
+
+// A RateLimitConfig from an xDS server built on upstream's newer
+// definition, served by go-control-plane's server: month and year units
+// are taken (not NACKed), quota_mode makes a request over only when all
+// its quota descriptors are, and metadata comes back in the dynamic
+// metadata, as upstream reads the same resource.
+func TestEnvoyXDSNewerFields(t *testing.T) {
+	md, err := structpb.NewStruct(map[string]any{"team": "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := &rlconfv3.RateLimitConfig{Name: "q", Domain: "q", Descriptors: []*rlconfv3.RateLimitDescriptor{
+		withNewerFields(t, &rlconfv3.RateLimitDescriptor{Key: "a", RateLimit: &rlconfv3.RateLimitPolicy{Unit: 5, RequestsPerUnit: 1}}, true, nil),
+		withNewerFields(t, &rlconfv3.RateLimitDescriptor{Key: "b", RateLimit: &rlconfv3.RateLimitPolicy{Unit: 6, RequestsPerUnit: 5}}, true, md),
+	}}
+	snap, err := cachev3.NewSnapshot("1", map[resource.Type][]types.Resource{resource.RateLimitConfigType: {conf}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "sluice-xds", snap); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := serveXDS(t, cache, "127.0.0.1:0")
+	cfg := testConfig("xds-newer")
+	cfg.EnvoyXDSAddr, cfg.EnvoyXDSNodeID = addr, "sluice-xds"
+	cfg.EnvoyDynamicMetadata = true
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	testwait.For(t, "the daemon to be ready", d.Ready)
+	client := rlsClient(t, d.GRPCAddr())
+	month := time.Date(2023, time.December, 1, 0, 0, 0, 0, time.UTC).Sub(rulesStart).Seconds()
+	year := time.Date(2024, time.January, 1, 0, 0, 0, 0, time.UTC).Sub(rulesStart).Seconds()
+	for i, want := range []string{
+		fmt.Sprintf("OK; OK :1/MONTH r=0 t=%v; OK :5/YEAR r=4 t=%v", month, year),
+		fmt.Sprintf("OK; OVER_LIMIT :1/MONTH r=0 t=%v; OK :5/YEAR r=3 t=%v", month, year), // a quota over, b not
+	} {
+		resp, err := client.ShouldRateLimit(context.Background(), rlsRequest("q", []string{"a=1"}, []string{"b=1"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rlsStatuses(resp); got != want {
+			t.Errorf("request %d:\n got %s\nwant %s", i, got, want)
+		}
+		if team := resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["team"].GetStringValue(); team != "beta" {
+			t.Errorf("request %d: dynamic metadata %v, want metadata.team beta", i, resp.DynamicMetadata)
+		}
 	}
 }

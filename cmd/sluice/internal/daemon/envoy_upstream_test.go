@@ -151,6 +151,14 @@ func TestEnvoyUpstreamSemantics(t *testing.T) {
 			"OK; OK :5/MINUTE r=4 t=40; X-RateLimit-Limit=5; X-RateLimit-Remaining=4; X-RateLimit-Reset=40"},
 		{rlsRequest("nowhere", []string{"user=u"}),
 			"OK; OK - r=0 t=-"},
+		// One key four times in a request: counted in order, as
+		// upstream's pipeline of INCRBY counts it.
+		{rlsRequest("up", []string{"user=d"}, []string{"user=d"}, []string{"user=d"}, []string{"user=d"}),
+			"OVER_LIMIT; OK per-user:3/MINUTE r=2 t=40; OK per-user:3/MINUTE r=1 t=40; OK per-user:3/MINUTE r=0 t=40; OVER_LIMIT per-user:3/MINUTE r=0 t=40; X-RateLimit-Limit=3; X-RateLimit-Remaining=0; X-RateLimit-Reset=40"},
+		// An empty value: the key's default, as upstream falls back from
+		// key_ to key, on a counter of its own.
+		{rlsRequest("up", []string{"path="}),
+			"OK; OK :100/HOUR r=99 t=2800; X-RateLimit-Limit=100; X-RateLimit-Remaining=99; X-RateLimit-Reset=2800"},
 	} {
 		if got := ask(s.req); got != s.want {
 			t.Errorf("step %d:\n got %s\nwant %s", i, got, s.want)
@@ -181,7 +189,7 @@ func TestEnvoyUpstreamSemantics(t *testing.T) {
 		`sluice_envoy_hits_total{domain="up",key="up.client_c1",stat="total_hits"}`:   1,
 		`sluice_envoy_hits_total{domain="up",key="up.path_/api/*",stat="total_hits"}`: 2,
 		`sluice_envoy_hits_total{domain="up",key="up.shadow",stat="shadow_mode"}`:     1,
-		`sluice_envoy_hits_total{domain="up",key="up.user",stat="over_limit"}`:        1<<40 - 1, // 1<<40 - 3, then 1 and 1
+		`sluice_envoy_hits_total{domain="up",key="up.user",stat="over_limit"}`:        1 << 40, // 1<<40 - 3, then 1, 1 and 1
 	} {
 		if m[series] != want {
 			t.Errorf("%s = %v, want %v", series, m[series], want)

@@ -116,7 +116,8 @@ type Config struct {
 	// happened; OnGlobalShadow is called for each request so turned OK.
 	ShadowMode bool
 	// QuotaMode puts every descriptor in quota mode, as QUOTA_MODE: the
-	// request is over only when all of its limited descriptors are.
+	// request is over only when all of its descriptors are, but for the
+	// unlimited ones (one that matches no limit is never over).
 	QuotaMode bool
 	// DynamicMetadata adds envoyproxy/ratelimit's dynamic_metadata to each
 	// response (RESPONSE_DYNAMIC_METADATA): the domain, the descriptors'
@@ -543,6 +544,13 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		l := it.limit
 		switch {
 		case l == nil:
+			// Global quota mode counts a descriptor without a limit
+			// among the quota descriptors, never over, as upstream's
+			// QUOTA_MODE does: a request with one is never over on
+			// quotas. An unlimited one is not counted.
+			if s.cfg.QuotaMode {
+				quotas++
+			}
 			continue
 		case l.Unlimited:
 			st.LimitRemaining = math.MaxUint32

@@ -336,3 +336,32 @@ func TestEnvoyXDSNewerFields(t *testing.T) {
 		}
 	}
 }
+
+// envoy_quota_mode, as upstream's QUOTA_MODE, counts every descriptor of
+// a request as a quota, those that match no limit (or whose limit is
+// replaced) too, which are never over: a request with one is OK however
+// far over the others are; an unlimited descriptor is not counted.
+func TestEnvoyGlobalQuotaModeCountsUnmatched(t *testing.T) {
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "q.yaml", "domain: q\ndescriptors:\n"+
+		"  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"+
+		"  - key: free\n    rate_limit: {unlimited: true}\n")
+	cfg := testConfig("envoy-quota-unmatched")
+	cfg.EnvoyConfigDir = dir
+	cfg.EnvoyQuotaMode = true
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	call := rlsCaller(t, rlsClient(t, d.GRPCAddr()), "q")
+	for i, s := range []struct {
+		entries []string
+		want    string
+	}{
+		{[]string{"a=1"}, "OK; OK r=0"},
+		{[]string{"a=1"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+		{[]string{"a=1", "nomatch=1"}, "OK; OVER_LIMIT r=0; OK r=0"},
+		{[]string{"a=1", "free=1"}, "OVER_LIMIT; OVER_LIMIT r=0; OK r=4294967295"},
+	} {
+		if got := rlsSummary(call(1, s.entries...)); got != s.want {
+			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+	}
+}

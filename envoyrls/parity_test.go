@@ -111,30 +111,33 @@ func TestGlobalQuotaMode(t *testing.T) {
 }
 
 // With StopIncrementOverLimit a request over on any descriptor charges
-// none, and the one over is not drained; without it each descriptor is
-// charged on its own and the one over is left full.
+// only the one over, as upstream's Redis cache increments only the
+// counters that go over (its TestOverLimitWithStopCacheKeyIncrement-
+// WhenOverlimitConfig): the others report their remaining uncharged;
+// without it each descriptor is charged on its own. Either way the one
+// over is left full.
 func TestStopIncrementOverLimit(t *testing.T) {
 	const a, b = "/5/minute t=40s", "/2/minute t=40s"
 	for _, tc := range []struct {
-		stop bool
-		want string // a peek of a and b after the request over
+		stop      bool
+		over, now string // the request over; a peek of a and b after it
 	}{
-		{false, "OK; OK 4" + a + "; OK 0" + b},
-		{true, "OK; OK 5" + a + "; OK 1" + b},
+		{false, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b, "OK; OK 4" + a + "; OK 0" + b},
+		{true, "OVER_LIMIT; OK 5" + a + "; OVER 0" + b, "OK; OK 5" + a + "; OK 0" + b},
 	} {
 		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = tc.stop })
 		e.run("p", []step{
 			{descs: descs(desc("b=1")), want: "OK; OK 1" + b},
-			{name: "b over", descs: descs(desc("a=1"), desc("b=1", "hits=2")), want: "OVER_LIMIT; OK 4" + a + "; OVER 0" + b},
-			{name: "peek", descs: descs(desc("a=1", "hits=0"), desc("b=1", "hits=0")), want: tc.want},
+			{name: "b over", descs: descs(desc("a=1"), desc("b=1", "hits=2")), want: tc.over},
+			{name: "peek", descs: descs(desc("a=1", "hits=0"), desc("b=1", "hits=0")), want: tc.now},
 		})
 	}
 	// A descriptor over with more hits than its limit, admitted capped,
-	// is given back too.
+	// fills its window too, as upstream's counter goes past the limit.
 	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = true })
 	e.run("p", []step{
 		{descs: descs(desc("b=1", "hits=3")), want: "OVER_LIMIT; OVER 0" + b},
-		{descs: descs(desc("b=1", "hits=0")), want: "OK; OK 2" + b},
+		{descs: descs(desc("b=1", "hits=0")), want: "OK; OK 0" + b},
 	})
 }
 

@@ -116,7 +116,8 @@ type Config struct {
 	// happened; OnGlobalShadow is called for each request so turned OK.
 	ShadowMode bool
 	// QuotaMode puts every descriptor in quota mode, as QUOTA_MODE: the
-	// request is over only when all of its limited descriptors are.
+	// request is over only when all of its descriptors are, but for the
+	// unlimited ones (one that matches no limit is never over).
 	QuotaMode bool
 	// DynamicMetadata adds envoyproxy/ratelimit's dynamic_metadata to each
 	// response (RESPONSE_DYNAMIC_METADATA): the domain, the descriptors'
@@ -129,12 +130,13 @@ type Config struct {
 	// Envoy's X-RateLimit-Reset header reads only the seconds.
 	ExactReset bool
 	// StopIncrementOverLimit, as STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
-	// charges nothing for a request that is over on any descriptor: the
-	// hits admitted on its other descriptors are given back, and the
-	// descriptor over is left as it was rather than drained. Otherwise
-	// every descriptor is charged on its own, and one over leaves its
-	// window full until it ends, as envoyproxy/ratelimit's counter
-	// going past the limit does.
+	// charges only the descriptors over when a request is over on any:
+	// the hits admitted on its other descriptors are given back, and
+	// their statuses report the remaining without them, as upstream
+	// increments only the counters that go over. Either way a descriptor
+	// over leaves its window full until it ends, as envoyproxy/
+	// ratelimit's counter going past the limit does; otherwise every
+	// descriptor is charged on its own.
 	StopIncrementOverLimit bool
 	// OnHit, when set, is called with each descriptor's Hit, for metrics.
 	// It is called on the request's goroutine and must not block.
@@ -229,6 +231,9 @@ type item struct {
 	shadow  bool
 	quota   bool
 	counted int // index of its limiter.Request, or -1
+	// over: its hits went past the limit; refunded: they were given
+	// back (Config.StopIncrementOverLimit)
+	over, refunded bool
 }
 
 // ShouldRateLimitAt decides a request; now is the time of
@@ -289,7 +294,9 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 	var reqs []limiter.Request
 	for i := range items {
 		it := &items[i]
-		if it.limit != nil && it.limit.Name != "" && replaced[it.limit.Name] {
+		// An unlimited limit stays unlimited, replaced or not, as
+		// upstream sets unlimited descriptors aside before replacing.
+		if it.limit != nil && !it.limit.Unlimited && it.limit.Name != "" && replaced[it.limit.Name] {
 			it.limit = nil
 		}
 		if l := it.limit; l != nil && !l.Unlimited && l.RequestsPerUnit > 0 {
@@ -328,8 +335,9 @@ func (sc *scratch) free() {
 // are decided without DrainOverLimit, so that a rejected one reports what
 // was left before it (the statistics of a request that straddles the
 // limit need it), and those rejected with room left are drained after.
-// With StopIncrementOverLimit a request over on any descriptor is given
-// back instead.
+// With StopIncrementOverLimit, when a descriptor is over, the hits of the
+// others are given back, as upstream increments only the counters that
+// go over.
 func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
 	results := s.cfg.Limiter.CheckMany(ctx, reqs)
 	var again []limiter.Request
@@ -344,9 +352,9 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			return nil, limiterError(r.Err)
 		}
 		before, _ := it.counts(r.Decision.Decision)
-		over := before+it.hits > uint64(it.limit.RequestsPerUnit)
-		anyOver = anyOver || over
-		if over && !s.cfg.StopIncrementOverLimit && !r.Decision.Allowed && r.Decision.Remaining > 0 {
+		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
+		anyOver = anyOver || it.over
+		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
 			drain := reqs[it.counted]
 			drain.Hits, drain.Behavior = r.Decision.Remaining, limiter.DrainOverLimit
 			again = append(again, drain)
@@ -355,7 +363,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 	if s.cfg.StopIncrementOverLimit && anyOver {
 		for i := range items {
 			it := &items[i]
-			if it.counted >= 0 && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+			if it.counted >= 0 && !it.over && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+				it.refunded = true
 				refund := reqs[it.counted]
 				refund.Behavior = limiter.Refund
 				refund.Charged = results[it.counted].Decision.Window
@@ -535,6 +544,13 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		l := it.limit
 		switch {
 		case l == nil:
+			// Global quota mode counts a descriptor without a limit
+			// among the quota descriptors, never over, as upstream's
+			// QUOTA_MODE does: a request with one is never over on
+			// quotas. An unlimited one is not counted.
+			if s.cfg.QuotaMode {
+				quotas++
+			}
 			continue
 		case l.Unlimited:
 			st.LimitRemaining = math.MaxUint32
@@ -543,6 +559,11 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		var before, after uint64
 		if it.counted >= 0 {
 			before, after = it.counts(results[it.counted].Decision.Decision)
+			if it.refunded {
+				// Reported uncharged, as upstream's counter incremented by
+				// 0: its hits end at the count and are within the limit.
+				before, after = before-min(it.hits, before), before
+			}
 		} else { // a limit of 0 per unit
 			after = it.hits
 		}

@@ -16,7 +16,10 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // RateLimitConfigType is the type URL of the xDS resources XDSWatcher
@@ -318,9 +321,14 @@ func xdsDescriptors(in []*rlconfv3.RateLimitDescriptor, depth int, budget *int) 
 			return nil, errors.New("a descriptor is null")
 		}
 		ds := &Descriptor{Key: x.Key, Value: x.Value, ShadowMode: x.ShadowMode, DetailedMetric: x.DetailedMetric}
+		if err := xdsNewerFields(x, ds); err != nil {
+			return nil, err
+		}
 		if p := x.RateLimit; p != nil {
 			rl := &RateLimit{Name: p.Name, Unit: Unit(p.Unit), RequestsPerUnit: p.RequestsPerUnit, Unlimited: p.Unlimited}
-			if p.Unit < rlconfv3.RateLimitUnit_UNKNOWN || p.Unit > rlconfv3.RateLimitUnit_DAY {
+			// MONTH, YEAR and WEEK are 5, 6 and 7 in the newer
+			// definition, as Unit numbers them.
+			if u := Unit(p.Unit); u != UnitUnknown && !u.Valid() {
 				return nil, fmt.Errorf("descriptor %q: unknown rate limit unit %d", x.Key, p.Unit)
 			}
 			for _, r := range p.Replaces {
@@ -335,4 +343,56 @@ func xdsDescriptors(in []*rlconfv3.RateLimitDescriptor, depth int, budget *int) 
 		out = append(out, ds)
 	}
 	return out, nil
+}
+
+// The fields of a RateLimitDescriptor that the go-control-plane/ratelimit
+// release this module builds with (v0.1.0) does not define, and that
+// envoyproxy/ratelimit and newer xDS servers send.
+const (
+	xdsQuotaModeField = 7 // bool quota_mode
+	xdsMetadataField  = 8 // google.protobuf.Struct metadata
+)
+
+// xdsNewerFields sets ds's QuotaMode and Metadata from x's fields that
+// the generated code keeps as unknown: a server built on a newer
+// definition sends them, and dropping quota_mode would enforce a limit
+// the server configured as a quota.
+func xdsNewerFields(x *rlconfv3.RateLimitDescriptor, ds *Descriptor) error {
+	b := x.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("descriptor %q: %v", x.Key, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num == xdsQuotaModeField && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return fmt.Errorf("descriptor %q: quota_mode: %v", x.Key, protowire.ParseError(m))
+			}
+			ds.QuotaMode, n = v != 0, m
+		case num == xdsMetadataField && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return fmt.Errorf("descriptor %q: metadata: %v", x.Key, protowire.ParseError(m))
+			}
+			md := ds.Metadata
+			if md == nil {
+				md = new(structpb.Struct)
+			}
+			// A message given in parts merges, as proto.Unmarshal merges.
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, md); err != nil {
+				return fmt.Errorf("descriptor %q: metadata: %v", x.Key, err)
+			}
+			ds.Metadata, n = md, m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return fmt.Errorf("descriptor %q: field %d: %v", x.Key, num, protowire.ParseError(n))
+			}
+		}
+		b = b[n:]
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/sluicehq/sluice"
@@ -231,6 +232,8 @@ func TestRulesFromXDS(t *testing.T) {
 		return a
 	}
 	other, _ := anypb.New(&discoveryv3.DiscoveryRequest{})
+	badMetadata := &rlconfv3.RateLimitDescriptor{Key: "k"}
+	badMetadata.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 8, protowire.BytesType), []byte{0xff}))
 	for _, tc := range []struct {
 		name string
 		res  []*anypb.Any
@@ -241,6 +244,8 @@ func TestRulesFromXDS(t *testing.T) {
 		{"no domain", []*anypb.Any{anyOf(&rlconfv3.RateLimitConfig{Name: "n"})}, "xds:n: the domain is empty"},
 		{"a bad unit", []*anypb.Any{anyOf(&rlconfv3.RateLimitConfig{Name: "u", Domain: "u", Descriptors: []*rlconfv3.RateLimitDescriptor{
 			{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: 9, RequestsPerUnit: 1}}}})}, "unknown rate limit unit 9"},
+		{"bad metadata", []*anypb.Any{anyOf(&rlconfv3.RateLimitConfig{Name: "m", Domain: "m", Descriptors: []*rlconfv3.RateLimitDescriptor{badMetadata}})},
+			`xds:m: descriptor "k": metadata:`},
 	} {
 		_, err := RulesFromXDS(tc.res, LoadConfig{})
 		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {

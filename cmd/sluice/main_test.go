@@ -721,7 +721,8 @@ func TestLoopbackConfigAsPasted(t *testing.T) {
 }
 
 // sluice ready exits 0 for a ready node, printing its /readyz, and 1 for
-// an address where nothing answers.
+// an address where nothing answers, or a gRPC port, which it names as
+// one.
 func TestReadyCommand(t *testing.T) {
 	s := serve(t, "ready-cmd")
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -741,6 +742,7 @@ func TestReadyCommand(t *testing.T) {
 		{[]string{"ready", "--http-addr", s.HTTPAddr()}, 0, `"status":"ready"`, ""},
 		{[]string{"ready", "--http-addr", alone.HTTPAddr()}, 1, `"status":"not ready"`, ""},
 		{[]string{"ready", "--http-addr", closed}, 1, "", "connection refused"},
+		{[]string{"ready", "--http-addr", s.GRPCAddr()}, 1, "", s.GRPCAddr() + " is a gRPC port (a node's grpc_addr); sluice ready asks the node's HTTP port"},
 		{[]string{"ready", "--http-addr", s.HTTPAddr(), "--timeout", "0s"}, 2, "", "--timeout 0s must be positive"},
 		{[]string{"ready", "extra"}, 2, "", `unexpected argument "extra"`},
 	} {

@@ -7,6 +7,12 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // ready asks a daemon's HTTP API whether the node is ready (GET /readyz)
@@ -35,7 +41,11 @@ func (a *app) ready(ctx context.Context, args []string) error {
 	}
 	resp, err := (&http.Client{Transport: &http.Transport{Proxy: nil}}).Do(req)
 	if err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("ready: %w", err)}
+		err = fmt.Errorf("ready: %w", err)
+		if speaksGRPC(ctx, *addr) {
+			err = fmt.Errorf("%w\n%s is a gRPC port (a node's grpc_addr); sluice ready asks the node's HTTP port, http_addr (default port 8080): sluice ready --http-addr <host>:8080", err, *addr)
+		}
+		return &exitError{code: 1, err: err}
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
@@ -44,4 +54,21 @@ func (a *app) ready(ctx context.Context, args []string) error {
 		return &exitError{code: 1}
 	}
 	return nil
+}
+
+// speaksGRPC reports whether addr answers grpc.health.v1 in clear, as a
+// node's gRPC port does: the likely mistake behind an HTTP request there
+// that failed.
+func speaksGRPC(ctx context.Context, addr string) bool {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	switch status.Code(err) {
+	case codes.OK, codes.NotFound, codes.Unimplemented:
+		return true
+	}
+	return false
 }

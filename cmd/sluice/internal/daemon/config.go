@@ -144,8 +144,9 @@ type Config struct {
 	// counting as usual; EnvoyQuotaMode puts every descriptor in quota
 	// mode (QUOTA_MODE); EnvoyDynamicMetadata adds envoyproxy/ratelimit's
 	// dynamic metadata to responses (RESPONSE_DYNAMIC_METADATA);
-	// EnvoyStopIncrementOverLimit charges nothing for a request over on
-	// any descriptor (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	// EnvoyStopIncrementOverLimit charges a request over on any
+	// descriptor only on the descriptors over
+	// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
 	EnvoyShadowMode, EnvoyQuotaMode, EnvoyDynamicMetadata, EnvoyStopIncrementOverLimit bool
 	// EnvoyExactReset gives duration_until_reset to the nanosecond rather
 	// than in whole seconds rounded up, as envoyproxy/ratelimit does.
@@ -779,7 +780,7 @@ var fields = []field{
 		func(c *Config) *bool { return &c.EnvoyQuotaMode }),
 	boolSetting("envoy_dynamic_metadata", "add envoyproxy/ratelimit's dynamic metadata to Envoy responses (RESPONSE_DYNAMIC_METADATA)",
 		func(c *Config) *bool { return &c.EnvoyDynamicMetadata }),
-	boolSetting("envoy_stop_increment_over_limit", "charge nothing for an Envoy request over on any descriptor (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)",
+	boolSetting("envoy_stop_increment_over_limit", "charge an Envoy request over on any descriptor only on the descriptors over (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)",
 		func(c *Config) *bool { return &c.EnvoyStopIncrementOverLimit }),
 	boolSetting("envoy_exact_reset", "give Envoy's duration_until_reset to the nanosecond rather than in whole seconds rounded up",
 		func(c *Config) *bool { return &c.EnvoyExactReset }),

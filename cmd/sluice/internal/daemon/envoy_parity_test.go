@@ -209,7 +209,7 @@ func TestEnvoySettings(t *testing.T) {
 // The other envoyproxy/ratelimit switches through the daemon and
 // go-control-plane's RLS client: merged domain files, a hits_addend of 0
 // on a full window, quota mode, dynamic metadata, no charge for a request
-// over, and upstream's near/over statistics.
+// over but on the descriptor over, and upstream's near/over statistics.
 func TestEnvoyModes(t *testing.T) {
 	dir := t.TempDir()
 	writeEnvoyFile(t, dir, "m1.yaml", "domain: m\ndescriptors:\n  - key: a\n    metadata: {team: alpha}\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
@@ -231,8 +231,8 @@ func TestEnvoyModes(t *testing.T) {
 		{0, []string{"b=1"}, "OK; OK r=2"},
 		{2, []string{"b=1"}, "OK; OK r=0"},
 		{0, []string{"b=1"}, "OK; OK r=0"},                        // full is not over
-		{1, []string{"a=1", "b=1"}, "OK; OK r=4; OVER_LIMIT r=0"}, // quota mode: a is not over
-		{0, []string{"a=1"}, "OK; OK r=5"},                        // nothing charged for a request over
+		{1, []string{"a=1", "b=1"}, "OK; OK r=5; OVER_LIMIT r=0"}, // quota mode: a is not over, nor charged
+		{0, []string{"a=1"}, "OK; OK r=5"},                        // nothing charged but the descriptor over
 	} {
 		if got := rlsSummary(call(s.hits, s.entries...)); got != s.want {
 			t.Errorf("step %d: %s, want %s", i, got, s.want)

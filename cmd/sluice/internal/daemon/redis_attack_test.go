@@ -59,8 +59,9 @@ func TestRedisNoCallerLowersACount(t *testing.T) {
 
 // TestRedisEnvoyModes is TestEnvoyModes on backend redis, in day windows
 // (Redis's clock decides them): a hits_addend of 0 on a full window is OK
-// with 0 remaining, quota mode, no charge for a request over (given back
-// on Redis), and whole seconds in duration_until_reset.
+// with 0 remaining, quota mode, no charge for a request over but on the
+// descriptor over (the others given back on Redis), and whole seconds in
+// duration_until_reset.
 func TestRedisEnvoyModes(t *testing.T) {
 	srv := testredis.Start(t)
 	dir := t.TempDir()
@@ -81,10 +82,10 @@ func TestRedisEnvoyModes(t *testing.T) {
 		{0, []string{"b=1"}, "OK; OK r=2"},
 		{2, []string{"b=1"}, "OK; OK r=0"},
 		{0, []string{"b=1"}, "OK; OK r=0"},
-		{1, []string{"a=1", "b=1"}, "OK; OK r=4; OVER_LIMIT r=0"},
+		{1, []string{"a=1", "b=1"}, "OK; OK r=5; OVER_LIMIT r=0"},
 		{0, []string{"a=1"}, "OK; OK r=5"},
 		{1 << 40, []string{"a=1"}, "OVER_LIMIT; OVER_LIMIT r=0"},
-		{0, []string{"a=1"}, "OK; OK r=5"},
+		{0, []string{"a=1"}, "OK; OK r=0"}, // the descriptor over is charged, as upstream's
 	} {
 		resp := call(s.hits, s.entries...)
 		if got := rlsSummary(resp); got != s.want {

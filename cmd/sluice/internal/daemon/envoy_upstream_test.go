@@ -151,6 +151,9 @@ func TestEnvoyUpstreamSemantics(t *testing.T) {
 			"OK; OK :5/MINUTE r=4 t=40; X-RateLimit-Limit=5; X-RateLimit-Remaining=4; X-RateLimit-Reset=40"},
 		{rlsRequest("nowhere", []string{"user=u"}),
 			"OK; OK - r=0 t=-"},
+		// A descriptor without entries matches nothing.
+		{rlsRequest("up", []string{}),
+			"OK; OK - r=0 t=-"},
 		// One key four times in a request: counted in order, as
 		// upstream's pipeline of INCRBY counts it.
 		{rlsRequest("up", []string{"user=d"}, []string{"user=d"}, []string{"user=d"}, []string{"user=d"}),

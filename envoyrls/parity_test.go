@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -236,5 +237,51 @@ func TestMergeDomains(t *testing.T) {
 	write("c.yaml", "domain: d\ndescriptors:\n  - key: x\n  - {key: a, rate_limit: {unit: hour, requests_per_unit: 3}}\n")
 	if _, err := LoadDirWith(dir, LoadConfig{MergeDomains: true}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `c.yaml:4: duplicate descriptor "d.a"`) {
 		t.Errorf("a descriptor in two files: %v", err)
+	}
+}
+
+// With StopIncrementOverLimit, the statuses and statistics are those of
+// upstream's TestOverLimitWithStopCacheKeyIncrementWhenOverlimitConfig
+// (test/redis/fixed_cache_impl_test.go): limits of 15 and 14 an hour at
+// 10 each; 1 hit each, 2 each, then 2 each, which takes the second over:
+// the first is not charged, reports 2 remaining and counts its hits
+// within (and 1 near), the second counts 1 over and 1 near.
+func TestStopIncrementStatisticsAsUpstream(t *testing.T) {
+	e := newEnv(t, []string{"domain: s\ndescriptors:\n" +
+		"  - key: key4\n    rate_limit: {unit: hour, requests_per_unit: 15}\n" +
+		"  - key: key5\n    rate_limit: {unit: hour, requests_per_unit: 14}\n"},
+		func(c *Config) { c.StopIncrementOverLimit = true })
+	const a, b = "/15/hour t=46m40s", "/14/hour t=46m40s"
+	e.call("s", 0, desc("key4=value4", "hits=10"), desc("key5=value5", "hits=10"))
+	e.takeHits()
+	total := map[string]Hit{}
+	for i, s := range []struct {
+		hits uint64
+		want string
+	}{
+		{1, "OK; OK 4" + a + "; OK 3" + b},
+		{2, "OK; OK 2" + a + "; OK 1" + b},
+		{2, "OVER_LIMIT; OK 2" + a + "; OVER 0" + b},
+	} {
+		n := strconv.FormatUint(s.hits, 10)
+		if got := summary(e.call("s", 0, desc("key4=value4", "hits="+n), desc("key5=value5", "hits="+n))); got != s.want {
+			t.Errorf("step %d: got %s, want %s", i, got, s.want)
+		}
+		for _, h := range e.takeHits() {
+			sum := total[h.Key]
+			sum.TotalHits += h.TotalHits
+			sum.WithinLimit += h.WithinLimit
+			sum.NearLimit += h.NearLimit
+			sum.OverLimit += h.OverLimit
+			total[h.Key] = sum
+		}
+	}
+	for key, want := range map[string]Hit{
+		"s.key4": {TotalHits: 5, WithinLimit: 5, NearLimit: 2},
+		"s.key5": {TotalHits: 5, WithinLimit: 3, NearLimit: 3, OverLimit: 1},
+	} {
+		if got := total[key]; got != want {
+			t.Errorf("%s: %+v, want %+v", key, got, want)
+		}
 	}
 }

@@ -151,6 +151,9 @@ func TestEnvoyUpstreamSemantics(t *testing.T) {
 			"OK; OK :5/MINUTE r=4 t=40; X-RateLimit-Limit=5; X-RateLimit-Remaining=4; X-RateLimit-Reset=40"},
 		{rlsRequest("nowhere", []string{"user=u"}),
 			"OK; OK - r=0 t=-"},
+		// A descriptor without entries matches nothing.
+		{rlsRequest("up", []string{}),
+			"OK; OK - r=0 t=-"},
 		// One key four times in a request: counted in order, as
 		// upstream's pipeline of INCRBY counts it.
 		{rlsRequest("up", []string{"user=d"}, []string{"user=d"}, []string{"user=d"}, []string{"user=d"}),
@@ -362,6 +365,62 @@ func TestEnvoyGlobalQuotaModeCountsUnmatched(t *testing.T) {
 	} {
 		if got := rlsSummary(call(1, s.entries...)); got != s.want {
 			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+	}
+}
+
+// envoy_stop_increment_over_limit across a cluster of three: the two
+// descriptors of a request have their counters on two different owners,
+// and the request goes to the third daemon; the descriptor over is
+// drained on its owner and the other's hits are given back on its own,
+// so that every daemon then reads what upstream's counters would hold.
+func TestEnvoyStopIncrementAcrossCluster(t *testing.T) {
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "another.yaml", "domain: another\ndescriptors:\n"+
+		"  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n"+
+		"  - key: key3\n    rate_limit: {unit: hour, requests_per_unit: 3}\n")
+	ds := startThree(t, "envoy-stop", func(c *Config) {
+		c.EnvoyConfigDir = dir
+		c.EnvoyStopIncrementOverLimit = true
+	}, WithClock(fakeclock.New(rulesStart).Now))
+	node := ds[0].Node()
+	ownerOf := func(unit, key string) string {
+		owner, _ := node.Owner(serverNamePrefix+"envoy/"+unit, key)
+		return owner.Name
+	}
+	var v2, v3, via string
+	for i := 0; via == "" && i < 1000; i++ {
+		v2, v3 = fmt.Sprint("a", i), fmt.Sprint("b", i)
+		o2, o3 := ownerOf("minute", "another|key2="+v2), ownerOf("hour", "another|key3="+v3)
+		if o2 == o3 {
+			continue
+		}
+		for _, d := range ds {
+			if name := d.Config().NodeName; name != o2 && name != o3 {
+				via = d.GRPCAddr()
+			}
+		}
+	}
+	if via == "" {
+		t.Fatal("no two keys on two owners")
+	}
+	ask := rlsCaller(t, rlsClient(t, via), "another")
+	for i, s := range []struct {
+		hits    uint64
+		entries []string
+		want    string
+	}{
+		{2, []string{"key2=" + v2, "key3=" + v3}, "OK; OK r=18; OK r=1"},
+		{2, []string{"key2=" + v2, "key3=" + v3}, "OVER_LIMIT; OK r=18; OVER_LIMIT r=0"},
+	} {
+		if got := rlsSummary(ask(s.hits, s.entries...)); got != s.want {
+			t.Errorf("step %d: %s, want %s", i, got, s.want)
+		}
+	}
+	for _, d := range ds {
+		peek := rlsCaller(t, rlsClient(t, d.GRPCAddr()), "another")
+		if got := rlsSummary(peek(0, "key2="+v2, "key3="+v3)); got != "OK; OK r=18; OK r=0" {
+			t.Errorf("a peek through %s: %s, want OK; OK r=18; OK r=0", d.Config().NodeName, got)
 		}
 	}
 }

@@ -58,8 +58,13 @@ type Config struct {
 	// node gives its peer clients its own clock. Tests set it to move
 	// time by hand: ClockFunc reads a function and waits on the system's
 	// timer, so a clock moved by hand is seen within Timeout. Default nil:
-	// the system's clock.
-	Clock Clock
+	// the system's clock. The field's type spells out Clock's methods so
+	// that cluster.PeerConfig, which users set, names no internal type;
+	// a cluster.Clock or a Clock fits it.
+	Clock interface {
+		Now() time.Time
+		AfterFunc(d time.Duration, f func()) (stop func() bool)
+	}
 	// SendClock is the clock of the node whose states Transfer sends: each
 	// transfer carries its reading, so that the peer reads the states'
 	// times on its own clock (transport's Transfer). Default nil: Clock.

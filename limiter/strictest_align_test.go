@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -77,6 +78,48 @@ func TestKeepStrictestLongerPeriodKeepsTheWindow(t *testing.T) {
 					after.UTC(), end.UTC(), bad.Period, bad.Calendar, d, err)
 			}
 		})
+	}
+}
+
+// TestKeepStrictestClaimedByAWindowEndingFirst is the mirror: the key is
+// claimed first at 7 per 25 hours (a window that ends at 15:00 UTC), then
+// its rightful caller, at 14 per UTC day, spends what it is given in the
+// morning and again after 15:00. Its day must admit no more than 14, as
+// its own rate alone would. strictest keeps the longer (25-hour) window,
+// which ends first, so the caller's morning hits go fresh at 15:00 and
+// its day admits 6 + 14 = 20. Keeping the fixed window of the two that
+// ends later, whatever its length, closes it, but changes what a shorter
+// period that ends later gets now (TestRefundOnlyToTheChargedWindow's
+// "kept Period" steps): a decision for the lead.
+func TestKeepStrictestClaimedByAWindowEndingFirst(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: a key claimed by a longer window that ends first releases the rightful caller's hits before its own window ends (20 of 14 in a day)")
+	}
+	for _, own := range []Request{
+		{Name: "n", Key: "k", Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: FixedWindow},
+		{Name: "n", Key: "k", Hits: 1, Limit: 14, Calendar: Day, Algorithm: FixedWindow},
+	} {
+		s := newStrictStore(t)
+		claim := Request{Name: "n", Key: "k", Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: FixedWindow}
+		if d, err := s.CheckAt(claim, time.Date(2026, 5, 16, 23, 0, 0, 0, time.UTC)); err != nil || !d.Allowed {
+			t.Fatalf("claiming: %+v %v", d, err)
+		}
+		if _, end := claim.Window(time.Date(2026, 5, 17, 1, 0, 0, 0, time.UTC)); !end.Equal(time.Date(2026, 5, 17, 15, 0, 0, 0, time.UTC)) {
+			t.Fatalf("the 25-hour window ends at %v", end)
+		}
+		admitted := int64(0)
+		for _, at := range []time.Time{time.Date(2026, 5, 17, 1, 0, 0, 0, time.UTC), time.Date(2026, 5, 17, 16, 0, 0, 0, time.UTC)} {
+			for range 20 {
+				if d, err := s.CheckAt(own, at); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					admitted++
+				}
+			}
+		}
+		if admitted > own.Limit {
+			t.Errorf("%v/%v: the caller's day admitted %d, more than its limit %d", own.Period, own.Calendar, admitted, own.Limit)
+		}
 	}
 }
 

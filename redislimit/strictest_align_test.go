@@ -2,6 +2,8 @@ package redislimit
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -73,5 +75,45 @@ func TestKeepStrictestLongerPeriodKeepsTheWindow(t *testing.T) {
 					c.after.UTC(), bad.Period, bad.Calendar, d, err)
 			}
 		})
+	}
+}
+
+// TestKeepStrictestClaimedByAWindowEndingFirst is limiter's test of that
+// name on Redis: a key claimed at 7 per 25 hours (a window ending at
+// 15:00 UTC), then spent by its caller at 14 per UTC day in the morning
+// and after 15:00, must admit no more than 14 in that day; it admits 20,
+// as limiter does.
+func TestKeepStrictestClaimedByAWindowEndingFirst(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: a key claimed by a longer window that ends first releases the rightful caller's hits before its own window ends (20 of 14 in a day)")
+	}
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	for i, own := range []limiter.Request{
+		{Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow},
+		{Hits: 1, Limit: 14, Calendar: limiter.Day, Algorithm: limiter.FixedWindow},
+	} {
+		own.Name, own.Key = "claimed", fmt.Sprint(i)
+		clock := &testClock{now: time.Date(2026, 5, 16, 23, 0, 0, 0, time.UTC)}
+		l := newTestLimiter(t, clock, srv.Addr())
+		l.cfg.KeepStrictest = true
+		claim := limiter.Request{Name: own.Name, Key: own.Key, Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: limiter.FixedWindow}
+		if d, err := l.Check(ctx, claim); err != nil || !d.Allowed {
+			t.Fatalf("claiming: %+v %v", d, err)
+		}
+		admitted := int64(0)
+		for _, at := range []time.Time{time.Date(2026, 5, 17, 1, 0, 0, 0, time.UTC), time.Date(2026, 5, 17, 16, 0, 0, 0, time.UTC)} {
+			clock.now = at
+			for range 20 {
+				if d, err := l.Check(ctx, own); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					admitted++
+				}
+			}
+		}
+		if admitted > own.Limit {
+			t.Errorf("%v/%v: the caller's day admitted %d, more than its limit %d", own.Period, own.Calendar, admitted, own.Limit)
+		}
 	}
 }

@@ -2,11 +2,14 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -66,5 +69,43 @@ func TestLongerWindowEndingFirstLowersNothing(t *testing.T) {
 				t.Errorf("at %v, within the spent window, a check admitted: %+v %v", tc.then.UTC(), dec, err)
 			}
 		})
+	}
+}
+
+// TestRuleReloadToAMisalignedPeriodLowersNothing: a rules_file rule of 10
+// per 2 hours (fixed windows) is spent by a user at 02:01; the file is
+// edited to 15 per 3 hours, whose window holding now, [00:00, 03:00),
+// ends before the spent [02:00, 04:00). Under destructive_behaviors deny
+// the key keeps its window: a check at 02:02 is denied, and so is one at
+// 03:01, within the spent window, though the new rule's own window began
+// at 03:00 (the key's count then moves into the 3-hour window
+// [03:00, 06:00), which ends later); at 06:01 the new rule applies.
+func TestRuleReloadToAMisalignedPeriodLowersNothing(t *testing.T) {
+	base6h := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	clk := fakeclock.New(base6h.Add(2*time.Hour + time.Minute))
+	rule := "rules:\n  - name: r\n    match: {descriptors: {alg: x}}\n    key: [user]\n    algorithm: fixed_window\n    limit: 10\n    period: 2h\n"
+	cfg := rulesConfig(t, "align-reload", rule)
+	cfg.Destructive = DestructiveDeny
+	d := start(t, cfg, WithClock(clk.Now), WithRulesWatch(fastRulesPoll))
+	base := "http://" + d.HTTPAddr()
+	body := func(user string, hits int) string {
+		return fmt.Sprintf(`{"user":%q,"descriptors":{"alg":"x"},"hits":%d}`, user, hits)
+	}
+	if v := mustPostRules(t, base, body("u1", 10)); !v.Allowed {
+		t.Fatalf("spending: %+v", v)
+	}
+	writeRules(t, cfg.RulesFile, strings.Replace(strings.Replace(rule, "limit: 10", "limit: 15", 1), "period: 2h", "period: 3h", 1))
+	testwait.For(t, "the rule to become 15 per 3 hours", func() bool {
+		v := mustPostRules(t, base, body("fresh", 0))
+		return len(v.Rules) == 1 && v.Rules[0].Limit == 15
+	})
+	for _, step := range []struct {
+		at    time.Duration
+		admit bool
+	}{{2*time.Hour + 2*time.Minute, false}, {3*time.Hour + time.Minute, false}, {6*time.Hour + time.Minute, true}} {
+		clk.Set(base6h.Add(step.at))
+		if v := mustPostRules(t, base, body("u1", 1)); v.Allowed != step.admit {
+			t.Errorf("at %v: allowed %v, want %v: %+v", clk.Now().UTC(), v.Allowed, step.admit, v)
+		}
 	}
 }

@@ -208,7 +208,7 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
 			if os.Getenv("SLUICE_ATTACK") == "" {
-				t.Skip("attack: two nodes joining five (after two left) under traffic let token bucket key k72 of 10 admit 13 to 16: leases on 4 runs of 4, leases off 1 of 3 (12 after the first leaves, 16 after the next joins)")
+				t.Skip("attack: two nodes leaving seven at once under traffic, then two joining, let token bucket keys of 10 admit up to 17: leases on 3 runs of 3, leases off 7 of 8, 2 of 2 on the code before this branch (see TestAttackTwoOfThreeLeaveAtOnce)")
 			}
 			c := testcluster.New(t, 5, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
 				if leases {
@@ -490,4 +490,30 @@ func TestAttackLeaseAcrossPartition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Two nodes of three leave at the same moment under traffic (16 callers,
+// 300 token bucket keys of 10, denying without the owner), then two join:
+// no key admits more than its limit.
+func TestAttackTwoOfThreeLeaveAtOnce(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: two of three nodes leaving at once lose key states: 58 and 78 keys over their limit by 106 and 162 in all (2 runs of 5; leaving one after the other held 2 of 2)")
+	}
+	c := testcluster.New(t, 3)
+	reqs := transitionRequests("twoofthree", limiter.TokenBucket, 300, 10)
+	tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
+	defer tr.finish()
+	tr.admittedAtLeast(t, 300)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.Leave(0) }()
+	go func() { defer wg.Done(); c.Leave(1) }()
+	wg.Wait()
+	c.WaitConverged()
+	tr.checkedMore(t, 500)
+	c.Add()
+	c.Add()
+	tr.checkedMore(t, 1000)
+	tr.finish()
+	tr.overLimit(t)
 }

@@ -185,11 +185,7 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 	c.WaitConverged()
 	consume(t, c.Node(1), withHits(reqs, 20))
 	consume(t, c.Node(3), withHits(reqs, 30))
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); c.Leave(1) }()
-	go func() { defer wg.Done(); c.Leave(3) }()
-	wg.Wait()
+	leaveTogether(c, 1, 3)
 	c.WaitConverged()
 	consume(t, c.Node(0), withHits(reqs, 10))
 	consume(t, c.Node(4), withHits(reqs, 15))
@@ -235,11 +231,7 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 				tr.checkedMore(t, 500)
 				over(fmt.Sprintf("after joins, before %v leave", pair))
 				nodes = c.Nodes()
-				var wg sync.WaitGroup
-				wg.Add(2)
-				go func() { defer wg.Done(); c.Leave(pair[0]) }()
-				go func() { defer wg.Done(); c.Leave(pair[1]) }()
-				wg.Wait()
+				leaveTogether(c, pair[0], pair[1])
 				c.WaitConverged()
 				tr.checkedMore(t, 500)
 				over(fmt.Sprintf("after %v leave", pair))
@@ -504,11 +496,7 @@ func TestAttackTwoOfThreeLeaveAtOnce(t *testing.T) {
 	tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
 	defer tr.finish()
 	tr.admittedAtLeast(t, 300)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); c.Leave(0) }()
-	go func() { defer wg.Done(); c.Leave(1) }()
-	wg.Wait()
+	leaveTogether(c, 0, 1)
 	c.WaitConverged()
 	tr.checkedMore(t, 500)
 	c.Add()
@@ -516,4 +504,13 @@ func TestAttackTwoOfThreeLeaveAtOnce(t *testing.T) {
 	tr.checkedMore(t, 1000)
 	tr.finish()
 	tr.overLimit(t)
+}
+
+// leaveTogether makes nodes a and b of c leave gracefully at the same time.
+func leaveTogether(c *testcluster.Cluster, a, b int) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.Leave(a) }()
+	go func() { defer wg.Done(); c.Leave(b) }()
+	wg.Wait()
 }

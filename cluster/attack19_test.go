@@ -185,11 +185,7 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 	c.WaitConverged()
 	consume(t, c.Node(1), withHits(reqs, 20))
 	consume(t, c.Node(3), withHits(reqs, 30))
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); c.Leave(1) }()
-	go func() { defer wg.Done(); c.Leave(3) }()
-	wg.Wait()
+	leaveTogether(c, 1, 3)
 	c.WaitConverged()
 	consume(t, c.Node(0), withHits(reqs, 10))
 	consume(t, c.Node(4), withHits(reqs, 15))
@@ -201,12 +197,15 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 	remainingAfter(t, c, reqs, int(300-total))
 }
 
-// Two nodes of five leave at once under traffic (16 callers, 300 keys of
+// Two nodes join five, then two leave at once, under traffic (16 callers, 300 keys of
 // 10, denying without the owner), twice, leases off and on: no key admits
 // more than its limit, and no check waits out HandoverTimeout.
 func TestAttackTwoLeaveAtOnce(t *testing.T) {
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
+			if os.Getenv("SLUICE_ATTACK") == "" {
+				t.Skip("attack: two nodes leaving seven at once under traffic, then two joining, let token bucket keys of 10 admit up to 17: leases on 3 runs of 3, leases off 7 of 8, 2 of 2 on the code before this branch (see TestAttackTwoOfThreeLeaveAtOnce)")
+			}
 			c := testcluster.New(t, 5, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
 				if leases {
 					cfg.Lease.Threshold = 20
@@ -218,17 +217,24 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 			tr.admittedAtLeast(t, 300)
 			nodes := c.Nodes()
 			before := sumWaits(nodes)
+			over := func(when string) {
+				for i := range tr.allowed {
+					if got := tr.allowed[i].Load(); got > tr.reqs[i].Capacity() {
+						t.Logf("%s: %s admitted %d", when, tr.reqs[i].Key, got)
+					}
+				}
+			}
+			over("before")
 			for _, pair := range [][2]int{{0, 1}, {2, 3}} {
 				c.Add()
 				c.Add()
+				tr.checkedMore(t, 500)
+				over(fmt.Sprintf("after joins, before %v leave", pair))
 				nodes = c.Nodes()
-				var wg sync.WaitGroup
-				wg.Add(2)
-				go func() { defer wg.Done(); c.Leave(pair[0]) }()
-				go func() { defer wg.Done(); c.Leave(pair[1]) }()
-				wg.Wait()
+				leaveTogether(c, pair[0], pair[1])
 				c.WaitConverged()
 				tr.checkedMore(t, 500)
+				over(fmt.Sprintf("after %v leave", pair))
 			}
 			tr.finish()
 			tr.overLimit(t)
@@ -416,4 +422,95 @@ func TestAttackLeaverKilledMidDeparture(t *testing.T) {
 			t.Logf("%d checks, %d errors; %d keys over their limit by %d in all", tr.checks.Load(), tr.errs.Load(), keys, over)
 		})
 	}
+}
+
+// A node holding a lease on a key whose owner is cut off from it: node 0
+// leases hits of a key owned by node 1, then the cluster is cut into
+// {0} | {1,2}; node 0 admits 30 checks (from its lease, then as the key's
+// stand-in) and node 1 admits 20. After the heal, and once node 0's
+// lease has ended, the key counts every hit a caller was admitted: its
+// owner admits the rest of the limit and no more.
+func TestAttackLeaseAcrossPartition(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: a lease dropped because the ring gave its key to another owner (the holder became the key's stand-in) never gives its unused hits back: 100 admitted of 1000, the owner admits 440 more, not 900 (token bucket and fixed window, Share 0.5)")
+	}
+	skipNearDayEnd(t)
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			noLeaksAfter(t)
+			c := leaseCluster(t, 3, 2*time.Second, 0.5)
+			var req limiter.Request
+			for i := range 10_000 {
+				req = limiter.Request{Name: "leasecut", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 1000, Period: 24 * time.Hour, Algorithm: a}
+				if c.OwnerIndex(req.Name, req.Key) == 1 {
+					break
+				}
+			}
+			admitted := checkUntilLeased(t, c.Node(0), req)
+			c.Partition([]int{0}, []int{1, 2})
+			c.WaitConverged()
+			for range 30 {
+				if d, err := c.Node(0).Check(context.Background(), req); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+			for range 20 {
+				if d, err := c.Node(1).Check(context.Background(), req); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+			c.Heal()
+			c.WaitConverged()
+			// Node 0's lease ends within its TTL: wait until it holds none.
+			if err := testcluster.WaitFor(20*time.Second, func() error {
+				if s := c.Node(0).Stats().Leases; s.HitsReturned+s.Local < s.HitsLeased {
+					return fmt.Errorf("node 0 used %d and returned %d of %d leased hits", s.Local, s.HitsReturned, s.HitsLeased)
+				}
+				return nil
+			}); err != nil {
+				t.Log(err)
+			}
+			want := int(req.Limit - admitted)
+			if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{req}, int64(want)) }); err != nil {
+				t.Error(err)
+			}
+			owner := c.Owner(req.Name, req.Key)
+			more := admitUntilDenied(t, owner, req, int(req.Limit))
+			t.Logf("callers admitted %d; the owner admits %d more; %+v", admitted, more, c.Node(0).Stats().Leases)
+			if more != want {
+				t.Errorf("the owner admits %d more after %d admitted of %d, want %d", more, admitted, req.Limit, want)
+			}
+		})
+	}
+}
+
+// Two nodes of three leave at the same moment under traffic (16 callers,
+// 300 token bucket keys of 10, denying without the owner), then two join:
+// no key admits more than its limit.
+func TestAttackTwoOfThreeLeaveAtOnce(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") == "" {
+		t.Skip("attack: two of three nodes leaving at once lose key states: 58 and 78 keys over their limit by 106 and 162 in all (2 runs of 5; leaving one after the other held 2 of 2)")
+	}
+	c := testcluster.New(t, 3)
+	reqs := transitionRequests("twoofthree", limiter.TokenBucket, 300, 10)
+	tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
+	defer tr.finish()
+	tr.admittedAtLeast(t, 300)
+	leaveTogether(c, 0, 1)
+	c.WaitConverged()
+	tr.checkedMore(t, 500)
+	c.Add()
+	c.Add()
+	tr.checkedMore(t, 1000)
+	tr.finish()
+	tr.overLimit(t)
+}
+
+// leaveTogether makes nodes a and b of c leave gracefully at the same time.
+func leaveTogether(c *testcluster.Cluster, a, b int) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.Leave(a) }()
+	go func() { defer wg.Done(); c.Leave(b) }()
+	wg.Wait()
 }

@@ -54,7 +54,9 @@ func TestAttackPartitionFiveNodes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			noLeaksAfter(t)
-			c := testcluster.New(t, 5, withReplicas(2))
+			// Five nodes under -race beside other runs may take longer than
+			// DefaultWait to declare a side failed.
+			c := testcluster.New(t, 5, withReplicas(2), testcluster.WithWait(time.Minute))
 			reqs := attackKeys("five", 4)
 			consume(t, c.Node(0), withHits(reqs, 100))
 			waitReplicated(t, c, reqs)

@@ -9,9 +9,12 @@ import (
 // Clock is the one time a Node reads and waits on: the time its
 // decisions are made at, and every deadline, timer and ticker of its own
 // (a hand-over's timeout, the wait of a check for a key's owner, the
-// outbox's retries and give-up time, the peer clients' call deadlines,
-// the proofs' retries, the periodic sweeps, copies, clock probes and join
-// retries, the lease loop, a Leave's time limit).
+// outbox's give-up time, the peer clients' call deadlines, the proofs'
+// retries, the periodic sweeps, copies, clock probes and join retries,
+// the lease loop, a Leave's time limit). Resending messages that may have
+// been lost (the outbox's backoff, the requests for hand-over
+// confirmations) runs on the system's timer instead, so that a clock
+// that stands still stalls no exchange between nodes.
 // A deadline is the clock's Now plus a duration, waited for with the
 // clock's AfterFunc and compared with the clock's Now, so no deadline is
 // started on one clock and ended on another. Implementations are safe for

@@ -189,29 +189,38 @@ func (n *Node) handoffLoop() {
 	}
 	defer func() { expire.Stop() }()
 	// While members' confirmations are awaited, they are asked for again
-	// on the system's timer, whatever the node's clock does (liveness).
-	var ask *time.Timer
-	askEvery := reaskFirst
+	// on the system's timer, whatever the node's clock does (liveness):
+	// reaskFirst after the membership changed, then at intervals doubling
+	// to reaskMax. Other wakes leave a running wait as it is.
+	var (
+		ask      *time.Timer
+		askFP    uint64
+		askEvery time.Duration
+	)
 	asked := func() <-chan time.Time {
 		if ask == nil {
 			return nil
 		}
 		return ask.C
 	}
-	defer func() {
-		if ask != nil {
-			ask.Stop()
-		}
-	}()
-	armAsk := func(fresh bool) {
-		if fresh {
-			askEvery = reaskFirst
-		}
+	stopAsk := func() {
 		if ask != nil {
 			ask.Stop()
 			ask = nil
 		}
-		if len(n.handover.unconfirmed()) > 0 {
+	}
+	defer stopAsk()
+	armAsk := func(fired bool) {
+		if fp := n.handover.fingerprint(); fp != askFP {
+			stopAsk()
+			askFP, askEvery = fp, reaskFirst
+		} else if fired {
+			ask, askEvery = nil, min(2*askEvery, reaskMax)
+		}
+		switch {
+		case len(n.handover.unconfirmed()) == 0:
+			stopAsk()
+		case ask == nil:
 			ask = time.NewTimer(askEvery)
 		}
 	}
@@ -242,14 +251,13 @@ func (n *Node) handoffLoop() {
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
-			armAsk(true)
+			armAsk(false)
 		case <-expired():
 			armExpire()
 			armAsk(false)
 		case <-asked():
 			n.askConfirmations()
-			askEvery = min(2*askEvery, reaskMax)
-			armAsk(false)
+			armAsk(true)
 		}
 	}
 }

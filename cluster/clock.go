@@ -42,8 +42,9 @@ func SystemClock() Clock { return clocks.System{} }
 // system's clock, and the deadlines the node compares with Now are
 // Now's. A function that stands still thus keeps a deadline from passing
 // until the function moves past it (the node's timers fire and look
-// again); one that runs at the system's pace with an offset moves every
-// deadline with it.
+// again), and its tickers tick once per period of the system's timer;
+// one that runs at the system's pace with an offset moves every deadline
+// with it.
 type ClockFunc func() time.Time
 
 func (c ClockFunc) Now() time.Time { return c() }

@@ -9,9 +9,12 @@ import (
 // Clock is the one time a Node reads and waits on: the time its
 // decisions are made at, and every deadline, timer and ticker of its own
 // (a hand-over's timeout, the wait of a check for a key's owner, the
-// outbox's retries and give-up time, the peer clients' call deadlines,
-// the proofs' retries, the periodic sweeps, copies, clock probes and join
-// retries, the lease loop, a Leave's time limit).
+// outbox's give-up time, the peer clients' call deadlines, the proofs'
+// retries, the periodic sweeps, copies, clock probes and join retries,
+// the lease loop, a Leave's time limit). Resending messages that may have
+// been lost (the outbox's backoff, the requests for hand-over
+// confirmations) runs on the system's timer instead, so that a clock
+// that stands still stalls no exchange between nodes.
 // A deadline is the clock's Now plus a duration, waited for with the
 // clock's AfterFunc and compared with the clock's Now, so no deadline is
 // started on one clock and ended on another. Implementations are safe for
@@ -39,8 +42,9 @@ func SystemClock() Clock { return clocks.System{} }
 // system's clock, and the deadlines the node compares with Now are
 // Now's. A function that stands still thus keeps a deadline from passing
 // until the function moves past it (the node's timers fire and look
-// again); one that runs at the system's pace with an offset moves every
-// deadline with it.
+// again), and its tickers tick once per period of the system's timer;
+// one that runs at the system's pace with an offset moves every deadline
+// with it.
 type ClockFunc func() time.Time
 
 func (c ClockFunc) Now() time.Time { return c() }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/serf/serf"
 
@@ -187,6 +188,42 @@ func (n *Node) handoffLoop() {
 		return expire.C
 	}
 	defer func() { expire.Stop() }()
+	// While members' confirmations are awaited, they are asked for again
+	// on the system's timer, whatever the node's clock does (liveness):
+	// reaskFirst after the membership changed, then at intervals doubling
+	// to reaskMax. Other wakes leave a running wait as it is.
+	var (
+		ask      *time.Timer
+		askFP    uint64
+		askEvery time.Duration
+	)
+	asked := func() <-chan time.Time {
+		if ask == nil {
+			return nil
+		}
+		return ask.C
+	}
+	stopAsk := func() {
+		if ask != nil {
+			ask.Stop()
+			ask = nil
+		}
+	}
+	defer stopAsk()
+	armAsk := func(fired bool) {
+		if fp := n.handover.fingerprint(); fp != askFP {
+			stopAsk()
+			askFP, askEvery = fp, reaskFirst
+		} else if fired {
+			ask, askEvery = nil, min(2*askEvery, reaskMax)
+		}
+		switch {
+		case len(n.handover.unconfirmed()) == 0:
+			stopAsk()
+		case ask == nil:
+			ask = time.NewTimer(askEvery)
+		}
+	}
 	armExpire := func() {
 		expire.Stop()
 		expire = nil
@@ -214,9 +251,35 @@ func (n *Node) handoffLoop() {
 				n.handoffPass(n.foreignToSend())
 			}
 			armExpire()
+			armAsk(false)
 		case <-expired():
 			armExpire()
+			armAsk(false)
+		case <-asked():
+			n.askConfirmations()
+			armAsk(true)
 		}
+	}
+}
+
+// reaskFirst and reaskMax bound the interval, on the system's timer, at
+// which a node asks the members it awaits for their hand-over
+// confirmation again.
+const (
+	reaskFirst = time.Second
+	reaskMax   = 30 * time.Second
+)
+
+// askConfirmations sends each member whose confirmation of the current
+// membership this node awaits this node's own confirmation again, asking
+// for theirs back (stateSink.HandoffDone): a member that delivered its
+// confirmation while this node routed over another membership, which set
+// it aside, sends it again. Only a confirmation this node delivered, with
+// nothing given up since, is sent again.
+func (n *Node) askConfirmations() {
+	fp := n.handover.fingerprint()
+	for _, name := range n.handover.unconfirmed() {
+		n.transfers.outbox.reconfirm(name, fp, true)
 	}
 }
 
@@ -293,7 +356,7 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 	for _, m := range cur {
 		if m.Name != n.cfg.NodeName {
 			n.transfers.outbox.handOff(m.Name, handoff[m.Name])
-			n.transfers.outbox.confirmTo(m.Name, fp)
+			n.transfers.outbox.confirmTo(m.Name, fp, n.handover.awaits(m.Name, fp))
 		}
 	}
 }
@@ -403,12 +466,12 @@ func (o outboxNode) transfer(ctx context.Context, to string, reason transport.Tr
 	return nil
 }
 
-func (o outboxNode) confirm(ctx context.Context, to string, fp uint64) error {
+func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack bool) error {
 	c, ok := o.n.peers.Get(to)
 	if !ok {
 		return fmt.Errorf("%w: no client for member %s", transport.ErrUnavailable, to)
 	}
-	if err := c.HandoffDone(ctx, fp); err != nil {
+	if err := c.HandoffDone(ctx, fp, wantBack); err != nil {
 		o.n.logger.Warn("cluster: hand-over confirmation failed", "to", to, "err", err)
 		return err
 	}
@@ -573,7 +636,7 @@ func (n *Node) ringChangedSince(others []ring.Member) bool {
 func (n *Node) confirmDeparture(ctx context.Context, others []ring.Member) {
 	fp := ring.Fingerprint(others)
 	for _, m := range others {
-		n.transfers.outbox.confirmTo(m.Name, fp)
+		n.transfers.outbox.confirmTo(m.Name, fp, false)
 	}
 	if k := n.transfers.outbox.waitConfirmed(ctx); k > 0 {
 		n.logger.Warn("cluster: leave: departure not confirmed to every member", "members", k)
@@ -590,7 +653,13 @@ var (
 )
 
 // HandoffDone records a member's hand-over confirmation (handover.go).
-func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64) {
+// A sender that waits for this node's confirmation of the membership this
+// node routes over gets it again, if it was delivered before: the sender
+// set it aside when it adopted another membership meanwhile.
+func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64, wantBack bool) {
+	if wantBack && fp == s.n.handover.fingerprint() {
+		s.n.transfers.outbox.reconfirm(from, fp, false)
+	}
 	if s.n.handover.confirm(from, fp) && s.n.departures.add(from) {
 		// The member left with every state handed over: the ring drops
 		// it now, without waiting for gossip to say it left, and the

@@ -434,6 +434,15 @@ func (h *handover) unconfirmed() []string {
 	return slices.Sorted(maps.Keys(h.awaited))
 }
 
+// awaits reports whether this node waits for the confirmation of the
+// membership of fingerprint fp, the current one, from the member named
+// name.
+func (h *handover) awaits(name string, fp uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return fp == h.fp && h.awaited[name]
+}
+
 // fingerprint returns the fingerprint of the membership the node routes
 // over.
 func (h *handover) fingerprint() uint64 {

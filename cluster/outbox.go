@@ -19,7 +19,8 @@ import (
 // confirmation. So a
 // confirmation goes out only once every hand-off state queued for the peer
 // before it has been delivered. A failed call is retried after a backoff
-// that doubles from outboxBackoff to outboxMaxBackoff: hand-off states for
+// that doubles from outboxBackoff to outboxMaxBackoff, on the system's
+// timer whatever the node's clock does: hand-off states for
 // the outbox's give-up time since they were queued (then they are counted
 // as given up, and the confirmation queued after them is dropped with
 // them), copies for replicaAttempts calls (the next copies supersede
@@ -47,8 +48,8 @@ type outboxCalls interface {
 	// peer named to.
 	transfer(ctx context.Context, to string, reason transport.TransferReason, states []limiter.Snapshot) error
 	// confirm sends the peer named to the hand-over confirmation of the
-	// membership of fingerprint fp.
-	confirm(ctx context.Context, to string, fp uint64) error
+	// membership of fingerprint fp; wantBack asks for the peer's own.
+	confirm(ctx context.Context, to string, fp uint64, wantBack bool) error
 }
 
 // outboxCounts are the counters the outbox adds to.
@@ -61,7 +62,7 @@ type outbox struct {
 	calls  outboxCalls
 	counts outboxCounts
 	now    func() time.Time                     // for the give-up time of queued states
-	after  func(time.Duration) <-chan time.Time // the backoff's timer
+	after  func(time.Duration) <-chan time.Time // the backoff's timer: the system's (liveness)
 	ctx    context.Context                      // cancelled by close: ends the calls in flight
 
 	giveUp time.Duration            // how long hand-off states are tried
@@ -107,15 +108,16 @@ type peerQueue struct {
 	attempts   int                // failed calls of the copies at the queue's head
 	confirm    uint64             // the confirmation to send, when hasConfirm
 	hasConfirm bool
+	wantBack   bool   // the confirmation asks for the peer's own
+	delivered  uint64 // the last confirmation delivered, 0 once states after it were given up
 }
 
+// newOutbox returns an outbox whose hand-off states are given up by
+// clock's time, and whose failed calls are retried on the system's timer:
+// retrying a lost message is liveness, which a clock that stands still
+// must not stop.
 func newOutbox(ctx context.Context, calls outboxCalls, counts outboxCounts, clock Clock, giveUp time.Duration, orphan func([]limiter.Snapshot)) *outbox {
-	after := func(d time.Duration) <-chan time.Time {
-		c := make(chan time.Time, 1)
-		clock.AfterFunc(d, func() { c <- clock.Now() })
-		return c
-	}
-	return &outbox{calls: calls, counts: counts, now: clock.Now, after: after, ctx: ctx,
+	return &outbox{calls: calls, counts: counts, now: clock.Now, after: time.After, ctx: ctx,
 		giveUp: max(giveUp, outboxGiveUp), orphan: orphan,
 		peers: map[string]*peerQueue{}, drained: make(chan struct{})}
 }
@@ -227,16 +229,44 @@ func (o *outbox) reset(to, name, key string) {
 
 // confirmTo queues the confirmation of the membership of fingerprint fp
 // for the peer named to, replacing one not sent yet: only the latest
-// membership is confirmed.
-func (o *outbox) confirmTo(to string, fp uint64) {
+// membership is confirmed. wantBack asks the peer for its own
+// confirmation of fp again (handover.go).
+func (o *outbox) confirmTo(to string, fp uint64, wantBack bool) {
 	q := o.queue(to)
 	if q == nil {
 		return
 	}
 	q.mu.Lock()
-	q.confirm, q.hasConfirm = fp, true
+	q.confirm, q.hasConfirm, q.wantBack = fp, true, wantBack
 	q.mu.Unlock()
 	q.wake()
+}
+
+// reconfirm queues the confirmation of fp for the peer named to again,
+// with wantBack, when the last one delivered to it was of fp and no state
+// queued after it was given up since; it reports whether one is queued.
+// A confirmation of fp queued already (not sent yet) is left as it is,
+// with wantBack added.
+func (o *outbox) reconfirm(to string, fp uint64, wantBack bool) bool {
+	q := o.queue(to)
+	if q == nil {
+		return false
+	}
+	q.mu.Lock()
+	queued := false
+	switch {
+	case q.hasConfirm:
+		if queued = q.confirm == fp; queued {
+			q.wantBack = q.wantBack || wantBack
+		}
+	case q.delivered == fp:
+		q.confirm, q.hasConfirm, q.wantBack, queued = fp, true, wantBack, true
+	}
+	q.mu.Unlock()
+	if queued {
+		q.wake()
+	}
+	return queued
 }
 
 // retain makes keep the members, stops the workers of the peers not in
@@ -392,12 +422,13 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 		}
 		o.counts.givenUp.Add(int64(pendingStates(q.handoff[:k])))
 		q.handoff = slices.Delete(q.handoff, 0, k)
-		q.hasConfirm, q.cuts, drained = false, q.cuts+1, true
+		q.hasConfirm, q.delivered, q.cuts, drained = false, 0, q.cuts+1, true
 	}
 	var (
-		reason = transport.Handoff
-		chunk  []limiter.Snapshot
-		fp     uint64
+		reason   = transport.Handoff
+		chunk    []limiter.Snapshot
+		fp       uint64
+		wantBack bool
 	)
 	switch {
 	case len(q.handoff) > 0:
@@ -408,7 +439,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	case len(q.replica) > 0:
 		reason, chunk = transport.Replica, q.replica[:min(len(q.replica), transport.MaxTransferStates)]
 	case q.hasConfirm:
-		fp = q.confirm
+		fp, wantBack = q.confirm, q.wantBack
 	default:
 		q.mu.Unlock()
 		if drained {
@@ -425,7 +456,7 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 
 	var err error
 	if confirming {
-		err = o.calls.confirm(o.ctx, q.name, fp)
+		err = o.calls.confirm(o.ctx, q.name, fp, wantBack)
 	} else {
 		err = o.calls.transfer(o.ctx, q.name, reason, chunk)
 	}
@@ -436,6 +467,10 @@ func (o *outbox) sendOne(q *peerQueue) (sent, more bool) {
 	q.mu.Lock()
 	switch {
 	case confirming:
+		if err == nil {
+			// This worker alone gives states up, so none was meanwhile.
+			q.delivered = fp
+		}
 		if err == nil && q.confirm == fp {
 			q.hasConfirm, drained = false, true
 		}

@@ -19,7 +19,7 @@ import (
 type fakeCalls struct {
 	mu    sync.Mutex
 	down  map[string]bool
-	calls []string // "to handoff n", "to replica n", "to confirm fp"
+	calls []string // "to handoff n", "to replica n", "to confirm fp" (+ " back" when it asks for the peer's)
 }
 
 func (f *fakeCalls) record(to, what string) error {
@@ -37,7 +37,10 @@ func (f *fakeCalls) transfer(_ context.Context, to string, reason transport.Tran
 	return f.record(to, fmt.Sprintf("%s %d", reason, len(states)))
 }
 
-func (f *fakeCalls) confirm(_ context.Context, to string, fp uint64) error {
+func (f *fakeCalls) confirm(_ context.Context, to string, fp uint64, wantBack bool) error {
+	if wantBack {
+		return f.record(to, fmt.Sprintf("confirm %d back", fp))
+	}
 	return f.record(to, fmt.Sprintf("confirm %d", fp))
 }
 
@@ -126,10 +129,10 @@ func TestOutboxOrderAndRetry(t *testing.T) {
 	o.calls.setDown("b", true)
 	o.handOff("b", states(transport.MaxTransferStates+1))
 	o.replicate("b", states(2))
-	o.confirmTo("b", 7)
+	o.confirmTo("b", 7, false)
 	o.calls.waitCalls(t, "b failed handoff 1000")
 	o.calls.setDown("b", false)
-	o.confirmTo("b", 8) // replaces 7: only the latest membership is confirmed
+	o.confirmTo("b", 8, false) // replaces 7: only the latest membership is confirmed
 	o.endBackoff(t)
 	o.calls.waitCalls(t, "b failed handoff 1000", "b handoff 1000", "b handoff 1", "b replica 2", "b confirm 8")
 	if n := o.waitHandedOff(context.Background()); n != 0 {
@@ -174,7 +177,7 @@ func TestOutboxGivesUp(t *testing.T) {
 	o.endBackoff(t)
 	o.calls.waitCalls(t, "b failed replica 1", "b failed replica 1", "b failed replica 1")
 	o.handOff("b", states(3))
-	o.confirmTo("b", 1)
+	o.confirmTo("b", 1, false)
 	o.endBackoff(t) // the third failure backs off too
 	o.calls.waitCalls(t, "b failed replica 1", "b failed replica 1", "b failed replica 1", "b failed handoff 3")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -184,7 +187,7 @@ func TestOutboxGivesUp(t *testing.T) {
 	cancel()
 	o.clk.Advance(outboxGiveUp - time.Second)
 	o.handOff("b", states(2)) // younger: not given up with the 3
-	o.confirmTo("b", 2)
+	o.confirmTo("b", 2, false)
 	o.clk.Advance(time.Second + time.Nanosecond)
 	o.calls.setDown("b", false)
 	o.endBackoff(t)
@@ -249,3 +252,38 @@ func TestOutboxHandOffRacesRetain(t *testing.T) {
 }
 
 type atomicInt struct{ atomic.Int64 }
+
+// A confirmation is sent again, on request, only when the last one
+// delivered to the peer was of the same membership and nothing queued
+// after it was given up since.
+func TestOutboxReconfirm(t *testing.T) {
+	o := newTestOutbox(t)
+	if o.reconfirm("b", 5, true) {
+		t.Fatal("reconfirmed a membership never confirmed to the peer")
+	}
+	o.confirmTo("b", 5, false)
+	o.calls.waitCalls(t, "b confirm 5")
+	if n := o.waitConfirmed(context.Background()); n != 0 {
+		t.Fatalf("%d confirmations still queued", n)
+	}
+	if o.reconfirm("b", 6, false) {
+		t.Fatal("reconfirmed a membership other than the one confirmed")
+	}
+	if !o.reconfirm("b", 5, true) {
+		t.Fatal("did not reconfirm the membership confirmed")
+	}
+	o.calls.waitCalls(t, "b confirm 5", "b confirm 5 back")
+	// States given up after the confirmation make it untrue: it is not
+	// sent again.
+	o.calls.setDown("b", true)
+	o.handOff("b", states(1))
+	o.calls.waitCalls(t, "b confirm 5", "b confirm 5 back", "b failed handoff 1")
+	o.clk.Advance(outboxGiveUp + time.Second)
+	o.endBackoff(t)
+	if n := o.waitHandedOff(context.Background()); n != 0 {
+		t.Fatalf("%d hand-off states queued after the give-up time", n)
+	}
+	if o.reconfirm("b", 5, true) {
+		t.Fatal("reconfirmed after states queued behind the confirmation were given up")
+	}
+}

@@ -64,7 +64,9 @@ func signal(c chan struct{}) {
 // Ticker ticks on a Clock every period: C receives a tick at each
 // multiple of the period from the ticker's start, as the clock reads
 // them, and holds at most one (a slow receiver drops ticks, as
-// time.Ticker's does).
+// time.Ticker's does). On a clock whose waits run on another timer (a
+// ClockFunc), a clock that stands still or steps back has it wait one
+// period of that timer, never longer, for the next tick.
 type Ticker struct {
 	C      chan struct{}
 	c      Clock
@@ -99,8 +101,12 @@ func (t *Ticker) tick() {
 	}
 	now := t.c.Now()
 	t.next = t.next.Add(t.period)
-	if !t.next.After(now) {
-		// Ticks that fell behind are dropped, as time.Ticker's are.
+	if !t.next.After(now) || t.next.Sub(now) > t.period {
+		// Ticks that fell behind are dropped, as time.Ticker's are; a
+		// clock that stood still, or stepped back, while the wait ran
+		// on another timer waits a period again, not the growing time
+		// to a tick it has not reached (the wait would lengthen by a
+		// period at each tick).
 		t.next = now.Add(t.period)
 	}
 	t.stop = t.c.AfterFunc(t.next.Sub(now), t.tick)

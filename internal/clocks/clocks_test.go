@@ -83,3 +83,37 @@ func TestWithTimeoutOnFakeClock(t *testing.T) {
 		t.Fatal("timer did not fire once the clock moved")
 	}
 }
+
+// stillClock reads a time that never moves; its waits are handed to the
+// test, which ends them (as a ClockFunc's system timer would) by calling
+// them.
+type stillClock struct {
+	now   time.Time
+	waits chan time.Duration
+	fire  chan func()
+}
+
+func (c stillClock) Now() time.Time { return c.now }
+
+func (c stillClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.waits <- d
+	c.fire <- f
+	return func() bool { return false }
+}
+
+// A ticker on a clock that stands still while its waits run on another
+// timer waits one period for each tick, not a period longer each time.
+func TestTickerOnClockThatStandsStill(t *testing.T) {
+	c := stillClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC), waits: make(chan time.Duration, 16), fire: make(chan func(), 16)}
+	tk := clocks.NewTicker(c, time.Second)
+	defer tk.Stop()
+	for i := range 5 {
+		if d := <-c.waits; d != time.Second {
+			t.Fatalf("wait %d for the next tick is %v, want one period (1s)", i, d)
+		}
+		(<-c.fire)()
+		if !ticked(tk.C, false) {
+			t.Fatalf("no tick when wait %d ended", i)
+		}
+	}
+}

@@ -55,9 +55,10 @@ func (c *Client) sendClock() time.Time {
 
 // HandoffDone tells the peer that this node has adopted the membership
 // whose fingerprint is fp and delivered every key state it owed the peer
-// under it (transport.HandoverSink). Errors are Transfer's.
-func (c *Client) HandoffDone(ctx context.Context, fp uint64) error {
-	in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(transport.HandoffDone), RingFingerprint: fp}
+// under it (transport.HandoverSink); wantBack asks the peer for its own
+// confirmation of that membership again. Errors are Transfer's.
+func (c *Client) HandoffDone(ctx context.Context, fp uint64, wantBack bool) error {
+	in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(transport.HandoffDone), RingFingerprint: fp, WantConfirmation: wantBack}
 	return c.unary(ctx, func(ctx context.Context) error {
 		_, err := c.rpc.Transfer(ctx, in, transport.CallOptions()...)
 		return err

@@ -57,10 +57,11 @@ type StateSink interface {
 // HandoverSink is implemented by a StateSink that takes hand-over
 // confirmations: the node named from has adopted the membership whose
 // fingerprint is given, decides only the keys that membership gives it, and
-// has delivered every key state it owed this node under it. A StateSink
-// without it answers HandoffDone transfers as Unimplemented.
+// has delivered every key state it owed this node under it; wantBack says
+// the sender still waits for this node's confirmation of that membership.
+// A StateSink without it answers HandoffDone transfers as Unimplemented.
 type HandoverSink interface {
-	HandoffDone(ctx context.Context, from string, fingerprint uint64)
+	HandoffDone(ctx context.Context, from string, fingerprint uint64, wantBack bool)
 }
 
 // Lease is a share of a key's remaining hits, granted by its owner.
@@ -359,7 +360,7 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 		case len(in.States) > 0:
 			return nil, status.Errorf(codes.InvalidArgument, "transport: a hand-over confirmation carries %d states, want none", len(in.States))
 		}
-		hs.HandoffDone(ctx, cleanText(in.From, limiter.MaxNameLen), in.RingFingerprint)
+		hs.HandoffDone(ctx, cleanText(in.From, limiter.MaxNameLen), in.RingFingerprint, in.WantConfirmation)
 		return &pb.TransferResponse{}, nil
 	}
 	states := make([]limiter.Snapshot, 0, len(in.States))

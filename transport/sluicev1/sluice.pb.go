@@ -1217,9 +1217,15 @@ type TransferRequest struct {
 	// reading at receipt less this, so that it reads them on its own clock
 	// (later by the transit, never earlier); 0 from senders that predate it,
 	// whose states are read as they are.
-	SentUnixNano  int64 `protobuf:"varint,5,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SentUnixNano int64 `protobuf:"varint,5,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	// With TRANSFER_REASON_HANDOFF_DONE: the sender still waits for the
+	// receiver's confirmation of this membership. A receiver that routes over
+	// it and delivered its confirmation to the sender already sends it again
+	// (the sender may have set it aside on adopting another membership
+	// meanwhile), without this flag. A build without it ignores it.
+	WantConfirmation bool `protobuf:"varint,6,opt,name=want_confirmation,json=wantConfirmation,proto3" json:"want_confirmation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *TransferRequest) Reset() {
@@ -1285,6 +1291,13 @@ func (x *TransferRequest) GetSentUnixNano() int64 {
 		return x.SentUnixNano
 	}
 	return 0
+}
+
+func (x *TransferRequest) GetWantConfirmation() bool {
+	if x != nil {
+		return x.WantConfirmation
+	}
+	return false
 }
 
 // TransferResponse says how the states were taken.
@@ -2545,13 +2558,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xd6\x01\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x83\x02\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
 	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12)\n" +
 	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\x12$\n" +
-	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\"F\n" +
+	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\x12+\n" +
+	"\x11want_confirmation\x18\x06 \x01(\bR\x10wantConfirmation\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +

@@ -56,9 +56,14 @@ type transfers struct {
 
 	// foreign holds hand-off states received for keys this node's ring
 	// gives another node (a leaving node's ring was older than this
-	// one's), for the hand-off loop to pass on.
+	// one's), for the hand-off loop to pass on; on a leaving node, every
+	// hand-off state it received, for Leave to pass on.
 	foreignMu sync.Mutex
 	foreign   []foreignState
+	// sealed is set, under foreignMu, once a leaving node has passed on
+	// the last of the states it held: it refuses hand-off states from
+	// then on, and their senders send them elsewhere (leaveHandoff).
+	sealed bool
 
 	// changedMu serialises calls to Store.Changed.
 	changedMu sync.Mutex
@@ -133,6 +138,37 @@ func (t *transfers) takeForeign() []foreignState {
 	f := t.foreign
 	t.foreign = nil
 	return f
+}
+
+// takeForeignOrSeal is takeForeign for a leaving node's last passes: when
+// no state is held it seals the node, which takes no hand-off state
+// after that (holdLeaving); with seal set it seals in any case.
+func (t *transfers) takeForeignOrSeal(seal bool) []foreignState {
+	t.foreignMu.Lock()
+	defer t.foreignMu.Unlock()
+	f := t.foreign
+	t.foreign = nil
+	if len(f) == 0 || seal {
+		t.sealed = true
+	}
+	return f
+}
+
+// holdLeaving keeps the hand-off states a leaving node takes for its last
+// passes to pass on, all of them, whatever its ring says. It holds
+// nothing and says why once the node is sealed (the states would be lost
+// with it) or would hold more than maxForeign: the sender keeps them.
+func (t *transfers) holdLeaving(states []foreignState) error {
+	t.foreignMu.Lock()
+	defer t.foreignMu.Unlock()
+	switch {
+	case t.sealed:
+		return errors.New("it is leaving and has passed on its last key states")
+	case len(t.foreign)+len(states) > maxForeign:
+		return fmt.Errorf("it is leaving and holds %d key states to pass on, at most %d", len(t.foreign), maxForeign)
+	}
+	t.foreign = append(t.foreign, states...)
+	return nil
 }
 
 // foreignToSend returns the held states whose key the ring gives neither
@@ -487,7 +523,10 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack 
 // live key again when the store does not track changes), and only then
 // does the node leave serf and stop serving peers, so no other node
 // decides one of its keys before the key's whole state has reached the new
-// owner. Both passes run within Config.LeaveTimeout.
+// owner. Both passes run within Config.LeaveTimeout. Hand-off states
+// other nodes send it meanwhile (another node leaving at the same time)
+// it passes on last, and once it has none left it refuses more, so that
+// their senders send them to the owners without it.
 //
 // What may still be lost: states whose transfer failed or did not finish
 // within LeaveTimeout (the error wraps ErrHandoff), states with no member
@@ -514,7 +553,7 @@ func (n *Node) leaveHandoff() error {
 	// whether every pass since the last of all states had that target.
 	var sentTo []ring.Member
 	one := true
-	pass := func(collect func(func(limiter.Snapshot))) {
+	pass := func(collect func(add func(s limiter.Snapshot, not string))) {
 		others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
 		if sentTo != nil && !slices.Equal(sentTo, others) {
 			one = false
@@ -529,12 +568,28 @@ func (n *Node) leaveHandoff() error {
 			}
 		}
 		if target == nil {
-			collect(func(limiter.Snapshot) { unrouted++ })
+			collect(func(limiter.Snapshot, string) { unrouted++ })
 			return
 		}
 		batches := map[string][]limiter.Snapshot{}
-		collect(func(s limiter.Snapshot) {
-			if o, ok := target.Owner(s.Name, s.Key); ok {
+		// A state received from a member that the target ring gives
+		// its key goes to the owner on the ring without that member
+		// too: it came from a node that is leaving as well (else it
+		// would not have sent it here), which would send it back.
+		without := map[string]*ring.Ring{}
+		collect(func(s limiter.Snapshot, not string) {
+			o, ok := target.Owner(s.Name, s.Key)
+			if ok && o.Name == not && len(others) > 1 {
+				r, seen := without[not]
+				if !seen {
+					r, _ = n.ringOf(slices.DeleteFunc(slices.Clone(others), func(m ring.Member) bool { return m.Name == not }))
+					without[not] = r
+				}
+				if r != nil {
+					o, ok = r.Owner(s.Name, s.Key)
+				}
+			}
+			if ok {
 				batches[o.Name] = append(batches[o.Name], s)
 			}
 		})
@@ -545,8 +600,8 @@ func (n *Node) leaveHandoff() error {
 		lost = n.transfers.outbox.waitHandedOff(ctx)
 	}
 	n.grants.flush(n.handover, n.store, n.now())
-	all := func(f func(limiter.Snapshot)) {
-		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s); return true })
+	all := func(f func(limiter.Snapshot, string)) {
+		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s, ""); return true })
 	}
 	pass(all)
 	// Whether this node alone decided the keys it owns: then, once its
@@ -560,10 +615,10 @@ func (n *Node) leaveHandoff() error {
 	n.handover.barrier()
 	n.grants.flush(n.handover, n.store, n.now())
 	if track {
-		pass(func(f func(limiter.Snapshot)) {
+		pass(func(f func(limiter.Snapshot, string)) {
 			n.transfers.changedMu.Lock()
 			defer n.transfers.changedMu.Unlock()
-			n.store.Changed(n.now(), f)
+			n.store.Changed(n.now(), func(s limiter.Snapshot) { f(s, "") })
 		})
 	} else {
 		pass(all)
@@ -585,20 +640,23 @@ func (n *Node) leaveHandoff() error {
 		pass(all)
 	}
 	// States the outbox took back from members that left meanwhile, and
-	// states held for other nodes, go to their owners on the target ring
-	// too; what is still held when LeaveTimeout ends is lost.
+	// states other nodes handed here, go to their owners on the target
+	// ring too, until none is held: then the node is sealed and refuses
+	// hand-off states, which their senders keep until their rings drop
+	// this node and send to the owners without it. What is still held
+	// when LeaveTimeout ends is lost.
 	for ctx.Err() == nil {
-		held := n.transfers.takeForeign()
+		held := n.transfers.takeForeignOrSeal(false)
 		if len(held) == 0 {
 			break
 		}
-		pass(func(f func(limiter.Snapshot)) {
+		pass(func(f func(limiter.Snapshot, string)) {
 			for _, h := range held {
-				f(h.state)
+				f(h.state, h.from)
 			}
 		})
 	}
-	lost += len(n.transfers.takeForeign()) + int(n.transfers.givenUp.Load()-givenUp)
+	lost += len(n.transfers.takeForeignOrSeal(true)) + int(n.transfers.givenUp.Load()-givenUp)
 	if sole && one && lost == 0 && ctx.Err() == nil && !n.ringChangedSince(sentTo) {
 		n.confirmDeparture(ctx, sentTo)
 	}
@@ -729,9 +787,23 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // delayed past a ring change that made this node the owner also drops
 // what it admitted since; keeping the copy would bring back the state the
 // reset cleared.
-func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int) {
+//
+// A leaving node holds every hand-off state it takes, to pass on in its
+// last passes (leaveHandoff), and refuses them once it has passed on the
+// last: the sender keeps them.
+func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
 	if reason == transport.Reset {
-		return s.n.dropCopies(states), 0
+		return s.n.dropCopies(states), 0, nil
+	}
+	leaving := reason == transport.Handoff && s.n.transfers.leaving.Load()
+	if leaving {
+		held := make([]foreignState, len(states))
+		for i, st := range states {
+			held[i] = foreignState{from: from, state: st}
+		}
+		if err := s.n.transfers.holdLeaving(held); err != nil {
+			return 0, 0, fmt.Errorf("cluster: node %s refuses %d key states: %w", s.n.cfg.NodeName, len(states), err)
+		}
 	}
 	now := s.n.now()
 	var firstErr error
@@ -751,7 +823,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	}
 	s.n.transfers.merged.Add(int64(merged))
 	s.n.transfers.rejected.Add(int64(rejected))
-	if reason == transport.Handoff {
+	if reason == transport.Handoff && !leaving {
 		var foreign []foreignState
 		for _, st := range states {
 			if o, ok := s.n.ring.Owner(st.Name, st.Key); ok && o.Name != s.n.cfg.NodeName {
@@ -765,7 +837,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	if rejected > 0 {
 		s.n.logger.Warn("cluster: rejected key states", "from", from, "reason", reason, "rejected", rejected, "err", firstErr)
 	}
-	return merged, rejected
+	return merged, rejected, nil
 }
 
 // serfLeave tells the members this node leaves, unless Close has shut

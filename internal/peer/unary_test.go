@@ -31,16 +31,16 @@ func newStoreSide(t *testing.T) *storeSide {
 	return &storeSide{store: s, now: time.Unix(1_700_000_000, 0)}
 }
 
-func (s *storeSide) TakeStates(_ context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (int, int) {
+func (s *storeSide) TakeStates(_ context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (int, int, error) {
 	s.mu.Lock()
 	s.from = append(s.from, from)
 	s.reasons = append(s.reasons, reason)
 	s.mu.Unlock()
 	merged, err := s.store.Merge(states, s.now)
 	if err != nil {
-		return merged, 1
+		return merged, 1, nil
 	}
-	return merged, 0
+	return merged, 0, nil
 }
 
 func (s *storeSide) Lease(_ context.Context, _ string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error) {

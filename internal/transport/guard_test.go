@@ -250,9 +250,9 @@ func TestCountGuardAcceptsTheLimits(t *testing.T) {
 // transferSink counts the states that reach it.
 type transferSink struct{ states atomic.Int64 }
 
-func (s *transferSink) TakeStates(_ context.Context, _ string, _ TransferReason, states []limiter.Snapshot) (int, int) {
+func (s *transferSink) TakeStates(_ context.Context, _ string, _ TransferReason, states []limiter.Snapshot) (int, int, error) {
 	s.states.Add(int64(len(states)))
-	return len(states), 0
+	return len(states), 0, nil
 }
 
 // On a real server, a message that fits in MaxMessageSize but holds more

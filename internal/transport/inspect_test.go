@@ -164,13 +164,32 @@ func TestTransferReset(t *testing.T) {
 	}
 }
 
-// recordSink keeps the last states it takes.
+// A sink that refuses the states it is sent (a leaving node that has
+// passed on its last ones) makes the transfer fail with Unavailable, its
+// reason in the message, so that the sender keeps them.
+func TestTransferRefused(t *testing.T) {
+	sink := &recordSink{refuse: errors.New("node n2 is leaving")}
+	conn := startServer(t, func(s *grpc.Server) { RegisterPeer(s, &echoChecker{}, WithStateSink(sink)) })
+	_, err := pb.NewPeerClient(conn).Transfer(context.Background(), &pb.TransferRequest{
+		From: "n1", Reason: ReasonToProto(Handoff),
+		States: []*pb.KeyState{{Name: "api", Key: "a", Algorithm: pb.Algorithm_ALGORITHM_FIXED_WINDOW}},
+	})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node n2 is leaving") {
+		t.Errorf("got %v, want Unavailable naming the sink's reason", err)
+	}
+}
+
+// recordSink keeps the last states it takes, or refuses them with refuse.
 type recordSink struct {
 	reason TransferReason
 	states []limiter.Snapshot
+	refuse error
 }
 
-func (r *recordSink) TakeStates(_ context.Context, _ string, reason TransferReason, states []limiter.Snapshot) (int, int) {
+func (r *recordSink) TakeStates(_ context.Context, _ string, reason TransferReason, states []limiter.Snapshot) (int, int, error) {
+	if r.refuse != nil {
+		return 0, 0, r.refuse
+	}
 	r.reason, r.states = reason, states
-	return len(states), 0
+	return len(states), 0, nil
 }

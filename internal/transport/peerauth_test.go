@@ -21,9 +21,9 @@ import (
 // authSink and authLeaser count what reaches them past the PeerAuth.
 type authSink struct{ took chan int }
 
-func (s authSink) TakeStates(_ context.Context, _ string, _ TransferReason, states []limiter.Snapshot) (int, int) {
+func (s authSink) TakeStates(_ context.Context, _ string, _ TransferReason, states []limiter.Snapshot) (int, int, error) {
 	s.took <- len(states)
-	return len(states), 0
+	return len(states), 0, nil
 }
 
 type authLeaser struct{}

@@ -49,9 +49,11 @@ func (r TransferReason) String() string {
 // StateSink takes key states sent to this node. The states have been
 // converted but not validated: Store.Merge validates each. With reason
 // Reset they carry only a name and a key, both valid: the keys whose
-// copies to drop. Safe for concurrent use.
+// copies to drop. An error refuses the states, none of them taken: the
+// sender is answered codes.Unavailable and keeps them, to send again or
+// elsewhere. Safe for concurrent use.
 type StateSink interface {
-	TakeStates(ctx context.Context, from string, reason TransferReason, states []limiter.Snapshot) (merged, rejected int)
+	TakeStates(ctx context.Context, from string, reason TransferReason, states []limiter.Snapshot) (merged, rejected int, err error)
 }
 
 // HandoverSink is implemented by a StateSink that takes hand-over
@@ -382,7 +384,10 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 		}
 		states = append(states, s)
 	}
-	merged, bad := p.cfg.sink.TakeStates(ctx, cleanText(in.From, limiter.MaxNameLen), reason, states)
+	merged, bad, err := p.cfg.sink.TakeStates(ctx, cleanText(in.From, limiter.MaxNameLen), reason, states)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "transport: key states refused: %v", err)
+	}
 	return &pb.TransferResponse{Merged: int32(merged), Rejected: int32(rejected + bad)}, nil
 }
 

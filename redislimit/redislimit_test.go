@@ -515,6 +515,16 @@ func TestRedisKilled(t *testing.T) {
 				t.Errorf("the local store admitted %d, want its limit, 3", localAdmitted.Load())
 			}
 
+			// A call sent before the kill and answered after the breaker
+			// opened closes it again (Redis answered it): until the next
+			// failures open it, checks go to Redis.
+			testwait.For(t, "the breaker open after the traffic", func() bool {
+				if l.breakerFor("").Closed() {
+					l.Check(ctx, req)
+					return false
+				}
+				return true
+			})
 			// Open: no call reaches Redis.
 			sent := hook.calls.Load()
 			for range 20 {

@@ -142,18 +142,7 @@ func TestAttackPartitionLimitChanges(t *testing.T) {
 func TestAttackPartitionRecutDuringHandoff(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
-	c := testcluster.New(t, 3, withReplicas(2))
-	var reqs []limiter.Request
-	for _, a := range healAlgorithms {
-		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2), keyHeldBy(t, c, a, 0, 1))
-	}
-	consume(t, c.Node(1), withHits(reqs, 50))
-	waitReplicated(t, c, reqs)
-
-	c.Partition([]int{0}, []int{1, 2})
-	c.WaitConverged()
-	consume(t, c.Node(0), withHits(reqs, 30))
-	consume(t, c.Node(1), withHits(reqs, 10))
+	c, reqs := partitionedAfterFifty(t)
 
 	c.Slow(1, 300*time.Millisecond)
 	c.Slow(0, 300*time.Millisecond)

@@ -60,6 +60,39 @@ func withHits(reqs []limiter.Request, hits int64) []limiter.Request {
 	return out
 }
 
+// partitionedAfterFifty starts 3 nodes with 2 replicas and keys of every
+// algorithm, one owned by node 1 (node 0 holds no copy) and one by node 0
+// (node 1 holds a copy) per algorithm, each of limit 100: 50 hits through
+// node 1, replicated, then the partition {0} | {1,2}, and 30 hits through
+// node 0 and 10 through node 1 on every key.
+func partitionedAfterFifty(t *testing.T) (*testcluster.Cluster, []limiter.Request) {
+	t.Helper()
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2), keyHeldBy(t, c, a, 0, 1))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	return c, reqs
+}
+
+// dailyKeys returns n keys named name, of limit 100 a day, the algorithms
+// of healAlgorithms in turn.
+func dailyKeys(name string, n int) []limiter.Request {
+	reqs := make([]limiter.Request, 0, n)
+	for i := range n {
+		a := healAlgorithms[i%len(healAlgorithms)]
+		reqs = append(reqs, limiter.Request{Name: name, Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a})
+	}
+	return reqs
+}
+
 // exactly waits until every node peeks every key of reqs with at most
 // want remaining, then checks that none has fewer: what was consumed is
 // counted once.
@@ -85,18 +118,7 @@ func exactly(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, want 
 func TestPartitionSettlesEveryAlgorithm(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
-	c := testcluster.New(t, 3, withReplicas(2))
-	var reqs []limiter.Request
-	for _, a := range healAlgorithms {
-		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2), keyHeldBy(t, c, a, 0, 1))
-	}
-	consume(t, c.Node(1), withHits(reqs, 50))
-	waitReplicated(t, c, reqs)
-
-	c.Partition([]int{0}, []int{1, 2})
-	c.WaitConverged()
-	consume(t, c.Node(0), withHits(reqs, 30))
-	consume(t, c.Node(1), withHits(reqs, 10))
+	c, reqs := partitionedAfterFifty(t)
 
 	c.Heal()
 	c.WaitConverged()
@@ -223,11 +245,7 @@ func TestTakeoverCalmPathsCountOnce(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
-	reqs := make([]limiter.Request, 0, 200)
-	for i := range 200 {
-		a := healAlgorithms[i%len(healAlgorithms)]
-		reqs = append(reqs, limiter.Request{Name: "calm", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a})
-	}
+	reqs := dailyKeys("calm", 200)
 	consume(t, c.Node(1), withHits(reqs, 40))
 	waitReplicated(t, c, reqs)
 
@@ -264,11 +282,7 @@ func TestPartitionHealsWhileANodeJoins(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
-	reqs := make([]limiter.Request, 0, 200)
-	for i := range 200 {
-		a := healAlgorithms[i%len(healAlgorithms)]
-		reqs = append(reqs, limiter.Request{Name: "join", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a})
-	}
+	reqs := dailyKeys("join", 200)
 	consume(t, c.Node(1), withHits(reqs, 40))
 	waitReplicated(t, c, reqs)
 

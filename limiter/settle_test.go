@@ -101,3 +101,84 @@ func remainingAt(t *testing.T, s *Store, req Request, at time.Time) int64 {
 	}
 	return d.Remaining
 }
+
+// A stand-in's hits enter the owner's state under the owner's rate,
+// whatever the stand-in's, and count past the limit: the owner checked
+// the key under 200 (140 counted) or 50 (50 counted) while the stand-in
+// admitted 30 under 100 from the 40 both sides had; merged, the owner
+// admits 30 more under 200, or nothing under 50 and 20 under 100.
+func TestMergeChargedUnderTheOwnersRate(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(24 * time.Hour).Add(time.Hour)
+	for _, tc := range []struct {
+		name              string
+		ownerLimit, owner int64 // the owner's limit during the partition, and its hits
+		want              map[int64]int64
+	}{
+		{"owner raises", 200, 100, map[int64]int64{200: 30, 100: 0}},
+		{"owner lowers", 50, 10, map[int64]int64{50: 0, 100: 20}},
+	} {
+		for _, a := range Algorithms {
+			t.Run(tc.name+"/"+a.String(), func(t *testing.T) {
+				req := Request{Name: "n", Key: "k", Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+				owner, standIn := newTestStore(t), newTestStore(t)
+				checkHits(t, owner, req, 40, t0)
+				base, _ := owner.Snapshot("n", "k", t0)
+				if _, err := standIn.Merge([]Snapshot{base}, t0); err != nil {
+					t.Fatal(err)
+				}
+				checkHits(t, standIn, req, 30, t0.Add(time.Second))
+				at := req
+				at.Limit = tc.ownerLimit
+				checkHits(t, owner, at, tc.owner, t0.Add(time.Second))
+
+				now := t0.Add(2 * time.Second)
+				sn, _ := standIn.Snapshot("n", "k", now)
+				charge := req
+				charge.Hits = 30
+				if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+					t.Fatal(err)
+				}
+				for _, limit := range []int64{tc.ownerLimit, 100, 200} {
+					want, ok := tc.want[limit]
+					if !ok {
+						continue
+					}
+					r := req
+					r.Limit = limit
+					if got := remainingAt(t, owner, r, now); got != want {
+						t.Errorf("under %d: %d remaining after %d admitted, want %d", limit, got, 40+30+tc.owner, want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// The owner's state keeps its own Period: a stand-in that counted the key
+// by the hour charges its hits to the owner's day, and the day's count
+// stays once the stand-in's hour is over.
+func TestMergeChargedKeepsTheOwnersPeriod(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(24 * time.Hour).Add(time.Hour)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, GCRA, TokenBucket} {
+		t.Run(a.String(), func(t *testing.T) {
+			day := Request{Name: "n", Key: "k", Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			hour := day
+			hour.Period = time.Hour
+			owner, standIn := newTestStore(t), newTestStore(t)
+			checkHits(t, owner, day, 60, t0)
+			checkHits(t, standIn, hour, 30, t0.Add(time.Second))
+			now := t0.Add(2 * time.Second)
+			sn, _ := standIn.Snapshot("n", "k", now)
+			charge := hour
+			charge.Hits = 30
+			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+				t.Fatal(err)
+			}
+			later := now.Add(90 * time.Minute)
+			// The buckets and GCRA drain about 6 of a day's 100 in 90 minutes.
+			if got := remainingAt(t, owner, day, later); got > 16 || got < 10 {
+				t.Errorf("%d remaining of the day after 60 and 30 charged, want 10 (16 drained)", got)
+			}
+		})
+	}
+}

@@ -30,7 +30,7 @@ func TestMergeChargedAddsThenMerges(t *testing.T) {
 				t.Fatalf("%d remaining after 50 and 30 more charged, want 20", r)
 			}
 			// Charged again with the same state, as a second copy would
-			// be without its parts: the charge adds up, capped.
+			// be without its parts: the charge adds up, past the limit.
 			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
 				t.Fatal(err)
 			}
@@ -178,6 +178,54 @@ func TestMergeChargedKeepsTheOwnersPeriod(t *testing.T) {
 			// The buckets and GCRA drain about 6 of a day's 100 in 90 minutes.
 			if got := remainingAt(t, owner, day, later); got > 16 || got < 10 {
 				t.Errorf("%d remaining of the day after 60 and 30 charged, want 10 (16 drained)", got)
+			}
+		})
+	}
+}
+
+// A charge made in a later window than the state's last decision lands
+// in the window of its instant, at the state's Period: a counter's
+// previous window weighs as it would, a log's charged hits leave the
+// window a Period after the charge, not with the owner's older hits.
+func TestMergeChargedInALaterWindow(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Hour)
+	for _, tc := range []struct {
+		a     Algorithm
+		at    []time.Duration // peeks, after t0
+		wants []int64
+	}{
+		// 60 in [t0, t0+1h); 30 charged at t0+1h30m, weighed 60/2+30.
+		{SlidingWindowCounter, []time.Duration{90 * time.Minute}, []int64{40}},
+		// 60 at t0+30m, 30 charged at t0+1h10m: 10 left, then 70 once
+		// the 60 left the window, then 100.
+		{SlidingWindowLog, []time.Duration{70 * time.Minute, 91 * time.Minute, 131 * time.Minute}, []int64{10, 70, 100}},
+	} {
+		t.Run(tc.a.String(), func(t *testing.T) {
+			req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Hour, Algorithm: tc.a}
+			owner, standIn := newTestStore(t), newTestStore(t)
+			first, charged := t0, t0.Add(90*time.Minute)
+			if tc.a == SlidingWindowLog {
+				first, charged = t0.Add(30*time.Minute), t0.Add(70*time.Minute)
+			}
+			// The stand-in's rate is not the owner's: the owner's state's
+			// own is used. (A counter's windows of another Period merge
+			// as Merge places them, which the test leaves aside.)
+			charge := req
+			charge.Limit = 1000
+			if tc.a == SlidingWindowLog {
+				charge.Period = time.Minute
+			}
+			checkHits(t, owner, req, 60, first)
+			checkHits(t, standIn, charge, 30, charged)
+			sn, _ := standIn.Snapshot("n", "k", charged)
+			charge.Hits = 30
+			if _, err := owner.MergeCharged(&sn, charge, 0, charged); err != nil {
+				t.Fatal(err)
+			}
+			for i, at := range tc.at {
+				if got := remainingAt(t, owner, req, t0.Add(at)); got != tc.wants[i] {
+					t.Errorf("at t0+%v: %d remaining, want %d", at, got, tc.wants[i])
+				}
 			}
 		})
 	}

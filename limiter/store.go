@@ -283,9 +283,10 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	}
 	if sh.rates != nil && found && e.expireAt > now && req.Behavior&Reset == 0 {
 		if c := sh.rates[e]; c.known() {
-			m := strictest(c, e.algo(), req, now)
+			m, none := strictest(c, e.algo(), req, now)
 			req = &m
-			if want == 0 && req.Hits > req.Capacity() {
+			charges := want > 0 || req.Hits > 0 && req.Behavior&Refund == 0
+			if want == 0 && req.Hits > req.Capacity() || none && charges {
 				sh.touchLocked(e)
 				*d = overCapacity(e.state, lg, req, now)
 				return 0

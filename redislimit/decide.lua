@@ -250,10 +250,17 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     end
     local lBounds = nil
     if bounds and a == FIXED then lBounds = bounds end
-    -- A longer window aligned elsewhere may end first (limiter's
-    -- strictest): a fixed window or counter keeps only one that ends no
-    -- earlier than the old rate's.
-    if tr > ts and ((a ~= FIXED and a ~= SCOUNTER) or endAt(lBounds, tr) >= endAt(oBounds, oPeriod)) then
+    -- The buckets, GCRA and the log keep the longer Period; a fixed
+    -- window or counter keeps the rate whose window holding now ends
+    -- later (on a tie, the longer), as limiter's strictest: its count
+    -- moves to that window, so hits stay counted until the end of every
+    -- window they were charged under.
+    local take = tr > ts
+    if a == FIXED or a == SCOUNTER then
+      local er, eo = endAt(lBounds, tr), endAt(oBounds, oPeriod)
+      take = er > eo or (er == eo and tr > ts)
+    end
+    if take then
       tm = tr
       mPeriod, mBounds, mCal, mZone = tr, nil, 0, 0
       if lBounds then mPeriod, mBounds, mCal, mZone = 0, bounds, calendar, zone end
@@ -265,12 +272,16 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
       mCap = mLimit
     end
     local valid = mLimit >= 1 and mLimit <= MAXLIMIT and (mBounds or mCap / mLimit * mPeriod <= MAXDRAIN)
+    -- none: over the later-ending window the meet admits less than one
+    -- hit; a charge is denied until the key is fresh (limiter's).
+    local none = false
     if not valid then
+      none = take and mLimit < 1 and (a == FIXED or a == SCOUNTER)
       mLimit, mCap, mPeriod, mBounds, mCal, mZone = oLimit, oCap, oPeriod, oBounds, 0, oZone
       if oPeriod < 0 then mCal, mPeriod = -oPeriod, 0 end
     end
     algo, limit, capacity, period, bounds, calendar, zone = mAlgo, mLimit, mCap, mPeriod, mBounds, mCal, mZone
-    if hits > capacity then overCapacity = true end
+    if hits > capacity or (none and hits > 0 and not has(REFUND)) then overCapacity = true end
   end
 end
 local storedExp = st.exp

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,6 +104,30 @@ func procsCPU(pids []int) (time.Duration, error) {
 	return sum, nil
 }
 
+// rlsRequest is a request of one descriptor of one entry, reused from
+// call to call (gRPC has encoded it when the call returns), so that the
+// load generator, which shares the machine with the services, spends
+// less on building requests.
+type rlsRequest struct {
+	req     rlsv3.RateLimitRequest
+	descs   [1]*rlcommon.RateLimitDescriptor
+	desc    rlcommon.RateLimitDescriptor
+	entries [1]*rlcommon.RateLimitDescriptor_Entry
+	entry   rlcommon.RateLimitDescriptor_Entry
+}
+
+var rlsRequests = sync.Pool{New: func() any { return new(rlsRequest) }}
+
+// set makes r the request of descriptor key=value in domain.
+func (r *rlsRequest) set(domain, key, value string) *rlsv3.RateLimitRequest {
+	r.entry.Key, r.entry.Value = key, value
+	r.entries[0] = &r.entry
+	r.desc.Entries = r.entries[:]
+	r.descs[0] = &r.desc
+	r.req.Domain, r.req.Descriptors = domain, r.descs[:]
+	return &r.req
+}
+
 // rlsBench drives each target in turn, rounds times, with callers
 // calling unary ShouldRateLimit on conns gRPC connections, one
 // descriptor (key, one of keys values) of domain per call, for d after a
@@ -116,7 +141,7 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 	}
 	fmt.Printf("%d callers on %d connection(s), domain %q, descriptor key %q with %d values, %v per run after %v of warm-up\n",
 		callers, conns, domain, key, keys, d, warm)
-	fmt.Printf("%-12s %10s %9s %9s %9s %14s %8s\n", "target", "checks/s", "p50", "p99", "p99.9", "server µs/ck", "errors")
+	fmt.Printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "target", "checks/s", "p50", "p99", "p99.9", "server µs/ck", "client µs/ck", "errors")
 	for n := range rounds {
 		for _, t := range targets {
 			ccs := make([]*grpc.ClientConn, conns)
@@ -134,12 +159,9 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				c := clients[rng.IntN(conns)]
 				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
-				resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
-					Domain: domain,
-					Descriptors: []*rlcommon.RateLimitDescriptor{{
-						Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: values[rng.IntN(keys)]}},
-					}},
-				})
+				req := rlsRequests.Get().(*rlsRequest)
+				defer rlsRequests.Put(req)
+				resp, err := c.ShouldRateLimit(ctx, req.set(domain, key, values[rng.IntN(keys)]))
 				if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
 					err = fmt.Errorf("overall code %v", resp.OverallCode)
 				}
@@ -174,9 +196,10 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			q := func(p float64) time.Duration { return round(r.lat.quantile(p)) }
-			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %8d   (round %d)\n", t.name,
+			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %14.1f %8d   (round %d)\n", t.name,
 				float64(r.checks)/r.elapsed.Seconds(), q(0.5), q(0.99), q(0.999),
-				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
+				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)),
+				float64(r.cpu.Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
 			if e := firstErr.Swap(nil); e != nil && r.errors > 0 {
 				fmt.Printf("%-12s first error: %s\n", "", *e)
 				var counts []string

@@ -343,9 +343,6 @@ func TestAttackCancelRacesForwardedBatch(t *testing.T) {
 // DataDir and gives its states to their owners. The keys count the 80
 // admitted: node 1 admits 20 more of 100, not 50.
 func TestAttackStandinRestartFromDataDir(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("attack: a stand-in restarted from DataDir before the heal sends its states without their parts, which merge by the larger: the owner forgets the stand-in's 30 hits and admits 50 more of 100, not 20")
-	}
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}

@@ -55,6 +55,9 @@ type persister struct {
 	interval time.Duration
 	logger   *slog.Logger
 	release  func() // gives the directory's lock back
+	// settlements returns the stand-in parts to write with the states
+	// (standins.settlements); nil: none.
+	settlements func() map[debtKey]*limiter.Settlement
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -115,8 +118,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		info, _ := os.Stat(path)
 		// A file counts whole or not at all: the states before a bad
 		// record are not restored either.
-		var states []limiter.Snapshot
-		err := readStateFile(path, func(s limiter.Snapshot) { states = append(states, s) })
+		states, err := readStateFile(path)
 		var bad *DataFileError
 		switch {
 		case err == nil:
@@ -197,7 +199,9 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	w := newStateFileWriter()
+	sets := p.parts()
 	for _, s := range p.pending {
+		settle(&s, sets)
 		if err := w.add(&s); err != nil {
 			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
 		}
@@ -225,8 +229,10 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	w := newStateFileWriter()
 	var states int64
+	sets := p.parts()
 	// Encoding under the shard's lock is CPU only; the write is after.
 	store.Range(now, func(s limiter.Snapshot) bool {
+		settle(&s, sets)
 		if w.add(&s) == nil {
 			states++
 		}
@@ -249,6 +255,14 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	p.snapshotBytes, p.segmentBytes = len(data), 0
 	clear(p.pending) // the snapshot holds them
 	return nil
+}
+
+// parts returns the stand-in parts to write with the states, by key.
+func (p *persister) parts() map[debtKey]*limiter.Settlement {
+	if p.settlements == nil {
+		return nil
+	}
+	return p.settlements()
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -280,6 +294,7 @@ func (n *Node) restore() error {
 	if err != nil {
 		return err
 	}
+	p.settlements = n.standins.settlements
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
@@ -292,6 +307,17 @@ func (n *Node) restore() error {
 		n.logger.Warn("cluster: some restored key states were refused by the store", "refused", len(restored)-merged, "err", err)
 	}
 	p.restored.Store(int64(merged))
+	// The stand-in parts written with the states the store took charge
+	// their keys' owners as they would have before the restart.
+	var settled []limiter.Snapshot
+	for _, s := range restored {
+		if s.Settle != nil {
+			if _, ok := n.store.Snapshot(s.Name, s.Key, now); ok {
+				settled = append(settled, s)
+			}
+		}
+	}
+	n.standins.restore(settled, now)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

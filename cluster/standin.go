@@ -278,6 +278,87 @@ func (t *standins) attach(ss []limiter.Snapshot) {
 	}
 }
 
+// settlements returns a copy of the settlement of every key with parts,
+// as attach would set it; nil when there is none. The persister reads it
+// before it reads the store's states, as mu comes before a shard's lock.
+func (t *standins) settlements() map[debtKey]*limiter.Settlement {
+	if t.entries.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out map[debtKey]*limiter.Settlement
+	for k, e := range t.m {
+		if len(e.parts) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[debtKey]*limiter.Settlement{}
+		}
+		out[k] = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+	}
+	return out
+}
+
+// settle sets the settlement of s from sets (settlements) when its key
+// has parts of its algorithm.
+func settle(s *limiter.Snapshot, sets map[debtKey]*limiter.Settlement) {
+	if st, ok := sets[debtKey{s.Name, s.Key}]; ok && st.Request.Algorithm == s.Algorithm {
+		s.Settle = st
+	}
+}
+
+// restore records the parts that restored states of a data directory
+// carry, read at now: this node's own, from before its restart, and those
+// it was sent, as it held them when it wrote the states. They charge the
+// key's owner as they would have before the restart. Its own parts are
+// closed: what it admits as a stand-in from now on is a new part, whose
+// generation is above every restored one. A window algorithm's parts are
+// not restored once the window their state counts has ended (now is in a
+// later one): those hits count in a window that is over, where the larger
+// state keeps them, and charged they would count in the current one.
+func (t *standins) restore(states []limiter.Snapshot, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range states {
+		s := &states[i]
+		st := s.Settle
+		if st == nil || windowEnded(s, &st.Request, now) {
+			continue
+		}
+		e := t.entryLocked(debtKey{s.Name, s.Key})
+		if e == nil {
+			for _, p := range st.Parts {
+				t.dropped.Add(p.Hits)
+			}
+			continue
+		}
+		for _, p := range st.Parts {
+			if p.Origin == t.self {
+				t.nextGen = max(t.nextGen, p.Gen)
+			}
+			if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
+				t.dropped.Add(p.Hits)
+			}
+		}
+		e.req = st.Request
+		e.req.Hits, e.req.Behavior = 0, 0
+		if len(e.parts) == 0 {
+			t.removeLocked(debtKey{s.Name, s.Key}, e)
+		}
+	}
+}
+
+// windowEnded reports whether s is a window algorithm's state whose
+// window, under req's rate, ended before now.
+func windowEnded(s *limiter.Snapshot, req *limiter.Request, now time.Time) bool {
+	if s.Algorithm != limiter.FixedWindow && s.Algorithm != limiter.SlidingWindowCounter {
+		return false
+	}
+	start, _ := req.Window(now)
+	return s.View().WindowStart.Before(start)
+}
+
 // merge merges sn into store at now. When sn carries a settlement or this
 // node holds parts of its key, sn and the store's state are two histories
 // of the key: it charges the hits of sn's parts this node has not counted

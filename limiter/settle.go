@@ -205,9 +205,9 @@ func chargeOwn(st *state, lg *windowLog, hits int64, fallback *Request, now int6
 		// A live count is its window's, which ends at the expiry.
 		st.setWindow(st.windowStart(), min(st.windowHits()+hits, MaxLimit))
 	case SlidingWindowCounter:
-		p := counterPeriod(st, int64(fallback.Period))
+		p := counterPeriod(st, periodOf(fallback, now))
 		if p <= 0 {
-			p = int64(fallback.Period)
+			p = periodOf(fallback, now)
 		}
 		ws, cur, prev := st.windowStart(), st.windowHits(), st.prevWindowHits()
 		if start := floorDiv(now, p) * p; start > ws {

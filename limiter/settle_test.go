@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -229,4 +230,83 @@ func TestMergeChargedInALaterWindow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzMergeCharged: two histories of a key written by valid requests of
+// any algorithms and rates, merged with any charge: nothing panics, the
+// store's key never counts less than before (a peek with the owner's
+// request finds no more remaining), and at one rate (a window's Limit
+// aside) the hits charged count, past the limit too, up to what the state
+// sent holds.
+func FuzzMergeCharged(f *testing.F) {
+	f.Add(uint8(0), uint8(0), int64(100), int64(3600), int64(140), int64(100), int64(60), int64(30), int64(30), int64(5), int64(0))
+	f.Add(uint8(5), uint8(2), int64(50), int64(60), int64(50), int64(1000), int64(1), int64(10), int64(40), int64(70), int64(3))
+	f.Fuzz(func(t *testing.T, a1, a2 uint8, l1, p1, h1, l2, p2, h2, theirs, later, mine int64) {
+		alg := func(a uint8) Algorithm { return Algorithms[int(a)%len(Algorithms)] }
+		mk := func(a Algorithm, limit, period, hits int64) (Request, bool) {
+			r := Request{Name: "n", Key: "k", Algorithm: a, Limit: 1 + abs(limit)%1000, Period: time.Duration(1+abs(period)%86400) * time.Second}
+			r.Hits = abs(hits) % (r.Capacity() + 1)
+			return r, r.Validate() == nil
+		}
+		own, ok1 := mk(alg(a1), l1, p1, h1)
+		sent, ok2 := mk(alg(a2), l2, p2, h2)
+		if !ok1 || !ok2 {
+			return
+		}
+		t1 := t0.Add(time.Duration(abs(later)%600) * time.Second)
+		owner, standIn := newTestStore(t), newTestStore(t)
+		if _, err := owner.CheckAt(own, t0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := standIn.CheckAt(sent, t0.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		sn, ok := standIn.Snapshot("n", "k", t1)
+		if !ok {
+			return
+		}
+		peek := own
+		peek.Hits = 0
+		before := mustCheck(t, owner, peek, t1).Remaining
+		charge := sent
+		charge.Hits = abs(theirs) % (limiterMaxTest + 1)
+		if _, err := owner.MergeCharged(&sn, charge, abs(mine)%(limiterMaxTest+1), t1); err != nil {
+			t.Fatalf("%+v with %+v: %v", sn, charge, err)
+		}
+		after := mustCheck(t, owner, peek, t1).Remaining
+		if after > before {
+			t.Fatalf("%v %+v then %+v charged %d: %d remaining, %d before", own.Algorithm, own, sent, charge.Hits, after, before)
+		}
+		sameRate := own.Algorithm == sent.Algorithm && own.Period == sent.Period && (!own.Algorithm.HasBurst() || own.Limit == sent.Limit)
+		if sameRate && own.Algorithm != LeakyBucket && own.Hits > 0 && after > 0 {
+			// What the state sent counts at t1.
+			sp := sent
+			sp.Hits = 0
+			counted := sent.Capacity() - mustCheck(t, standIn, sp, t1).Remaining
+			want := before - min(charge.Hits, counted)
+			if own.Algorithm == TokenBucket || own.Algorithm == GCRA {
+				want++ // a hit drained meanwhile, rounded
+			}
+			if after > max(want, 0) {
+				t.Fatalf("%+v then %+v charged %d: %d remaining, want at most %d", own, sent, charge.Hits, after, want)
+			}
+		}
+		for range 3 {
+			r := own
+			r.Hits = 1
+			mustCheck(t, owner, r, t1.Add(time.Second))
+		}
+	})
+}
+
+const limiterMaxTest = 10_000
+
+func abs(x int64) int64 {
+	if x < 0 {
+		if x == math.MinInt64 {
+			return math.MaxInt64
+		}
+		return -x
+	}
+	return x
 }

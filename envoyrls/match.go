@@ -180,6 +180,12 @@ func (m *Match) MetricKey() string {
 	if p := m.Descriptor.path; !m.valuesInMetric(detailed) && len(p) > len(m.domain) && p[len(m.domain)] == '.' && p[:len(m.domain)] == m.domain {
 		return p // the configuration's name, built once
 	}
+	return m.buildMetricKey(detailed)
+}
+
+// buildMetricKey writes out MetricKey; detailed is the limit's
+// detailed_metric.
+func (m *Match) buildMetricKey(detailed bool) string {
 	value := func(i int) string {
 		st, e := m.path[i], m.entries[i]
 		switch {

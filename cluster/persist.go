@@ -28,12 +28,17 @@ import (
 //   - When the segments outgrow the snapshot (or 1 MiB), and on Close (so
 //     at the end of Leave), the loop writes a snapshot of every live state
 //     and deletes the files it covers.
+//   - Each state is written with its key's stand-in parts, when this node
+//     holds some (standin.go; state file version 2), read as the file is
+//     written (standins.settlements, before the states' shard locks).
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
 //     first hand-off as from a ring of this node alone: every restored key
 //     that the ring now gives another member is handed to it, and every
 //     key it owns is copied to its replicas, whatever the membership is.
+//     The parts of the states the store took are restored
+//     (standins.restore), so that hand-off charges them to the owners.
 //
 // The bound: a hard kill forgets what the node admitted since its last
 // segment, at most one PersistInterval of traffic plus the write; states

@@ -51,9 +51,13 @@ import (
 // not recorded yet is not recorded (its stand-in hits, and the parts it is
 // sent, counted in SettleStats.StandInDropped): its states merge by the
 // larger, as before. A record lives as long as its key's state on this
-// node; it is not kept in Config.DataDir, so a node restarted from its
-// data directory charges again, once, what a state it is sent has counted
-// in a part its own state counts already (more counted, never less).
+// node. With Config.DataDir it is written with the key's state
+// (persist.go, datadir.go) and restored with it (restore): a stand-in
+// restarted before the heal still charges its hits to the owner, and a
+// node restarted after one does not charge again what it counts already.
+// Parts a node is sent for a state whose merge changes nothing are written
+// with the key's next change; a restart before it charges them again,
+// once (more counted, never less).
 
 // standinOverhead is what an entry of the record costs beside its name,
 // key and parts; partOverhead what a part costs beside its origin.

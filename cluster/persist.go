@@ -30,7 +30,10 @@ import (
 //     and deletes the files it covers.
 //   - Each state is written with its key's stand-in parts, when this node
 //     holds some (standin.go; state file version 2), read as the file is
-//     written (standins.settlements, before the states' shard locks).
+//     written (standins.settlements, before the states' shard locks). A
+//     key whose parts changed since the last segment is written again
+//     (standins.takeDirty), as its parts may grow after its state did, or
+//     without it.
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
@@ -60,9 +63,8 @@ type persister struct {
 	interval time.Duration
 	logger   *slog.Logger
 	release  func() // gives the directory's lock back
-	// settlements returns the stand-in parts to write with the states
-	// (standins.settlements); nil: none.
-	settlements func() map[debtKey]*limiter.Settlement
+	// standins holds the stand-in parts to write with the states.
+	standins *standins
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -200,6 +202,13 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	p.lastWrite = now
+	if p.standins != nil {
+		for _, k := range p.standins.takeDirty() {
+			if s, ok := store.Snapshot(k.name, k.key, now); ok {
+				p.pending[stateKey{k.name, k.key}] = s
+			}
+		}
+	}
 	if len(p.pending) == 0 {
 		return
 	}
@@ -264,10 +273,10 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 
 // parts returns the stand-in parts to write with the states, by key.
 func (p *persister) parts() map[debtKey]*limiter.Settlement {
-	if p.settlements == nil {
+	if p.standins == nil {
 		return nil
 	}
-	return p.settlements()
+	return p.standins.settlements()
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -299,7 +308,8 @@ func (n *Node) restore() error {
 	if err != nil {
 		return err
 	}
-	p.settlements = n.standins.settlements
+	p.standins = n.standins
+	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
@@ -322,7 +332,7 @@ func (n *Node) restore() error {
 			}
 		}
 	}
-	n.standins.restore(settled, now)
+	n.standins.restore(settled)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

@@ -420,8 +420,10 @@ func decodeStateRecords(records []byte, v uint64) (states []limiter.Snapshot, re
 			switch {
 			case err != nil:
 				return nil, fmt.Sprintf("settlement %d: %v", i, err)
-			case index <= last || index >= len(states):
-				return nil, fmt.Sprintf("settlement %d: state index %d, not after %d and below %d", i, index, last, len(states))
+			case index >= len(states):
+				return nil, fmt.Sprintf("settlement %d: state index %d, of a file of %d states", i, index, len(states))
+			case index <= last:
+				return nil, fmt.Sprintf("settlement %d: state index %d after %d: repeated or out of order", i, index, last)
 			}
 			s := &states[index]
 			st.Request.Name, st.Request.Key, st.Request.Algorithm = s.Name, s.Key, s.Algorithm

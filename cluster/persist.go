@@ -28,12 +28,20 @@ import (
 //   - When the segments outgrow the snapshot (or 1 MiB), and on Close (so
 //     at the end of Leave), the loop writes a snapshot of every live state
 //     and deletes the files it covers.
+//   - Each state is written with its key's stand-in parts, when this node
+//     holds some (standin.go; state file version 2), read as the file is
+//     written (standins.settlements, before the states' shard locks). A
+//     key whose parts changed since the last segment is written again
+//     (standins.takeDirty), as its parts may grow after its state did, or
+//     without it.
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
 //     first hand-off as from a ring of this node alone: every restored key
 //     that the ring now gives another member is handed to it, and every
 //     key it owns is copied to its replicas, whatever the membership is.
+//     The parts of the states the store took are restored
+//     (standins.restore), so that hand-off charges them to the owners.
 //
 // The bound: a hard kill forgets what the node admitted since its last
 // segment, at most one PersistInterval of traffic plus the write; states
@@ -55,9 +63,8 @@ type persister struct {
 	interval time.Duration
 	logger   *slog.Logger
 	release  func() // gives the directory's lock back
-	// settlements returns the stand-in parts to write with the states
-	// (standins.settlements); nil: none.
-	settlements func() map[debtKey]*limiter.Settlement
+	// standins holds the stand-in parts to write with the states.
+	standins *standins
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -195,6 +202,13 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	p.lastWrite = now
+	if p.standins != nil {
+		for _, k := range p.standins.takeDirty() {
+			if s, ok := store.Snapshot(k.name, k.key, now); ok {
+				p.pending[stateKey{k.name, k.key}] = s
+			}
+		}
+	}
 	if len(p.pending) == 0 {
 		return
 	}
@@ -259,10 +273,10 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 
 // parts returns the stand-in parts to write with the states, by key.
 func (p *persister) parts() map[debtKey]*limiter.Settlement {
-	if p.settlements == nil {
+	if p.standins == nil {
 		return nil
 	}
-	return p.settlements()
+	return p.standins.settlements()
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -294,7 +308,8 @@ func (n *Node) restore() error {
 	if err != nil {
 		return err
 	}
-	p.settlements = n.standins.settlements
+	p.standins = n.standins
+	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
@@ -317,7 +332,7 @@ func (n *Node) restore() error {
 			}
 		}
 	}
-	n.standins.restore(settled, now)
+	n.standins.restore(settled)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

@@ -166,6 +166,9 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		}
 		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
+		if deferred(req.Algorithm) && n.cfg.Replicas > 1 {
+			n.grants.noteChanged(hash, &req)
+		}
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, ValidFor: exp.Sub(now), Decision: d}, nil
 }

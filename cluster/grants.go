@@ -29,12 +29,17 @@ import (
 
 // grantReturnGrace is how long after a lease expired the hits its holder
 // gives back are still taken: returns come at the holder's next sweep.
-// A holder that is not a member of the owner's ring (cut off by a
-// partition, failed, or back and not admitted yet) sends its returns when
-// it can reach the owner again: its settled grants are kept while it is
-// away, and grantReturnGrace after, as long as a return could still free
-// hits (see grant.worth).
-const grantReturnGrace = time.Second
+// A holder cut off from the owner sends its returns when it reaches the
+// owner again, as long as a return could still free hits (grant.worth):
+// the latest grant of each holder and key is kept grantLateGrace after its
+// expiry, time for gossip to tell that the holder is cut off, and every
+// grant of a holder that is not a member of the owner's ring (cut off by
+// a partition, failed, or back and not admitted yet) is kept while it is
+// away, and grantLateGrace after.
+const (
+	grantReturnGrace = time.Second
+	grantLateGrace   = 30 * time.Second
+)
 
 // maxGrantKeys bounds the keys with grants per decide shard; beyond it the
 // owner refuses leases.
@@ -118,6 +123,46 @@ type grantTable struct {
 	// away reports whether the node named is not a member of the ring
 	// now: its settled grants wait for its returns. nil: none is.
 	away func(name string) bool
+
+	changedMu sync.Mutex                 // guards changed
+	changed   map[uint64]limiter.Request // keys granted held hits since the replicas were sent their states
+}
+
+// noteChanged records that req's key, of hash, was granted hits held apart
+// from its bucket, for its replicas (heldSnapshot).
+func (g *grantTable) noteChanged(hash uint64, req *limiter.Request) {
+	g.changedMu.Lock()
+	defer g.changedMu.Unlock()
+	if g.changed == nil {
+		g.changed = map[uint64]limiter.Request{}
+	}
+	g.changed[hash] = *req
+}
+
+// takeChanged returns and forgets the keys noteChanged recorded.
+func (g *grantTable) takeChanged() map[uint64]limiter.Request {
+	g.changedMu.Lock()
+	defer g.changedMu.Unlock()
+	ch := g.changed
+	g.changed = nil
+	return ch
+}
+
+// heldCopyLocked returns copies of hash's token bucket and GCRA grants
+// that have not entered the bucket, and the key's current limit. The
+// shard's grants must be held (see grantTable).
+func (g *grantTable) heldCopyLocked(hash uint64) ([]grant, limiter.Request) {
+	k := g.shards[hash%decideShards][hash]
+	if k == nil || k.held == 0 {
+		return nil, limiter.Request{}
+	}
+	var gs []grant
+	for _, gr := range k.list {
+		if !gr.settled && deferred(gr.req.Algorithm) && gr.hits > 0 {
+			gs = append(gs, gr)
+		}
+	}
+	return gs, k.cur
 }
 
 // keyGrants is the grants of one key hash, with what decisions read of
@@ -172,9 +217,10 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // made at now (boundTimes), so that it holds its hits for no longer than
 // its TTL from now, as the limiter reads the key's state.
 //
-// A settled grant is forgotten at its keep time, unless its holder is away
-// from the ring then and a return could still free hits: then it is kept
-// grantReturnGrace more, and looked at again.
+// A settled grant is forgotten at its keep time, unless a return could
+// still free hits and it is its holder's latest grant of the key (kept
+// until grantLateGrace after its expiry) or its holder is away from the
+// ring (kept grantLateGrace more, and looked at again).
 //
 // req, when not nil, is the request being decided: its parameters become
 // the key's current ones (keyGrants.cur), those expired grants enter under.
@@ -204,12 +250,29 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 	}
 	for i := range gs {
 		gr := &gs[i]
-		if gr.settled && now >= gr.keep && g.away != nil && gr.worth(now) && g.away(gr.from) {
-			gr.keep = now + int64(grantReturnGrace)
+		if !gr.settled || now < gr.keep || !gr.worth(now) {
+			continue
+		}
+		switch {
+		case g.away != nil && g.away(gr.from):
+			gr.keep = now + int64(grantLateGrace)
+		case now < gr.expires+int64(grantLateGrace) && latest(gs, gr):
+			gr.keep = gr.expires + int64(grantLateGrace)
 		}
 	}
 	gs = slices.DeleteFunc(gs, func(gr grant) bool { return gr.settled && now >= gr.keep })
 	g.storeLocked(hash, gs)
+}
+
+// latest reports whether gr is the latest of gs granted to its holder for
+// its key.
+func latest(gs []grant, gr *grant) bool {
+	for i := range gs {
+		if o := &gs[i]; o != gr && o.from == gr.from && sameKey(&o.req, &gr.req) && o.granted > gr.granted {
+			return false
+		}
+	}
+	return true
 }
 
 // storeLocked makes gs the grants of hash.

@@ -166,6 +166,9 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		}
 		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
+		if deferred(req.Algorithm) && n.cfg.Replicas > 1 {
+			n.grants.noteChanged(hash, &req)
+		}
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, ValidFor: exp.Sub(now), Decision: d}, nil
 }
@@ -261,6 +264,8 @@ const (
 	maxReturns = 4096
 	// maxReturnWait bounds how long a return is tried again.
 	maxReturnWait = 24 * time.Hour
+	// returnRetry is how often returns not sent are tried again.
+	returnRetry = 100 * time.Millisecond
 )
 
 // leaseTable is a node's side of leasing: the rate of every key it
@@ -713,6 +718,10 @@ func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock,
 	}()
 	tick := clocks.NewTicker(clock, max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
+	// Returns not sent are tried again at least every returnRetry,
+	// whatever the TTL: their owner may be back long before it ends.
+	retry := clocks.NewTicker(clock, returnRetry)
+	defer retry.Stop()
 	sendReturns := func() {
 		if t.sendingReturns.CompareAndSwap(false, true) {
 			work.Add(1)
@@ -739,6 +748,10 @@ func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock,
 			}()
 		case <-t.kick:
 			sendReturns()
+		case <-retry.C:
+			if t.returnsPending() {
+				sendReturns()
+			}
 		case <-tick.C:
 			t.sweep(now().UnixNano(), owners)
 			sendReturns()
@@ -832,6 +845,13 @@ func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) []leas
 	}
 	wg.Wait()
 	return notSent
+}
+
+// returnsPending reports whether returns wait to be sent.
+func (t *leaseTable) returnsPending() bool {
+	t.returnsMu.Lock()
+	defer t.returnsMu.Unlock()
+	return len(t.returns) > 0
 }
 
 // requeue queues again the returns of rs to try until later than now.

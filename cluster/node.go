@@ -75,15 +75,18 @@ type Node struct {
 	ring    *ring.Ring
 	peers   *peer.Pool
 
-	metrics  *metrics    // nil without Config.Registerer
-	tracing  *tracing    // nil without Config.TracerProvider
-	router   *router     // where checks go; owns the breakers
-	handover *handover   // which keys this node decides as owner
-	grants   grantTable  // leases this node granted as owner (grants.go)
-	leases   *leaseTable // see lease.go
-	clocks   *clockTable // the members' clock offsets (clockskew.go)
-	proofs   *proofs     // which members have proved themselves (proof.go)
-	versions *versions   // members refused for their protocol version (protocol.go)
+	metrics  *metrics   // nil without Config.Registerer
+	tracing  *tracing   // nil without Config.TracerProvider
+	router   *router    // where checks go; owns the breakers
+	handover *handover  // which keys this node decides as owner
+	grants   grantTable // leases this node granted as owner (grants.go)
+	// heldScratch is where changesLoop computes the copies of leased keys
+	// for the replicas (replicate.go's heldSnapshot); nil until needed.
+	heldScratch *limiter.Store
+	leases      *leaseTable // see lease.go
+	clocks      *clockTable // the members' clock offsets (clockskew.go)
+	proofs      *proofs     // which members have proved themselves (proof.go)
+	versions    *versions   // members refused for their protocol version (protocol.go)
 
 	lis    net.Listener
 	grpc   *grpc.Server

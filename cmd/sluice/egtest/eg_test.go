@@ -67,7 +67,7 @@ func envoyGatewayBinary(t *testing.T) string {
 	}
 	p, err := exec.LookPath("envoy-gateway")
 	if err != nil {
-		t.Skip("no envoy-gateway binary: set SLUICE_ENVOY_GATEWAY or put it on PATH (scripts/envoy-gateway builds one)")
+		t.Skip("no envoy-gateway binary: set SLUICE_ENVOY_GATEWAY or put it on PATH (scripts/envoy-gateway-test.sh builds one)")
 	}
 	return p
 }
@@ -295,6 +295,9 @@ func TestEnvoyGatewayConfiguresTheDaemon(t *testing.T) {
 	if err := os.WriteFile(stand, []byte("#!/bin/sh\nexec sleep 3600\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// rateLimit turns on the rate limit xDS server. Its Redis is for the
+	// envoyproxy/ratelimit deployment Envoy Gateway runs on Kubernetes;
+	// the host infrastructure runs none, and nothing connects to it.
 	config := filepath.Join(dir, "standalone.yaml")
 	writeFile(t, config, fmt.Sprintf(`apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: EnvoyGateway
@@ -323,7 +326,7 @@ rateLimit:
   backend:
     type: Redis
     redis:
-      url: 127.0.0.1:6379
+      url: localhost:6379
 logging:
   level:
     default: info
@@ -336,18 +339,33 @@ extensionApis:
 
 	egp := start(t, "envoy-gateway", eg, "server", "--config-path", config)
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || testing.Verbose() {
 			t.Logf("envoy-gateway's output:\n%s", egp.log())
 		}
 	})
 
+	// The daemon's reconnections back off up to 30 seconds: it starts once
+	// Envoy Gateway's rate limit xDS server listens.
+	testwait.ForTimeout(t, 3*time.Minute, "Envoy Gateway's rate limit xDS server to listen", func() bool {
+		select {
+		case <-egp.exited:
+			t.Fatalf("envoy-gateway exited")
+		default:
+		}
+		c, err := net.Dial("tcp", egRateLimitAddr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
 	certs := filepath.Join(home, "certs", "envoy-rate-limit")
 	d := startDaemon(t, "--envoy-xds-addr", egRateLimitAddr, "--envoy-xds-node-id", egRateLimitNode,
 		"--envoy-xds-ca-file", filepath.Join(certs, "ca.crt"),
 		"--envoy-xds-cert-file", filepath.Join(certs, "tls.crt"), "--envoy-xds-key-file", filepath.Join(certs, "tls.key"),
 		"--envoy-xds-server-name", "envoy-gateway")
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || testing.Verbose() {
 			t.Logf("sluice's output:\n%s", d.log())
 		}
 	})
@@ -375,6 +393,15 @@ extensionApis:
 		return resp
 	}
 
+	// Envoy Gateway may serve the route before its policy: each poll asks
+	// for a user not seen again, so that none is counted twice.
+	fresh := 0
+	limitOf := func() uint32 {
+		fresh++
+		return check(userDescriptor("poll-" + strconv.Itoa(fresh))).Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
+	testwait.ForTimeout(t, 2*time.Minute, "the policy to reach the daemon", func() bool { return limitOf() == 3 })
+
 	// As Envoy sends them: one request per HTTP request, with a
 	// descriptor for each rule of the route.
 	type step struct {
@@ -398,14 +425,9 @@ extensionApis:
 		}
 	}
 
-	// The policy edited: 6 an hour per user. Each poll asks for a user
-	// not seen before, so that none is counted twice.
+	// The policy edited: 6 an hour per user.
 	writeFile(t, policyFile, policy(6, 5))
-	fresh := 0
-	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool {
-		fresh++
-		return check(userDescriptor("poll-" + strconv.Itoa(fresh))).Statuses[0].CurrentLimit.GetRequestsPerUnit() == 6
-	})
+	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool { return limitOf() == 6 })
 	spend := func(user string, want int) {
 		t.Helper()
 		for i := range want + 1 {

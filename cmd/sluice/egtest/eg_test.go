@@ -67,7 +67,7 @@ func envoyGatewayBinary(t *testing.T) string {
 	}
 	p, err := exec.LookPath("envoy-gateway")
 	if err != nil {
-		t.Skip("no envoy-gateway binary: set SLUICE_ENVOY_GATEWAY or put it on PATH (scripts/envoy-gateway builds one)")
+		t.Skip("no envoy-gateway binary: set SLUICE_ENVOY_GATEWAY or put it on PATH (scripts/envoy-gateway-test.sh builds one)")
 	}
 	return p
 }
@@ -195,7 +195,7 @@ spec:
       port: 3000
 `
 
-func policy(usersPerHour, routePerHour int) string {
+func policy(usersPerHour int) string {
 	return fmt.Sprintf(`apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: BackendTrafficPolicy
 metadata:
@@ -216,34 +216,78 @@ spec:
         limit:
           requests: %d
           unit: Hour
+      - clientSelectors:
+        - sourceCIDR:
+            type: Distinct
+            value: 10.0.0.0/8
+          methods:
+          - value: POST
+          path:
+            type: PathPrefix
+            value: /api
+        limit:
+          requests: 7
+          unit: Minute
+        shadowMode: true
+      - clientSelectors:
+        - headers:
+          - name: x-plan
+            value: free
+        limit:
+          requests: 4
+          unit: Day
+        shared: true
       - limit:
-          requests: %d
+          requests: 5
           unit: Hour
-`, usersPerHour, routePerHour)
+`, usersPerHour)
 }
 
-// The names Envoy Gateway gives the route's rate limit configuration: the
-// domain is the listener (namespace/gateway/listener), the first
-// descriptor the route (its rule, match and host), then one per rule:
-// rule-<i>-match-<j> for a header selector (the header's value for a
-// Distinct one), rule-<i>-match--1 for a rule that selects everything.
+// The names Envoy Gateway gives the policy's rate limit configuration
+// (as v1.9 serves it). A rule of the route is in the domain of the
+// listener (namespace/gateway/listener), under a first descriptor for the
+// route (its rule, match and host); a shared rule has a domain of its own
+// (the policy's namespace/name) and a first descriptor naming the rule.
+// Then come the rule's selectors, numbered by the rule's place among the
+// route's rules (or among the shared ones): rule-<i>-match-<j> for a
+// header (the header's value for a Distinct one, the key again for an
+// exact value), rule-<i>-method and rule-<i>-path, masked_remote_address
+// and remote_address for a Distinct source CIDR, and rule-<i>-match--1
+// for a rule that selects every request.
 const (
-	egDomain   = "default/eg/http"
-	egRouteKey = "httproute/default/backend/rule/0/match/0/www_example_com"
-	egUserKey  = "rule-0-match-0"
-	egAllKey   = "rule-1-match--1"
+	egDomain       = "default/eg/http"
+	egRouteKey     = "httproute/default/backend/rule/0/match/0/www_example_com"
+	egSharedDomain = "default/limits"
+	egSharedKey    = "default/limits/rule/2"
 )
 
-// userDescriptor is what Envoy sends for the first rule, for user;
-// routeDescriptor for the second.
+// entries is a descriptor of key, value pairs.
+func entries(kv ...string) *corev3.RateLimitDescriptor {
+	d := new(corev3.RateLimitDescriptor)
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &corev3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// What Envoy sends for each rule: for the first, user's requests; for
+// the second, a POST under /api from ip; for the third (shared), a
+// request with x-plan: free; for the fourth, any request.
 func userDescriptor(user string) *corev3.RateLimitDescriptor {
-	return &corev3.RateLimitDescriptor{Entries: []*corev3.RateLimitDescriptor_Entry{
-		{Key: egRouteKey, Value: egRouteKey}, {Key: egUserKey, Value: user}}}
+	return entries(egRouteKey, egRouteKey, "rule-0-match-0", user)
+}
+
+func apiDescriptor(ip string) *corev3.RateLimitDescriptor {
+	return entries(egRouteKey, egRouteKey, "rule-1-method", "rule-1-method", "rule-1-path", "rule-1-path",
+		"masked_remote_address", "10.0.0.0/8", "remote_address", ip)
+}
+
+func planDescriptor() *corev3.RateLimitDescriptor {
+	return entries(egSharedKey, egSharedKey, "rule-0-match-0", "rule-0-match-0")
 }
 
 func routeDescriptor() *corev3.RateLimitDescriptor {
-	return &corev3.RateLimitDescriptor{Entries: []*corev3.RateLimitDescriptor_Entry{
-		{Key: egRouteKey, Value: egRouteKey}, {Key: egAllKey, Value: egAllKey}}}
+	return entries(egRouteKey, egRouteKey, "rule-2-match--1", "rule-2-match--1")
 }
 
 // writeFile replaces path's content at once, as an editor saving it
@@ -295,6 +339,9 @@ func TestEnvoyGatewayConfiguresTheDaemon(t *testing.T) {
 	if err := os.WriteFile(stand, []byte("#!/bin/sh\nexec sleep 3600\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// rateLimit turns on the rate limit xDS server. Its Redis is for the
+	// envoyproxy/ratelimit deployment Envoy Gateway runs on Kubernetes;
+	// the host infrastructure runs none, and nothing connects to it.
 	config := filepath.Join(dir, "standalone.yaml")
 	writeFile(t, config, fmt.Sprintf(`apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: EnvoyGateway
@@ -323,7 +370,7 @@ rateLimit:
   backend:
     type: Redis
     redis:
-      url: 127.0.0.1:6379
+      url: localhost:6379
 logging:
   level:
     default: info
@@ -332,22 +379,37 @@ extensionApis:
 `, watched, home, home, filepath.Join(dir, "state"), filepath.Join(dir, "run"), egEnvoyVersion))
 	writeFile(t, filepath.Join(watched, "route.yaml"), resources)
 	policyFile := filepath.Join(watched, "policy.yaml")
-	writeFile(t, policyFile, policy(3, 5))
+	writeFile(t, policyFile, policy(3))
 
 	egp := start(t, "envoy-gateway", eg, "server", "--config-path", config)
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || testing.Verbose() {
 			t.Logf("envoy-gateway's output:\n%s", egp.log())
 		}
 	})
 
+	// The daemon's reconnections back off up to 30 seconds: it starts once
+	// Envoy Gateway's rate limit xDS server listens.
+	testwait.ForTimeout(t, 3*time.Minute, "Envoy Gateway's rate limit xDS server to listen", func() bool {
+		select {
+		case <-egp.exited:
+			t.Fatalf("envoy-gateway exited")
+		default:
+		}
+		c, err := net.Dial("tcp", egRateLimitAddr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
 	certs := filepath.Join(home, "certs", "envoy-rate-limit")
 	d := startDaemon(t, "--envoy-xds-addr", egRateLimitAddr, "--envoy-xds-node-id", egRateLimitNode,
 		"--envoy-xds-ca-file", filepath.Join(certs, "ca.crt"),
 		"--envoy-xds-cert-file", filepath.Join(certs, "tls.crt"), "--envoy-xds-key-file", filepath.Join(certs, "tls.key"),
 		"--envoy-xds-server-name", "envoy-gateway")
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || testing.Verbose() {
 			t.Logf("sluice's output:\n%s", d.log())
 		}
 	})
@@ -361,11 +423,11 @@ extensionApis:
 	}
 	defer conn.Close()
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	check := func(descs ...*corev3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	checkIn := func(domain string, descs ...*corev3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: egDomain, Descriptors: descs, HitsAddend: 1})
+		resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descs, HitsAddend: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,38 +436,65 @@ extensionApis:
 		}
 		return resp
 	}
+	check := func(descs ...*corev3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		t.Helper()
+		return checkIn(egDomain, descs...)
+	}
 
-	// As Envoy sends them: one request per HTTP request, with a
-	// descriptor for each rule of the route.
+	// Envoy Gateway may serve the route before its policy: each poll asks
+	// for a user not seen again, so that none is counted twice.
+	fresh := 0
+	limitOf := func() uint32 {
+		fresh++
+		return check(userDescriptor("poll-" + strconv.Itoa(fresh))).Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
+	testwait.ForTimeout(t, 2*time.Minute, "the policy to reach the daemon", func() bool { return limitOf() == 3 })
+
+	// As Envoy sends them: one request per HTTP request (a POST under
+	// /api from 10.1.2.3 with x-user-id), with a descriptor for each rule
+	// of the route; the shared rule's in a request of its own (Envoy
+	// Gateway gives it a filter of its own).
 	type step struct {
-		user              string
-		wantUser, wantAll rlsv3.RateLimitResponse_Code
+		user                        string
+		wantUser, wantAll, wantCode rlsv3.RateLimitResponse_Code
 	}
 	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
 	for i, s := range []step{
-		{"alice", ok, ok}, {"alice", ok, ok}, {"alice", ok, ok},
-		{"alice", over, ok}, // alice's fourth in the hour
-		{"bob", ok, ok},     // the route's fifth
-		{"bob", ok, over},
-		{"carol", ok, over},
+		{"alice", ok, ok, ok}, {"alice", ok, ok, ok}, {"alice", ok, ok, ok},
+		{"alice", over, ok, over}, // alice's fourth in the hour
+		{"bob", ok, ok, ok},       // the route's fifth
+		{"bob", ok, over, over},
+		{"carol", ok, over, over},
+		{"carol", ok, over, over}, // the eighth POST from 10.1.2.3 in the minute: shadow mode
 	} {
-		resp := check(userDescriptor(s.user), routeDescriptor())
+		resp := check(userDescriptor(s.user), apiDescriptor("10.1.2.3"), routeDescriptor())
+		if resp.OverallCode != s.wantCode {
+			t.Errorf("request %d (%s): %v overall, want %v", i+1, s.user, resp.OverallCode, s.wantCode)
+		}
 		if got := resp.Statuses[0]; got.Code != s.wantUser || got.CurrentLimit.GetRequestsPerUnit() != 3 || got.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
 			t.Errorf("request %d (%s): the user's rule answered %v, want %v under 3 an hour", i+1, s.user, got, s.wantUser)
 		}
-		if got := resp.Statuses[1]; got.Code != s.wantAll || got.CurrentLimit.GetRequestsPerUnit() != 5 {
+		wantLeft := uint32(max(7-(i+1), 0))
+		if got := resp.Statuses[1]; got.Code != ok || got.CurrentLimit.GetRequestsPerUnit() != 7 || got.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || got.LimitRemaining != wantLeft {
+			t.Errorf("request %d: the shadow rule answered %v, want OK with %d left of 7 a minute", i+1, got, wantLeft)
+		}
+		if got := resp.Statuses[2]; got.Code != s.wantAll || got.CurrentLimit.GetRequestsPerUnit() != 5 {
 			t.Errorf("request %d (%s): the route's rule answered %v, want %v under 5 an hour", i+1, s.user, got, s.wantAll)
 		}
 	}
+	if got := check(apiDescriptor("10.9.9.9")).Statuses[0]; got.LimitRemaining != 6 {
+		t.Errorf("another address under 10.0.0.0/8: %v, want a count of its own (6 left of 7)", got)
+	}
+	for i := range 5 {
+		want := map[bool]rlsv3.RateLimitResponse_Code{true: ok, false: over}[i < 4]
+		if got := checkIn(egSharedDomain, planDescriptor()).Statuses[0]; got.Code != want || got.CurrentLimit.GetRequestsPerUnit() != 4 || got.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY {
+			t.Errorf("shared rule, request %d: %v, want %v under 4 a day", i+1, got, want)
+		}
+	}
 
-	// The policy edited: 6 an hour per user. Each poll asks for a user
-	// not seen before, so that none is counted twice.
-	writeFile(t, policyFile, policy(6, 5))
-	fresh := 0
-	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool {
-		fresh++
-		return check(userDescriptor("poll-" + strconv.Itoa(fresh))).Statuses[0].CurrentLimit.GetRequestsPerUnit() == 6
-	})
+	// The policy edited: 6 an hour per user.
+	writeFile(t, policyFile, policy(6))
+	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool { return limitOf() == 6 })
 	spend := func(user string, want int) {
 		t.Helper()
 		for i := range want + 1 {

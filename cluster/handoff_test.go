@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -318,7 +316,7 @@ func TestHardKillReadmission(t *testing.T) {
 
 // Hand-off, replication and a graceful leave leave no goroutine behind.
 func TestHandoffLeavesNoGoroutines(t *testing.T) {
-	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
+	noLeaksAfter(t)
 	c := testcluster.New(t, 3)
 	reqs := handoffRequests(200, 600)
 	consume(t, c.Node(0), reqs)

@@ -305,9 +305,11 @@ func writeFile(t *testing.T, path, content string) {
 
 // Envoy Gateway in standalone mode configures the daemon's Envoy rate
 // limit service over its rate limit xDS server: the descriptors Envoy
-// sends for the route are limited as the BackendTrafficPolicy says, an
-// edited policy changes the limit, and once Envoy Gateway is gone the
-// last configuration stays in force.
+// sends for the route are limited as the BackendTrafficPolicy says; once
+// Envoy Gateway is gone the last configuration stays in force; Envoy
+// Gateway started again with the policy deleted (at version 1 again)
+// leaves no domain; and a policy written again, edited, sets the new
+// limit.
 func TestEnvoyGatewayConfiguresTheDaemon(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs envoy-gateway and cmd/sluice as processes")

@@ -33,4 +33,4 @@ fi
 
 echo "== go test ./cmd/sluice/egtest against $SLUICE_ENVOY_GATEWAY"
 cd "$root"
-go test -count=1 -timeout 15m -v ./cmd/sluice/egtest
+go test -count=1 -timeout 15m ./cmd/sluice/egtest

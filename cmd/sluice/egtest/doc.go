@@ -10,9 +10,13 @@
 // Gateway's rate limit xDS server (port 18001, mutual TLS with the
 // certificates `envoy-gateway certgen --local` makes, node id
 // envoy-ratelimit). Through Envoy's rate limit API on the daemon's gRPC
-// port it checks the descriptors Envoy would send for that route, a
-// policy updated in the directory, and that the last configuration stays
-// in force once Envoy Gateway is killed.
+// port it checks the descriptors Envoy would send for the policy's rules
+// (a Distinct header; method, path and a Distinct source CIDR in shadow
+// mode; a shared rule; a rule for every request), that the last
+// configuration stays in force once Envoy Gateway is killed, that Envoy
+// Gateway started again with the policy deleted (its versions count from
+// 1 again) leaves the daemon no domain, and that a policy written in the
+// directory changes the limit.
 //
 // Envoy Gateway's host infrastructure would start an Envoy proxy with
 // func-e, which downloads one; the test puts a stand-in that only waits

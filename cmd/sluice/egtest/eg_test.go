@@ -305,9 +305,11 @@ func writeFile(t *testing.T, path, content string) {
 
 // Envoy Gateway in standalone mode configures the daemon's Envoy rate
 // limit service over its rate limit xDS server: the descriptors Envoy
-// sends for the route are limited as the BackendTrafficPolicy says, an
-// edited policy changes the limit, and once Envoy Gateway is gone the
-// last configuration stays in force.
+// sends for the route are limited as the BackendTrafficPolicy says; once
+// Envoy Gateway is gone the last configuration stays in force; Envoy
+// Gateway started again with the policy deleted (at version 1 again)
+// leaves no domain; and a policy written again, edited, sets the new
+// limit.
 func TestEnvoyGatewayConfiguresTheDaemon(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs envoy-gateway and cmd/sluice as processes")
@@ -492,9 +494,6 @@ extensionApis:
 		}
 	}
 
-	// The policy edited: 6 an hour per user.
-	writeFile(t, policyFile, policy(6))
-	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool { return limitOf() == 6 })
 	spend := func(user string, want int) {
 		t.Helper()
 		for i := range want + 1 {
@@ -504,7 +503,6 @@ extensionApis:
 			}
 		}
 	}
-	spend("dave", 6)
 
 	// Envoy Gateway killed: the daemon's stream ends and the last
 	// configuration stays.
@@ -515,6 +513,31 @@ extensionApis:
 	if !d.ready() {
 		t.Errorf("the daemon is not ready once Envoy Gateway is gone")
 	}
+	spend("dave", 3)
+
+	// Envoy Gateway started again with the policy deleted meanwhile: its
+	// versions count from 1 again (the daemon most likely holds a version
+	// 1 as well), and its state of the world has no rate limit
+	// configuration; the daemon drops the domains.
+	if err := os.Remove(policyFile); err != nil {
+		t.Fatal(err)
+	}
+	again := start(t, "envoy-gateway", eg, "server", "--config-path", config)
+	t.Cleanup(func() {
+		if t.Failed() || testing.Verbose() {
+			t.Logf("the restarted envoy-gateway's output:\n%s", again.log())
+		}
+	})
+	testwait.ForTimeout(t, 3*time.Minute, "the daemon to take the restarted Envoy Gateway's empty configuration", func() bool {
+		return d.metric("sluice_envoy_domains") == 0
+	})
+	if got := check(userDescriptor("dave")).Statuses[0]; got.Code != ok || got.CurrentLimit != nil {
+		t.Errorf("dave once the policy is deleted: %v, want OK with no limit", got)
+	}
+
+	// The policy written again, edited: 6 an hour per user.
+	writeFile(t, policyFile, policy(6))
+	testwait.ForTimeout(t, 2*time.Minute, "the edited policy to reach the daemon", func() bool { return limitOf() == 6 })
 	spend("erin", 6)
 }
 

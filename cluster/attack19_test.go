@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -78,30 +77,36 @@ func TestAttackPartitionFiveNodes(t *testing.T) {
 }
 
 // A rules rollout during a partition: a key of 100 a day takes 40 hits
-// through its owner (node 1); then, cut into {0} | {1,2}, one side keeps
-// the limit of 100 while the other checks the key under 200. Once healed,
-// under 200 the key counts every hit admitted on both sides, and under 100
-// it admits nothing more.
+// through its owner (node 1); then, cut into {0} | {1,2}, node 0 standing
+// in and the owner's side check the key under limits of their own (or the
+// stand-in under another algorithm). Once healed the stand-in's hits have
+// entered the owner's state under the owner's rate, counted even past its
+// limit: checked under each limit in turn, the key admits what that limit
+// leaves of every hit admitted on both sides, and no more.
 func TestAttackPartitionLimitChanges(t *testing.T) {
 	skipNearDayEnd(t)
+	type after struct{ limit, more int64 } // checked in turn
 	for _, tc := range []struct {
 		name               string
 		standInLimit       int64 // node 0's limit, cut off alone
 		ownerLimit         int64 // nodes 1 and 2's
 		standInHits, owner int64
-		broken             string
+		otherAlgorithm     bool // node 0 checks the key under another algorithm
+		after              []after
 	}{
 		// 40+30 | 40+100: the owner's state counts 140, past the
-		// stand-in's capacity of 100, so the charge of the stand-in's 30
-		// (a DrainOverLimit check under 100) adds nothing and the merge
-		// keeps 140; under 200 the key admits 60 more, 30 too many.
-		{"owner raises", 100, 200, 30, 100, "a stand-in's hits charged under its smaller limit are lost when the owner's state counts more than that limit (60 admitted after the heal of 200, 30 want)"},
-		{"stand-in raises", 200, 100, 90, 60, ""}, // 40+90 | 40+60
+		// stand-in's limit of 100; the stand-in's 30 count on top of it.
+		{name: "owner raises", standInLimit: 100, ownerLimit: 200, standInHits: 30, owner: 100, after: []after{{200, 30}, {100, 0}}},
+		{name: "stand-in raises", standInLimit: 200, ownerLimit: 100, standInHits: 90, owner: 60, after: []after{{200, 10}, {100, 0}}},
+		// 40+30 | 40+10 under 50: the owner's state is at its limit; the
+		// stand-in's 30 count past it, and under 100 again the key admits 20.
+		{name: "owner lowers", standInLimit: 100, ownerLimit: 50, standInHits: 30, owner: 10, after: []after{{50, 0}, {100, 20}}},
+		{name: "stand-in lowers", standInLimit: 50, ownerLimit: 100, standInHits: 10, owner: 30, after: []after{{100, 20}, {50, 0}}},
+		// The stand-in's hits enter the owner's state in the owner's
+		// algorithm: 40+30 | 40+20, and the key admits 10 more.
+		{name: "stand-in changes algorithm", standInLimit: 100, ownerLimit: 100, standInHits: 30, owner: 20, otherAlgorithm: true, after: []after{{100, 10}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.broken != "" && os.Getenv("SLUICE_ATTACK") == "" {
-				t.Skip("attack: " + tc.broken)
-			}
 			noLeaksAfter(t)
 			c := testcluster.New(t, 3, withReplicas(2))
 			var reqs []limiter.Request
@@ -120,17 +125,27 @@ func TestAttackPartitionLimitChanges(t *testing.T) {
 				}
 				return out
 			}
-			consume(t, c.Node(0), at(tc.standInLimit, tc.standInHits))
+			standIn := at(tc.standInLimit, tc.standInHits)
+			if tc.otherAlgorithm {
+				for i := range standIn {
+					standIn[i].Algorithm = limiter.TokenBucket
+					if reqs[i].Algorithm == limiter.TokenBucket {
+						standIn[i].Algorithm = limiter.FixedWindow
+					}
+				}
+			}
+			consume(t, c.Node(0), standIn)
 			consume(t, c.Node(1), at(tc.ownerLimit, tc.owner))
 
 			c.Heal()
 			c.WaitConverged()
-			total := 40 + tc.standInHits + tc.owner
-			if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, at(200, 1), 200-total) }); err != nil {
+			first := tc.after[0]
+			if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, at(first.limit, 1), first.more) }); err != nil {
 				t.Error(err)
 			}
-			remainingAfter(t, c, at(200, 1), int(200-total))
-			remainingAfter(t, c, at(100, 1), 0)
+			for _, a := range tc.after {
+				remainingAfter(t, c, at(a.limit, 1), int(a.more))
+			}
 		})
 	}
 }
@@ -416,9 +431,6 @@ func TestAttackLeaverKilledMidDeparture(t *testing.T) {
 // lease has ended, the key counts every hit a caller was admitted: its
 // owner admits the rest of the limit and no more.
 func TestAttackLeaseAcrossPartition(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("attack: a lease dropped because the ring gave its key to another owner (the holder became the key's stand-in) never gives its unused hits back: 100 admitted of 1000, the owner admits 440 more, not 900 (token bucket and fixed window, Share 0.5)")
-	}
 	skipNearDayEnd(t)
 	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow} {
 		t.Run(a.String(), func(t *testing.T) {

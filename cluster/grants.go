@@ -29,6 +29,11 @@ import (
 
 // grantReturnGrace is how long after a lease expired the hits its holder
 // gives back are still taken: returns come at the holder's next sweep.
+// A holder that is not a member of the owner's ring (cut off by a
+// partition, failed, or back and not admitted yet) sends its returns when
+// it can reach the owner again: its settled grants are kept while it is
+// away, and grantReturnGrace after, as long as a return could still free
+// hits (see grant.worth).
 const grantReturnGrace = time.Second
 
 // maxGrantKeys bounds the keys with grants per decide shard; beyond it the
@@ -44,6 +49,22 @@ type grant struct {
 	expires int64           // Unix ns, the owner's clock
 	window  int64           // a fixed window lease: the window's end
 	settled bool            // the hits entered the bucket, or expired
+	// keep is when a settled grant is forgotten: grantReturnGrace after
+	// its expiry, or after its holder was last seen away (settleLocked).
+	keep int64
+}
+
+// worth reports whether a return of gr's hits at now would still free
+// any: a fixed window's before the window ends, a token bucket's or
+// GCRA's before they have drained from the bucket at the grant's rate.
+func (gr *grant) worth(now int64) bool {
+	if gr.hits <= 0 {
+		return false
+	}
+	if !deferred(gr.req.Algorithm) {
+		return now < gr.window
+	}
+	return gr.drained(&gr.req, gr.hits, now) < gr.hits
 }
 
 // enter settles gr at: a token bucket's or GCRA's held hits enter the
@@ -77,6 +98,7 @@ func (gr *grant) boundTimes(now int64) {
 		return
 	}
 	gr.expires -= gr.granted - now
+	gr.keep -= gr.granted - now
 	gr.granted = now
 	if gr.window != 0 {
 		gr.window = min(gr.window, now)
@@ -93,6 +115,9 @@ type grantTable struct {
 	shards [decideShards]map[uint64]*keyGrants
 	mu     [decideShards]sync.Mutex
 	keys   atomic.Int64 // keys with grants, all shards
+	// away reports whether the node named is not a member of the ring
+	// now: its settled grants wait for its returns. nil: none is.
+	away func(name string) bool
 }
 
 // keyGrants is the grants of one key hash, with what decisions read of
@@ -115,7 +140,7 @@ func (k *keyGrants) update() {
 	for _, gr := range k.list {
 		k.latest = max(k.latest, gr.granted)
 		if gr.settled {
-			k.next = min(k.next, gr.expires+int64(grantReturnGrace))
+			k.next = min(k.next, gr.keep)
 			continue
 		}
 		k.next = min(k.next, gr.expires)
@@ -147,6 +172,10 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // made at now (boundTimes), so that it holds its hits for no longer than
 // its TTL from now, as the limiter reads the key's state.
 //
+// A settled grant is forgotten at its keep time, unless its holder is away
+// from the ring then and a return could still free hits: then it is kept
+// grantReturnGrace more, and looked at again.
+//
 // req, when not nil, is the request being decided: its parameters become
 // the key's current ones (keyGrants.cur), those expired grants enter under.
 func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, req *limiter.Request) {
@@ -173,9 +202,13 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 		}
 		gr.enter(store, time.Unix(0, gr.expires), &k.cur)
 	}
-	gs = slices.DeleteFunc(gs, func(gr grant) bool {
-		return gr.settled && now >= gr.expires+int64(grantReturnGrace)
-	})
+	for i := range gs {
+		gr := &gs[i]
+		if gr.settled && now >= gr.keep && g.away != nil && gr.worth(now) && g.away(gr.from) {
+			gr.keep = now + int64(grantReturnGrace)
+		}
+	}
+	gs = slices.DeleteFunc(gs, func(gr grant) bool { return gr.settled && now >= gr.keep })
 	g.storeLocked(hash, gs)
 }
 
@@ -240,6 +273,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 			gr.hits += hits
 			gr.granted = max(gr.granted, now)
 			gr.expires = max(gr.expires, expires)
+			gr.keep = gr.expires + int64(grantReturnGrace)
 			g.storeLocked(hash, gs)
 			return
 		}
@@ -247,7 +281,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	r := *req
 	r.Hits, r.Behavior = 0, 0
 	r.Charged = limiter.Window{}
-	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window}))
+	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window, keep: expires + int64(grantReturnGrace)}))
 	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
 		k.cur = r
 	}

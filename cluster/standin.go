@@ -42,8 +42,11 @@ import (
 //
 // Each charge is at most what the state it comes from still counts at the
 // receiver's time under the stand-in's rate (hits out of the window or
-// drained from the bucket are not charged) and is made as a
-// DrainOverLimit check, never past the capacity.
+// drained from the bucket are not charged). The hits enter the
+// receiver's live state under the rate and algorithm it was last decided
+// at (the owner's current parameters, not the stand-in's), and count even
+// past its limit: none is dropped because the two sides checked the key
+// under different limits.
 //
 // The record is bounded: maxDebtBytes in all (as settlement's), an entry
 // counted as its name, its key, standinOverhead and each part's origin and

@@ -297,6 +297,18 @@ type Request struct {
 	// merged into a later one. Neither ever takes another request's hits
 	// off the key. Otherwise the refund gives nothing back, as above.
 	//
+	// A Reset of a live key clears the hits of every charge made before
+	// it: until the key's state as it stood would have gone fresh (its
+	// windows ended, its level or TAT drained), a refund naming a charge
+	// at an instant, or in a window begun, no later than the reset gives
+	// nothing back, whatever the key has been charged since (the Store
+	// keeps a mark of the reset that long, ResetMarkOverhead bytes). A
+	// window that holds the reset is named, by the charges made in it
+	// after the reset, with Start one microsecond after the reset, an
+	// epoch of the window that refunds of earlier charges do not reach.
+	// The mark stays on the node that reset the key: a Snapshot does not
+	// carry it.
+	//
 	// A zero Charged refunds as the key's state reads now (see Refund),
 	// and only Refund takes one.
 	Charged Window
@@ -428,7 +440,8 @@ type Decision struct {
 	Delay time.Duration
 	// Window is the window of a fixed window or sliding window counter
 	// (the algorithm and rate the key's state was decided with) that this
-	// decision counted hits in, or for the other algorithms the instant
+	// decision counted hits in (from its epoch since a reset within it:
+	// see Request.Charged), or for the other algorithms the instant
 	// it counted them at (Start == End: for the sliding window log, that
 	// of the log's entry they went into): for an admitted request of
 	// Hits > 0, the window they went into, which a Refund of them carries

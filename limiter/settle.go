@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -71,9 +72,18 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // two (as Merge does), all as one step under the key's lock. Each charge
 // is at most what the state it comes from still counts at now under
 // charge's rate (hits that have left its window, or drained from its
-// bucket, are not charged again) and is made as a DrainOverLimit check,
-// never past the capacity. charge's Name, Key and Algorithm must be sn's;
-// its Behavior is ignored. It reports whether the key changed.
+// bucket, are not charged again). charge's Name, Key and Algorithm must be
+// sn's; its Behavior is ignored. It reports whether the key changed.
+//
+// The hits enter the store's live state under the rate that state was
+// last decided at, in its own algorithm, whatever charge's rate (that of
+// the node that admitted them), and whatever the state counts already:
+// past its limit they count as consumption above the limit, and nothing
+// is dropped. sn, when of the store state's algorithm, is read at that
+// rate too before the two are merged, so that neither is read as
+// counting more for being written at another rate. A store that holds
+// no live state of the key counts none of it: sn, which counts its
+// parts, is merged as it is.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
 // charging the hits of h2 the store has not counted to the store's state
@@ -100,8 +110,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	}
 	in, inLog := snapshotState(sn), snapshotLog(sn)
 	if theirs > 0 {
-		d := peek(in, inLog, &charge, n)
-		theirs = min(theirs, max(charge.Capacity()-d.Remaining, 0))
+		theirs = min(theirs, consumed(&in, inLog, &charge, n))
 	}
 	var buf [96]byte
 	k := appendStoreKey(buf[:0], sn.Name, sn.Key)
@@ -109,20 +118,20 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	at := sh.readingLocked(n)
-	merged := sn
-	if mine > 0 {
-		// What the store's own state counts, before it is charged.
-		if e, ok := sh.m[string(k)]; ok && e.expireAt > at && e.algo() == sn.Algorithm {
-			d := peek(e.state, sh.logs[e.key], &charge, at)
-			mine = min(mine, max(charge.Capacity()-d.Remaining, 0))
-		} else {
-			mine = 0
-		}
+	e, ok := sh.m[string(k)]
+	if !ok || e.expireAt <= at {
+		return s.mergeLocked(sh, k, sn, at), nil
 	}
-	if mine > 0 {
-		r := charge
-		r.Hits, r.Behavior = mine, DrainOverLimit
-		decide(&in, &inLog, &r, at)
+	var lg *windowLog
+	if e.algo() == SlidingWindowLog {
+		lg = sh.logs[e.key]
+	}
+	merged := sn
+	if e.algo() == sn.Algorithm {
+		reRate(&in, &e.state, at)
+		if mine = min(mine, consumed(&e.state, lg, &charge, at)); mine > 0 {
+			chargeOwn(&in, inLog, mine, &charge, at)
+		}
 		c := stateSnapshot(sn.Name, sn.Key, &in, inLog)
 		c.RateLimit, c.RateBurst, c.RatePeriod = sn.RateLimit, sn.RateBurst, sn.RatePeriod
 		c.RateCalendar, c.RateLocation = sn.RateCalendar, sn.RateLocation
@@ -130,12 +139,119 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	}
 	changed := false
 	if theirs > 0 {
-		charge.Hits, charge.Behavior = theirs, DrainOverLimit
-		var d Decision
-		s.decideKeyLocked(sh, k, &charge, at, 0, &d)
+		before := logBytes(lg)
+		chargeOwn(&e.state, lg, theirs, &charge, at)
+		sh.touchLocked(e)
+		if after := logBytes(lg); after != before {
+			s.resizeLocked(sh, e, after-before, at)
+		}
+		s.markChangedLocked(sh, e)
 		changed = true
 	}
 	return s.mergeLocked(sh, k, merged, at) || changed, nil
+}
+
+// chargeOwn adds hits, admitted at now, to st, a live state, and to its
+// log lg (the sliding window log's), at the rate the state was last
+// decided at, as the state itself tells it: a bucket's drain from its
+// level to empty at its expiry, GCRA's interval, a window's end, a
+// counter's Period (see counterPeriod), a log's Period from its newest
+// entry to its expiry. Where the state tells none, fallback's rate is
+// used. The hits count whatever the state counts already: past the
+// limit, a bucket's level, a TAT, a count or a log holds them all. Counts
+// saturate at MaxLimit.
+func chargeOwn(st *state, lg *windowLog, hits int64, fallback *Request, now int64) {
+	switch st.algo() {
+	case TokenBucket, LeakyBucket:
+		level, last, end := st.level(), st.levelTime(), st.expireAt
+		// The level drains linearly to empty at its expiry, which a
+		// decision rounded up and a merge took the later of: the rate
+		// read from them is at most the rate written, so the level read
+		// at now is at least what it was.
+		var perHit float64 // ns per hit
+		if level > bucketEpsilon && end > last {
+			perHit = float64(end-last) / level
+		} else {
+			perHit = float64(periodOf(fallback, now)) / float64(fallback.Limit)
+		}
+		if now > last {
+			level = max(level-float64(now-last)/perHit, 0)
+			last = now
+		}
+		level = min(level+float64(hits), MaxLimit)
+		st.setLevel(level, last)
+		drain := level * perHit
+		if drain >= math.MaxInt64 {
+			st.expireAt = horizon(now)
+		} else {
+			st.expireAt = max(st.expireAt, min(addSat(last, int64(math.Ceil(drain))), horizon(now)))
+		}
+	case GCRA:
+		t := st.interval()
+		if t <= 0 {
+			t = gcraInterval(fallback)
+		}
+		behind := max(st.tat()-now, 0)
+		ahead := horizon(now) - now
+		if hits > (ahead-behind)/t {
+			behind = ahead
+		} else {
+			behind += hits * t
+		}
+		st.setTAT(now+behind, t)
+		st.setTATLead(behind)
+		st.expireAt = now + behind
+	case FixedWindow:
+		// A live count is its window's, which ends at the expiry.
+		st.setWindow(st.windowStart(), min(st.windowHits()+hits, MaxLimit))
+	case SlidingWindowCounter:
+		p := counterPeriod(st, periodOf(fallback, now))
+		if p <= 0 {
+			p = periodOf(fallback, now)
+		}
+		ws, cur, prev := st.windowStart(), st.windowHits(), st.prevWindowHits()
+		if start := floorDiv(now, p) * p; start > ws {
+			// Live, so now is within a period of its window's end.
+			prev, cur, ws = cur, 0, start
+			if start-p != st.windowStart() {
+				prev = 0
+			}
+		}
+		cur = min(cur+hits, MaxLimit)
+		st.setWindow(ws, cur)
+		st.setPrevWindowHits(prev)
+		st.expireAt = max(st.expireAt, counterExpiry(ws, cur, prev, p, now))
+	case SlidingWindowLog:
+		if lg == nil {
+			return
+		}
+		p := periodOf(fallback, now)
+		if newest := lg.newest(); newest != math.MinInt64 && st.expireAt > newest {
+			p = st.expireAt - newest
+		}
+		if hits = min(hits, MaxLimit-lg.total()); hits > 0 {
+			lg.add(now, hits)
+		}
+		st.expireAt = max(st.expireAt, addSat(lg.newest(), p))
+	}
+}
+
+// reRate reads in, a live state of own's algorithm written at another
+// rate, at own's: GCRA's outstanding hits at own's interval (rounded up),
+// so that a merge, which keeps the later TAT at the shorter interval,
+// does not read either as counting more. The other algorithms keep
+// counts or levels that merge as they are.
+func reRate(in, own *state, now int64) {
+	if in.algo() != GCRA || own.algo() != GCRA {
+		return
+	}
+	t := own.interval()
+	if t <= 0 || in.interval() == t {
+		return
+	}
+	behind := gcraBehind(in, t, now)
+	in.setTAT(now+behind, t)
+	in.expireAt = now + behind
 }
 
 // stateSnapshot returns the snapshot of st, with its log lg, as the key

@@ -87,7 +87,10 @@ func (m *httpMetrics) instrument(mux *http.ServeMux, logger *slog.Logger) http.H
 		elapsed := time.Since(start)
 		m.requests.WithLabelValues(endpoint, strconv.Itoa(sw.status)).Inc()
 		m.duration.WithLabelValues(endpoint).Observe(elapsed.Seconds())
-		logger.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", elapsed, "remote", r.RemoteAddr)
+		// Checked first: the arguments alone take five allocations.
+		if logger.Enabled(r.Context(), slog.LevelDebug) {
+			logger.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "duration", elapsed, "remote", r.RemoteAddr)
+		}
 	})
 }
 

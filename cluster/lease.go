@@ -266,6 +266,9 @@ const (
 	maxReturnWait = 24 * time.Hour
 	// returnRetry is how often returns not sent are tried again.
 	returnRetry = 100 * time.Millisecond
+	// returnRefusedWait is how long an owner that refuses a return (in
+	// hand-over, or the key moved) is asked again.
+	returnRefusedWait = 10 * time.Second
 )
 
 // leaseTable is a node's side of leasing: the rate of every key it
@@ -335,6 +338,11 @@ type leaseReturn struct {
 	owner string
 	req   limiter.Request
 	until int64
+	// refusedAt is when the owner first refused it (0: never), refused
+	// that it did just now: an owner that keeps refusing no longer decides
+	// the key, and is asked again for returnRefusedWait at most.
+	refusedAt int64
+	refused   bool
 }
 
 func newLeaseTable(cfg LeaseConfig, maxSkew time.Duration) *leaseTable {
@@ -832,9 +840,10 @@ func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) []leas
 				case !errors.Is(err, errReturnNotSent):
 					continue
 				}
+				r.refused = !errors.Is(err, transport.ErrUnavailable)
 				mu.Lock()
 				notSent = append(notSent, r)
-				if ctx.Err() == nil && errors.Is(err, transport.ErrUnavailable) {
+				if ctx.Err() == nil && !r.refused {
 					notSent = append(notSent, rs[i+1:]...) // the owner cannot be reached now
 					mu.Unlock()
 					return
@@ -854,11 +863,21 @@ func (t *leaseTable) returnsPending() bool {
 	return len(t.returns) > 0
 }
 
-// requeue queues again the returns of rs to try until later than now.
+// requeue queues again the returns of rs to try until later than now,
+// those refused for less than returnRefusedWait.
 func (t *leaseTable) requeue(rs []leaseReturn, now int64) {
 	t.returnsMu.Lock()
 	defer t.returnsMu.Unlock()
 	for _, r := range rs {
+		if r.refused {
+			if r.refusedAt == 0 {
+				r.refusedAt = now
+			}
+			r.refused = false
+			if now-r.refusedAt >= int64(returnRefusedWait) {
+				continue
+			}
+		}
 		if now < r.until && len(t.returns) < maxReturns {
 			t.returns = append(t.returns, r)
 		}

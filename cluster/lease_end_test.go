@@ -259,3 +259,44 @@ func TestLeaseLimitLowered(t *testing.T) {
 		})
 	}
 }
+
+// An owner takes back the unused hits of a holder that was away from its
+// ring far longer than a lease's TTL (here a holder that is no member):
+// 100 hits checked, then a lease of 500 of 1000 of which 200 are used
+// comes back a minute after it expired. Returns free at most what the
+// holder's grant holds, the hits it used included (the holder never sends
+// a return twice): a second return of 300 frees the 200 left, a third
+// nothing.
+func TestLeaseReturnAfterAbsence(t *testing.T) {
+	for _, a := range leaseEndAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			clk := newClock()
+			c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+				cfg.Clock = cluster.ClockFunc(clk.Now)
+			}))
+			owner := c.Node(0)
+			req := limiter.Request{Name: "absent", Key: "holder", Limit: 1000, Period: 24 * time.Hour, Algorithm: a}
+			spend := req
+			spend.Hits = 100
+			if d := checkOn(t, owner, spend); !d.Allowed {
+				t.Fatalf("100 hits: %+v", d)
+			}
+			l, err := owner.Lease(context.Background(), "holder", req, 500, time.Second)
+			if err != nil || l.Granted != 500 {
+				t.Fatalf("lease: %+v, %v", l, err)
+			}
+			clk.Advance(time.Minute)
+			if d := checkOn(t, owner, req); d.Remaining != 400 {
+				t.Fatalf("a minute after the expiry: %d remaining, want 400", d.Remaining)
+			}
+			for i, want := range []int64{700, 900, 900} {
+				if err := owner.ReturnLease(context.Background(), "holder", req, 300); err != nil {
+					t.Fatalf("return: %v", err)
+				}
+				if d := checkOn(t, owner, req); d.Remaining != want {
+					t.Errorf("after return %d of 300 hits: %d remaining, want %d", i+1, d.Remaining, want)
+				}
+			}
+		})
+	}
+}

@@ -205,3 +205,42 @@ func TestLeaseTableClockStepsBack(t *testing.T) {
 		}
 	}
 }
+
+// A return its owner refuses (in hand-over, or no longer deciding the key)
+// is tried again for returnRefusedWait from the first refusal; one whose
+// owner cannot be reached, until it would free nothing.
+func TestLeaseReturnRefusedGivesUp(t *testing.T) {
+	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: time.Second, Share: 0.1}, 0)
+	start := time.Unix(1000, 0).UnixNano()
+	until := start + int64(time.Hour)
+	for _, s := range []struct {
+		at   time.Duration
+		want int
+	}{
+		{0, 2},
+		{returnRefusedWait - 1, 2},
+		{returnRefusedWait, 1}, // the refused one is dropped
+		{time.Hour, 0},
+	} {
+		rs := tab.takeReturns()
+		for i := range rs {
+			rs[i].refused = rs[i].owner == "refuses"
+		}
+		if s.at == 0 {
+			rs = []leaseReturn{{owner: "refuses", until: until, refused: true}, {owner: "away", until: until}}
+		}
+		tab.requeue(rs, start+int64(s.at))
+		if n := len(tab.returns); n != s.want {
+			t.Fatalf("at %v: %d returns queued, want %d", s.at, n, s.want)
+		}
+	}
+}
+
+// takeReturns removes and returns the queued returns.
+func (t *leaseTable) takeReturns() []leaseReturn {
+	t.returnsMu.Lock()
+	defer t.returnsMu.Unlock()
+	rs := t.returns
+	t.returns = nil
+	return rs
+}

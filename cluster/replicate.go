@@ -103,20 +103,24 @@ func (n *Node) takeChanges(owners *ownersCache) {
 func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *ownersCache) {
 	now := n.now()
 	pending := n.grants.takeChanged()
-	charged := map[uint64]limiter.Snapshot{}
+	type copyOf struct {
+		s       limiter.Snapshot
+		charged bool
+	}
+	seen := map[uint64]copyOf{} // each key is looked at once, for every replica
 	for _, states := range batches {
 		for i := range states {
 			s := &states[i]
 			hash := ring.RouteHash(s.Name, s.Key)
-			if c, ok := charged[hash]; ok {
-				*s = c
-				continue
+			c, ok := seen[hash]
+			if !ok {
+				c.s, c.charged = n.heldSnapshot(hash, s, s.Name, s.Key, now)
+				seen[hash] = c
+				delete(pending, hash)
 			}
-			if c, ok := n.heldSnapshot(hash, s, s.Name, s.Key, now); ok {
-				charged[hash] = c
-				*s = c
+			if c.charged {
+				*s = c.s
 			}
-			delete(pending, hash)
 		}
 	}
 	for hash, req := range pending {

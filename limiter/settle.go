@@ -73,7 +73,10 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // charge's rate (hits that have left its window, or drained from its
 // bucket, are not charged again) and is made as a DrainOverLimit check,
 // never past the capacity. charge's Name, Key and Algorithm must be sn's;
-// its Behavior is ignored. It reports whether the key changed.
+// its Behavior is ignored. Under KeepStrictest each charge is decided as
+// a check would be on its state: sn's at the strictest of sn's rate and
+// charge's, so that a window's count moves only to one that ends no
+// earlier. It reports whether the key changed.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
 // charging the hits of h2 the store has not counted to the store's state
@@ -122,6 +125,16 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	if mine > 0 {
 		r := charge
 		r.Hits, r.Behavior = mine, DrainOverLimit
+		if sh.rates != nil && sn.RateLimit != 0 {
+			// Charged as the store decides a key kept at sn's rate: a
+			// window's count moves only to a window that ends no
+			// earlier than sn's, so none of sn's hits is released
+			// before its own window ends.
+			rate := sn.rateRequest()
+			if m, none := strictest(chargedOf(&rate), sn.Algorithm, &r, at); !none {
+				r = m
+			}
+		}
 		decide(&in, &inLog, &r, at)
 		c := stateSnapshot(sn.Name, sn.Key, &in, inLog)
 		c.RateLimit, c.RateBurst, c.RatePeriod = sn.RateLimit, sn.RateBurst, sn.RatePeriod

@@ -441,8 +441,9 @@ const epochAfter = int64(time.Microsecond)
 // chargedSinceResetLocked returns the window or instant a refund req
 // (Request.chargedRefund) of e gives hits back to, and false when a reset
 // has cleared them while its mark lasts: a charge at an instant, or in a
-// window begun, no later than the reset. A window's epoch since the
-// reset is the window itself. sh.mu must be held.
+// window begun, no later than the reset. A window named by its epoch
+// since the reset (epochLocked) is returned as the window itself, which
+// the key's state names. sh.mu must be held.
 func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64) (Window, bool) {
 	w := req.Charged
 	m, ok := sh.resets[e]

@@ -268,3 +268,39 @@ func TestKeepStrictestMeetAdmittingNone(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepStrictestMergeChargedKeepsTheLaterWindow: a healed partition
+// merges a copy of a key spent at 10 per 2 hours, its window [2h, 4h),
+// with a store whose own state of it, at 10 per 3 hours ([0h, 3h)), holds
+// 2 hits the copy lacks, charged to the copy at the stand-ins' 3-hour
+// rate (Store.MergeCharged). The copy's hits were charged in a window
+// ending at 4h, so the key must stay spent until then, at either rate.
+func TestKeepStrictestMergeChargedKeepsTheLaterWindow(t *testing.T) {
+	base6h := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	at := base6h.Add(2*time.Hour + 30*time.Minute)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		two := Request{Name: "n", Key: "k", Hits: 10, Limit: 10, Period: 2 * time.Hour, Algorithm: a}
+		three := two
+		three.Period, three.Hits = 3*time.Hour, 2
+		to, from := newStrictStore(t), newStrictStore(t)
+		if d, err := from.CheckAt(two, at); err != nil || !d.Allowed {
+			t.Fatalf("%v: spending the copy: %+v %v", a, d, err)
+		}
+		if d, err := to.CheckAt(three, at); err != nil || !d.Allowed {
+			t.Fatalf("%v: the store's own hits: %+v %v", a, d, err)
+		}
+		sn := snapOf(t, from, two, at)
+		charge := three
+		charge.Hits = 0
+		if _, err := to.MergeCharged(&sn, charge, 2, at); err != nil {
+			t.Fatal(err)
+		}
+		when := base6h.Add(3*time.Hour + 30*time.Minute) // the 3-hour window has ended, the 2-hour one not
+		for _, r := range []Request{two, three} {
+			r.Hits = 1
+			if d, err := to.CheckAt(r, when); err != nil || d.Allowed {
+				t.Errorf("%v: at 3h30, within the copy's spent window to 4h, a check per %v admitted: %+v %v", a, r.Period, d, err)
+			}
+		}
+	}
+}

@@ -378,14 +378,11 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Behavior %#x has unknown bits", ErrInvalidBehavior, uint8(r.Behavior))
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
-	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
-		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
-	case !r.Charged.IsZero() && r.Behavior&Refund == 0:
-		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
-	case !r.Charged.IsZero() && r.Charged.Start > r.Charged.End:
-		return fmt.Errorf("%w: Charged window [%d, %d) ends before it starts", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
-	case !r.Charged.IsZero() && r.Charged.Start == r.Charged.End && !r.Algorithm.instantAlgorithm():
-		return fmt.Errorf("%w: Charged window [%d, %d) is empty: an instant is a charge of token_bucket, leaky_bucket, gcra or sliding_window_log, not %s", ErrInvalidBehavior, r.Charged.Start, r.Charged.End, r.Algorithm)
+	}
+	if r.Behavior != 0 || !r.Charged.IsZero() {
+		if err := r.validateBehavior(); err != nil {
+			return err
+		}
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {
@@ -412,6 +409,24 @@ func (r *Request) Validate() error {
 	}
 	if r.Location != nil && r.Location != time.UTC {
 		return checkZone(r.Location.String())
+	}
+	return nil
+}
+
+// validateBehavior is Validate's part for a request with a Behavior or a
+// Charged window, which most requests have not.
+func (r *Request) validateBehavior() error {
+	switch {
+	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
+		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
+	case r.Charged.IsZero():
+		return nil
+	case r.Behavior&Refund == 0:
+		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
+	case r.Charged.Start > r.Charged.End:
+		return fmt.Errorf("%w: Charged window [%d, %d) ends before it starts", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
+	case r.Charged.Start == r.Charged.End && !r.Algorithm.instantAlgorithm():
+		return fmt.Errorf("%w: Charged window [%d, %d) is empty: an instant is a charge of token_bucket, leaky_bucket, gcra or sliding_window_log, not %s", ErrInvalidBehavior, r.Charged.Start, r.Charged.End, r.Algorithm)
 	}
 	return nil
 }

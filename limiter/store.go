@@ -250,27 +250,24 @@ func (s *Store) CheckAt(req Request, now time.Time) (Decision, error) {
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
-	return s.decide(&req, now.UnixNano()), nil
-}
-
-func (s *Store) decide(req *Request, now int64) Decision {
-	_, d := s.decideKey(req, now, 0)
-	return d
+	var d Decision
+	s.decideKey(&req, now.UnixNano(), 0, &d)
+	return d, nil
 }
 
 // decideKey decides req (want 0) or takes up to want hits (see TakeAt) on
 // the state of req's key, under its shard's lock, and keeps the result:
 // the entry is updated, or inserted when its state is not fresh, and
 // marked changed unless nothing was consumed or given back. A request that
-// only reads (Request.reads) is decided on a copy and keeps nothing.
-func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
+// only reads (Request.reads) is decided on a copy and keeps nothing. The
+// decision is written to d, in place, as decideKeyLocked's is.
+func (s *Store) decideKey(req *Request, now, want int64, d *Decision) int64 {
 	var buf [96]byte // most keys fit on the stack; longer ones allocate
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	at := sh.readingLocked(now)
-	var d Decision
-	took := s.decideKeyLocked(sh, k, req, at, want, &d)
+	took := s.decideKeyLocked(sh, k, req, at, want, d)
 	sh.mu.Unlock()
 	if late := time.Duration(at - now); late > 0 {
 		// Decided as at the later reading: the waits start from the
@@ -282,7 +279,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 			d.Delay += late
 		}
 	}
-	return took, d
+	return took
 }
 
 // decideKeyLocked is decideKey's work on k, the key of req, in sh, at now:

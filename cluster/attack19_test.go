@@ -217,7 +217,9 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 func TestAttackTwoLeaveAtOnce(t *testing.T) {
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
-			c := testcluster.New(t, 5, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+			// Seven nodes gossiping beside 16 callers, under -race beside
+			// other runs, may take longer than DefaultWait to see two join.
+			c := testcluster.New(t, 5, testcluster.WithWait(time.Minute), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
 				if leases {
 					cfg.Lease.Threshold = 20
 				}

@@ -127,6 +127,10 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		lg = sh.logs[e.key]
 	}
 	merged := sn
+	// Two histories of the key that this store reads at its own state's
+	// rate: what the merge counts past the limit is consumption, not a
+	// copy to bound by the next request's limit (clampReceived).
+	own := e.algo() == sn.Algorithm && !e.isReceived()
 	if e.algo() == sn.Algorithm {
 		reRate(&in, &e.state, at)
 		if mine = min(mine, consumed(&e.state, lg, &charge, at)); mine > 0 {
@@ -148,7 +152,18 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		s.markChangedLocked(sh, e)
 		changed = true
 	}
-	return s.mergeLocked(sh, k, merged, at) || changed, nil
+	if !s.mergeLocked(sh, k, merged, at) {
+		return changed, nil
+	}
+	if own {
+		e.clearReceived()
+		if e.algo() == GCRA {
+			// As far ahead of this reading as the merge left it, which
+			// checkTimes has bounded.
+			e.setTATLead(max(e.tat()-at, 0))
+		}
+	}
+	return true, nil
 }
 
 // chargeOwn adds hits, admitted at now, to st, a live state, and to its

@@ -81,9 +81,11 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // past its limit they count as consumption above the limit, and nothing
 // is dropped. sn, when of the store state's algorithm, is read at that
 // rate too before the two are merged, so that neither is read as
-// counting more for being written at another rate. A store that holds
-// no live state of the key counts none of it: sn, which counts its
-// parts, is merged as it is.
+// counting more for being written at another rate. The store's own
+// state (not itself a received copy) merged so is not marked received,
+// as Merge marks a state: the next decision keeps what it counts past its
+// limit. A store that holds no live state of the key counts none of it:
+// sn, which counts its parts, is merged as it is, and marked received.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
 // charging the hits of h2 the store has not counted to the store's state

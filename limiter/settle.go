@@ -81,9 +81,11 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // past its limit they count as consumption above the limit, and nothing
 // is dropped. sn, when of the store state's algorithm, is read at that
 // rate too before the two are merged, so that neither is read as
-// counting more for being written at another rate. A store that holds
-// no live state of the key counts none of it: sn, which counts its
-// parts, is merged as it is.
+// counting more for being written at another rate. The store's own
+// state (not itself a received copy) merged so is not marked received,
+// as Merge marks a state: the next decision keeps what it counts past its
+// limit. A store that holds no live state of the key counts none of it:
+// sn, which counts its parts, is merged as it is, and marked received.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
 // charging the hits of h2 the store has not counted to the store's state
@@ -127,6 +129,10 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		lg = sh.logs[e.key]
 	}
 	merged := sn
+	// Two histories of the key that this store reads at its own state's
+	// rate: what the merge counts past the limit is consumption, not a
+	// copy to bound by the next request's limit (clampReceived).
+	own := e.algo() == sn.Algorithm && !e.isReceived()
 	if e.algo() == sn.Algorithm {
 		reRate(&in, &e.state, at)
 		if mine = min(mine, consumed(&e.state, lg, &charge, at)); mine > 0 {
@@ -148,7 +154,18 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		s.markChangedLocked(sh, e)
 		changed = true
 	}
-	return s.mergeLocked(sh, k, merged, at) || changed, nil
+	if !s.mergeLocked(sh, k, merged, at) {
+		return changed, nil
+	}
+	if own {
+		e.clearReceived()
+		if e.algo() == GCRA {
+			// As far ahead of this reading as the merge left it, which
+			// checkTimes has bounded.
+			e.setTATLead(max(e.tat()-at, 0))
+		}
+	}
+	return true, nil
 }
 
 // chargeOwn adds hits, admitted at now, to st, a live state, and to its

@@ -310,3 +310,44 @@ func abs(x int64) int64 {
 	}
 	return x
 }
+
+// What a merge of two histories counts past the limit stays counted: the
+// owner lowered the limit to 50 and counts 50, the stand-in's 30 are
+// charged (80), and then a replica's copy from before the charge comes
+// back charged with the same 30 at a later instant. Checked under 50 (and
+// denied), then under 100 again, the key admits 20.
+func TestMergeChargedPastTheLimitStays(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(24 * time.Hour).Add(time.Hour)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			req := Request{Name: "n", Key: "k", Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			lower := req
+			lower.Limit = 50
+			owner, standIn := newTestStore(t), newTestStore(t)
+			checkHits(t, owner, req, 40, t0)
+			checkHits(t, owner, lower, 10, t0.Add(time.Second))
+			copied, _ := owner.Snapshot("n", "k", t0.Add(time.Second))
+			checkHits(t, standIn, req, 30, t0.Add(time.Second))
+
+			now := t0.Add(2 * time.Second)
+			sn, _ := standIn.Snapshot("n", "k", now)
+			charge := req
+			charge.Hits = 30
+			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+				t.Fatal(err)
+			}
+			later := now.Add(time.Second)
+			charge.Hits = 0
+			if _, err := owner.MergeCharged(&copied, charge, 30, later); err != nil {
+				t.Fatal(err)
+			}
+			lower.Hits = 1
+			if d := mustCheck(t, owner, lower, later); d.Allowed {
+				t.Fatalf("under 50 after 80: admitted")
+			}
+			if got := remainingAt(t, owner, req, later); got != 20 {
+				t.Errorf("under 100 after 80: %d remaining, want 20", got)
+			}
+		})
+	}
+}

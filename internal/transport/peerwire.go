@@ -513,12 +513,8 @@ func sizeInt(v int64) int { return sizeVarint(uint64(v)) }
 // sizeIntAt is sizeInt for field num, whatever the size of its tag.
 func sizeIntAt(num protowire.Number, v int64) int {
 	if v == 0 {
-		return 0 // kept inlinable, as the field is mostly zero
+		return 0
 	}
-	return sizeField(num, v)
-}
-
-func sizeField(num protowire.Number, v int64) int {
 	return protowire.SizeTag(num) + protowire.SizeVarint(uint64(v))
 }
 
@@ -540,19 +536,19 @@ func sizeLen(n int) int {
 
 func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
-		return b // most fields of a check are zero: kept inlinable
+		return b
 	}
-	return appendVarintField(b, num, v)
+	b = append(b, byte(num)<<3|byte(protowire.VarintType))
+	return protowire.AppendVarint(b, v)
 }
 
-// appendVarintField appends field num of value v: a 1-byte tag below 16.
-func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
-	if num < 16 {
-		b = append(b, byte(num)<<3|byte(protowire.VarintType))
-	} else {
-		b = protowire.AppendTag(b, num, protowire.VarintType)
+// appendIntAt is appendInt for field num, whatever the size of its tag.
+func appendIntAt(b []byte, num protowire.Number, v int64) []byte {
+	if v == 0 {
+		return b
 	}
-	return protowire.AppendVarint(b, v)
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(v))
 }
 
 func appendInt(b []byte, num protowire.Number, v int64) []byte {
@@ -612,8 +608,10 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 		sizeInt(m.Limit) + sizeInt(m.PeriodNanos) + sizeInt(m.Burst) +
 		sizeInt(int64(m.Algorithm)) + sizeInt(int64(m.Calendar)) + sizeLen(len(m.TimeZone)) +
 		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund) +
-		sizeLen(len(m.Traceparent)) + sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano) +
-		sizeIntAt(17, m.ChargedAtUnixNano)
+		sizeLen(len(m.Traceparent))
+	if m.ChargedStartUnixNano|m.ChargedEndUnixNano|m.ChargedAtUnixNano != 0 { // refunds' only
+		n += sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano) + sizeIntAt(17, m.ChargedAtUnixNano)
+	}
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
@@ -642,9 +640,11 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendInt(b, 12, int64(it.UnreachablePolicy))
 		b = appendBool(b, 13, it.Refund)
 		b = appendString(b, 14, it.Traceparent)
-		b = appendInt(b, 15, it.ChargedStartUnixNano)
-		b = appendInt(b, 16, it.ChargedEndUnixNano)
-		b = appendInt(b, 17, it.ChargedAtUnixNano)
+		if it.ChargedStartUnixNano|it.ChargedEndUnixNano|it.ChargedAtUnixNano != 0 {
+			b = appendInt(b, 15, it.ChargedStartUnixNano)
+			b = appendIntAt(b, 16, it.ChargedEndUnixNano)
+			b = appendIntAt(b, 17, it.ChargedAtUnixNano)
+		}
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)
 }

@@ -536,19 +536,19 @@ func sizeLen(n int) int {
 
 func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
-		return b
+		return b // most fields of a check are zero: kept inlinable
 	}
-	b = append(b, byte(num)<<3|byte(protowire.VarintType))
-	return protowire.AppendVarint(b, v)
+	return appendVarintField(b, num, v)
 }
 
-// appendIntAt is appendInt for field num, whatever the size of its tag.
-func appendIntAt(b []byte, num protowire.Number, v int64) []byte {
-	if v == 0 {
-		return b
+// appendVarintField appends field num of value v: a 1-byte tag below 16.
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if num < 16 {
+		b = append(b, byte(num)<<3|byte(protowire.VarintType))
+	} else {
+		b = protowire.AppendTag(b, num, protowire.VarintType)
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(v))
+	return protowire.AppendVarint(b, v)
 }
 
 func appendInt(b []byte, num protowire.Number, v int64) []byte {
@@ -642,8 +642,8 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendString(b, 14, it.Traceparent)
 		if it.ChargedStartUnixNano|it.ChargedEndUnixNano|it.ChargedAtUnixNano != 0 {
 			b = appendInt(b, 15, it.ChargedStartUnixNano)
-			b = appendIntAt(b, 16, it.ChargedEndUnixNano)
-			b = appendIntAt(b, 17, it.ChargedAtUnixNano)
+			b = appendInt(b, 16, it.ChargedEndUnixNano)
+			b = appendInt(b, 17, it.ChargedAtUnixNano)
 		}
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)

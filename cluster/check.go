@@ -84,26 +84,24 @@ func (n *Node) route(ctx context.Context, req *limiter.Request, policy sluice.Po
 // the calls of the later attempts; when that passes, it returns timedOut,
 // or the caller's context error, or ErrClosed.
 func (n *Node) retryRoute(ctx context.Context, once func(ctx context.Context) (err error, again bool)) (err error, timedOut bool) {
+	if err, again := once(ctx); !again {
+		return err, false
+	}
+	return n.retryRouteAgain(ctx, once)
+}
+
+// retryRouteAgain is retryRoute once its first attempt, made on the
+// caller's ctx, said to try again. It is apart so that the first attempt,
+// which decides nearly every check, runs without deferred calls.
+func (n *Node) retryRouteAgain(ctx context.Context, once func(ctx context.Context) (err error, again bool)) (err error, timedOut bool) {
 	caller := ctx
-	var deadline time.Time
+	// The deadline is on the node's clock, as the hand-over's timeout is.
+	deadline := n.now().Add(n.cfg.HandoverTimeout)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer n.clock.AfterFunc(n.cfg.HandoverTimeout, cancel)()
 	backoff := time.Millisecond
 	for {
-		err, again := once(ctx)
-		if !again && err != nil && ctx.Err() != nil && caller.Err() == nil {
-			again = true // retryRoute's own deadline ended the attempt
-		}
-		if !again {
-			return err, false
-		}
-		if deadline.IsZero() {
-			// The deadline is on the node's clock, as the hand-over's
-			// timeout is.
-			deadline = n.now().Add(n.cfg.HandoverTimeout)
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithCancel(ctx)
-			defer cancel()
-			defer n.clock.AfterFunc(n.cfg.HandoverTimeout, cancel)()
-		}
 		if !n.waitRoute(ctx, deadline, &backoff) {
 			if err := caller.Err(); err != nil {
 				return err, false
@@ -112,6 +110,13 @@ func (n *Node) retryRoute(ctx context.Context, once func(ctx context.Context) (e
 				return ErrClosed, false
 			}
 			return nil, true
+		}
+		err, again := once(ctx)
+		if !again && err != nil && ctx.Err() != nil && caller.Err() == nil {
+			again = true // retryRoute's own deadline ended the attempt
+		}
+		if !again {
+			return err, false
 		}
 	}
 }
@@ -153,7 +158,12 @@ func (n *Node) routeOnce(ctx context.Context, req *limiter.Request, hash uint64,
 	}
 	n.forwarded.Add(1)
 	fd, err := p.client.Check(ctx, *req)
-	return n.answered(ctx, req, policy, &p, n.router.done(&p, err), fd, err)
+	o := n.router.done(&p, err)
+	if o == decided && err == nil && fd.Allowed {
+		// What answered returns for an admitted check, without its call.
+		return sluice.Decision{Decision: fd, Owner: p.peer}, nil, false
+	}
+	return n.answered(ctx, req, policy, &p, o, fd, err)
 }
 
 // planStep is what plan leaves to its caller.

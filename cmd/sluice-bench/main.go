@@ -102,6 +102,7 @@ func main() {
 	rlsAPI := flag.String("api", "envoy", "rls: the API called: envoy (ShouldRateLimit), grpc (sluice's Check) or http (POST /v1/check, at the targets' HTTP addresses)")
 	warmup := flag.Duration("warmup", time.Second, "rls: unmeasured calls before each run")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
+	flag.DurationVar(&peerTimeout, "peer-timeout", 0, "throughput: Config.Peer.Timeout and HandoverTimeout of the nodes (0: the defaults); under valgrind a forwarded check takes seconds")
 	flag.Parse()
 	if *procs < 0 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -procs must not be negative")
@@ -482,6 +483,9 @@ func reportAs(name, unit string, r result, cost bool) {
 	}
 }
 
+// peerTimeout is -peer-timeout.
+var peerTimeout time.Duration
+
 func start(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig) ([]*cluster.Node, error) {
 	return startIn(n, inflight, batches, lease, nil)
 }
@@ -497,6 +501,9 @@ func startIn(n, inflight int, batches *peerBatches, lease cluster.LeaseConfig, d
 		cfg.BootstrapExpect = n // the n nodes form the cluster together
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.Peer.MaxInFlight = inflight
+		if peerTimeout > 0 {
+			cfg.Peer.Timeout, cfg.HandoverTimeout = peerTimeout, peerTimeout
+		}
 		cfg.Peer.Observer = batches.observe
 		if lease.Threshold > 0 {
 			cfg.Lease = lease

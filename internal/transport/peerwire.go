@@ -513,12 +513,8 @@ func sizeInt(v int64) int { return sizeVarint(uint64(v)) }
 // sizeIntAt is sizeInt for field num, whatever the size of its tag.
 func sizeIntAt(num protowire.Number, v int64) int {
 	if v == 0 {
-		return 0 // kept inlinable, as the field is mostly zero
+		return 0
 	}
-	return sizeField(num, v)
-}
-
-func sizeField(num protowire.Number, v int64) int {
 	return protowire.SizeTag(num) + protowire.SizeVarint(uint64(v))
 }
 
@@ -612,8 +608,10 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 		sizeInt(m.Limit) + sizeInt(m.PeriodNanos) + sizeInt(m.Burst) +
 		sizeInt(int64(m.Algorithm)) + sizeInt(int64(m.Calendar)) + sizeLen(len(m.TimeZone)) +
 		sizeBool(m.Reset_) + sizeBool(m.DrainOverLimit) + sizeInt(int64(m.UnreachablePolicy)) + sizeBool(m.Refund) +
-		sizeLen(len(m.Traceparent)) + sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano) +
-		sizeIntAt(17, m.ChargedAtUnixNano)
+		sizeLen(len(m.Traceparent))
+	if m.ChargedStartUnixNano|m.ChargedEndUnixNano|m.ChargedAtUnixNano != 0 { // refunds' only
+		n += sizeInt(m.ChargedStartUnixNano) + sizeIntAt(16, m.ChargedEndUnixNano) + sizeIntAt(17, m.ChargedAtUnixNano)
+	}
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
@@ -642,9 +640,11 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 		b = appendInt(b, 12, int64(it.UnreachablePolicy))
 		b = appendBool(b, 13, it.Refund)
 		b = appendString(b, 14, it.Traceparent)
-		b = appendInt(b, 15, it.ChargedStartUnixNano)
-		b = appendInt(b, 16, it.ChargedEndUnixNano)
-		b = appendInt(b, 17, it.ChargedAtUnixNano)
+		if it.ChargedStartUnixNano|it.ChargedEndUnixNano|it.ChargedAtUnixNano != 0 {
+			b = appendInt(b, 15, it.ChargedStartUnixNano)
+			b = appendInt(b, 16, it.ChargedEndUnixNano)
+			b = appendInt(b, 17, it.ChargedAtUnixNano)
+		}
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)
 }

@@ -19,6 +19,10 @@
 #   SLUICE_BASE     a second sluice binary, measured as "base" beside this
 #                   tree's ("sluice")
 #   SKIP_RATELIMIT  set to 1: sluice binaries only (a before/after of sluice)
+#   API             envoy (ShouldRateLimit), or sluice's own grpc (Check) or
+#                   http (POST /v1/check, keep-alive connections) with the
+#                   domain file's limit; with grpc or http, sluice binaries
+#                   only
 #   CALLERS (64) KEYS (10000) DURATION (10s) ROUNDS (2) CONNS (1)
 # Every process it starts listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
@@ -29,6 +33,8 @@ KEYS=${KEYS:-10000}
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-2}
 CONNS=${CONNS:-1}
+API=${API:-envoy}
+if [[ $API != envoy ]]; then SKIP_RATELIMIT=1; fi
 RATELIMIT_VERSION=${RATELIMIT_VERSION:-v0.0.0-20260706065234-f2fb15770f7f}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 
@@ -110,7 +116,8 @@ waitport "$rl_grpc" "$rl_pid"
 fi
 
 # startsluice NAME BINARY: a one-node daemon with the domain file; sets
-# sluice_addr and sluice_pid.
+# sluice_addr (its gRPC address, or its HTTP address with API=http) and
+# sluice_pid.
 startsluice() {
 	local grpc http gossip
 	grpc=$(freeport) http=$(freeport) gossip=$(freeport)
@@ -130,6 +137,7 @@ EOF
 	waitport "$grpc" "$sluice_pid"
 	waitport "$http" "$sluice_pid"
 	sluice_addr=127.0.0.1:$grpc
+	if [[ $API == http ]]; then sluice_addr=127.0.0.1:$http; fi
 }
 
 targets=()
@@ -145,5 +153,5 @@ fi
 
 echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$REDIS_SERVER" --version | cut -d' ' -f1-3)"
 IFS=,
-"$work/sluice-bench" -scenario rls -targets "${targets[*]}" -callers "$CALLERS" -keys "$KEYS" \
+"$work/sluice-bench" -scenario rls -api "$API" -targets "${targets[*]}" -callers "$CALLERS" -keys "$KEYS" \
 	-duration "$DURATION" -rounds "$ROUNDS" -conns "$CONNS"

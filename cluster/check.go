@@ -599,8 +599,17 @@ func (o ownerChecker) CheckInto(ctx context.Context, reqs []limiter.Request, out
 type publicAPI struct{ n *Node }
 
 func (r publicAPI) Route(ctx context.Context, rr []transport.RoutedRequest) []sluice.Result {
-	reqs := make([]limiter.Request, len(rr))
-	policies := make([]sluice.Policy, len(rr))
+	var reqs []limiter.Request
+	var policies []sluice.Policy
+	if len(rr) == 1 { // a public Check: one allocation
+		one := new(struct {
+			req    [1]limiter.Request
+			policy [1]sluice.Policy
+		})
+		reqs, policies = one.req[:], one.policy[:]
+	} else {
+		reqs, policies = make([]limiter.Request, len(rr)), make([]sluice.Policy, len(rr))
+	}
 	for i := range rr {
 		reqs[i] = rr[i].Request
 		policies[i] = r.n.policyOf(rr[i].Policy)

@@ -337,7 +337,7 @@ func TestConfigValidate(t *testing.T) {
 
 // Closing every node leaves no goroutine behind.
 func TestCloseLeavesNoGoroutines(t *testing.T) {
-	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
+	noLeaksAfter(t)
 	var nodes []*cluster.Node
 	for i := range 3 {
 		cfg := cluster.TestConfig(fmt.Sprintf("leak-%d", i))

@@ -102,7 +102,9 @@ type Config struct {
 	// states it holds, owned and replicated, so that they outlive its
 	// process (persist.go): every PersistInterval it writes the keys
 	// that changed, on Close (and so at the end of Leave) every live key,
-	// and New restores them and gives each to its owner. It also keeps the
+	// and New restores them and gives each to its owner, with the hits
+	// stand-in owners admitted of the key that are not settled yet
+	// (standin.go), which are charged to the owner. It also keeps the
 	// members the node has seen (members.json), which it joins again on
 	// start and every RetryJoinInterval while they are not members, beside
 	// Seeds. A lock file keeps a second process out of it. Empty: states

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -30,10 +31,32 @@ import (
 //	LOCK                  held (flock) by the process that uses the
 //	                      directory
 //
-// A state file is "SLUICEST", a uvarint file format version (1), then
+// A state file is "SLUICEST", a uvarint file format version (1 or 2), then
 // records, each a uvarint length and one state in limiter's state format
-// (Snapshot.AppendBinary), then a zero length and the CRC-32C of every
-// byte before it, 4 bytes little endian. Other files are left alone.
+// (Snapshot.AppendBinary), then a zero length; version 2 then holds the
+// stand-in parts of some of those states (standin.go), each a uvarint
+// length and one settlement in the format below, then a zero length; then
+// the CRC-32C of every byte before it, 4 bytes little endian. A writer
+// writes version 1 unless a state it holds carries parts, so that a node
+// that holds none writes the files every release reads; a reader refuses
+// a version it does not know. Other files are left alone.
+//
+// A settlement, every integer a Go varint (signed, zig-zag) or uvarint:
+//
+//	uvarint  the index of its state among the file's records, from 0,
+//	         each greater than the one before
+//	uvarint  Limit, varint Period (ns), uvarint Burst: the rate the parts
+//	         were admitted at (limiter.Settlement.Request; its name, key
+//	         and algorithm are the state's)
+//	uvarint  length of the calendar unit's name (limiter.Calendar.String,
+//	         "" for none), then its bytes
+//	uvarint  length of the zone's IANA name ("" for UTC), then its bytes
+//	uvarint  number of parts, 1 to limiter.MaxSettleParts, then per part:
+//	         uvarint length of Origin then its bytes, uvarint Gen,
+//	         uvarint Hits
+//
+// Nothing may follow; a settlement longer than maxEncodedSettlement, or
+// one its state refuses (limiter.Settlement.Validate), refuses the file.
 
 // ErrDataDir wraps every error about Config.DataDir: it cannot be locked,
 // read or written, or a state file in it is damaged, truncated or
@@ -77,6 +100,9 @@ func (p DamagedDataPolicy) String() string {
 const (
 	stateFileMagic   = "SLUICEST"
 	stateFileVersion = 1
+	// stateFileSettled is the version that holds settlements: the
+	// newest this node reads.
+	stateFileSettled = 2
 	stateFileExt     = ".state"
 	snapshotPrefix   = "snapshot-"
 	segmentPrefix    = "segment-"
@@ -88,8 +114,17 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// maxEncodedSettlement bounds the length of one encoded settlement: the
+// longest calendar unit, zone and origins, every integer at its longest.
+const maxEncodedSettlement = 7*binary.MaxVarintLen64 + 16 + limiter.MaxZoneNameLen +
+	limiter.MaxSettleParts*(3*binary.MaxVarintLen64+limiter.MaxNameLen)
+
 // stateFileWriter builds a state file in memory.
-type stateFileWriter struct{ buf, scratch []byte }
+type stateFileWriter struct {
+	buf, scratch []byte
+	states       int    // the states added
+	settled      []byte // the settlements of those that carry one
+}
 
 func newStateFileWriter() *stateFileWriter {
 	w := &stateFileWriter{buf: make([]byte, 0, 4096)}
@@ -98,108 +133,310 @@ func newStateFileWriter() *stateFileWriter {
 	return w
 }
 
-// add appends s; an invalid s is skipped and reported.
+// add appends s and its settlement, if any; an invalid s, or one with an
+// invalid settlement, is skipped and reported.
 func (w *stateFileWriter) add(s *limiter.Snapshot) error {
 	b, err := s.AppendBinary(w.scratch[:0])
 	if err != nil {
 		return err
 	}
 	w.scratch = b
+	if st := s.Settle; st != nil {
+		if err := st.Validate(s); err != nil {
+			return err
+		}
+		w.settled = appendSettlement(w.settled, w.states, st)
+	}
 	w.buf = binary.AppendUvarint(w.buf, uint64(len(b)))
 	w.buf = append(w.buf, b...)
+	w.states++
 	return nil
 }
 
-// bytes ends the file and returns it.
+// bytes ends the file and returns it: version 1 unless a state carries a
+// settlement.
 func (w *stateFileWriter) bytes() []byte {
 	w.buf = append(w.buf, 0)
+	if len(w.settled) > 0 {
+		w.buf[len(stateFileMagic)] = stateFileSettled // one byte as a uvarint, as 1 is
+		w.buf = append(w.buf, w.settled...)
+		w.buf = append(w.buf, 0)
+	}
 	return binary.LittleEndian.AppendUint32(w.buf, crc32.Checksum(w.buf, castagnoli))
 }
 
-// readStateFile reads the states of a state file, calling fn with each in
-// file order. A file that is not complete and intact is refused with a
-// *DataFileError saying why, and fn may have been called before: the
-// caller keeps the states only when it returns nil. The header and the
-// checksum are checked before the file is read into memory, so that a
-// damaged file (a large one of zeros, say) costs no more than a buffer.
-func readStateFile(path string, fn func(limiter.Snapshot)) error {
+// appendSettlement appends st, the settlement of the state numbered index,
+// to b as a length and the settlement's format. st must be valid.
+func appendSettlement(b []byte, index int, st *limiter.Settlement) []byte {
+	var rec []byte
+	r := &st.Request
+	rec = binary.AppendUvarint(rec, uint64(index))
+	rec = binary.AppendUvarint(rec, uint64(r.Limit))
+	rec = binary.AppendVarint(rec, int64(r.Period))
+	rec = binary.AppendUvarint(rec, uint64(r.Burst))
+	rec = appendText(rec, r.Calendar.String())
+	zone := ""
+	if r.Location != nil && r.Location != time.UTC {
+		zone = r.Location.String()
+	}
+	rec = appendText(rec, zone)
+	rec = binary.AppendUvarint(rec, uint64(len(st.Parts)))
+	for _, p := range st.Parts {
+		rec = appendText(rec, p.Origin)
+		rec = binary.AppendUvarint(rec, p.Gen)
+		rec = binary.AppendUvarint(rec, uint64(p.Hits))
+	}
+	b = binary.AppendUvarint(b, uint64(len(rec)))
+	return append(b, rec...)
+}
+
+func appendText(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decodeSettlement reads a settlement from rec and returns the index of
+// its state and the settlement, not validated against the state yet.
+func decodeSettlement(rec []byte) (int, *limiter.Settlement, error) {
+	d := fieldReader{b: rec}
+	index := d.uvarint("state index")
+	var r limiter.Request
+	r.Limit = d.count("limit")
+	r.Period = time.Duration(d.varint("period"))
+	r.Burst = d.count("burst")
+	unit := d.text("calendar unit", 16)
+	zone := d.text("zone", limiter.MaxZoneNameLen)
+	n := d.uvarint("parts")
+	if d.err == nil && (n == 0 || n > limiter.MaxSettleParts) {
+		return 0, nil, fmt.Errorf("%d parts, not 1 to %d", n, limiter.MaxSettleParts)
+	}
+	st := &limiter.Settlement{}
+	if d.err == nil {
+		st.Parts = make([]limiter.SettlePart, n)
+	}
+	for i := range st.Parts {
+		p := &st.Parts[i]
+		p.Origin = d.text("part origin", limiter.MaxNameLen)
+		p.Gen = d.uvarint("part generation")
+		p.Hits = d.count("part hits")
+	}
+	switch {
+	case d.err != nil:
+		return 0, nil, d.err
+	case len(d.b) > 0:
+		return 0, nil, fmt.Errorf("%d bytes after the settlement", len(d.b))
+	case index > maxStateFile:
+		return 0, nil, fmt.Errorf("state index %d", index)
+	}
+	var err error
+	if r.Calendar, err = limiter.ParseCalendar(unit); err != nil {
+		return 0, nil, err
+	}
+	if r.Location, err = limiter.LoadZone(zone); err != nil {
+		return 0, nil, err
+	}
+	st.Request = r
+	return int(index), st, nil
+}
+
+// fieldReader reads the fields of an encoded settlement; after the first
+// error it reads zeros and keeps that error, which names the field.
+type fieldReader struct {
+	b   []byte
+	err error
+}
+
+func (d *fieldReader) fail(field, what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%s: %s", field, what)
+	}
+	d.b = nil
+}
+
+func (d *fieldReader) uvarint(field string) uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail(field, "truncated or overlong varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *fieldReader) varint(field string) int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail(field, "truncated or overlong varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a uvarint of at most limiter.MaxLimit.
+func (d *fieldReader) count(field string) int64 {
+	v := d.uvarint(field)
+	if v > limiter.MaxLimit {
+		d.fail(field, fmt.Sprintf("%d is more than %d", v, int64(limiter.MaxLimit)))
+		return 0
+	}
+	return int64(v)
+}
+
+// text reads a length-prefixed string of at most limit bytes.
+func (d *fieldReader) text(field string, limit int) string {
+	n := d.uvarint(field + " length")
+	switch {
+	case d.err != nil:
+		return ""
+	case n > uint64(limit):
+		d.fail(field, fmt.Sprintf("%d bytes, more than the maximum %d", n, limit))
+		return ""
+	case uint64(len(d.b)) < n:
+		d.fail(field, "truncated")
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+// readStateFile returns the states of a state file in file order, each
+// with its settlement when the file holds one. A file that is not
+// complete and intact is refused with a *DataFileError saying why. The
+// header and the checksum are checked before the file is read into
+// memory, so that a damaged file (a large one of zeros, say) costs no
+// more than a buffer.
+func readStateFile(path string) ([]limiter.Snapshot, error) {
 	refuse := func(format string, a ...any) error {
 		return &DataFileError{Path: path, Reason: fmt.Sprintf(format, a...)}
 	}
 	failed := func(err error) error { return fmt.Errorf("%w: %v", ErrDataDir, err) }
 	f, err := os.Open(path)
 	if err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	size := info.Size()
 	if size > maxStateFile {
-		return refuse("%d bytes, more than the maximum %d", size, int64(maxStateFile))
+		return nil, refuse("%d bytes, more than the maximum %d", size, int64(maxStateFile))
 	}
 	head := make([]byte, min(size, int64(len(stateFileMagic)+binary.MaxVarintLen64)))
 	if _, err := io.ReadFull(f, head); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	if !bytes.HasPrefix(head, []byte(stateFileMagic)) {
-		return refuse("not a sluice state file (it does not begin with %q)", stateFileMagic)
+		return nil, refuse("not a sluice state file (it does not begin with %q)", stateFileMagic)
 	}
 	v, n := binary.Uvarint(head[len(stateFileMagic):])
 	if n <= 0 {
-		return refuse("truncated header")
+		return nil, refuse("truncated header")
 	}
-	if v != stateFileVersion {
-		return refuse("file format version %d; this node reads version %d", v, stateFileVersion)
+	if v != stateFileVersion && v != stateFileSettled {
+		return nil, refuse("file format version %d; this node reads versions %d to %d", v, stateFileVersion, stateFileSettled)
 	}
 	if size < int64(len(stateFileMagic)+n+5) {
-		return refuse("truncated: no end marker")
+		return nil, refuse("truncated: no end marker")
 	}
 	end := size - 4
 	sum := crc32.New(castagnoli)
 	var tail [4]byte
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	if _, err := io.CopyN(sum, f, end); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	if _, err := io.ReadFull(f, tail[:]); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	if got, want := sum.Sum32(), binary.LittleEndian.Uint32(tail[:]); got != want {
-		return refuse("checksum %08x, the file says %08x: truncated or damaged", got, want)
+		return nil, refuse("checksum %08x, the file says %08x: truncated or damaged", got, want)
 	}
 	data := make([]byte, size)
 	if _, err := f.ReadAt(data, 0); err != nil {
-		return failed(err)
+		return nil, failed(err)
 	}
 	if crc32.Checksum(data[:end], castagnoli) != binary.LittleEndian.Uint32(data[end:]) {
-		return refuse("changed while it was read")
+		return nil, refuse("changed while it was read")
 	}
-	records := data[len(stateFileMagic)+n : end]
-	for i := 0; ; i++ {
+	states, reason := decodeStateRecords(data[len(stateFileMagic)+n:end], v)
+	if reason != "" {
+		return nil, refuse("%s", reason)
+	}
+	return states, nil
+}
+
+// decodeStateRecords decodes the records of a state file of version v,
+// between its header and its checksum; reason says why they are refused.
+func decodeStateRecords(records []byte, v uint64) (states []limiter.Snapshot, reason string) {
+	// next returns the next record, nil at the end marker.
+	next := func(what string, i, limit int) ([]byte, string) {
 		l, k := binary.Uvarint(records)
 		switch {
 		case k <= 0:
-			return refuse("record %d: bad length", i)
-		case l == 0:
-			if len(records) != k {
-				return refuse("%d bytes after the end marker", len(records)-k)
-			}
-			return nil
-		case l > uint64(len(records)-k) || l > limiter.MaxEncodedState:
-			return refuse("record %d: length %d runs past the end", i, l)
+			return nil, fmt.Sprintf("%s %d: bad length", what, i)
+		case l > uint64(len(records)-k):
+			return nil, fmt.Sprintf("%s %d: length %d runs past the end", what, i, l)
+		case l > uint64(limit):
+			return nil, fmt.Sprintf("%s %d: length %d, more than the maximum %d", what, i, l, limit)
+		}
+		rec := records[k : k+int(l)]
+		records = records[k+int(l):]
+		if l == 0 {
+			return nil, ""
+		}
+		return rec, ""
+	}
+	for i := 0; ; i++ {
+		rec, reason := next("record", i, limiter.MaxEncodedState)
+		if reason != "" {
+			return nil, reason
+		}
+		if rec == nil {
+			break
 		}
 		var s limiter.Snapshot
-		if err := s.UnmarshalBinary(records[k : k+int(l)]); err != nil {
-			return refuse("record %d: %v", i, err)
+		if err := s.UnmarshalBinary(rec); err != nil {
+			return nil, fmt.Sprintf("record %d: %v", i, err)
 		}
-		fn(s)
-		records = records[k+int(l):]
+		states = append(states, s)
 	}
+	if v == stateFileSettled {
+		last := -1
+		for i := 0; ; i++ {
+			rec, reason := next("settlement", i, maxEncodedSettlement)
+			if reason != "" {
+				return nil, reason
+			}
+			if rec == nil {
+				break
+			}
+			index, st, err := decodeSettlement(rec)
+			switch {
+			case err != nil:
+				return nil, fmt.Sprintf("settlement %d: %v", i, err)
+			case index >= len(states):
+				return nil, fmt.Sprintf("settlement %d: state index %d, of a file of %d states", i, index, len(states))
+			case index <= last:
+				return nil, fmt.Sprintf("settlement %d: state index %d after %d: repeated or out of order", i, index, last)
+			}
+			s := &states[index]
+			st.Request.Name, st.Request.Key, st.Request.Algorithm = s.Name, s.Key, s.Algorithm
+			if err := st.Validate(s); err != nil {
+				return nil, fmt.Sprintf("settlement %d: %v", i, err)
+			}
+			s.Settle, last = st, index
+		}
+	}
+	if len(records) != 0 {
+		return nil, fmt.Sprintf("%d bytes after the end marker", len(records))
+	}
+	return states, ""
 }
 
 // writeFileSynced writes data to path through a temporary file that is
@@ -334,7 +571,8 @@ func lockDataDir(dir string) (release func(), err error) {
 
 // ReadDataDir returns the last state of each key that the state files of
 // dir hold, live or not, as a node started on dir would restore them, for
-// inspection and tests. It takes no lock: run it on the directory of a
+// inspection and tests; a state carries the stand-in parts written with
+// it (Snapshot.Settle). It takes no lock: run it on the directory of a
 // node that is not running. A damaged file is an error (*DataFileError).
 func ReadDataDir(dir string) ([]limiter.Snapshot, error) {
 	files, err := listStateFiles(dir)
@@ -343,8 +581,12 @@ func ReadDataDir(dir string) ([]limiter.Snapshot, error) {
 	}
 	last := map[stateKey]limiter.Snapshot{}
 	for _, name := range files.all() {
-		if err := readStateFile(filepath.Join(dir, name), func(s limiter.Snapshot) { last[stateKey{s.Name, s.Key}] = s }); err != nil {
+		states, err := readStateFile(filepath.Join(dir, name))
+		if err != nil {
 			return nil, err
+		}
+		for _, s := range states {
+			last[stateKey{s.Name, s.Key}] = s
 		}
 	}
 	out := make([]limiter.Snapshot, 0, len(last))

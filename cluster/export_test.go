@@ -1,5 +1,19 @@
 package cluster
 
+import "github.com/sluicehq/sluice/ring"
+
 // SetProtocol makes a node built from c advertise the protocol versions
 // min to max, standing in for a build that speaks them.
 func SetProtocol(c *Config, min, max uint8) { c.protocol = protocolRange{min, max} }
+
+// HeldHits returns the hits of (name, key) that token bucket and GCRA
+// leases this node granted hold apart from the key's bucket now.
+func (n *Node) HeldHits(name, key string) int64 {
+	hash := ring.RouteHash(name, key)
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	n.grants.settleLocked(n.store, hash, n.now().UnixNano(), nil)
+	held, _ := n.grants.heldLocked(hash)
+	return held
+}

@@ -29,7 +29,17 @@ import (
 
 // grantReturnGrace is how long after a lease expired the hits its holder
 // gives back are still taken: returns come at the holder's next sweep.
-const grantReturnGrace = time.Second
+// A holder cut off from the owner sends its returns when it reaches the
+// owner again, as long as a return could still free hits (grant.worth):
+// the latest grant of each holder and key is kept grantLateGrace after its
+// expiry, time for gossip to tell that the holder is cut off, and every
+// grant of a holder that is not a member of the owner's ring (cut off by
+// a partition, failed, or back and not admitted yet) is kept while it is
+// away, and grantLateGrace after.
+const (
+	grantReturnGrace = time.Second
+	grantLateGrace   = 30 * time.Second
+)
 
 // maxGrantKeys bounds the keys with grants per decide shard; beyond it the
 // owner refuses leases.
@@ -44,6 +54,22 @@ type grant struct {
 	expires int64           // Unix ns, the owner's clock
 	window  int64           // a fixed window lease: the window's end
 	settled bool            // the hits entered the bucket, or expired
+	// keep is when a settled grant is forgotten: grantReturnGrace after
+	// its expiry, or after its holder was last seen away (settleLocked).
+	keep int64
+}
+
+// worth reports whether a return of gr's hits at now would still free
+// any: a fixed window's before the window ends, a token bucket's or
+// GCRA's before they have drained from the bucket at the grant's rate.
+func (gr *grant) worth(now int64) bool {
+	if gr.hits <= 0 {
+		return false
+	}
+	if !deferred(gr.req.Algorithm) {
+		return now < gr.window
+	}
+	return gr.drained(&gr.req, gr.hits, now) < gr.hits
 }
 
 // enter settles gr at: a token bucket's or GCRA's held hits enter the
@@ -77,6 +103,7 @@ func (gr *grant) boundTimes(now int64) {
 		return
 	}
 	gr.expires -= gr.granted - now
+	gr.keep -= gr.granted - now
 	gr.granted = now
 	if gr.window != 0 {
 		gr.window = min(gr.window, now)
@@ -93,6 +120,49 @@ type grantTable struct {
 	shards [decideShards]map[uint64]*keyGrants
 	mu     [decideShards]sync.Mutex
 	keys   atomic.Int64 // keys with grants, all shards
+	// away reports whether the node named is not a member of the ring
+	// now: its settled grants wait for its returns. nil: none is.
+	away func(name string) bool
+
+	changedMu sync.Mutex                 // guards changed
+	changed   map[uint64]limiter.Request // keys granted held hits since the replicas were sent their states
+}
+
+// noteChanged records that req's key, of hash, was granted hits held apart
+// from its bucket, for its replicas (heldSnapshot).
+func (g *grantTable) noteChanged(hash uint64, req *limiter.Request) {
+	g.changedMu.Lock()
+	defer g.changedMu.Unlock()
+	if g.changed == nil {
+		g.changed = map[uint64]limiter.Request{}
+	}
+	g.changed[hash] = *req
+}
+
+// takeChanged returns and forgets the keys noteChanged recorded.
+func (g *grantTable) takeChanged() map[uint64]limiter.Request {
+	g.changedMu.Lock()
+	defer g.changedMu.Unlock()
+	ch := g.changed
+	g.changed = nil
+	return ch
+}
+
+// heldCopyLocked returns copies of hash's token bucket and GCRA grants
+// that have not entered the bucket, and the key's current limit. The
+// shard's grants must be held (see grantTable).
+func (g *grantTable) heldCopyLocked(hash uint64) ([]grant, limiter.Request) {
+	k := g.shards[hash%decideShards][hash]
+	if k == nil || k.held == 0 {
+		return nil, limiter.Request{}
+	}
+	var gs []grant
+	for _, gr := range k.list {
+		if !gr.settled && deferred(gr.req.Algorithm) && gr.hits > 0 {
+			gs = append(gs, gr)
+		}
+	}
+	return gs, k.cur
 }
 
 // keyGrants is the grants of one key hash, with what decisions read of
@@ -115,7 +185,7 @@ func (k *keyGrants) update() {
 	for _, gr := range k.list {
 		k.latest = max(k.latest, gr.granted)
 		if gr.settled {
-			k.next = min(k.next, gr.expires+int64(grantReturnGrace))
+			k.next = min(k.next, gr.keep)
 			continue
 		}
 		k.next = min(k.next, gr.expires)
@@ -147,6 +217,11 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 // made at now (boundTimes), so that it holds its hits for no longer than
 // its TTL from now, as the limiter reads the key's state.
 //
+// A settled grant is forgotten at its keep time, unless a return could
+// still free hits and it is its holder's latest grant of the key (kept
+// until grantLateGrace after its expiry) or its holder is away from the
+// ring (kept grantLateGrace more, and looked at again).
+//
 // req, when not nil, is the request being decided: its parameters become
 // the key's current ones (keyGrants.cur), those expired grants enter under.
 func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, req *limiter.Request) {
@@ -173,10 +248,31 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 		}
 		gr.enter(store, time.Unix(0, gr.expires), &k.cur)
 	}
-	gs = slices.DeleteFunc(gs, func(gr grant) bool {
-		return gr.settled && now >= gr.expires+int64(grantReturnGrace)
-	})
+	for i := range gs {
+		gr := &gs[i]
+		if !gr.settled || now < gr.keep || !gr.worth(now) {
+			continue
+		}
+		switch {
+		case g.away != nil && g.away(gr.from):
+			gr.keep = now + int64(grantLateGrace)
+		case now < gr.expires+int64(grantLateGrace) && latest(gs, gr):
+			gr.keep = gr.expires + int64(grantLateGrace)
+		}
+	}
+	gs = slices.DeleteFunc(gs, func(gr grant) bool { return gr.settled && now >= gr.keep })
 	g.storeLocked(hash, gs)
+}
+
+// latest reports whether gr is the latest of gs granted to its holder for
+// its key.
+func latest(gs []grant, gr *grant) bool {
+	for i := range gs {
+		if o := &gs[i]; o != gr && o.from == gr.from && sameKey(&o.req, &gr.req) && o.granted > gr.granted {
+			return false
+		}
+	}
+	return true
 }
 
 // storeLocked makes gs the grants of hash.
@@ -240,6 +336,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 			gr.hits += hits
 			gr.granted = max(gr.granted, now)
 			gr.expires = max(gr.expires, expires)
+			gr.keep = gr.expires + int64(grantReturnGrace)
 			g.storeLocked(hash, gs)
 			return
 		}
@@ -247,7 +344,7 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	r := *req
 	r.Hits, r.Behavior = 0, 0
 	r.Charged = limiter.Window{}
-	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window}))
+	g.storeLocked(hash, append(gs, grant{from: from, req: r, hits: hits, granted: now, expires: expires, window: window, keep: expires + int64(grantReturnGrace)}))
 	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
 		k.cur = r
 	}

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
@@ -181,26 +179,24 @@ func TestLeaveUnderTraffic(t *testing.T) {
 			}
 		}()
 	}
+	var once sync.Once
+	finish := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	defer finish() // when a wait fails t
 	// Leave once about a third of the limit is used, and go on until the
-	// limits are reached on the new owners.
-	if err := testcluster.WaitFor(10*time.Second, func() error {
+	// limits are reached on the new owners, as long as the callers go on
+	// admitting.
+	waitProgressing(t, allowed.Load, func() error {
 		if a := allowed.Load(); a < int64(limit*len(keys)/3) {
 			return fmt.Errorf("%d admitted", a)
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	c.Leave(2)
 	c.WaitConverged()
-	err := testcluster.WaitFor(10*time.Second, func() error {
+	waitProgressing(t, allowed.Load, func() error {
 		return atMost(c, requestsFor("leave", keys, limit), 0)
 	})
-	close(stop)
-	wg.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
+	finish()
 	if got, want := allowed.Load(), int64(limit*len(keys)); got != want {
 		t.Fatalf("admitted %d across the leave, want exactly %d", got, want)
 	}
@@ -318,7 +314,7 @@ func TestHardKillReadmission(t *testing.T) {
 
 // Hand-off, replication and a graceful leave leave no goroutine behind.
 func TestHandoffLeavesNoGoroutines(t *testing.T) {
-	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
+	noLeaksAfter(t)
 	c := testcluster.New(t, 3)
 	reqs := handoffRequests(200, 600)
 	consume(t, c.Node(0), reqs)

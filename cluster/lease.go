@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clocks"
@@ -164,6 +166,9 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		}
 		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
+		if deferred(req.Algorithm) && n.cfg.Replicas > 1 {
+			n.grants.noteChanged(hash, &req)
+		}
 	}
 	return transport.Lease{Granted: took, ExpiresAt: exp, ValidFor: exp.Sub(now), Decision: d}, nil
 }
@@ -257,6 +262,13 @@ const (
 	maxHotKeys     = 256
 	// maxReturns bounds the returns waiting to be sent.
 	maxReturns = 4096
+	// maxReturnWait bounds how long a return is tried again.
+	maxReturnWait = 24 * time.Hour
+	// returnRetry is how often returns not sent are tried again.
+	returnRetry = 100 * time.Millisecond
+	// returnRefusedWait is how long an owner that refuses a return (in
+	// hand-over, or the key moved) is asked again.
+	returnRefusedWait = 10 * time.Second
 )
 
 // leaseTable is a node's side of leasing: the rate of every key it
@@ -319,10 +331,18 @@ type leaseFetch struct {
 	want  int64
 }
 
-// leaseReturn is unused leased hits to give back: req.Hits of them.
+// leaseReturn is unused leased hits to give back: req.Hits of them, tried
+// again until until (Unix ns, this node's clock) while the owner cannot
+// take them.
 type leaseReturn struct {
 	owner string
 	req   limiter.Request
+	until int64
+	// refusedAt is when the owner first refused it (0: never), refused
+	// that it did just now: an owner that keeps refusing no longer decides
+	// the key, and is asked again for returnRefusedWait at most.
+	refusedAt int64
+	refused   bool
 }
 
 func newLeaseTable(cfg LeaseConfig, maxSkew time.Duration) *leaseTable {
@@ -439,12 +459,10 @@ func (t *leaseTable) decide(req *limiter.Request, owner string, now int64) (d sl
 	t.boundLocked(h, now)
 	if h.expires != 0 {
 		switch {
-		case h.owner != owner: // the ring changed: the old owner's hits are void
-			t.retireLocked(h, now, false)
-		case !sameLimit(&h.req, req): // hits of another limit
-			t.retireLocked(h, now, false)
-		case now >= h.expires:
-			t.retireLocked(h, now, true)
+		case h.owner != owner, // the ring changed: the old owner's hits are void here
+			!sameLimit(&h.req, req), // hits of another limit
+			now >= h.expires:
+			t.retireLocked(h, now)
 		}
 	}
 	if h.expires != 0 && h.left >= req.Hits {
@@ -531,7 +549,7 @@ func (t *leaseTable) rollLocked(sh *leaseShard, now int64) {
 		t.boundLocked(h, now)
 		h.prev, h.count = h.count, 0
 		if h.expires != 0 && now >= h.expires {
-			t.retireLocked(h, now, true)
+			t.retireLocked(h, now)
 		}
 		if h.prev < t.perInterval && h.expires == 0 && !h.asking {
 			delete(sh.hot, k)
@@ -555,16 +573,34 @@ func (t *leaseTable) boundLocked(h *hotKey, now int64) {
 	h.usedAt = min(h.usedAt, now)
 }
 
-// retireLocked ends h's lease, queueing its unused hits for return when
-// giveBack is set and they still count: for a fixed window, only within
-// the window they were taken in.
-func (t *leaseTable) retireLocked(h *hotKey, now int64, giveBack bool) {
-	if h.left > 0 && giveBack && (h.req.Algorithm != limiter.FixedWindow || now < h.resetAt.UnixNano()) {
+// retireLocked ends h's lease, whatever ends it (its expiry, disuse, a
+// new owner or limit of its key, the node closing), queueing its unused
+// hits for return to the owner that granted them while they still count:
+// for a fixed window, only within the window they were taken in (as far
+// as MaxClockSkew lets this node tell). The owner frees only hits it
+// granted this node and has not taken back (grants.go), so a return sent
+// to an owner that no longer decides the key, or sent twice, frees
+// nothing more.
+func (t *leaseTable) retireLocked(h *hotKey, now int64) {
+	if h.left > 0 && (h.req.Algorithm != limiter.FixedWindow || now < h.resetAt.UnixNano()+int64(t.maxSkew)) {
 		r := h.req
 		r.Hits = min(h.left, r.Capacity()) // the hits to give back
-		t.queueReturn(leaseReturn{owner: h.owner, req: r})
+		t.queueReturn(leaseReturn{owner: h.owner, req: r, until: t.returnUntil(h, r.Hits, now)})
 	}
 	h.left, h.last, h.expires = 0, 0, 0
+}
+
+// returnUntil is how long this node tries to give back hits of h's lease
+// that its owner cannot take now (cut off, failed, or in hand-over): as
+// long as they would still free anything there. A fixed window's hits
+// count until the window ends; a bucket's drain from the lease's expiry at
+// the key's rate. MaxClockSkew is added for the owner's clock.
+func (t *leaseTable) returnUntil(h *hotKey, hits, now int64) int64 {
+	if h.req.Algorithm == limiter.FixedWindow {
+		return h.resetAt.UnixNano() + int64(t.maxSkew)
+	}
+	drain := time.Duration(float64(hits) / float64(h.req.Limit) * float64(h.req.Period))
+	return max(h.expires, now) + int64(min(drain, maxReturnWait)) + int64(t.maxSkew)
 }
 
 // queueReturn queues r and wakes the lease loop. Returns beyond maxReturns
@@ -613,8 +649,8 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 	h := sh.hot[f.hash]
 	if h != f.hot { // forgotten meanwhile: give the hits back
 		if err == nil && l.Granted > 0 {
-			h = &hotKey{owner: f.owner, req: f.req, left: l.Granted, expires: 1, resetAt: l.Decision.ResetAt}
-			t.retireLocked(h, now, true)
+			h = &hotKey{owner: f.owner, req: f.req, left: l.Granted, expires: t.expiry(&l, sent), resetAt: l.Decision.ResetAt}
+			t.retireLocked(h, now)
 		}
 		return
 	}
@@ -643,12 +679,12 @@ func (t *leaseTable) install(f *leaseFetch, l transport.Lease, err error, sent, 
 			h.resetAt = l.Decision.ResetAt
 			return
 		}
-		t.retireLocked(h, now, h.owner == f.owner && sameLimit(&h.req, &f.req))
+		t.retireLocked(h, now)
 	}
 	h.owner, h.req, h.left, h.last, h.expires, h.resetAt = f.owner, f.req, l.Granted, l.Granted, exp, l.Decision.ResetAt
 	h.usedAt = now
 	if exp <= now { // arrived too late to be used
-		t.retireLocked(h, now, true)
+		t.retireLocked(h, now)
 	}
 }
 
@@ -664,9 +700,16 @@ type leaseOwners interface {
 	// one that is not the key's settled owner an error wrapping
 	// ErrLeaseRefused, without a call.
 	lease(ctx context.Context, owner string, req limiter.Request, want int64, ttl time.Duration) (transport.Lease, error)
-	// giveBack returns hits of req's key to owner.
+	// giveBack returns hits of req's key to owner. The error wraps
+	// errReturnNotSent when owner certainly did not take them: it is not
+	// in this node's ring, cannot be called now, or refused them; also
+	// transport.ErrUnavailable when it cannot be reached now.
 	giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error
 }
+
+// errReturnNotSent marks the returns of leased hits that their owner did
+// not take, to send again.
+var errReturnNotSent = errors.New("cluster: lease return not taken")
 
 // loop makes the lease requests the hot path asks for, sends unused hits
 // back, and retires expired leases, leases unused for a quarter of a TTL
@@ -683,13 +726,17 @@ func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock,
 	}()
 	tick := clocks.NewTicker(clock, max(t.cfg.TTL/4, time.Millisecond))
 	defer tick.Stop()
+	// Returns not sent are tried again at least every returnRetry,
+	// whatever the TTL: their owner may be back long before it ends.
+	retry := clocks.NewTicker(clock, returnRetry)
+	defer retry.Stop()
 	sendReturns := func() {
 		if t.sendingReturns.CompareAndSwap(false, true) {
 			work.Add(1)
 			go func() {
 				defer work.Done()
 				defer t.sendingReturns.Store(false)
-				t.sendReturns(ctx, owners)
+				t.requeue(t.sendReturns(ctx, owners), now().UnixNano())
 			}()
 		}
 	}
@@ -709,6 +756,10 @@ func (t *leaseTable) loop(stop <-chan struct{}, owners leaseOwners, clock Clock,
 			}()
 		case <-t.kick:
 			sendReturns()
+		case <-retry.C:
+			if t.returnsPending() {
+				sendReturns()
+			}
 		case <-tick.C:
 			t.sweep(now().UnixNano(), owners)
 			sendReturns()
@@ -743,15 +794,13 @@ func (t *leaseTable) sweep(now int64, owners leaseOwners) {
 			}
 			t.boundLocked(h, now)
 			switch o, ok := owners.ownerOf(h.name, h.key); {
-			case !ok || o != h.owner:
-				t.retireLocked(h, now, false)
-			case now >= h.expires:
-				t.retireLocked(h, now, true)
+			case !ok || o != h.owner, now >= h.expires:
+				t.retireLocked(h, now)
 			case now-h.usedAt >= int64(t.cfg.TTL)/4:
 				// Not used for a quarter of a TTL: the node stopped
 				// checking the key; its hits go back before the TTL
 				// ends, to be of use elsewhere.
-				t.retireLocked(h, now, true)
+				t.retireLocked(h, now)
 			}
 		}
 		sh.mu.Unlock()
@@ -759,29 +808,80 @@ func (t *leaseTable) sweep(now int64, owners leaseOwners) {
 }
 
 // sendReturns gives the queued returns back to their owners, one call
-// each, the owners in parallel.
-func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) {
+// each, the owners in parallel, and returns those that were not sent (or
+// that the owner refused without taking them: errReturnNotSent). The
+// others are done: a return that failed once it may have been taken is
+// never sent again, since the owner takes back up to what this node holds
+// of the key's grants, and a second return would free hits it used.
+func (t *leaseTable) sendReturns(ctx context.Context, owners leaseOwners) []leaseReturn {
 	t.returnsMu.Lock()
 	rs := t.returns
 	t.returns = nil
 	t.returnsMu.Unlock()
-	byOwner := make(map[string][]limiter.Request)
+	byOwner := make(map[string][]leaseReturn)
 	for _, r := range rs {
-		byOwner[r.owner] = append(byOwner[r.owner], r.req)
+		byOwner[r.owner] = append(byOwner[r.owner], r)
 	}
-	var wg sync.WaitGroup
-	for owner, reqs := range byOwner {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex // guards notSent
+		notSent []leaseReturn
+	)
+	for owner, rs := range byOwner {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, r := range reqs {
-				if err := owners.giveBack(ctx, owner, r, r.Hits); err == nil {
-					t.returned.Add(r.Hits)
+			for i, r := range rs {
+				err := owners.giveBack(ctx, owner, r.req, r.req.Hits)
+				switch {
+				case err == nil:
+					t.returned.Add(r.req.Hits)
+					continue
+				case !errors.Is(err, errReturnNotSent):
+					continue
 				}
+				r.refused = !errors.Is(err, transport.ErrUnavailable)
+				mu.Lock()
+				notSent = append(notSent, r)
+				if ctx.Err() == nil && !r.refused {
+					notSent = append(notSent, rs[i+1:]...) // the owner cannot be reached now
+					mu.Unlock()
+					return
+				}
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
+	return notSent
+}
+
+// returnsPending reports whether returns wait to be sent.
+func (t *leaseTable) returnsPending() bool {
+	t.returnsMu.Lock()
+	defer t.returnsMu.Unlock()
+	return len(t.returns) > 0
+}
+
+// requeue queues again the returns of rs to try until later than now,
+// those refused for less than returnRefusedWait.
+func (t *leaseTable) requeue(rs []leaseReturn, now int64) {
+	t.returnsMu.Lock()
+	defer t.returnsMu.Unlock()
+	for _, r := range rs {
+		if r.refused {
+			if r.refusedAt == 0 {
+				r.refusedAt = now
+			}
+			r.refused = false
+			if now-r.refusedAt >= int64(returnRefusedWait) {
+				continue
+			}
+		}
+		if now < r.until && len(t.returns) < maxReturns {
+			t.returns = append(t.returns, r)
+		}
+	}
 }
 
 // returnAll retires every lease now and sends the unused hits back,
@@ -793,14 +893,14 @@ func (t *leaseTable) returnAll(owners leaseOwners, clock Clock, timeout time.Dur
 		sh.mu.Lock()
 		for _, h := range sh.hot {
 			if h.expires != 0 {
-				t.retireLocked(h, now, true)
+				t.retireLocked(h, now)
 			}
 		}
 		sh.mu.Unlock()
 	}
 	ctx, cancel := clocks.WithTimeout(context.Background(), clock, timeout)
 	defer cancel()
-	t.sendReturns(ctx, owners)
+	t.sendReturns(ctx, owners) // what is not sent now is lost: fewer admitted
 }
 
 // leaseCalls is the Node's side of leaseOwners.
@@ -835,10 +935,18 @@ func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request
 	return l, err
 }
 
+// giveBack calls owner only when it is in this node's ring and the
+// connection to it is ready: a call that fails then may have been taken,
+// and is not sent again. An owner that refuses (not the key's settled
+// owner now, in hand-over) took nothing.
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {
 	cl, ok := c.n.peers.Get(owner)
-	if !ok {
-		return fmt.Errorf("%w: %s", transport.ErrUnavailable, owner)
+	if !ok || !c.n.inRing(owner) || !cl.Ready() {
+		return fmt.Errorf("%w: %w: %s", errReturnNotSent, transport.ErrUnavailable, owner)
 	}
-	return cl.ReturnLease(ctx, req, hits)
+	err := cl.ReturnLease(ctx, req, hits)
+	if status.Code(err) == codes.FailedPrecondition {
+		return fmt.Errorf("%w: %w", errReturnNotSent, err)
+	}
+	return err
 }

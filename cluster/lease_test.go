@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/peer"
@@ -401,7 +399,7 @@ func TestLeaseConfigValidate(t *testing.T) {
 
 // Nodes that lease leave no goroutine behind once closed.
 func TestLeaseCloseLeavesNoGoroutines(t *testing.T) {
-	defer verifyNoLeaks(t, goleak.IgnoreCurrent())
+	noLeaksAfter(t)
 	c := leaseCluster(t, 3, 100*time.Millisecond, 0.1)
 	req := limiter.Request{Name: "hot", Key: "leak", Hits: 1, Limit: 1_000_000, Period: time.Second, Algorithm: limiter.GCRA}
 	checkUntilLeased(t, nonOwners(c, req.Name, req.Key)[0], req)

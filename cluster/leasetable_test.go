@@ -19,6 +19,7 @@ type fakeOwners struct {
 	owner    string
 	refuse   bool
 	retry    time.Duration // RetryAfter of a lease of no hits
+	fail     error         // what giveBack fails with, taking nothing
 	now      func() time.Time
 	returned map[string]int64 // by owner
 }
@@ -42,6 +43,9 @@ func (f *fakeOwners) lease(_ context.Context, owner string, req limiter.Request,
 func (f *fakeOwners) giveBack(_ context.Context, owner string, _ limiter.Request, hits int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
 	if f.returned == nil {
 		f.returned = map[string]int64{}
 	}
@@ -78,7 +82,8 @@ func TestLeaseTableSteps(t *testing.T) {
 		sweep      bool // then sweep and send returns
 		owner      string
 		refuse     bool
-		wantBack   int64 // hits given back to o so far
+		fail       error // giveBack's
+		wantBack   int64 // hits given back so far, to every owner
 	}
 	for i, s := range []step{
 		{checks: 10, wantLocal: 0},                             // the 10th makes it hot and leases
@@ -92,11 +97,25 @@ func TestLeaseTableSteps(t *testing.T) {
 		{at: 141 * time.Millisecond, refuse: true, checks: 3, wantDenied: 3, wantBack: 147},
 		{at: 171 * time.Millisecond, checks: 1, wantBack: 147}, // the owner's RetryAfter passed: forwarded, leases again
 		{at: 172 * time.Millisecond, checks: 1, wantLocal: 1, wantBack: 147},
-		{at: 173 * time.Millisecond, owner: "p", sweep: true, wantBack: 147}, // the ring moved the key: void, nothing back
+		// The ring moved the key: the lease is void here, and its unused
+		// hits go back to the owner that granted them.
+		{at: 173 * time.Millisecond, owner: "p", sweep: true, wantBack: 164},
+		{at: 174 * time.Millisecond, checks: 2, wantLocal: 1, wantBack: 164}, // forwarded; leases from p
+		// Moved back while p cannot take a return: it is kept, and sent
+		// once p takes it.
+		{at: 175 * time.Millisecond, owner: "o", fail: errReturnNotSent, sweep: true, wantBack: 164},
+		{at: 176 * time.Millisecond, fail: errReturnNotSent, sweep: true, wantBack: 164},
+		{at: 177 * time.Millisecond, sweep: true, wantBack: 164 + 17},
+		{at: 178 * time.Millisecond, checks: 2, wantLocal: 1, wantBack: 181}, // forwarded; leases from o
+		// A return that failed once it may have been taken is not sent
+		// again: a second one would free hits this node used.
+		{at: 179 * time.Millisecond, owner: "p", fail: transport.ErrUnavailable, sweep: true, wantBack: 181},
+		{at: 180 * time.Millisecond, sweep: true, wantBack: 181},
 	} {
 		at = time.Unix(1000, 0).Add(s.at)
 		owners.mu.Lock()
 		owners.refuse = s.refuse
+		owners.fail = s.fail
 		if s.owner != "" {
 			owners.owner = s.owner
 		}
@@ -116,10 +135,13 @@ func TestLeaseTableSteps(t *testing.T) {
 		}
 		if s.sweep {
 			tab.sweep(at.UnixNano(), owners)
-			tab.sendReturns(context.Background(), owners)
+			tab.requeue(tab.sendReturns(context.Background(), owners), at.UnixNano())
 		}
 		owners.mu.Lock()
-		back := owners.returned["o"]
+		var back int64
+		for _, n := range owners.returned {
+			back += n
+		}
 		owners.mu.Unlock()
 		if back != s.wantBack {
 			t.Fatalf("step %d: %d hits given back, want %d", i, back, s.wantBack)
@@ -182,4 +204,43 @@ func TestLeaseTableClockStepsBack(t *testing.T) {
 			t.Fatalf("a TTL after the step back the lease's unused hits are not back")
 		}
 	}
+}
+
+// A return its owner refuses (in hand-over, or no longer deciding the key)
+// is tried again for returnRefusedWait from the first refusal; one whose
+// owner cannot be reached, until it would free nothing.
+func TestLeaseReturnRefusedGivesUp(t *testing.T) {
+	tab := newLeaseTable(LeaseConfig{Threshold: 100, TTL: time.Second, Share: 0.1}, 0)
+	start := time.Unix(1000, 0).UnixNano()
+	until := start + int64(time.Hour)
+	for _, s := range []struct {
+		at   time.Duration
+		want int
+	}{
+		{0, 2},
+		{returnRefusedWait - 1, 2},
+		{returnRefusedWait, 1}, // the refused one is dropped
+		{time.Hour, 0},
+	} {
+		rs := tab.takeReturns()
+		for i := range rs {
+			rs[i].refused = rs[i].owner == "refuses"
+		}
+		if s.at == 0 {
+			rs = []leaseReturn{{owner: "refuses", until: until, refused: true}, {owner: "away", until: until}}
+		}
+		tab.requeue(rs, start+int64(s.at))
+		if n := len(tab.returns); n != s.want {
+			t.Fatalf("at %v: %d returns queued, want %d", s.at, n, s.want)
+		}
+	}
+}
+
+// takeReturns removes and returns the queued returns.
+func (t *leaseTable) takeReturns() []leaseReturn {
+	t.returnsMu.Lock()
+	defer t.returnsMu.Unlock()
+	rs := t.returns
+	t.returns = nil
+	return rs
 }

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,15 +75,18 @@ type Node struct {
 	ring    *ring.Ring
 	peers   *peer.Pool
 
-	metrics  *metrics    // nil without Config.Registerer
-	tracing  *tracing    // nil without Config.TracerProvider
-	router   *router     // where checks go; owns the breakers
-	handover *handover   // which keys this node decides as owner
-	grants   grantTable  // leases this node granted as owner (grants.go)
-	leases   *leaseTable // see lease.go
-	clocks   *clockTable // the members' clock offsets (clockskew.go)
-	proofs   *proofs     // which members have proved themselves (proof.go)
-	versions *versions   // members refused for their protocol version (protocol.go)
+	metrics  *metrics   // nil without Config.Registerer
+	tracing  *tracing   // nil without Config.TracerProvider
+	router   *router    // where checks go; owns the breakers
+	handover *handover  // which keys this node decides as owner
+	grants   grantTable // leases this node granted as owner (grants.go)
+	// heldScratch is where changesLoop computes the copies of leased keys
+	// for the replicas (replicate.go's heldSnapshot); nil until needed.
+	heldScratch *limiter.Store
+	leases      *leaseTable // see lease.go
+	clocks      *clockTable // the members' clock offsets (clockskew.go)
+	proofs      *proofs     // which members have proved themselves (proof.go)
+	versions    *versions   // members refused for their protocol version (protocol.go)
 
 	lis    net.Listener
 	grpc   *grpc.Server
@@ -187,6 +192,7 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.handover = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
+	n.grants.away = func(name string) bool { return !n.inRing(name) }
 	n.router = &router{self: cfg.NodeName, hand: n.handover, now: n.now, departing: n.departing,
 		threshold: int32(cfg.BreakerThreshold), cooldown: cfg.BreakerCooldown}
 	if n.budget, err = transport.NewMessageBudget(cfg.ServerLimits); err != nil {
@@ -447,6 +453,14 @@ func (n *Node) Members() []Member {
 
 // RingMembers returns the members the ring routes to, sorted by name.
 func (n *Node) RingMembers() []ring.Member { return n.ring.Members() }
+
+// inRing reports whether the member named is in this node's ring now.
+func (n *Node) inRing(name string) bool {
+	_, ok := slices.BinarySearchFunc(n.ring.Members(), name, func(m ring.Member, name string) int {
+		return strings.Compare(m.Name, name)
+	})
+	return ok
+}
 
 // Owner returns the member that owns (name, key) in this node's ring.
 func (n *Node) Owner(name, key string) (ring.Member, bool) { return n.ring.Owner(name, key) }

@@ -28,12 +28,20 @@ import (
 //   - When the segments outgrow the snapshot (or 1 MiB), and on Close (so
 //     at the end of Leave), the loop writes a snapshot of every live state
 //     and deletes the files it covers.
+//   - Each state is written with its key's stand-in parts, when this node
+//     holds some (standin.go; state file version 2), read as the file is
+//     written (standins.settlements, before the states' shard locks). A
+//     key whose parts changed since the last segment is written again
+//     (standins.takeDirty), as its parts may grow after its state did, or
+//     without it.
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
 //     first hand-off as from a ring of this node alone: every restored key
 //     that the ring now gives another member is handed to it, and every
 //     key it owns is copied to its replicas, whatever the membership is.
+//     The parts of the states the store took are restored
+//     (standins.restore), so that hand-off charges them to the owners.
 //
 // The bound: a hard kill forgets what the node admitted since its last
 // segment, at most one PersistInterval of traffic plus the write; states
@@ -55,6 +63,8 @@ type persister struct {
 	interval time.Duration
 	logger   *slog.Logger
 	release  func() // gives the directory's lock back
+	// standins holds the stand-in parts to write with the states.
+	standins *standins
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -115,8 +125,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 		info, _ := os.Stat(path)
 		// A file counts whole or not at all: the states before a bad
 		// record are not restored either.
-		var states []limiter.Snapshot
-		err := readStateFile(path, func(s limiter.Snapshot) { states = append(states, s) })
+		states, err := readStateFile(path)
 		var bad *DataFileError
 		switch {
 		case err == nil:
@@ -193,11 +202,20 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	p.lastWrite = now
+	if p.standins != nil {
+		for _, k := range p.standins.takeDirty() {
+			if s, ok := store.Snapshot(k.name, k.key, now); ok {
+				p.pending[stateKey{k.name, k.key}] = s
+			}
+		}
+	}
 	if len(p.pending) == 0 {
 		return
 	}
 	w := newStateFileWriter()
+	sets := p.parts()
 	for _, s := range p.pending {
+		settle(&s, sets)
 		if err := w.add(&s); err != nil {
 			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
 		}
@@ -225,8 +243,10 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	w := newStateFileWriter()
 	var states int64
+	sets := p.parts()
 	// Encoding under the shard's lock is CPU only; the write is after.
 	store.Range(now, func(s limiter.Snapshot) bool {
+		settle(&s, sets)
 		if w.add(&s) == nil {
 			states++
 		}
@@ -249,6 +269,14 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	p.snapshotBytes, p.segmentBytes = len(data), 0
 	clear(p.pending) // the snapshot holds them
 	return nil
+}
+
+// parts returns the stand-in parts to write with the states, by key.
+func (p *persister) parts() map[debtKey]*limiter.Settlement {
+	if p.standins == nil {
+		return nil
+	}
+	return p.standins.settlements()
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -280,6 +308,8 @@ func (n *Node) restore() error {
 	if err != nil {
 		return err
 	}
+	p.standins = n.standins
+	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
@@ -292,6 +322,17 @@ func (n *Node) restore() error {
 		n.logger.Warn("cluster: some restored key states were refused by the store", "refused", len(restored)-merged, "err", err)
 	}
 	p.restored.Store(int64(merged))
+	// The stand-in parts written with the states the store took charge
+	// their keys' owners as they would have before the restart.
+	var settled []limiter.Snapshot
+	for _, s := range restored {
+		if s.Settle != nil {
+			if _, ok := n.store.Snapshot(s.Name, s.Key, now); ok {
+				settled = append(settled, s)
+			}
+		}
+	}
+	n.standins.restore(settled)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

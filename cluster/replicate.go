@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"time"
+
 	"github.com/sluicehq/sluice/internal/clocks"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -77,10 +79,99 @@ func (n *Node) takeChanges(owners *ownersCache) {
 		}
 	})
 	n.transfers.changedMu.Unlock()
+	if replicate && n.grants.active() {
+		n.withHeldHits(batches, owners)
+	}
 	for to, states := range batches {
 		if _, ok := n.peers.Get(to); ok { // a member gone is no replica
 			n.standins.attach(states)
 			n.transfers.outbox.replicate(to, states)
 		}
 	}
+}
+
+// withHeldHits makes the states of batches, the copies for the replicas,
+// count the hits that token bucket and GCRA leases of their keys hold
+// apart from the bucket (grants.go), and adds the states of the keys
+// leased such hits since the last copies: a replica that takes over from
+// an owner killed hard then counts the hits the holders may have used,
+// which the owner's bucket does not hold until the leases expire. They are
+// charged as if used now: a copy that lets them drain up to a TTL earlier
+// than the owner would. Hits given back later are not taken off the copy
+// (replicas merge by the larger): fewer admitted after a failover, never
+// more.
+func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *ownersCache) {
+	now := n.now()
+	pending := n.grants.takeChanged()
+	type copyOf struct {
+		s       limiter.Snapshot
+		charged bool
+	}
+	seen := map[uint64]copyOf{} // each key is looked at once, for every replica
+	for _, states := range batches {
+		for i := range states {
+			s := &states[i]
+			hash := ring.RouteHash(s.Name, s.Key)
+			c, ok := seen[hash]
+			if !ok {
+				c.s, c.charged = n.heldSnapshot(hash, s, s.Name, s.Key, now)
+				seen[hash] = c
+				delete(pending, hash)
+			}
+			if c.charged {
+				*s = c.s
+			}
+		}
+	}
+	for hash, req := range pending {
+		ms := owners.get(hash)
+		if len(ms) == 0 || ms[0].Name != n.cfg.NodeName {
+			continue
+		}
+		var sp *limiter.Snapshot
+		if s, ok := n.store.Snapshot(req.Name, req.Key, now); ok {
+			sp = &s
+		}
+		c, ok := n.heldSnapshot(hash, sp, req.Name, req.Key, now)
+		if !ok {
+			continue
+		}
+		for _, m := range ms[1:] {
+			batches[m.Name] = append(batches[m.Name], c)
+		}
+	}
+}
+
+// heldSnapshot returns s (nil: a fresh state) of (name, key), of hash,
+// with the hits that token bucket and GCRA leases of the key hold apart
+// charged at now; ok is false when none are held.
+func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, now time.Time) (limiter.Snapshot, bool) {
+	mu := n.handover.lock(hash)
+	mu.RLock()
+	gm := n.grants.lock(hash)
+	gm.Lock()
+	gs, cur := n.grants.heldCopyLocked(hash)
+	gm.Unlock()
+	mu.RUnlock()
+	if len(gs) == 0 {
+		return limiter.Snapshot{}, false
+	}
+	if n.heldScratch == nil {
+		st, err := limiter.NewStore(limiter.StoreConfig{Shards: 1, MaxEntries: 16, MaxBytes: 1 << 20})
+		if err != nil {
+			return limiter.Snapshot{}, false
+		}
+		n.heldScratch = st
+	}
+	scratch := n.heldScratch
+	defer scratch.Forget(name, key)
+	if s != nil {
+		if _, err := scratch.Merge([]limiter.Snapshot{*s}, now); err != nil {
+			return limiter.Snapshot{}, false
+		}
+	}
+	for i := range gs {
+		gs[i].enter(scratch, now, &cur)
+	}
+	return scratch.Snapshot(name, key, now)
 }

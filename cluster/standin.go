@@ -54,9 +54,15 @@ import (
 // not recorded yet is not recorded (its stand-in hits, and the parts it is
 // sent, counted in SettleStats.StandInDropped): its states merge by the
 // larger, as before. A record lives as long as its key's state on this
-// node; it is not kept in Config.DataDir, so a node restarted from its
-// data directory charges again, once, what a state it is sent has counted
-// in a part its own state counts already (more counted, never less).
+// node. With Config.DataDir it is written with the key's state
+// (persist.go, datadir.go) and restored with it (restore): a stand-in
+// restarted before the heal still charges its hits to the owner, and a
+// node restarted after one does not charge again what it counts already.
+// A key whose parts changed is written at the next segment, with its
+// state or without a change of it. A hard kill forgets what changed
+// since: a stand-in's hits with its state (the data directory's bound),
+// and parts it was sent, which a state sent again then charges again,
+// once (more counted, never less).
 
 // standinOverhead is what an entry of the record costs beside its name,
 // key and parts; partOverhead what a part costs beside its origin.
@@ -92,6 +98,10 @@ type standins struct {
 	// entries is len(m), read without mu: while it is 0, a state sent
 	// without a settlement merges without taking mu.
 	entries atomic.Int64
+	// dirty holds the keys whose parts changed since the persister last
+	// took them (takeDirty), so that it writes their states again; nil
+	// without Config.DataDir.
+	dirty map[debtKey]struct{}
 
 	recorded, charged, dropped atomic.Int64 // hits
 }
@@ -250,6 +260,7 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 		t.dropped.Add(hits)
 		return
 	}
+	t.markDirtyLocked(debtKey{req.Name, req.Key})
 	e.req = *req
 	e.req.Hits, e.req.Behavior = 0, 0
 	t.recorded.Add(hits)
@@ -275,6 +286,110 @@ func (t *standins) attach(ss []limiter.Snapshot) {
 			continue
 		}
 		s.Settle = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+	}
+}
+
+// settlements returns a copy of the settlement of every key with parts,
+// as attach would set it; nil when there is none. The persister reads it
+// before it reads the store's states, as mu comes before a shard's lock.
+func (t *standins) settlements() map[debtKey]*limiter.Settlement {
+	if t.entries.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out map[debtKey]*limiter.Settlement
+	for k, e := range t.m {
+		if len(e.parts) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[debtKey]*limiter.Settlement{}
+		}
+		out[k] = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+	}
+	return out
+}
+
+// markDirtyLocked notes that the parts of k changed, for the persister.
+// t.mu must be held.
+func (t *standins) markDirtyLocked(k debtKey) {
+	if t.dirty != nil {
+		t.dirty[k] = struct{}{}
+	}
+}
+
+// keepDirty makes the record note the keys whose parts change, for
+// takeDirty. Called by New, before any traffic.
+func (t *standins) keepDirty() { t.dirty = map[debtKey]struct{}{} }
+
+// takeDirty returns the keys whose parts changed since the last call: a
+// part can grow after its state was taken for the persister (a stand-in
+// records its hits after its decision), or without the state changing
+// (parts sent with a state this node counts already).
+func (t *standins) takeDirty() []debtKey {
+	if t.entries.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.dirty) == 0 {
+		return nil
+	}
+	keys := make([]debtKey, 0, len(t.dirty))
+	for k := range t.dirty {
+		keys = append(keys, k)
+	}
+	clear(t.dirty)
+	return keys
+}
+
+// settle sets the settlement of s from sets (settlements) when its key
+// has parts of its algorithm.
+func settle(s *limiter.Snapshot, sets map[debtKey]*limiter.Settlement) {
+	if st, ok := sets[debtKey{s.Name, s.Key}]; ok && st.Request.Algorithm == s.Algorithm {
+		s.Settle = st
+	}
+}
+
+// restore records the parts that restored states of a data directory
+// carry: this node's own, from before its restart, and those
+// it was sent, as it held them when it wrote the states. They charge the
+// key's owner as they would have before the restart. Its own parts are
+// closed: what it admits as a stand-in from now on is a new part, whose
+// generation is above every restored one. As every part, they charge at
+// most what their state still counts when they are charged: nothing of a
+// fixed window that has ended, what a sliding window counter's previous
+// window still weighs.
+func (t *standins) restore(states []limiter.Snapshot) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range states {
+		s := &states[i]
+		st := s.Settle
+		if st == nil {
+			continue
+		}
+		e := t.entryLocked(debtKey{s.Name, s.Key})
+		if e == nil {
+			for _, p := range st.Parts {
+				t.dropped.Add(p.Hits)
+			}
+			continue
+		}
+		for _, p := range st.Parts {
+			if p.Origin == t.self {
+				t.nextGen = max(t.nextGen, p.Gen)
+			}
+			if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
+				t.dropped.Add(p.Hits)
+			}
+		}
+		e.req = st.Request
+		e.req.Hits, e.req.Behavior = 0, 0
+		if len(e.parts) == 0 {
+			t.removeLocked(debtKey{s.Name, s.Key}, e)
+		}
 	}
 }
 
@@ -336,6 +451,9 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 			t.dropped.Add(p.Hits)
 		}
 	}
+	if len(in) > 0 {
+		t.markDirtyLocked(k)
+	}
 	if e.req.Name == "" {
 		e.req = charge
 		e.req.Hits = 0
@@ -356,6 +474,7 @@ func partHits(ps []limiter.SettlePart, origin string, gen uint64) int64 {
 
 func (t *standins) removeLocked(k debtKey, e *standinRec) {
 	delete(t.m, k)
+	delete(t.dirty, k)
 	t.bytes -= e.size
 	t.entries.Store(int64(len(t.m)))
 }

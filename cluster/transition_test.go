@@ -95,35 +95,74 @@ func (tr *traffic) finish() {
 	tr.wg.Wait()
 }
 
-// admittedAtLeast waits until the callers have admitted n hits in all.
+// admittedAtLeast waits until the callers have admitted n hits in all,
+// as long as they go on admitting (see waitProgressing).
 func (tr *traffic) admittedAtLeast(t *testing.T, n int64) {
 	t.Helper()
-	if err := testcluster.WaitFor(30*time.Second, func() error {
+	admitted := func() int64 {
 		var sum int64
 		for i := range tr.allowed {
 			sum += tr.allowed[i].Load()
 		}
-		if sum < n {
+		return sum
+	}
+	waitProgressing(t, admitted, func() error {
+		if sum := admitted(); sum < n {
 			return fmt.Errorf("%d admitted, waiting for %d", sum, n)
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
 
 // checkedMore waits until the callers have made n more checks than they
-// had when it was called.
+// had when it was called, as long as they go on checking (see
+// waitProgressing).
 func (tr *traffic) checkedMore(t *testing.T, n int64) {
 	t.Helper()
 	before := tr.checks.Load()
-	if err := testcluster.WaitFor(30*time.Second, func() error {
+	waitProgressing(t, tr.checks.Load, func() error {
 		if got := tr.checks.Load() - before; got < n {
 			return fmt.Errorf("%d checks of %d", got, n)
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
+	})
+}
+
+// How long waitProgressing waits: for progress, and in all.
+const (
+	stallTimeout    = 30 * time.Second
+	progressTimeout = 5 * time.Minute
+)
+
+// waitProgressing polls cond until it returns nil, and fails t if
+// progress, a count that grows while the work cond waits for goes on
+// (checks made, hits admitted), stands still for stallTimeout, or after
+// progressTimeout in all. Work that stops is a failure; work that goes on
+// slowly, as on a machine whose CPU other test binaries and -race take,
+// is not: a fixed deadline on the whole of it failed tests whose callers
+// were a few hundred checks short after 30s, still checking.
+func waitProgressing(t *testing.T, progress func() int64, cond func() error) {
+	t.Helper()
+	start := time.Now()
+	last, moved := progress(), start
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		now := time.Now()
+		if p := progress(); p != last {
+			last, moved = p, now
+		}
+		switch {
+		case now.Sub(moved) > stallTimeout:
+			t.Fatalf("no progress for %v (after %v): %v", stallTimeout, now.Sub(start).Round(time.Millisecond), err)
+		case now.Sub(start) > progressTimeout:
+			t.Fatalf("still waiting after %v, though progressing: %v", progressTimeout, err)
+		}
+		<-tick.C
 	}
 }
 

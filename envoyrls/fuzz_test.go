@@ -57,6 +57,9 @@ func FuzzParseDomain(f *testing.F) {
 			if !strings.HasPrefix(m.MetricKey(), d.Name+".") {
 				t.Fatalf("metric key %q outside domain %q", m.MetricKey(), d.Name)
 			}
+			if got, want := m.MetricKey(), m.buildMetricKey(m.Descriptor.DetailedMetric); got != want {
+				t.Fatalf("metric key %q, written out %q", got, want)
+			}
 		}
 	})
 }

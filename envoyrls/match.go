@@ -177,6 +177,15 @@ func (m *Match) MetricKey() string {
 		return ""
 	}
 	detailed := m.Descriptor.DetailedMetric
+	if p := m.Descriptor.path; !m.valuesInMetric(detailed) && len(p) > len(m.domain) && p[len(m.domain)] == '.' && p[:len(m.domain)] == m.domain {
+		return p // the configuration's name, built once
+	}
+	return m.buildMetricKey(detailed)
+}
+
+// buildMetricKey writes out MetricKey; detailed is the limit's
+// detailed_metric.
+func (m *Match) buildMetricKey(detailed bool) string {
 	value := func(i int) string {
 		st, e := m.path[i], m.entries[i]
 		switch {
@@ -198,6 +207,18 @@ func (m *Match) MetricKey() string {
 		writeComposite(&b, m.entries[i].Key, value(i))
 	}
 	return b.String()
+}
+
+// valuesInMetric reports whether an entry of m contributes its request's
+// value to MetricKey rather than its descriptor's; detailed is the
+// limit's detailed_metric.
+func (m *Match) valuesInMetric(detailed bool) bool {
+	for _, st := range m.path {
+		if !st.shared() && st.how != byValue && (detailed || st.ds.ValueToMetric) {
+			return true
+		}
+	}
+	return false
 }
 
 // overrideMetricKey is the metric key of a limit Envoy sent with the

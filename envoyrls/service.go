@@ -139,7 +139,8 @@ type Config struct {
 	// descriptor is charged on its own.
 	StopIncrementOverLimit bool
 	// OnHit, when set, is called with each descriptor's Hit, for metrics.
-	// It is called on the request's goroutine and must not block.
+	// It is called on the request's goroutine and must not block. The Hit
+	// is the request's: OnHit must not keep it (a copy may be kept).
 	OnHit func(*Hit)
 	// OnUnknownDomain, when set, is called with the domain of each
 	// request that names no configured domain (answered OK); and
@@ -311,14 +312,16 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 			return nil, err
 		}
 	}
-	return s.respond(req, items, results, now), nil
+	return s.respond(req, items, results, now, &sc.hit), nil
 }
 
-// scratch is the space of the items of one request.
+// scratch is the space of the items of one request, and of the Hit
+// given to Config.OnHit.
 type scratch struct {
 	items   [2]item
 	entries [8]Entry
 	hops    [8]hop
+	hit     Hit
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -518,7 +521,8 @@ func limiterError(err error) error {
 }
 
 // respond builds the response from the items and the limiter's results.
-func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []sluice.Result, now time.Time) *rlsv3.RateLimitResponse {
+// hit is the space of the Hit given to Config.OnHit.
+func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []sluice.Result, now time.Time, hit *Hit) *rlsv3.RateLimitResponse {
 	// The messages of the response, allocated together: one allocation
 	// for a request of one descriptor.
 	var resp *rlsv3.RateLimitResponse
@@ -599,7 +603,8 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 			closest, closestReset = st, reset
 		}
 		if s.cfg.OnHit != nil {
-			s.cfg.OnHit(s.hit(it, req.Domain, before, after))
+			s.hit(hit, it, req.Domain, before, after)
+			s.cfg.OnHit(hit)
 		}
 	}
 	if quotas > 0 && quotas == quotasOver {
@@ -662,14 +667,14 @@ func (s *Service) untilReset(reset, now time.Time) time.Duration {
 	return (d + time.Second - 1) / time.Second * time.Second
 }
 
-// hit returns the statistics of one counted descriptor whose window held
+// hit sets h to the statistics of one counted descriptor whose window held
 // before hits, and after with the descriptor's, as envoyproxy/ratelimit
 // counts them: a request that goes over counts the hits beyond the limit
 // over (all of them when the window was full already) and those between
 // the near-limit threshold and the limit near; one within the limit
 // counts its hits within and those above the threshold near.
-func (s *Service) hit(it *item, domain string, before, after uint64) *Hit {
-	h := &Hit{Domain: domain, Key: it.match.MetricKey(), TotalHits: it.hits}
+func (s *Service) hit(h *Hit, it *item, domain string, before, after uint64) {
+	*h = Hit{Domain: domain, Key: it.match.MetricKey(), TotalHits: it.hits}
 	if h.Key == "" { // a limit Envoy sent: envoyproxy/ratelimit names it by the request's entries
 		h.Key = it.match.overrideMetricKey()
 	}
@@ -691,7 +696,6 @@ func (s *Service) hit(it *item, domain string, before, after uint64) *Hit {
 	if it.shadow {
 		h.ShadowMode = h.OverLimit
 	}
-	return h
 }
 
 // dynamicMetadata is envoyproxy/ratelimit's dynamic metadata of a

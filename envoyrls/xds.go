@@ -205,7 +205,13 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 	}
 	w.count(func(s *XDSStats) { s.Connects++ })
 	node := &corev3.Node{Id: w.cfg.NodeID, Cluster: w.cfg.NodeCluster}
-	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigType, VersionInfo: w.Stats().Version}
+	// A new stream's first request names no version, so that the server
+	// sends its state of the world whatever its version: a server that
+	// restarted counts versions afresh (Envoy Gateway's from 1), and
+	// go-control-plane's snapshot cache answers a request naming its
+	// current version only with resources the stream has not been sent,
+	// never with the news that there are none.
+	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigType}
 	// A server may send a version it was told is invalid again at once
 	// (go-control-plane's snapshot cache does, for every NACK): a repeat
 	// is NACKed after a wait that doubles up to MaxBackoff, and reported

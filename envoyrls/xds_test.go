@@ -218,6 +218,46 @@ func TestXDSWatcher(t *testing.T) {
 	}
 }
 
+// A management server that restarts counts its versions afresh, as
+// Envoy Gateway's rate limit xDS server does (1, 2, ... in each
+// process): a restarted server whose snapshot has the version the watcher
+// last took, with other resources or none, is still taken.
+func TestXDSWatcherServerRestartsItsVersions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		configs []*rlconfv3.RateLimitConfig
+	}{
+		{"the policy changed", []*rlconfv3.RateLimitConfig{rlConfig("b", "b", "ip", 1)}},
+		{"the policy deleted", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+			setSnapshot(t, cache, "1", rlConfig("a", "a", "user", 2))
+			srv := startXDSServer(t, cache, "127.0.0.1:0")
+			cfg := DefaultXDSConfig()
+			cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+			cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+			cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, time.Millisecond
+			w, err := WatchXDS(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			testwait.For(t, "the first snapshot", func() bool { _, ok := w.Current().Domain("a"); return ok })
+
+			srv.close()
+			testwait.For(t, "the stream to end", func() bool { return w.Stats().Disconnects > 0 })
+			restarted := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+			setSnapshot(t, restarted, "1", tc.configs...)
+			startXDSServer(t, restarted, srv.addr)
+			testwait.For(t, "the restarted server's snapshot", func() bool {
+				_, ok := w.Current().Domain("a")
+				return !ok && w.Current().Len() == len(tc.configs)
+			})
+		})
+	}
+}
+
 // RulesFromXDS refuses what it cannot bound or read.
 func TestRulesFromXDS(t *testing.T) {
 	deep := &rlconfv3.RateLimitDescriptor{Key: "k"}

@@ -23,6 +23,7 @@ func recount(t testing.TB, s *Store) int64 {
 		for k := range sh.m {
 			n += entryBytes(len(k))
 		}
+		n += int64(len(sh.resets)) * ResetMarkOverhead
 		for k, lg := range sh.logs {
 			if e := sh.m[k]; e == nil || e.algo() != SlidingWindowLog {
 				t.Errorf("shard %d holds a log for %q, which is no sliding window log", i, k)

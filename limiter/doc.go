@@ -109,12 +109,17 @@
 // beside each live key, the rate its state was last charged under (Limit,
 // Burst, Period or Calendar and Location, and the state's Algorithm), and
 // a request at another rate is decided with the state's Algorithm and the
-// strictest of both rates: the longer period (with a fixed window's
-// Calendar, if it is the longer; for the window algorithms, only when
-// its window holding now ends no earlier than the state's, as a 3-hour
-// window beside a 2-hour one, a month beside a week or 24 hours beside a
-// 23-hour day may not), over it the least Limit either rate
-// allows (rounded down), and the least capacity. The state is never
+// strictest of both rates: for the buckets, GCRA and the log the longer
+// period; for a fixed window or sliding window counter, whose count
+// moves to the window of the rate it is decided at, the rate whose window
+// holding now ends later (on a tie, the longer; with a fixed window's
+// Calendar), so that hits counted in a window are never released before
+// the end of every window they were charged under (a 3-hour window beside
+// a 2-hour one, a month beside a week or 24 hours beside a 23-hour day
+// may end first, or last); over that period the least Limit either rate
+// allows (rounded down), and the least capacity. Where that Limit is
+// below one hit, a request that charges is denied until the key is
+// fresh. The state is never
 // converted to another algorithm and never read at a laxer rate, so no
 // request without Reset lowers what the key counts: a cut of Limit or
 // Burst takes effect at once and keeps what was consumed, while a raise,
@@ -125,8 +130,8 @@
 // is the strictest rate's. A [Snapshot] carries the key's rate
 // (RateLimit, RateBurst, and RatePeriod or a calendar window's
 // RateCalendar and RateLocation), and [Store.Merge] keeps the strictest
-// of it and the receiving key's (for the window algorithms, the window
-// of the two that ends later, which the joined count lasts until); a
+// of it and the receiving key's (for the window algorithms too the
+// window of the two that ends later, which the joined count lasts until); a
 // state received without one is charged at the rate of the first
 // decision after it, bounded as received states are.
 //

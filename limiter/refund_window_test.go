@@ -83,11 +83,15 @@ func TestRefundOnlyToTheChargedWindow(t *testing.T) {
 			{name: "next window", at: 10500 * time.Millisecond, wantRemaining: 9},
 			{name: "refund", at: 10500 * time.Millisecond, refund: true, wantRemaining: 9},
 		}},
-		{"fixed, kept Period, then fresh under the new one", keep, fixed, []refundStep{
+		// The 7s window [7s, 14s) ends after the 10s one: the count moves
+		// to it, at the least either rate allows over 7s (7), and stays
+		// counted until 14s.
+		{"fixed, moved to a later-ending window", keep, fixed, []refundStep{
 			{name: "charge 10s", at: time.Second, wantRemaining: 9},
-			{name: "charge 7s, kept 10s", at: 9500 * time.Millisecond, req: seven, wantRemaining: 8},
-			{name: "fresh at 7s", at: 10500 * time.Millisecond, req: seven, wantRemaining: 9},
-			{name: "refund 7s", at: 10500 * time.Millisecond, req: seven, refund: true, wantRemaining: 9},
+			{name: "charge 7s, moved to [7s, 14s) at 7", at: 9500 * time.Millisecond, req: seven, wantRemaining: 5},
+			{name: "past 10s, still counted", at: 10500 * time.Millisecond, req: seven, wantRemaining: 4},
+			{name: "refund 7s", at: 10500 * time.Millisecond, req: seven, refund: true, wantRemaining: 4},
+			{name: "fresh at 14s", at: 14 * time.Second, req: seven, wantRemaining: 9},
 		}},
 		{"fixed, moved to another Period", DefaultStoreConfig(), fixed, []refundStep{
 			{name: "charge 10s", at: 8 * time.Second, wantRemaining: 9},

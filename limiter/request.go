@@ -297,6 +297,18 @@ type Request struct {
 	// merged into a later one. Neither ever takes another request's hits
 	// off the key. Otherwise the refund gives nothing back, as above.
 	//
+	// A Reset of a live key clears the hits of every charge made before
+	// it: until the key's state as it stood would have gone fresh (its
+	// windows ended, its level or TAT drained), a refund naming a charge
+	// at an instant, or in a window begun, no later than the reset gives
+	// nothing back, whatever the key has been charged since (the Store
+	// keeps a mark of the reset that long, ResetMarkOverhead bytes). A
+	// window that holds the reset is named, by the charges made in it
+	// after the reset, with Start one microsecond after the reset, an
+	// epoch of the window that refunds of earlier charges do not reach.
+	// The mark stays on the node that reset the key: a Snapshot does not
+	// carry it.
+	//
 	// A zero Charged refunds as the key's state reads now (see Refund),
 	// and only Refund takes one.
 	Charged Window
@@ -366,14 +378,11 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Behavior %#x has unknown bits", ErrInvalidBehavior, uint8(r.Behavior))
 	case r.Hits < 0:
 		return fmt.Errorf("%w: Hits %d is negative", ErrInvalidHits, r.Hits)
-	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
-		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
-	case !r.Charged.IsZero() && r.Behavior&Refund == 0:
-		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
-	case !r.Charged.IsZero() && r.Charged.Start > r.Charged.End:
-		return fmt.Errorf("%w: Charged window [%d, %d) ends before it starts", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
-	case !r.Charged.IsZero() && r.Charged.Start == r.Charged.End && !r.Algorithm.instantAlgorithm():
-		return fmt.Errorf("%w: Charged window [%d, %d) is empty: an instant is a charge of token_bucket, leaky_bucket, gcra or sliding_window_log, not %s", ErrInvalidBehavior, r.Charged.Start, r.Charged.End, r.Algorithm)
+	}
+	if r.Behavior != 0 || !r.Charged.IsZero() {
+		if err := r.validateBehavior(); err != nil {
+			return err
+		}
 	}
 	if r.Calendar != NoCalendar {
 		if r.Calendar >= numCalendars {
@@ -404,6 +413,24 @@ func (r *Request) Validate() error {
 	return nil
 }
 
+// validateBehavior is Validate's part for a request with a Behavior or a
+// Charged window, which most requests have not.
+func (r *Request) validateBehavior() error {
+	switch {
+	case r.Behavior&Charge != 0 && (r.Behavior&^Charge != 0 || !r.Algorithm.HasBurst()):
+		return fmt.Errorf("%w: Charge combines with no other behavior and needs token_bucket, leaky_bucket or gcra, not %s", ErrInvalidBehavior, r.Algorithm)
+	case r.Charged.IsZero():
+		return nil
+	case r.Behavior&Refund == 0:
+		return fmt.Errorf("%w: Charged is the window of a Refund, and Behavior %#x has no Refund", ErrInvalidBehavior, uint8(r.Behavior))
+	case r.Charged.Start > r.Charged.End:
+		return fmt.Errorf("%w: Charged window [%d, %d) ends before it starts", ErrInvalidBehavior, r.Charged.Start, r.Charged.End)
+	case r.Charged.Start == r.Charged.End && !r.Algorithm.instantAlgorithm():
+		return fmt.Errorf("%w: Charged window [%d, %d) is empty: an instant is a charge of token_bucket, leaky_bucket, gcra or sliding_window_log, not %s", ErrInvalidBehavior, r.Charged.Start, r.Charged.End, r.Algorithm)
+	}
+	return nil
+}
+
 // Decision is the answer to a Request.
 type Decision struct {
 	// Allowed is true when the request was admitted (its hits consumed).
@@ -428,7 +455,8 @@ type Decision struct {
 	Delay time.Duration
 	// Window is the window of a fixed window or sliding window counter
 	// (the algorithm and rate the key's state was decided with) that this
-	// decision counted hits in, or for the other algorithms the instant
+	// decision counted hits in (from its epoch since a reset within it:
+	// see Request.Charged), or for the other algorithms the instant
 	// it counted them at (Start == End: for the sliding window log, that
 	// of the log's entry they went into): for an admitted request of
 	// Hits > 0, the window they went into, which a Refund of them carries

@@ -441,15 +441,17 @@ func drainRate(st *state) float64 {
 
 // takeRateLocked records, under KeepStrictest, the rate sn carries as
 // the one e's state was charged under: the strictest of it and the rate
-// e has (see strictestMerged), which reads neither state as counting less. A
-// snapshot without a rate changes nothing. sh.mu must be held.
+// e has (see strictest: for the windows, the one whose window ends
+// later, which the joined count lasts until), which reads neither state
+// as counting less. A snapshot without a rate changes nothing. sh.mu must
+// be held.
 func (sh *shard) takeRateLocked(e *entry, sn *Snapshot, now int64) {
 	if sh.rates == nil || sn.RateLimit == 0 {
 		return
 	}
 	r := sn.rateRequest()
 	if c := sh.rates[e]; c.known() {
-		r = strictestMerged(c, e.algo(), &r, now)
+		r, _ = strictest(c, e.algo(), &r, now)
 	}
 	sh.rates[e] = chargedOf(&r)
 }

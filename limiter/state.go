@@ -119,16 +119,8 @@ func (st *state) setPrevWindowHits(hits int64) {
 // sliding window log, used and allocated only by SlidingWindowLog. A live
 // state of another algorithm is converted first (see convert).
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
-	gave := Window{}
 	if req.chargedRefund() {
-		// The charge is found on the state as stored: before its times
-		// are bounded, before any conversion.
-		if req.Hits > 0 && st.expireAt > now && refundCharged(st, *lg, req, now, true) {
-			gave = req.Charged
-		}
-		p := *req
-		p.Hits, p.Behavior, p.Charged = 0, 0, Window{}
-		req = &p
+		return decideChargedRefund(st, lg, req, now)
 	}
 	switch {
 	case st.expireAt <= now || req.Behavior&Reset != 0:
@@ -164,7 +156,22 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		peek.Hits, peek.Behavior = 0, 0
 		req = &peek
 	}
-	d := decideAlgorithm(st, lg, req, now)
+	return decideAlgorithm(st, lg, req, now)
+}
+
+// decideChargedRefund is decide for a refund with Charged
+// (Request.chargedRefund): it gives the hits back to the charge when the
+// state still counts it, then decides as a peek.
+func decideChargedRefund(st *state, lg **windowLog, req *Request, now int64) Decision {
+	gave := Window{}
+	// The charge is found on the state as stored: before its times are
+	// bounded, before any conversion.
+	if req.Hits > 0 && st.expireAt > now && refundCharged(st, *lg, req, now, true) {
+		gave = req.Charged
+	}
+	p := *req
+	p.Hits, p.Behavior, p.Charged = 0, 0, Window{}
+	d := decide(st, lg, &p, now)
 	if !gave.IsZero() {
 		d.Window = gave
 	}

@@ -24,7 +24,8 @@ type StoreConfig struct {
 	// costs its store key (1+len(Name)+len(Key) bytes, rounded up as the
 	// allocator does) plus EntryOverhead, and a sliding window log
 	// LogOverhead plus LogEntryBytes for each entry its array has room
-	// for. When an insert or a log's growth would pass it, the
+	// for, and a Reset's mark ResetMarkOverhead while it lasts. When an
+	// insert, a log's growth or a mark would pass it, the
 	// least recently used keys of the shard are evicted until it fits (the
 	// bound is enforced per shard, MaxBytes/Shards each, rounded down,
 	// which must be at least MaxKeyBytes so that every key fits). 0 means
@@ -39,7 +40,9 @@ type StoreConfig struct {
 	// Algorithm, Limit, Period, Calendar or Burst differ from that rate is
 	// decided with the state's algorithm and the strictest of both rates
 	// (see the package comment), so that no request that may not reset a
-	// key lowers what it counts by changing its parameters. A cut takes
+	// key lowers what it counts by changing its parameters: a fixed
+	// window's or sliding window counter's hits stay counted until the
+	// end of every window they were charged under. A cut takes
 	// effect at once; anything laxer (a raise, a shorter Period, another
 	// Algorithm) once the key's state is fresh, or after a Reset.
 	KeepStrictest bool
@@ -76,9 +79,15 @@ const (
 	// slot with its 8-byte pointer and control byte takes at most 94
 	// bytes in a table at least 7/16 full.
 	RateOverhead = 96
+	// ResetMarkOverhead is what a key costs while a Reset's mark on it
+	// lasts (a reset of a live state leaves one; see Request.Charged):
+	// the mark's 16 bytes in a map by entry, whose slot with its 8-byte
+	// pointer and control byte takes at most 48 bytes in a table at
+	// least 7/16 full.
+	ResetMarkOverhead = 64
 	// MaxKeyBytes is the most one key costs: the longest store key, 1153
 	// bytes in a 1280-byte allocation, and a log full at MaxLogEntries.
-	MaxKeyBytes = 1280 + EntryOverhead + RateOverhead + LogOverhead + MaxLogEntries*LogEntryBytes
+	MaxKeyBytes = 1280 + EntryOverhead + RateOverhead + ResetMarkOverhead + LogOverhead + MaxLogEntries*LogEntryBytes
 )
 
 // allocSize is n bytes rounded up to a size the allocator may give them:
@@ -176,6 +185,10 @@ type shard struct {
 	// rates holds, under KeepStrictest (nil otherwise), the rate each
 	// entry's state was last charged under.
 	rates map[*entry]charged
+	// resets holds what a Reset left of the live state it cleared, per
+	// entry, until that state would have gone fresh (see resetMark); nil
+	// until the shard's first such reset.
+	resets map[*entry]resetMark
 	// head is the most recently used entry, tail the least.
 	head, tail *entry
 	// changed lists the entries marked changed since the last Changed;
@@ -237,27 +250,24 @@ func (s *Store) CheckAt(req Request, now time.Time) (Decision, error) {
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
-	return s.decide(&req, now.UnixNano()), nil
-}
-
-func (s *Store) decide(req *Request, now int64) Decision {
-	_, d := s.decideKey(req, now, 0)
-	return d
+	var d Decision
+	s.decideKey(&req, now.UnixNano(), 0, &d)
+	return d, nil
 }
 
 // decideKey decides req (want 0) or takes up to want hits (see TakeAt) on
 // the state of req's key, under its shard's lock, and keeps the result:
 // the entry is updated, or inserted when its state is not fresh, and
 // marked changed unless nothing was consumed or given back. A request that
-// only reads (Request.reads) is decided on a copy and keeps nothing.
-func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
+// only reads (Request.reads) is decided on a copy and keeps nothing. The
+// decision is written to d, in place, as decideKeyLocked's is.
+func (s *Store) decideKey(req *Request, now, want int64, d *Decision) int64 {
 	var buf [96]byte // most keys fit on the stack; longer ones allocate
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	at := sh.readingLocked(now)
-	var d Decision
-	took := s.decideKeyLocked(sh, k, req, at, want, &d)
+	took := s.decideKeyLocked(sh, k, req, at, want, d)
 	sh.mu.Unlock()
 	if late := time.Duration(at - now); late > 0 {
 		// Decided as at the later reading: the waits start from the
@@ -269,7 +279,7 @@ func (s *Store) decideKey(req *Request, now, want int64) (int64, Decision) {
 			d.Delay += late
 		}
 	}
-	return took, d
+	return took
 }
 
 // decideKeyLocked is decideKey's work on k, the key of req, in sh, at now:
@@ -283,13 +293,25 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	}
 	if sh.rates != nil && found && e.expireAt > now && req.Behavior&Reset == 0 {
 		if c := sh.rates[e]; c.known() {
-			m := strictest(c, e.algo(), req, now)
+			m, none := strictest(c, e.algo(), req, now)
 			req = &m
-			if want == 0 && req.Hits > req.Capacity() {
+			charges := want > 0 || req.Hits > 0 && req.Behavior&Refund == 0
+			if want == 0 && req.Hits > req.Capacity() || none && charges {
 				sh.touchLocked(e)
 				*d = overCapacity(e.state, lg, req, now)
 				return 0
 			}
+		}
+	}
+	if found && req.chargedRefund() {
+		if w, ok := sh.chargedSinceResetLocked(e, req, now); !ok {
+			p := *req
+			p.Hits = 0 // cleared by the reset: gives nothing back
+			req = &p
+		} else if w != req.Charged {
+			p := *req
+			p.Charged = w
+			req = &p
 		}
 	}
 	if want == 0 && req.chargedRefund() && (req.Hits == 0 || !found || e.expireAt <= now || !refundCharged(&e.state, lg, req, now, false)) {
@@ -309,6 +331,14 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		return 0
 	}
 	if found {
+		if req.Behavior&Reset != 0 {
+			s.markResetLocked(sh, e, now)
+		} else if m, ok := sh.resets[e]; ok && m.until <= now {
+			// Lapsed: dropped by the first decision that writes, as
+			// redislimit drops it, so that a clock set back does not
+			// find it again.
+			s.dropMarkLocked(sh, e)
+		}
 		had, before := lg != nil, logBytes(lg)
 		var took int64
 		if want == 0 {
@@ -330,6 +360,7 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			sh.chargeLocked(e, req)
 			s.markChangedLocked(sh, e)
 		}
+		sh.epochLocked(e, &d.Window, now)
 		return took
 	}
 	var st state
@@ -345,6 +376,105 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		s.markChangedLocked(sh, e)
 	}
 	return took
+}
+
+// resetMark is what a Reset leaves of the live state it cleared: the
+// instant of the reset, and when that state would have gone fresh. Until
+// then, a refund naming a charge (Request.Charged) whose window or
+// instant is not after the reset gives nothing back: the reset cleared
+// its hits, and what the key counts now is other requests'. A charge
+// made before the reset still counts nowhere once the cleared state
+// would have gone fresh: its window has ended, or, of a bucket or GCRA,
+// what a refund may give back of it (its hits less what has drained since
+// the charge) is no more than the level it left, which has drained by
+// then. The mark keeps its entry (and its bytes, ResetMarkOverhead)
+// until then.
+type resetMark struct{ at, until int64 }
+
+// markResetLocked records that a Reset at now clears e: the mark lasts
+// until e's state, if live, would have gone fresh, or until the mark e
+// has already would have lapsed. sh.mu must be held.
+func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
+	m, had := sh.resets[e]
+	until := int64(0)
+	if had && m.until > now {
+		until = m.until
+	}
+	if e.expireAt > now {
+		until = max(until, e.expireAt)
+	}
+	if until == 0 {
+		if had {
+			s.dropMarkLocked(sh, e)
+		}
+		return
+	}
+	if sh.resets == nil {
+		sh.resets = make(map[*entry]resetMark)
+	}
+	sh.resets[e] = resetMark{at: now, until: until}
+	if !had {
+		s.resizeLocked(sh, e, ResetMarkOverhead, now)
+	}
+}
+
+// dropMarkLocked drops e's reset mark. sh.mu must be held.
+func (s *Store) dropMarkLocked(sh *shard, e *entry) {
+	delete(sh.resets, e)
+	sh.bytes -= ResetMarkOverhead
+	s.bytes.Add(-ResetMarkOverhead)
+}
+
+// A window of a fixed window or sliding window counter that holds a
+// reset is two windows to a refund: the charges before the reset, which
+// name it, and those after, which name it with Start epochAfter the
+// reset (epochLocked), the window's epoch since the reset.
+
+// epochAfter is how long after a reset the epoch it starts begins: a
+// microsecond, the unit of redislimit's times, so that both name it
+// alike.
+const epochAfter = int64(time.Microsecond)
+
+// chargedSinceResetLocked returns the window or instant a refund req
+// (Request.chargedRefund) of e gives hits back to, and false when a reset
+// has cleared them while its mark lasts: a charge at an instant, or in a
+// window begun, no later than the reset. A window named by its epoch
+// since the reset (epochLocked) is returned as the window itself, which
+// the key's state names. sh.mu must be held.
+func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64) (Window, bool) {
+	w := req.Charged
+	m, ok := sh.resets[e]
+	if !ok || m.until <= now {
+		return w, true
+	}
+	if w.Start == m.at+epochAfter && !req.chargedAt() {
+		if start, end := windowBounds(req, m.at); end == w.End {
+			return Window{start, end}, true
+		}
+	}
+	return w, w.Start > m.at
+}
+
+// epochLocked names w, a window a decision on e counted hits in or gave
+// them back to, by its epoch since e's last reset, if it holds that
+// reset and the reset's mark lasts. sh.mu must be held.
+func (sh *shard) epochLocked(e *entry, w *Window, now int64) {
+	if sh.resets == nil || w.Start == w.End {
+		return
+	}
+	if m, ok := sh.resets[e]; ok && m.until > now && w.Start <= m.at && m.at+epochAfter < w.End {
+		w.Start = m.at + epochAfter
+	}
+}
+
+// liveLocked reports whether e must stay: its state is live at now, or
+// a reset's mark on it lasts. sh.mu must be held.
+func (sh *shard) liveLocked(e *entry, now int64) bool {
+	if e.expireAt > now {
+		return true
+	}
+	m, ok := sh.resets[e]
+	return ok && m.until > now
 }
 
 // chargeLocked records req's rate as the one e's state was charged
@@ -479,6 +609,10 @@ func (sh *shard) removeLocked(e *entry) int64 {
 	delete(sh.m, e.key)
 	freed := sh.entryBytes(len(e.key))
 	delete(sh.rates, e)
+	if _, ok := sh.resets[e]; ok {
+		delete(sh.resets, e)
+		freed += ResetMarkOverhead
+	}
 	if e.algo() == SlidingWindowLog {
 		freed += logBytes(sh.logs[e.key])
 		delete(sh.logs, e.key)
@@ -503,7 +637,7 @@ func (s *Store) Sweep(now time.Time) int {
 		sh.mu.Lock()
 		d, freed := 0, int64(0)
 		for _, e := range sh.m {
-			if e.expireAt <= n {
+			if !sh.liveLocked(e, n) {
 				freed += sh.removeLocked(e)
 				d++
 			}

@@ -58,34 +58,26 @@ func zoneName(l *time.Location) string {
 // algorithm a last charged under c (known), under KeepStrictest: req
 // itself when it charges as c does; otherwise req with a's algorithm and
 // the strictest of both rates, which never reads the state as counting
-// less than either would. The longer Period is kept (with its Calendar, a
-// fixed window's), so that no window shortens under a count, unless its
-// window holding now ends before c's does (windows aligned elsewhere: a
-// fixed window's or counter's Period is then c's): over it, the
+// less than either would. The buckets, GCRA and the log keep the longer
+// Period. A fixed window or sliding window counter keeps the rate whose
+// window holding now ends later (on a tie, the longer; with its Calendar,
+// a fixed window's): hits counted in a window are never released before
+// the end of every window they were charged under, so a count that moves
+// to the other rate's window moves to one that ends no earlier (a 3-hour
+// window beside a 2-hour one, a month beside a week or 24 hours beside a
+// 23-hour DST day may end first, or last). Over the kept Period the
 // Limit is the least that either rate allows (rounded down), and the
 // capacity the least of both. A meet that Validate would refuse (a drain
-// past MaxDrain after rounding) falls back to c's rate.
-func strictest(c charged, a Algorithm, req *Request, now int64) Request {
-	return meet(c, a, req, now, false)
-}
-
-// strictestMerged is strictest for a state that Merge has joined with
-// one charged under req's rate: the merged counts last until the later
-// of both windows ends, so the window algorithms keep the rate whose
-// window holding now ends later (on a tie, the longer), its Limit cut to
-// what either rate allows over it. (A fixed window decided at the other
-// rate would end the joined count with that rate's window.)
-func strictestMerged(c charged, a Algorithm, req *Request, now int64) Request {
-	return meet(c, a, req, now, true)
-}
-
-func meet(c charged, a Algorithm, req *Request, now int64, merged bool) Request {
+// past MaxDrain, or for the windows a Limit below one, after rounding)
+// falls back to c's rate; for the windows, none reports that the meet
+// admits nothing over the window kept, and the caller denies req.
+func strictest(c charged, a Algorithm, req *Request, now int64) (m Request, none bool) {
 	old := c.request(*req, a)
 	if sameRate(&old, req) {
-		return *req
+		return *req, false
 	}
 	ts, tr := periodOf(&old, now), periodOf(req, now)
-	m := old
+	m = old
 	tm := ts
 	theirs := old
 	theirs.Period, theirs.Calendar, theirs.Location = time.Duration(tr), NoCalendar, nil
@@ -94,17 +86,11 @@ func meet(c charged, a Algorithm, req *Request, now int64, merged bool) Request 
 	}
 	take := tr > ts
 	if a == FixedWindow || a == SlidingWindowCounter {
-		// A longer window aligned elsewhere may end first (3h windows
-		// against 2h ones, a month against a week, 24h against a 23-hour
-		// DST day): a fixed window's count would go fresh, a counter's
-		// start to fade, before c's window ends. Only a window that ends
-		// no earlier is kept.
+		// The count moves to the window of the rate decided with: only
+		// one that ends no earlier keeps it counted as long as both
+		// rates would.
 		er, eo := windowEnd(&theirs, now), windowEnd(&old, now)
-		if merged {
-			take = er > eo || er == eo && tr > ts
-		} else {
-			take = take && er >= eo
-		}
+		take = er > eo || er == eo && tr > ts
 	}
 	if take {
 		m, tm = theirs, tr
@@ -121,10 +107,11 @@ func meet(c charged, a Algorithm, req *Request, now int64, merged bool) Request 
 		m.Hits = 0 // validated below as a peek; the caller denies it
 	}
 	if m.Validate() != nil {
+		none = take && m.Limit < 1 && (a == FixedWindow || a == SlidingWindowCounter)
 		m = old
 	}
 	m.Hits = req.Hits
-	return m
+	return m, none
 }
 
 func windowEnd(r *Request, now int64) int64 {

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"os"
 	"testing"
 	"time"
 )
@@ -85,22 +84,17 @@ func TestKeepStrictestLongerPeriodKeepsTheWindow(t *testing.T) {
 // claimed first at 7 per 25 hours (a window that ends at 15:00 UTC), then
 // its rightful caller, at 14 per UTC day, spends what it is given in the
 // morning and again after 15:00. Its day must admit no more than 14, as
-// its own rate alone would. strictest keeps the longer (25-hour) window,
-// which ends first, so the caller's morning hits go fresh at 15:00 and
-// its day admits 6 + 14 = 20. Keeping the fixed window of the two that
-// ends later, whatever its length, closes it, but changes what a shorter
-// period that ends later gets now (TestRefundOnlyToTheChargedWindow's
-// "kept Period" steps): a decision for the lead.
+// its own rate alone would: the hits counted in the morning stay counted
+// until the day ends, the later end of the two windows they were charged
+// under, for a fixed window and a sliding window counter.
 func TestKeepStrictestClaimedByAWindowEndingFirst(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("attack: a key claimed by a longer window that ends first releases the rightful caller's hits before its own window ends (20 of 14 in a day)")
-	}
 	for _, own := range []Request{
 		{Name: "n", Key: "k", Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: FixedWindow},
 		{Name: "n", Key: "k", Hits: 1, Limit: 14, Calendar: Day, Algorithm: FixedWindow},
+		{Name: "n", Key: "k", Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: SlidingWindowCounter},
 	} {
 		s := newStrictStore(t)
-		claim := Request{Name: "n", Key: "k", Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: FixedWindow}
+		claim := Request{Name: "n", Key: "k", Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: own.Algorithm}
 		if d, err := s.CheckAt(claim, time.Date(2026, 5, 16, 23, 0, 0, 0, time.UTC)); err != nil || !d.Allowed {
 			t.Fatalf("claiming: %+v %v", d, err)
 		}
@@ -229,6 +223,83 @@ func TestKeepStrictestMergeMisalignedWindows(t *testing.T) {
 							c.name, here.Period, here.Calendar, when.UTC(), endA.UTC(), endB.UTC(), r.Period, r.Calendar, d, err)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestKeepStrictestMeetAdmittingNone: a key claimed at 2 per 25 hours,
+// checked at 14 per 10 hours in a 10-hour window that ends after the
+// 25-hour one. Over the later-ending 10 hours the claim allows less than
+// one hit, so the check is denied until the key is fresh: charging it in
+// the 25-hour window would release it at that window's end, before its
+// own window ends, whose checks would then admit 14 more.
+func TestKeepStrictestMeetAdmittingNone(t *testing.T) {
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		s := newStrictStore(t)
+		claim := Request{Name: "n", Key: "k", Hits: 1, Limit: 2, Period: 25 * time.Hour, Algorithm: a}
+		own := Request{Name: "n", Key: "k", Hits: 1, Limit: 14, Period: 10 * time.Hour, Algorithm: a}
+		t0 := time.Date(2026, 5, 17, 1, 0, 0, 0, time.UTC)
+		if d, err := s.CheckAt(claim, t0); err != nil || !d.Allowed {
+			t.Fatalf("%v: claiming: %+v %v", a, d, err)
+		}
+		// An hour within both windows, the 10-hour one ending later.
+		_, claimEnd := claim.Window(t0)
+		at := claimEnd.Add(-time.Hour)
+		if _, end := own.Window(at); !end.After(claimEnd) {
+			t.Fatalf("the 10-hour window ends at %v, not after the 25-hour one (%v)", end, claimEnd)
+		}
+		start, end := own.Window(at)
+		admitted := int64(0)
+		for _, when := range []time.Time{at, claimEnd.Add(time.Minute)} {
+			if !when.Before(end) || when.Before(start) {
+				t.Fatalf("%v is outside the 10-hour window [%v, %v)", when, start, end)
+			}
+			for range 20 {
+				if d, err := s.CheckAt(own, when); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					admitted++
+				}
+			}
+		}
+		if admitted > own.Limit {
+			t.Errorf("%v: the caller's 10-hour window admitted %d, more than its limit %d", a, admitted, own.Limit)
+		}
+	}
+}
+
+// TestKeepStrictestMergeChargedKeepsTheLaterWindow: a healed partition
+// merges a copy of a key spent at 10 per 2 hours, its window [2h, 4h),
+// with a store whose own state of it, at 10 per 3 hours ([0h, 3h)), holds
+// 2 hits the copy lacks, charged to the copy at the stand-ins' 3-hour
+// rate (Store.MergeCharged). The copy's hits were charged in a window
+// ending at 4h, so the key must stay spent until then, at either rate.
+func TestKeepStrictestMergeChargedKeepsTheLaterWindow(t *testing.T) {
+	base6h := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	at := base6h.Add(2*time.Hour + 30*time.Minute)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		two := Request{Name: "n", Key: "k", Hits: 10, Limit: 10, Period: 2 * time.Hour, Algorithm: a}
+		three := two
+		three.Period, three.Hits = 3*time.Hour, 2
+		to, from := newStrictStore(t), newStrictStore(t)
+		if d, err := from.CheckAt(two, at); err != nil || !d.Allowed {
+			t.Fatalf("%v: spending the copy: %+v %v", a, d, err)
+		}
+		if d, err := to.CheckAt(three, at); err != nil || !d.Allowed {
+			t.Fatalf("%v: the store's own hits: %+v %v", a, d, err)
+		}
+		sn := snapOf(t, from, two, at)
+		charge := three
+		charge.Hits = 0
+		if _, err := to.MergeCharged(&sn, charge, 2, at); err != nil {
+			t.Fatal(err)
+		}
+		when := base6h.Add(3*time.Hour + 30*time.Minute) // the 3-hour window has ended, the 2-hour one not
+		for _, r := range []Request{two, three} {
+			r.Hits = 1
+			if d, err := to.CheckAt(r, when); err != nil || d.Allowed {
+				t.Errorf("%v: at 3h30, within the copy's spent window to 4h, a check per %v admitted: %+v %v", a, r.Period, d, err)
 			}
 		}
 	}

@@ -21,7 +21,8 @@ func (s *Store) TakeAt(req Request, want int64, now time.Time) (int64, Decision,
 	if want < 1 {
 		return 0, Decision{}, fmt.Errorf("%w: want %d is below 1", ErrInvalidHits, want)
 	}
-	take, d := s.decideKey(&req, now.UnixNano(), want)
+	var d Decision
+	take := s.decideKey(&req, now.UnixNano(), want, &d)
 	if take > 0 && !d.Allowed { // cannot happen: Remaining said it fits
 		return 0, Decision{}, fmt.Errorf("limiter: %s did not admit the %d hits it reported remaining", req.Algorithm, take)
 	}

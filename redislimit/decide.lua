@@ -1,7 +1,8 @@
 -- sluice redislimit: one decision on one key, atomically.
 --
 -- KEYS[1]  the key's state: a string, format version 1, or 2 with the rate
---          it was last charged under (see the state below).
+--          it was last charged under, or 3 and 4, those with a reset's
+--          mark (see the state below).
 -- ARGV[1]  algorithm (limiter.Algorithm), ARGV[2] hits, ARGV[3] limit,
 -- ARGV[4]  period in microseconds (0 with a calendar), ARGV[5] capacity
 --          (the effective burst), ARGV[6] behavior bits,
@@ -45,6 +46,8 @@ local MAXLIMIT = 1e12            -- limiter.MaxLimit
 local MAXLEAD = 72057594037928
 local VERSION = 1
 local VERSION_RATE = 2 -- the state followed by the rate it was charged under
+-- Versions 3 and 4 are 1 and 2 followed by a reset's mark (below).
+local MARKED = 2
 local MAXDRAIN = 100 * 366 * 24 * 3600 * 1000000 -- limiter.MaxDrain, in us
 
 local TOKEN, LEAKY, FIXED, SLOG, SCOUNTER, GCRA = 1, 2, 3, 4, 5, 6
@@ -144,12 +147,30 @@ local logBody, logN, logBase, quantum = '', 0, 0, 0
 local RECORD = 16
 local charged = nil -- {limit, capacity, period, zone}, version 2's rate
 
+-- A reset's mark, limiter's resetMark: {at, until}, the instant of a
+-- reset of a live state and when that state would have gone fresh (its
+-- expiry). Until then a refund naming a charge at an instant, or in a
+-- window begun, no later than the reset gives nothing back: the reset
+-- cleared its hits. Versions 3 and 4 carry it, 16 bytes after the state
+-- (and the rate), before the log's entries; the key lives until it
+-- lapses, even with a fresh state.
+local mark = nil
+
 local raw = redis.call('GET', key)
 if raw then
   local version, head = string.byte(raw, 1), 34
+  local marked = version == VERSION + MARKED or version == VERSION_RATE + MARKED
+  if marked then version = version - MARKED end
   if version == VERSION_RATE then head = 66 end
+  if marked then head = head + 16 end
   if string.len(raw) < head or (version ~= VERSION and version ~= VERSION_RATE) then
-    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. VERSION .. ' or ' .. VERSION_RATE)
+    return redis.error_reply('redislimit: state of ' .. key .. ' is not format version 1, 2, 3 or 4')
+  end
+  if marked then
+    local at, untilT = struct.unpack('<dd', raw, head - 15)
+    if at == at and untilT == untilT and at >= -HORIZON and untilT <= HORIZON and at < untilT then
+      mark = {at, untilT}
+    end
   end
   local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
   -- Numbers within the horizon (NaN is not equal to itself), an
@@ -161,7 +182,7 @@ if raw then
     local l, c, p, z = struct.unpack('<dddd', raw, 35)
     ok = l >= 1 and l <= MAXLIMIT and l == math.floor(l) and c >= 1 and c <= MAXLIMIT and c == math.floor(c) and
       sane(p) and p == math.floor(p) and p ~= 0 and sane(z) and
-      (p > 0 or (p >= -6 and a == FIXED and w0 < exp)) -- a calendar: a fixed window's, [start, expiry)
+      (p > 0 or (p >= -6 and a == FIXED and (w0 < exp or exp <= now))) -- a calendar: a fixed window's, [start, expiry), or a fresh state a mark keeps
     charged = {l, c, p, z}
   end
   if not ok or
@@ -250,10 +271,17 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     end
     local lBounds = nil
     if bounds and a == FIXED then lBounds = bounds end
-    -- A longer window aligned elsewhere may end first (limiter's
-    -- strictest): a fixed window or counter keeps only one that ends no
-    -- earlier than the old rate's.
-    if tr > ts and ((a ~= FIXED and a ~= SCOUNTER) or endAt(lBounds, tr) >= endAt(oBounds, oPeriod)) then
+    -- The buckets, GCRA and the log keep the longer Period; a fixed
+    -- window or counter keeps the rate whose window holding now ends
+    -- later (on a tie, the longer), as limiter's strictest: its count
+    -- moves to that window, so hits stay counted until the end of every
+    -- window they were charged under.
+    local take = tr > ts
+    if a == FIXED or a == SCOUNTER then
+      local er, eo = endAt(lBounds, tr), endAt(oBounds, oPeriod)
+      take = er > eo or (er == eo and tr > ts)
+    end
+    if take then
       tm = tr
       mPeriod, mBounds, mCal, mZone = tr, nil, 0, 0
       if lBounds then mPeriod, mBounds, mCal, mZone = 0, bounds, calendar, zone end
@@ -265,12 +293,16 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
       mCap = mLimit
     end
     local valid = mLimit >= 1 and mLimit <= MAXLIMIT and (mBounds or mCap / mLimit * mPeriod <= MAXDRAIN)
+    -- none: over the later-ending window the meet admits less than one
+    -- hit; a charge is denied until the key is fresh (limiter's).
+    local none = false
     if not valid then
+      none = take and mLimit < 1 and (a == FIXED or a == SCOUNTER)
       mLimit, mCap, mPeriod, mBounds, mCal, mZone = oLimit, oCap, oPeriod, oBounds, 0, oZone
       if oPeriod < 0 then mCal, mPeriod = -oPeriod, 0 end
     end
     algo, limit, capacity, period, bounds, calendar, zone = mAlgo, mLimit, mCap, mPeriod, mBounds, mCal, mZone
-    if hits > capacity then overCapacity = true end
+    if hits > capacity or (none and hits > 0 and not has(REFUND)) then overCapacity = true end
   end
 end
 local storedExp = st.exp
@@ -796,6 +828,24 @@ local function refundInstant()
   return true
 end
 
+-- A reset's mark that has lapsed is none.
+if mark and mark[2] <= now then mark = nil end
+
+-- A window of a fixed window or sliding window counter that holds a
+-- reset is two windows to a refund (limiter's chargedSinceResetLocked):
+-- the charges before the reset name it, those after name it with start
+-- one microsecond after the reset (its epoch since the reset).
+local epochOf = nil
+if mark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) then
+  local s, e = nil, nil
+  if chargedStart == mark[1] + 1 and chargedStart ~= chargedEnd then s, e = windowBounds(mark[1]) end
+  if s and e == chargedEnd then
+    chargedStart = s
+  elseif chargedStart <= mark[1] then
+    hits = 0 -- cleared by the reset: gives nothing back
+  end
+end
+
 local gaveBack = false
 -- A refund to the charge it names: to the window of a fixed window or
 -- sliding window counter (limiter's refundWindow), the hits go back to the
@@ -838,6 +888,15 @@ if has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) the
   if which ~= 0 then gaveBack = true end
 end
 
+if has(RESET) and not reads then
+  -- The mark lasts until the state it clears, if live, would have gone
+  -- fresh, or until the mark already there would have lapsed.
+  local untilT = 0
+  if mark then untilT = mark[2] end
+  if st.exp > now then untilT = math.max(untilT, st.exp) end
+  if untilT > now then mark = {now, untilT} end
+end
+
 if st.exp <= now or has(RESET) then
   startFresh()
 else
@@ -878,23 +937,38 @@ if gaveBack then
   windowStart, windowEnd = chargedStart, chargedEnd
 end
 
+-- A window that holds a reset whose mark lasts is named by its epoch
+-- since the reset (limiter's epochLocked).
+if mark and windowStart ~= windowEnd and windowStart <= mark[1] and mark[1] + 1 < windowEnd then
+  windowStart = mark[1] + 1
+end
+
 if overCapacity then
   allowed, retry = 0, math.max(storedExp - now, 1)
 end
 
 if reads then
   -- A peek keeps nothing: limiter decides it on a copy.
-elseif st.exp > now then
+elseif st.exp > now or mark then
   local value
+  local version = VERSION
+  if keepStrictest then version = VERSION_RATE end
+  if mark then version = version + MARKED end
   if keepStrictest then
-    value = struct.pack('<BBdddddddd', VERSION_RATE, algo, st.exp, st.w[1], st.w[2], st.w[3],
+    value = struct.pack('<BBdddddddd', version, algo, st.exp, st.w[1], st.w[2], st.w[3],
       limit, capacity, ratePeriod(), zone)
   else
-    value = struct.pack('<BBdddd', VERSION, algo, st.exp, st.w[1], st.w[2], st.w[3])
+    value = struct.pack('<BBdddd', version, algo, st.exp, st.w[1], st.w[2], st.w[3])
+  end
+  local lasts = st.exp
+  if mark then
+    value = value .. struct.pack('<dd', mark[1], mark[2])
+    lasts = math.max(lasts, mark[2])
   end
   if algo == SLOG then value = value .. logBody end
-  -- The key lives until its state is fresh again, to the millisecond.
-  redis.call('SET', key, value, 'PX', math.max(math.ceil((st.exp - now) / 1000), minTTL))
+  -- The key lives until its state is fresh again, and its mark has
+  -- lapsed, to the millisecond.
+  redis.call('SET', key, value, 'PX', math.max(math.ceil((lasts - now) / 1000), minTTL))
 elseif raw then
   redis.call('DEL', key)
 end

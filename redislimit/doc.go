@@ -59,7 +59,12 @@
 // Cluster spreads limits over every shard (see Key). The value is a
 // versioned binary string: a format version, the algorithm, the expiry
 // and three numbers, 34 bytes, and for the sliding window log 16 bytes per
-// entry. A key expires (PX) when its state is fresh again; a decision that
+// entry. Versions 3 and 4 are 1 and 2 followed by a reset's mark (16
+// bytes: the instant a Reset cleared the key's live state and when that
+// state would have gone fresh), which keeps the key, even fresh, until it
+// lapses: until then a refund naming a charge made before the reset
+// gives nothing back, as limiter's store decides it (see
+// limiter.Request.Charged). A key expires (PX) when its state is fresh again; a decision that
 // leaves it fresh deletes it, and a peek leaves it as it is. The sliding window log holds at most
 // limiter.MaxLogEntries entries: a log that would pass it merges its
 // entries into coarser ones, each into the latest of its run of a

@@ -36,11 +36,16 @@ func TestRefundToItsChargedWindow(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"a shorter period", []step{
+		// [7s, 14s) ends after [0s, 10s): the count moves to it, at the
+		// least either rate allows over 7s (7), and stays counted, and
+		// refundable, until 14s.
+		{"a shorter period ending later", []step{
 			{at: time.Second, req: fixed10, wantRemaining: 9},
-			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 8}, // into the kept [0s, 10s)
-			{at: 10500 * time.Millisecond, req: fixed7, wantRemaining: 9},
-			{at: 10500 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 9},
+			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 5}, // into [7s, 14s)
+			{at: 10500 * time.Millisecond, req: fixed7, wantRemaining: 4},
+			{at: 10500 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 5, wantBack: true},
+			{at: 14 * time.Second, req: fixed7, wantRemaining: 9},
+			{at: 14 * time.Second, req: fixed7, refund: true, wantRemaining: 9},
 		}},
 		{"another algorithm", []step{
 			{at: time.Second, req: fixed10, wantRemaining: 9},
@@ -50,8 +55,8 @@ func TestRefundToItsChargedWindow(t *testing.T) {
 		}},
 		{"the same window", []step{
 			{at: time.Second, req: fixed10, wantRemaining: 9},
-			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 8},
-			{at: 9900 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 9, wantBack: true},
+			{at: 9500 * time.Millisecond, req: fixed7, wantRemaining: 5},
+			{at: 9900 * time.Millisecond, req: fixed7, refund: true, wantRemaining: 6, wantBack: true},
 		}},
 		{"a counter's previous window", []step{
 			{at: time.Second, req: counter, wantRemaining: 9},

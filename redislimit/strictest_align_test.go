@@ -3,7 +3,6 @@ package redislimit
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -81,23 +80,21 @@ func TestKeepStrictestLongerPeriodKeepsTheWindow(t *testing.T) {
 // TestKeepStrictestClaimedByAWindowEndingFirst is limiter's test of that
 // name on Redis: a key claimed at 7 per 25 hours (a window ending at
 // 15:00 UTC), then spent by its caller at 14 per UTC day in the morning
-// and after 15:00, must admit no more than 14 in that day; it admits 20,
-// as limiter does.
+// and after 15:00, must admit no more than 14 in that day, for a fixed
+// window and a sliding window counter.
 func TestKeepStrictestClaimedByAWindowEndingFirst(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("attack: a key claimed by a longer window that ends first releases the rightful caller's hits before its own window ends (20 of 14 in a day)")
-	}
 	srv := testredis.Start(t)
 	ctx := context.Background()
 	for i, own := range []limiter.Request{
 		{Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow},
 		{Hits: 1, Limit: 14, Calendar: limiter.Day, Algorithm: limiter.FixedWindow},
+		{Hits: 1, Limit: 14, Period: 24 * time.Hour, Algorithm: limiter.SlidingWindowCounter},
 	} {
 		own.Name, own.Key = "claimed", fmt.Sprint(i)
 		clock := &testClock{now: time.Date(2026, 5, 16, 23, 0, 0, 0, time.UTC)}
 		l := newTestLimiter(t, clock, srv.Addr())
 		l.cfg.KeepStrictest = true
-		claim := limiter.Request{Name: own.Name, Key: own.Key, Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: limiter.FixedWindow}
+		claim := limiter.Request{Name: own.Name, Key: own.Key, Hits: 1, Limit: 7, Period: 25 * time.Hour, Algorithm: own.Algorithm}
 		if d, err := l.Check(ctx, claim); err != nil || !d.Allowed {
 			t.Fatalf("claiming: %+v %v", d, err)
 		}
@@ -114,6 +111,46 @@ func TestKeepStrictestClaimedByAWindowEndingFirst(t *testing.T) {
 		}
 		if admitted > own.Limit {
 			t.Errorf("%v/%v: the caller's day admitted %d, more than its limit %d", own.Period, own.Calendar, admitted, own.Limit)
+		}
+	}
+}
+
+// TestKeepStrictestMeetAdmittingNone is limiter's test of that name on
+// Redis: a key claimed at 2 per 25 hours, checked at 14 per 10 hours in a
+// 10-hour window that ends after the 25-hour one, denies the checks until
+// the key is fresh, so that window admits no more than 14.
+func TestKeepStrictestMeetAdmittingNone(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		t0 := time.Date(2026, 5, 17, 1, 0, 0, 0, time.UTC)
+		clock := &testClock{now: t0}
+		l := newTestLimiter(t, clock, srv.Addr())
+		l.cfg.KeepStrictest = true
+		claim := limiter.Request{Name: "none", Key: a.String(), Hits: 1, Limit: 2, Period: 25 * time.Hour, Algorithm: a}
+		own := claim
+		own.Limit, own.Period = 14, 10*time.Hour
+		if d, err := l.Check(ctx, claim); err != nil || !d.Allowed {
+			t.Fatalf("%v: claiming: %+v %v", a, d, err)
+		}
+		_, claimEnd := claim.Window(t0)
+		at := claimEnd.Add(-time.Hour)
+		if _, end := own.Window(at); !end.After(claimEnd) {
+			t.Fatalf("the 10-hour window ends at %v, not after the 25-hour one (%v)", end, claimEnd)
+		}
+		admitted := int64(0)
+		for _, when := range []time.Time{at, claimEnd.Add(time.Minute)} {
+			clock.now = when
+			for range 20 {
+				if d, err := l.Check(ctx, own); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					admitted++
+				}
+			}
+		}
+		if admitted > own.Limit {
+			t.Errorf("%v: the caller's 10-hour window admitted %d, more than its limit %d", a, admitted, own.Limit)
 		}
 	}
 }

@@ -23,6 +23,10 @@ type reloadCase struct {
 	// old a second earlier; gap is how far the clock moves between the
 	// consume and the refund, while another request takes a hit of new.
 	consume, gap time.Duration
+	// want is what new has left after the refund: the other request's
+	// hit counted, and the first hit too while a window it was charged
+	// under lasts.
+	want int64
 }
 
 // refundAfterReload runs c through lim, whose decisions read clk, which
@@ -31,7 +35,7 @@ type reloadCase struct {
 // narrow, whose only hit a racing request took between the peek and the
 // consume; before the refund the clock moves by c.gap and another request
 // takes a hit of new. The refund must leave that hit counted: wide has
-// Limit-1 remaining.
+// c.want remaining.
 func refundAfterReload(t *testing.T, c reloadCase, lim sluice.Limiter, clk *fakeclock.Clock) {
 	t.Helper()
 	old, err := NewSet(c.old)
@@ -69,11 +73,11 @@ func refundAfterReload(t *testing.T, c reloadCase, lim sluice.Limiter, clk *fake
 	if v.Allowed || v.Err != nil {
 		t.Fatalf("verdict %+v", v)
 	}
-	if got := remaining(t, lim, s, c.new.Name, d); got != c.new.Limit-1 {
+	if got := remaining(t, lim, s, c.new.Name, d); got != c.want {
 		for _, l := range v.Limits {
 			t.Logf("%s: %+v", l.Rule.Name, l.Decision)
 		}
-		t.Fatalf("%s remaining %d after the refund, want %d: the refund took back the other request's hit", c.new.Name, got, c.new.Limit-1)
+		t.Fatalf("%s remaining %d after the refund, want %d: the refund took back the other request's hit", c.new.Name, got, c.want)
 	}
 }
 
@@ -92,20 +96,24 @@ func minuteNotOfSeven() time.Time {
 
 // The reloads a refund must survive: the enforcer's own check reads the
 // new rule (its window holds both the consume and the refund, or it has
-// none), while the hits went into the key's kept window, which ended in
-// between; the next request began the key anew under the new rule.
+// none). A fixed window key moves to the new rule's 7s window, which
+// ends after the old window: the first hit stays counted there, and the
+// rule has, over 7s, the least either rate allows (7 of 10 per 10s, 11
+// of 100 a minute, cut to 10). A bucket keeps the old window, which
+// ended in between; the next request began the key anew under the new
+// rule.
 func reloadCases() []reloadCase {
 	fixed10 := Rule{Name: "wide", Algorithm: limiter.FixedWindow, Limit: 10, Period: 10 * time.Second}
 	fixed7 := Rule{Name: "wide", Algorithm: limiter.FixedWindow, Limit: 10, Period: 7 * time.Second}
-	minute := Rule{Name: "wide", Algorithm: limiter.FixedWindow, Limit: 10, Calendar: limiter.Minute}
+	minute := Rule{Name: "wide", Algorithm: limiter.FixedWindow, Limit: 100, Calendar: limiter.Minute}
 	bucket := Rule{Name: "wide", Algorithm: limiter.TokenBucket, Limit: 10, Period: 10 * time.Second}
 	counter := Rule{Name: "wide", Algorithm: limiter.SlidingWindowCounter, Limit: 10, Period: 7 * time.Second}
 	nearTen := span.Add(9500 * time.Millisecond).Sub(span)
 	return []reloadCase{
-		{"a shorter period", fixed10, fixed7, nearTen, time.Second},
-		{"a calendar window's end", minute, fixed7, 59500 * time.Millisecond, time.Second},
-		{"another algorithm without windows", fixed10, bucket, nearTen, time.Second},
-		{"another window algorithm", fixed10, counter, nearTen, time.Second},
+		{"a shorter period", fixed10, fixed7, nearTen, time.Second, 7 - 2},
+		{"a calendar window's end", minute, fixed7, 59500 * time.Millisecond, time.Second, 10 - 2},
+		{"another algorithm without windows", fixed10, bucket, nearTen, time.Second, 10 - 1},
+		{"another window algorithm", fixed10, counter, nearTen, time.Second, 7 - 2},
 	}
 }
 
@@ -169,7 +177,7 @@ func TestEnforceRefundAfterItDrained(t *testing.T) {
 		if a == limiter.SlidingWindowLog {
 			gap = 11 * time.Second
 		}
-		c := reloadCase{a.String(), r, r, 5 * time.Second, gap}
+		c := reloadCase{a.String(), r, r, 5 * time.Second, gap, r.Limit - 1}
 		t.Run(c.name, func(t *testing.T) {
 			clk := fakeclock.New(caseStart(c))
 			cfg := cluster.TestConfig("rules-refund-drained")

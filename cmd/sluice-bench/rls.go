@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +21,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // rlsTarget is a running rate limit service measured by rlsBench: its
@@ -103,46 +110,62 @@ func procsCPU(pids []int) (time.Duration, error) {
 	return sum, nil
 }
 
+// rlsRequest is a request of one descriptor of one entry, reused from
+// call to call (gRPC has encoded it when the call returns), so that the
+// load generator, which shares the machine with the services, spends
+// less on building requests.
+type rlsRequest struct {
+	req     rlsv3.RateLimitRequest
+	descs   [1]*rlcommon.RateLimitDescriptor
+	desc    rlcommon.RateLimitDescriptor
+	entries [1]*rlcommon.RateLimitDescriptor_Entry
+	entry   rlcommon.RateLimitDescriptor_Entry
+}
+
+var rlsRequests = sync.Pool{New: func() any { return new(rlsRequest) }}
+
+// set makes r the request of descriptor key=value in domain.
+func (r *rlsRequest) set(domain, key, value string) *rlsv3.RateLimitRequest {
+	r.entry.Key, r.entry.Value = key, value
+	r.entries[0] = &r.entry
+	r.desc.Entries = r.entries[:]
+	r.descs[0] = &r.desc
+	r.req.Domain, r.req.Descriptors = domain, r.descs[:]
+	return &r.req
+}
+
 // rlsBench drives each target in turn, rounds times, with callers
 // calling unary ShouldRateLimit on conns gRPC connections, one
 // descriptor (key, one of keys values) of domain per call, for d after a
 // warm-up of warm. It prints checks/s, latencies and the targets'
 // server CPU per check; a call that fails or is not OK is an error, and the first error of
 // a run is printed, with the count of the calls failed of each gRPC code.
-func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
+//
+// api chooses the API called: "envoy", ShouldRateLimit; "grpc", sluice's
+// native Check (the client package, on conns connections); "http", POST
+// /v1/check on keep-alive connections (t.addr is then the HTTP address).
+// The native checks carry the limit of the domain file the script
+// serves: a fixed window of a second, 1,000,000 hits, never reached.
+func rlsBench(targets []rlsTarget, api, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
 	values := make([]string, keys)
 	for i := range values {
 		values[i] = "u" + strconv.Itoa(i)
 	}
-	fmt.Printf("%d callers on %d connection(s), domain %q, descriptor key %q with %d values, %v per run after %v of warm-up\n",
-		callers, conns, domain, key, keys, d, warm)
-	fmt.Printf("%-12s %10s %9s %9s %9s %14s %8s\n", "target", "checks/s", "p50", "p99", "p99.9", "server µs/ck", "errors")
+	fmt.Printf("%d callers of API %s on %d connection(s), domain %q, descriptor key %q with %d values, %v per run after %v of warm-up\n",
+		callers, api, conns, domain, key, keys, d, warm)
+	fmt.Printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "target", "checks/s", "p50", "p99", "p99.9", "server µs/ck", "client µs/ck", "errors")
 	for n := range rounds {
 		for _, t := range targets {
-			ccs := make([]*grpc.ClientConn, conns)
-			clients := make([]rlsv3.RateLimitServiceClient, conns)
-			for i := range ccs {
-				cc, err := grpc.NewClient(t.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					return err
-				}
-				ccs[i], clients[i] = cc, rlsv3.NewRateLimitServiceClient(cc)
+			call, closeAll, err := newAPICaller(api, t.addr, domain, key, conns, callers)
+			if err != nil {
+				return err
 			}
 			var firstErr atomic.Pointer[string]
 			var byCode [codes.Unauthenticated + 1]atomic.Int64
 			check := func(ctx context.Context, rng *rand.Rand) bool {
-				c := clients[rng.IntN(conns)]
 				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
-				resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
-					Domain: domain,
-					Descriptors: []*rlcommon.RateLimitDescriptor{{
-						Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: values[rng.IntN(keys)]}},
-					}},
-				})
-				if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
-					err = fmt.Errorf("overall code %v", resp.OverallCode)
-				}
+				err := call(ctx, rng, values[rng.IntN(keys)])
 				if err != nil {
 					msg := err.Error()
 					firstErr.CompareAndSwap(nil, &msg)
@@ -154,9 +177,7 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 			}
 			if warm > 0 {
 				if r := drive(callers, warm, maxChecks, check); r.checks == r.errors {
-					for _, cc := range ccs {
-						cc.Close()
-					}
+					closeAll()
 					return fmt.Errorf("%s at %s: every warm-up call failed", t.name, t.addr)
 				}
 			}
@@ -167,16 +188,15 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 			cpu0, err0 := procsCPU(t.pids)
 			r := drive(callers, d, maxChecks, check)
 			cpu1, err1 := procsCPU(t.pids)
-			for _, cc := range ccs {
-				cc.Close()
-			}
+			closeAll()
 			if err := errors.Join(err0, err1); err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			q := func(p float64) time.Duration { return round(r.lat.quantile(p)) }
-			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %8d   (round %d)\n", t.name,
+			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %14.1f %8d   (round %d)\n", t.name,
 				float64(r.checks)/r.elapsed.Seconds(), q(0.5), q(0.99), q(0.999),
-				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
+				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)),
+				float64(r.cpu.Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
 			if e := firstErr.Swap(nil); e != nil && r.errors > 0 {
 				fmt.Printf("%-12s first error: %s\n", "", *e)
 				var counts []string
@@ -193,3 +213,92 @@ func rlsBench(targets []rlsTarget, domain, key string, callers, conns, keys, rou
 	}
 	return nil
 }
+
+// newAPICaller returns the call of one check of value through api (see
+// rlsBench) at addr, and what closes its connections.
+func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(ctx context.Context, rng *rand.Rand, value string) error, closeAll func(), err error) {
+	switch api {
+	case "envoy":
+		ccs := make([]*grpc.ClientConn, conns)
+		clients := make([]rlsv3.RateLimitServiceClient, conns)
+		for i := range ccs {
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, nil, err
+			}
+			ccs[i], clients[i] = cc, rlsv3.NewRateLimitServiceClient(cc)
+		}
+		call = func(ctx context.Context, rng *rand.Rand, value string) error {
+			req := rlsRequests.Get().(*rlsRequest)
+			defer rlsRequests.Put(req)
+			resp, err := clients[rng.IntN(conns)].ShouldRateLimit(ctx, req.set(domain, key, value))
+			if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				err = fmt.Errorf("overall code %v", resp.OverallCode)
+			}
+			return err
+		}
+		return call, func() {
+			for _, cc := range ccs {
+				cc.Close()
+			}
+		}, nil
+	case "grpc":
+		cs := make([]*client.Client, conns)
+		for i := range cs {
+			c, err := client.New(addr)
+			if err != nil {
+				return nil, nil, err
+			}
+			cs[i] = c
+		}
+		call = func(ctx context.Context, rng *rand.Rand, value string) error {
+			r := nativeRequest
+			r.Name, r.Key = domain, value
+			d, err := cs[rng.IntN(conns)].Check(ctx, r)
+			if err == nil && !d.Allowed {
+				err = errors.New("denied")
+			}
+			return err
+		}
+		return call, func() {
+			for _, c := range cs {
+				c.Close()
+			}
+		}, nil
+	case "http":
+		tr := &http.Transport{MaxIdleConnsPerHost: callers}
+		hc := &http.Client{Transport: tr}
+		url := "http://" + addr + "/v1/check"
+		prefix := `{"name":` + strconv.Quote(domain) + `,"key":`
+		suffix := `,"limit":1000000,"period":"1s","algorithm":"fixed_window"}`
+		call = func(ctx context.Context, _ *rand.Rand, value string) error {
+			body := prefix + strconv.Quote(value) + suffix
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			out, err := io.ReadAll(resp.Body)
+			switch {
+			case err != nil:
+				return err
+			case resp.StatusCode != http.StatusOK:
+				return fmt.Errorf("status %d: %s", resp.StatusCode, out)
+			case !bytes.Contains(out, []byte(`"allowed":true`)):
+				return fmt.Errorf("denied: %s", out)
+			}
+			return nil
+		}
+		return call, tr.CloseIdleConnections, nil
+	}
+	return nil, nil, fmt.Errorf("unknown api %q: want envoy, grpc or http", api)
+}
+
+// nativeRequest is the check of the native APIs: the limit of the domain
+// file of bench/envoy-vs-ratelimit.sh.
+var nativeRequest = limiter.Request{Hits: 1, Limit: 1_000_000, Period: time.Second, Algorithm: limiter.FixedWindow}

@@ -59,6 +59,10 @@ type app struct {
 	// setRedisLogger routes go-redis's logger, a global of the process,
 	// into l (setRedisLogger); nil leaves it alone (tests).
 	setRedisLogger func(l *slog.Logger)
+	// daemonOptions are added to serve's daemon options (tests build the
+	// node on cluster.TestConfig, whose gossip tolerates a starved
+	// process).
+	daemonOptions []daemon.Option
 	// buildInfo returns the binary's build information
 	// (debug.ReadBuildInfo); nil reports none.
 	buildInfo func() (*debug.BuildInfo, bool)
@@ -161,6 +165,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if a.onReady != nil {
 		opts = append(opts, daemon.WithReady(a.onReady))
 	}
+	opts = append(opts, a.daemonOptions...)
 	return daemon.Run(ctx, cfg, opts...)
 }
 

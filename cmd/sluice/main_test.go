@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/testpki"
 	"github.com/sluicehq/sluice/internal/testwait"
@@ -97,6 +98,12 @@ func serveApp(t *testing.T, a *app, args []string) *served {
 	ready := make(chan *daemon.Daemon, 1)
 	s := &served{done: make(chan error, 1), logs: new(syncBuffer)}
 	a.stdout, a.stderr = io.Discard, s.logs
+	// The daemons of a test share a process that -race and other test
+	// binaries starve of CPU: DefaultConfig's fast gossip suspects a
+	// member whose probe is not answered within 100ms, and the ring and
+	// the routing of keys change under the test (checks were decided
+	// without their owner). TestConfig's gossip waits longer.
+	a.daemonOptions = append(a.daemonOptions, daemon.WithClusterBase(cluster.TestConfig))
 	a.onReady = func(d *daemon.Daemon) { ready <- d }
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

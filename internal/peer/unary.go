@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
@@ -84,6 +85,22 @@ func (c *Client) Lease(ctx context.Context, req limiter.Request, want int64, ttl
 		return transport.Lease{}, err
 	}
 	return transport.LeaseFromProto(out, want)
+}
+
+// Ready reports whether the connection to the peer is ready now, and has
+// it connect when it is idle, or at once when it waits to try again. A
+// call made when it is not fails without leaving this node; one made over
+// a ready connection may fail after the peer acted on it.
+func (c *Client) Ready() bool {
+	switch st := c.conn.GetState(); st {
+	case connectivity.Idle:
+		c.conn.Connect()
+	case connectivity.TransientFailure:
+		c.conn.ResetConnectBackoff()
+	default:
+		return st == connectivity.Ready
+	}
+	return false
 }
 
 // ReturnLease gives the peer, the owner of req's key, hits of this node's

@@ -513,8 +513,12 @@ func sizeInt(v int64) int { return sizeVarint(uint64(v)) }
 // sizeIntAt is sizeInt for field num, whatever the size of its tag.
 func sizeIntAt(num protowire.Number, v int64) int {
 	if v == 0 {
-		return 0
+		return 0 // kept inlinable, as the field is mostly zero
 	}
+	return sizeField(num, v)
+}
+
+func sizeField(num protowire.Number, v int64) int {
 	return protowire.SizeTag(num) + protowire.SizeVarint(uint64(v))
 }
 
@@ -536,9 +540,18 @@ func sizeLen(n int) int {
 
 func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
-		return b
+		return b // most fields of a check are zero: kept inlinable
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return appendVarintField(b, num, v)
+}
+
+// appendVarintField appends field num of value v: a 1-byte tag below 16.
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if num < 16 {
+		b = append(b, byte(num)<<3|byte(protowire.VarintType))
+	} else {
+		b = protowire.AppendTag(b, num, protowire.VarintType)
+	}
 	return protowire.AppendVarint(b, v)
 }
 

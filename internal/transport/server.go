@@ -371,11 +371,25 @@ func (p *publicServer) Check(ctx context.Context, in *pb.CheckRequest) (*pb.Chec
 	if in == nil {
 		return nil, status.Error(codes.InvalidArgument, "transport: nil CheckRequest")
 	}
-	out, err := p.route(ctx, []*pb.RateLimitRequest{in.Request})
+	sp := new(checkSpace)
+	sp.items[0], sp.outs[0] = in.Request, &sp.out
+	out, err := p.routeInto(ctx, sp.items[:], sp.outs[:], sp.reqs[:0], sp.idx[:0])
 	if err != nil {
 		return nil, err
 	}
-	return &pb.CheckResponse{Response: out[0]}, nil
+	sp.resp.Response = out[0]
+	return &sp.resp, nil
+}
+
+// checkSpace holds what Check of one request needs, allocated together:
+// its response, and route's request and index slices.
+type checkSpace struct {
+	resp  pb.CheckResponse
+	out   pb.RateLimitResponse
+	outs  [1]*pb.RateLimitResponse
+	items [1]*pb.RateLimitRequest
+	reqs  [1]RoutedRequest
+	idx   [1]int
 }
 
 func (p *publicServer) CheckBatch(ctx context.Context, in *pb.BatchCheckRequest) (*pb.BatchCheckResponse, error) {
@@ -395,9 +409,12 @@ func (p *publicServer) CheckBatch(ctx context.Context, in *pb.BatchCheckRequest)
 // route converts items, routes the valid ones and returns one response
 // per item, or the Permit's refusal of one of them.
 func (p *publicServer) route(ctx context.Context, items []*pb.RateLimitRequest) ([]*pb.RateLimitResponse, error) {
-	out := newResponses(len(items))
-	reqs := make([]RoutedRequest, 0, len(items))
-	idx := make([]int, 0, len(items))
+	return p.routeInto(ctx, items, newResponses(len(items)), make([]RoutedRequest, 0, len(items)), make([]int, 0, len(items)))
+}
+
+// routeInto is route, writing the responses to out, one per item, and
+// appending to reqs and idx, empty with room for every item.
+func (p *publicServer) routeInto(ctx context.Context, items []*pb.RateLimitRequest, out []*pb.RateLimitResponse, reqs []RoutedRequest, idx []int) ([]*pb.RateLimitResponse, error) {
 	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
 		var pol sluice.Policy

@@ -158,6 +158,8 @@ const (
 	attempts = 4
 	limit    = 100
 	period   = 24 * time.Hour
+	// checkTimeout bounds one check over HTTP or gRPC.
+	checkTimeout = 30 * time.Second
 )
 
 // deployment is a Redis the daemons decide on, and the settings that
@@ -205,16 +207,21 @@ func TestThreeDaemonsAdmitExactlyTheLimit(t *testing.T) {
 			for i := range 3 {
 				ds = append(ds, startDaemon(t, fmt.Sprintf("d%d", i), args...))
 			}
+			// A check waits as long over gRPC as over HTTP: the first
+			// checks open the daemons' connections to Redis (TLS
+			// handshakes, cluster slots) all at once, which a loaded
+			// machine may take longer than the client's default two
+			// seconds to do. The test counts admissions, not latency.
 			clients := make([]*client.Client, len(ds))
 			for i, d := range ds {
-				c, err := client.New(d.grpc)
+				c, err := client.New(d.grpc, client.WithTimeout(checkTimeout))
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer c.Close()
 				clients[i] = c
 			}
-			httpc := &http.Client{Timeout: 30 * time.Second}
+			httpc := &http.Client{Timeout: checkTimeout}
 			defer httpc.CloseIdleConnections()
 			for _, algo := range limiter.Algorithms {
 				req := limiter.Request{Name: "exact", Key: "k-" + algo.String(), Hits: 1, Limit: limit, Period: period, Algorithm: algo}
@@ -291,7 +298,7 @@ func TestDaemonKilledUnderTraffic(t *testing.T) {
 	srv := testredis.Start(t)
 	args := []string{"--redis-addrs", srv.Addr()}
 	ds := []*daemon{startDaemon(t, "k0", args...), startDaemon(t, "k1", args...), startDaemon(t, "k2", args...)}
-	httpc := &http.Client{Timeout: 30 * time.Second}
+	httpc := &http.Client{Timeout: checkTimeout}
 	defer httpc.CloseIdleConnections()
 	const killLimit = 300
 	req := limiter.Request{Name: "killed", Key: "k", Hits: 1, Limit: killLimit, Period: period, Algorithm: limiter.SlidingWindowCounter}
@@ -386,7 +393,7 @@ func TestDaemonsDisagreeOnTheLimit(t *testing.T) {
 	srv := testredis.Start(t)
 	args := []string{"--redis-addrs", srv.Addr()}
 	ds := []*daemon{startDaemon(t, "l0", args...), startDaemon(t, "l1", args...)}
-	httpc := &http.Client{Timeout: 30 * time.Second}
+	httpc := &http.Client{Timeout: checkTimeout}
 	defer httpc.CloseIdleConnections()
 	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowLog} {
 		var admitted [2]atomic.Int64

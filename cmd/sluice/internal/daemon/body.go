@@ -112,12 +112,14 @@ func (d *Daemon) readHeld(w http.ResponseWriter, r *http.Request, held *int64) (
 		}
 		n, err := in.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		var tooLarge *http.MaxBytesError
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF):
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
 			return buf, 0, ""
-		case errors.As(err, &tooLarge):
+		}
+		switch tooLarge := maxBytesError(err); {
+		case tooLarge != nil:
 			return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than %d bytes (max_body_bytes)", tooLarge.Limit)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return nil, http.StatusRequestTimeout, fmt.Sprintf("the body did not arrive whole within %v (http_body_timeout)", d.cfg.HTTPBodyTimeout)
@@ -125,4 +127,15 @@ func (d *Daemon) readHeld(w http.ResponseWriter, r *http.Request, held *int64) (
 			return nil, http.StatusBadRequest, "reading the body: " + err.Error()
 		}
 	}
+}
+
+// maxBytesError returns the *http.MaxBytesError err wraps, or nil: in a
+// function of its own, so that its target goes on the heap only when a
+// read fails.
+func maxBytesError(err error) *http.MaxBytesError {
+	var e *http.MaxBytesError
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
 }

@@ -47,6 +47,14 @@ type options struct {
 	clusterBase func(name string) cluster.Config
 }
 
+// WithClusterBase builds the daemon's node on base(name) instead of
+// cluster.DefaultConfig; the daemon's settings apply over it as they do
+// over the default. It is for tests: cluster.TestConfig's gossip tolerates
+// a process starved of CPU.
+func WithClusterBase(base func(name string) cluster.Config) Option {
+	return func(o *options) { o.clusterBase = base }
+}
+
 // WithLogOutput writes the daemon's logs, in Config.LogFormat, to w
 // instead of os.Stderr.
 func WithLogOutput(w io.Writer) Option { return func(o *options) { o.logOutput = w } }

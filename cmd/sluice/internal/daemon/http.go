@@ -554,7 +554,7 @@ func statusFor(e *itemError) int {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	writeBody(w, status, "application/json", v)
+	writeBody(w, status, jsonType, v)
 }
 
 func writeProblem(w http.ResponseWriter, status int, detail string, e *itemError) {
@@ -565,19 +565,31 @@ func writeProblem(w http.ResponseWriter, status int, detail string, e *itemError
 	if e != nil {
 		p.Field, p.Code = e.Field, e.Code
 	}
-	writeBody(w, status, "application/problem+json", p)
+	writeBody(w, status, problemType, p)
 }
 
-func writeBody(w http.ResponseWriter, status int, contentType string, v any) {
+// The values of the response headers writeBody sets, shared by every
+// response rather than a slice each: full slices, so that a handler that
+// adds a value appends to a copy.
+var (
+	jsonType    = []string{"application/json"}[:1:1]
+	problemType = []string{"application/problem+json"}[:1:1]
+	noSniff     = []string{"nosniff"}[:1:1]
+)
+
+// writeBody writes v as the JSON body of the response with status, of
+// the Content-Type contentType (jsonType or problemType).
+func writeBody(w http.ResponseWriter, status int, contentType []string, v any) {
 	b, err := json.Marshal(v)
 	if err != nil { // our own types: cannot happen
 		http.Error(w, "encoding the response failed", http.StatusInternalServerError)
 		return
 	}
 	b = append(b, '\n')
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.Header().Set("X-Content-Type-Options", "nosniff")
+	h := w.Header() // the keys are canonical already
+	h["Content-Type"] = contentType
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	h["X-Content-Type-Options"] = noSniff
 	w.WriteHeader(status)
 	w.Write(b)
 }

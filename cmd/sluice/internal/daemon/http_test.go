@@ -51,7 +51,7 @@ func testConfig(name string) Config {
 // member whose probe is not answered within 100ms, and the ring and the
 // routing of its keys change under the test.
 func withTestCluster() Option {
-	return func(o *options) { o.clusterBase = cluster.TestConfig }
+	return WithClusterBase(cluster.TestConfig)
 }
 
 // start starts a daemon and closes it when the test ends; the test's log

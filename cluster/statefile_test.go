@@ -1,0 +1,266 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// settledStates returns a state of each window algorithm and a token
+// bucket's, the second and the last with stand-in parts, the last's rate
+// a calendar day in a zone.
+func settledStates(t testing.TB) []limiter.Snapshot {
+	t.Helper()
+	now := time.Unix(1_700_000_000, 0)
+	store, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paris, err := limiter.LoadZone("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []limiter.Request{
+		{Name: "n", Key: "fixed", Hits: 3, Limit: 100, Period: time.Hour, Algorithm: limiter.FixedWindow},
+		{Name: "n", Key: "counter", Hits: 30, Limit: 100, Period: time.Hour, Algorithm: limiter.SlidingWindowCounter},
+		{Name: "n", Key: "bucket", Hits: 7, Limit: 100, Period: time.Minute, Burst: 20, Algorithm: limiter.TokenBucket},
+		{Name: "n", Key: "day", Hits: 40, Limit: 100, Calendar: limiter.Day, Location: paris, Algorithm: limiter.FixedWindow},
+	}
+	var out []limiter.Snapshot
+	for _, r := range reqs {
+		if _, err := store.CheckAt(r, now); err != nil {
+			t.Fatal(err)
+		}
+		sn, ok := store.Snapshot(r.Name, r.Key, now)
+		if !ok {
+			t.Fatalf("%s: no state", r.Key)
+		}
+		out = append(out, sn)
+	}
+	charge := func(r limiter.Request) limiter.Request { r.Hits = 0; return r }
+	out[1].Settle = &limiter.Settlement{Request: charge(reqs[1]), Parts: []limiter.SettlePart{
+		{Origin: "node-0", Gen: 1_700_000_000_000_000_001, Hits: 20}, {Origin: "node-2", Gen: 5, Hits: 10}}}
+	out[3].Settle = &limiter.Settlement{Request: charge(reqs[3]), Parts: []limiter.SettlePart{{Origin: "node-0", Gen: 9, Hits: 40}}}
+	return out
+}
+
+// v1File lays out states as version 1 of the state file: the layout every
+// earlier release writes and reads.
+func v1File(t testing.TB, states []limiter.Snapshot) []byte {
+	t.Helper()
+	b := append([]byte(stateFileMagic), 1)
+	for _, s := range states {
+		s.Settle = nil
+		rec, err := s.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = binary.AppendUvarint(b, uint64(len(rec)))
+		b = append(b, rec...)
+	}
+	b = append(b, 0)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+func writeStates(t testing.TB, states []limiter.Snapshot) []byte {
+	t.Helper()
+	w := newStateFileWriter()
+	for i := range states {
+		if err := w.add(&states[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return w.bytes()
+}
+
+func readStates(t testing.TB, data []byte) ([]limiter.Snapshot, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "segment-0000000000000001.state")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return readStateFile(path)
+}
+
+// A file whose states carry no stand-in parts is version 1, byte for byte
+// as before parts were written; one with parts is version 2 and reads back
+// with every part, each on its state.
+func TestStateFileVersions(t *testing.T) {
+	states := settledStates(t)
+	plain := make([]limiter.Snapshot, len(states))
+	for i, s := range states {
+		s.Settle = nil
+		plain[i] = s
+	}
+	if got, want := writeStates(t, plain), v1File(t, plain); !bytes.Equal(got, want) {
+		t.Fatalf("a file without parts:\n%x\nwant version 1:\n%x", got, want)
+	}
+	file := writeStates(t, states)
+	if file[len(stateFileMagic)] != stateFileSettled {
+		t.Fatalf("a file with parts is version %d, want %d", file[len(stateFileMagic)], stateFileSettled)
+	}
+	got, err := readStates(t, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(states) {
+		t.Fatalf("%d states read, want %d", len(got), len(states))
+	}
+	for i := range states {
+		if !reflect.DeepEqual(got[i].Settle, states[i].Settle) {
+			t.Errorf("state %d (%s): settlement %+v, want %+v", i, states[i].Key, got[i].Settle, states[i].Settle)
+		}
+		got[i].Settle, states[i].Settle = nil, nil
+		a, _ := got[i].MarshalBinary()
+		b, _ := states[i].MarshalBinary()
+		if !bytes.Equal(a, b) {
+			t.Errorf("state %d (%s) read as %+v, want %+v", i, states[i].Key, got[i], states[i])
+		}
+	}
+}
+
+// A version 2 file whose settlements are damaged, foreign or larger than
+// any node writes (with a right checksum) is refused with a
+// *DataFileError that names the settlement and what is wrong with it.
+func TestStateFileSettlementRefused(t *testing.T) {
+	states := settledStates(t)
+	plain := make([]limiter.Snapshot, len(states))
+	for i, s := range states {
+		s.Settle = nil
+		plain[i] = s
+	}
+	// raw lays out plain's states as version 2, then tail, then a right
+	// checksum.
+	raw := func(tail ...byte) []byte {
+		b := v1File(t, plain)
+		b = b[:len(b)-4]
+		b[len(stateFileMagic)] = stateFileSettled
+		b = append(b, tail...)
+		return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	}
+	// file lays out plain's states and the settlement records as version
+	// 2.
+	file := func(settlements ...[]byte) []byte {
+		var tail []byte
+		for _, s := range settlements {
+			tail = binary.AppendUvarint(tail, uint64(len(s)))
+			tail = append(tail, s...)
+		}
+		return raw(append(tail, 0)...)
+	}
+	// settlement is the record of the settlement of states[index] (of
+	// states[1] when it has none) at index, edited.
+	settlement := func(index int, edit func(*limiter.Settlement)) []byte {
+		st := *states[1].Settle
+		if index < len(states) && states[index].Settle != nil {
+			st = *states[index].Settle
+		}
+		st.Parts = append([]limiter.SettlePart(nil), st.Parts...)
+		if edit != nil {
+			edit(&st)
+		}
+		b := appendSettlement(nil, index, &st)
+		_, k := binary.Uvarint(b)
+		return b[k:]
+	}
+	good := settlement(1, nil)
+	steps := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"a settlement longer than any", file(bytes.Repeat([]byte{1}, maxEncodedSettlement+1)),
+			fmt.Sprintf("settlement 0: length %d, more than the maximum %d", maxEncodedSettlement+1, maxEncodedSettlement)},
+		{"a length past the end", raw(100, 1, 2, 3, 0), "settlement 0: length 100 runs past the end"},
+		{"no end marker", raw(append(binary.AppendUvarint(nil, uint64(len(good))), good...)...), "settlement 1: bad length"},
+		{"no settlement section", raw(), "settlement 0: bad length"},
+		{"an index past the states", file(settlement(4, nil)), "settlement 0: state index 4, of a file of 4 states"},
+		{"two of one state", file(good, good), "settlement 1: state index 1 after 1: repeated"},
+		{"out of order", file(settlement(3, nil), good), "settlement 1: state index 1 after 3: repeated or out of order"},
+		{"no parts", file(settlement(1, func(st *limiter.Settlement) { st.Parts = nil })), "0 parts"},
+		{"nine parts", file(settlement(1, func(st *limiter.Settlement) {
+			for i := range 7 {
+				st.Parts = append(st.Parts, limiter.SettlePart{Origin: "x", Gen: uint64(i), Hits: 1})
+			}
+		})), "9 parts"},
+		{"a part of 0 hits", file(settlement(1, func(st *limiter.Settlement) { st.Parts[0].Hits = 0 })), "hits 0"},
+		{"a part repeated", file(settlement(1, func(st *limiter.Settlement) { st.Parts[1] = st.Parts[0] })), "repeats"},
+		{"an origin too long", file(settlement(1, func(st *limiter.Settlement) { st.Parts[0].Origin = strings.Repeat("o", limiter.MaxNameLen+1) })), "more than the maximum 128"},
+		{"a rate of limit 0", file(settlement(1, func(st *limiter.Settlement) { st.Request.Limit = 0 })), "settlement request"},
+		{"an unknown calendar", file(bytes.Replace(settlement(3, nil), []byte("\x03day"), []byte("\x03dax"), 1)), "unknown calendar unit"},
+		{"a zone that does not load", file(bytes.Replace(settlement(3, nil), []byte("Europe/Paris"), []byte("Europe/Xaris"), 1)), "does not load"},
+		{"a byte after a settlement", file(append(settlement(1, nil), 0)), "1 bytes after the settlement"},
+		{"bytes after the end marker", func() []byte {
+			b := file(good)
+			b = append(b[:len(b)-4], 9)
+			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}(), "1 bytes after the end marker"},
+		{"a settlement in version 1", func() []byte {
+			b := file(good)
+			b[len(stateFileMagic)] = stateFileVersion
+			b = b[:len(b)-4]
+			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}(), "bytes after the end marker"},
+		{"version 3", func() []byte {
+			b := file(good)
+			b[len(stateFileMagic)] = 3
+			b = b[:len(b)-4]
+			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}(), "file format version 3; this node reads versions 1 to 2"},
+	}
+	// The calendar of states[3] is a day in Paris: its settlement holds
+	// the unit's and the zone's names.
+	if !bytes.Contains(settlement(3, nil), []byte("\x03day")) || !bytes.Contains(settlement(3, nil), []byte("Europe/Paris")) {
+		t.Fatal("the day's settlement does not hold its unit and zone names")
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			states, err := readStates(t, s.data)
+			var bad *DataFileError
+			if !errors.As(err, &bad) || !errors.Is(err, ErrDataDir) || !strings.Contains(err.Error(), s.want) {
+				t.Fatalf("read: %v (%d states), want a DataFileError saying %q", err, len(states), s.want)
+			}
+		})
+	}
+	if got, err := readStates(t, file(good, settlement(3, nil))); err != nil || got[1].Settle == nil || got[3].Settle == nil {
+		t.Fatalf("the intact file: %v", err)
+	}
+}
+
+// FuzzStateFile decodes any records as a state file of either version:
+// never a panic, and what it accepts is written again as it was read.
+func FuzzStateFile(f *testing.F) {
+	states := settledStates(f)
+	for _, file := range [][]byte{writeStates(f, states), v1File(f, states)} {
+		f.Add(file[len(stateFileMagic)+1:len(file)-4], file[len(stateFileMagic)] == stateFileSettled)
+	}
+	f.Add([]byte{0, 0}, true)
+	f.Fuzz(func(t *testing.T, records []byte, settled bool) {
+		v := uint64(stateFileVersion)
+		if settled {
+			v = stateFileSettled
+		}
+		got, reason := decodeStateRecords(records, v)
+		if reason != "" {
+			return
+		}
+		b := writeStates(t, got)
+		again, reason := decodeStateRecords(b[len(stateFileMagic)+1:len(b)-4], uint64(b[len(stateFileMagic)]))
+		if reason != "" {
+			t.Fatalf("what was read is refused once written: %s", reason)
+		}
+		if !reflect.DeepEqual(again, got) {
+			t.Fatalf("written and read again:\n%+v\nread first:\n%+v", again, got)
+		}
+	})
+}

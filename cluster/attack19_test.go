@@ -225,7 +225,7 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 				}
 			}))
 			reqs := transitionRequests("twoleave", limiter.TokenBucket, 300, 10)
-			tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
+			tr := startTraffic(t, c, reqs, 16, 1<<30, trafficBound)
 			defer tr.finish()
 			tr.admittedAtLeast(t, 300)
 			nodes := c.Nodes()
@@ -390,7 +390,7 @@ func TestAttackLeaverKilledMidDeparture(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			c := testcluster.New(t, 4, withReplicas(2))
 			reqs := transitionRequests("killleave", limiter.FixedWindow, 300, 10)
-			tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
+			tr := startTraffic(t, c, reqs, 16, 1<<30, trafficBound)
 			defer tr.finish()
 			tr.admittedAtLeast(t, 600)
 			victim := c.Node(0)
@@ -497,7 +497,7 @@ func TestAttackLeaseAcrossPartition(t *testing.T) {
 func TestAttackTwoOfThreeLeaveAtOnce(t *testing.T) {
 	c := testcluster.New(t, 3)
 	reqs := transitionRequests("twoofthree", limiter.TokenBucket, 300, 10)
-	tr := startTraffic(t, c, reqs, 16, 1<<30, 2*time.Minute)
+	tr := startTraffic(t, c, reqs, 16, 1<<30, trafficBound)
 	defer tr.finish()
 	tr.admittedAtLeast(t, 300)
 	leaveTogether(c, 0, 1)

@@ -37,7 +37,7 @@ func TestJoinerClockBehind(t *testing.T) {
 				spent[i] = r
 			}
 			consume(t, c.Node(0), spent)
-			tr := startTraffic(t, c, reqs, 8, 1<<30, time.Minute)
+			tr := startTraffic(t, c, reqs, 8, 1<<30, trafficBound)
 			defer tr.finish()
 			joiner := c.Add()
 			// Callers keep checking on the joiner too, for a while after

@@ -157,7 +157,7 @@ func TestLeaveUnderTraffic(t *testing.T) {
 		}
 	}
 	const limit = 200
-	var allowed atomic.Int64
+	var allowed, unsure atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -173,7 +173,13 @@ func TestLeaveUnderTraffic(t *testing.T) {
 				}
 				req := limiter.Request{Name: "leave", Key: keys[i%len(keys)], Hits: 1, Limit: limit, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
 				d, err := nd.Check(context.Background(), req, sluice.OnUnreachable(sluice.PolicyDeny))
-				if err == nil && d.Allowed {
+				switch {
+				case err != nil || d.WithoutOwner:
+					// The forward failed, perhaps after the owner
+					// counted the hit (a peer call that timed out on a
+					// loaded machine): it may be counted, not admitted.
+					unsure.Add(1)
+				case d.Allowed:
 					allowed.Add(1)
 				}
 			}
@@ -197,8 +203,12 @@ func TestLeaveUnderTraffic(t *testing.T) {
 		return atMost(c, requestsFor("leave", keys, limit), 0)
 	})
 	finish()
-	if got, want := allowed.Load(), int64(limit*len(keys)); got != want {
-		t.Fatalf("admitted %d across the leave, want exactly %d", got, want)
+	got, want := allowed.Load(), int64(limit*len(keys))
+	if got > want || got < want-unsure.Load() {
+		t.Fatalf("admitted %d across the leave, want %d (less at most the %d checks whose forward failed)", got, want, unsure.Load())
+	}
+	if unsure.Load() > 0 {
+		t.Logf("%d checks' forwards failed", unsure.Load())
 	}
 }
 

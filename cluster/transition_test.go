@@ -128,6 +128,12 @@ func (tr *traffic) checkedMore(t *testing.T, n int64) {
 	})
 }
 
+// trafficBound bounds the callers of tests that stop them (finish) once
+// done: it only ends them if the test does not. A test of a few joins and
+// leaves took more than two minutes under -race on a loaded machine, and
+// failed when its callers ended on their own before it.
+const trafficBound = 10 * time.Minute
+
 // How long waitProgressing waits: for progress, and in all.
 const (
 	stallTimeout    = 30 * time.Second
@@ -216,7 +222,7 @@ func TestScaleOutAndInUnderTraffic(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/leases=%v", a, leases), func(t *testing.T) {
 				c := leasingCluster(t, leases)
 				reqs := transitionRequests("scale", a, 1000, 10)
-				tr := startTraffic(t, c, reqs, 64, 2000, 60*time.Second)
+				tr := startTraffic(t, c, reqs, 64, 2000, trafficBound)
 				defer tr.finish()
 				tr.admittedAtLeast(t, 2000)
 				c.Add() // node 3

@@ -222,7 +222,8 @@ func TestThreeDaemonsShareOneLimit(t *testing.T) {
 	// Concurrent requests make the transport dial connections it may not
 	// use; a server's graceful shutdown waits up to 5s for such unused
 	// connections, so the test closes them once done.
-	hc := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	// As the gRPC clients, it waits as long as a forward may take.
+	hc := &http.Client{Transport: &http.Transport{}, Timeout: 20 * time.Second}
 	outcomes := make([]outcome, sent)
 	httpSent := make([]int, len(nodes))
 	var wg sync.WaitGroup

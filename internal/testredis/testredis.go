@@ -8,9 +8,13 @@ package testredis
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,15 +29,17 @@ import (
 // Server is a redis-server process a test started on a loopback port:
 // standalone, or one node of a cluster.
 type Server struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string
+	t     testing.TB
+	port  int
+	dir   string
+	extra []string // arguments after those every server gets
+	tls   bool     // port is the TLS port; the plain one is off
 	// opts are how the readiness probe connects: its password and TLS.
 	opts redis.Options
 
-	mu  sync.Mutex // guards cmd
-	cmd *exec.Cmd
+	mu     sync.Mutex    // guards cmd and exited
+	cmd    *exec.Cmd     // the running process, nil once killed
+	exited chan struct{} // closed once cmd has exited
 }
 
 // NeedBinaries skips t unless the named programs are on PATH.
@@ -108,11 +114,42 @@ func StartTLS(t testing.TB, certFile, keyFile, caFile string, clientCerts bool, 
 
 func start(t testing.TB, probe redis.Options, extra ...string) *Server {
 	t.Helper()
+	return startOn(t, FreePort, probe, extra...)
+}
+
+// startOn starts a server on a port ports returns. A port FreePort found
+// free may be taken before redis-server binds it, by a server another test
+// binary of the machine started there: then ours exits, and a probe that
+// only pinged the port would take the other for ours (a test then counted
+// on a stranger's keys). startOn knows its server by its process id and,
+// when its port was taken, tries another.
+func startOn(t testing.TB, ports func(testing.TB) int, probe redis.Options, extra ...string) *Server {
+	t.Helper()
 	NeedBinaries(t, "redis-server")
-	s := &Server{t: t, port: FreePort(t), dir: t.TempDir(), opts: probe}
+	s := &Server{t: t, dir: t.TempDir(), opts: probe, extra: extra, tls: probe.TLSConfig != nil}
+	t.Cleanup(s.Kill)
+	const attempts = 5
+	for i := 1; ; i++ {
+		s.port = ports(t)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, errPortTaken) || i == attempts {
+			t.Fatal(err)
+		}
+		t.Logf("%v; trying another port", err)
+	}
+}
+
+// errPortTaken is start's error when the server could not bind its port.
+var errPortTaken = errors.New("testredis: port taken")
+
+// args are the server's command line on its port.
+func (s *Server) args() []string {
 	port := strconv.Itoa(s.port)
-	if probe.TLSConfig != nil {
-		// The TLS port is the port; the plain one is off.
+	extra := slices.Clone(s.extra)
+	if s.tls {
 		for i := range extra {
 			if extra[i] == "--tls-port" && i+1 < len(extra) && extra[i+1] == "" {
 				extra[i+1] = port
@@ -120,11 +157,8 @@ func start(t testing.TB, probe redis.Options, extra ...string) *Server {
 		}
 		port = "0"
 	}
-	s.args = append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+	return append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--logfile", "redis.log"}, extra...)
-	s.start()
-	t.Cleanup(s.Kill)
-	return s
 }
 
 // Addr is the server's address, 127.0.0.1:port.
@@ -134,42 +168,77 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 func (s *Server) Dir() string { return s.dir }
 
 // start runs the process and waits until it answers PING.
-func (s *Server) start() {
+func (s *Server) start() error {
 	s.t.Helper()
-	cmd := exec.Command("redis-server", s.args...)
+	cmd := exec.Command("redis-server", s.args()...)
 	cmd.Dir = s.dir
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("redis-server: %v", err)
+		return fmt.Errorf("redis-server: %w", err)
 	}
+	exited := make(chan struct{})
+	go func() { // ends when the process does: Kill, or a failed start
+		cmd.Wait()
+		close(exited)
+	}()
 	s.mu.Lock()
-	s.cmd = cmd
+	s.cmd, s.exited = cmd, exited
 	s.mu.Unlock()
 	o := s.opts
 	o.Addr, o.MaxRetries, o.DialTimeout = s.Addr(), -1, time.Second
 	c := redis.NewClient(&o)
 	defer c.Close()
-	testwait.For(s.t, "redis-server on "+s.Addr()+" answering PING", func() bool {
-		return c.Ping(context.Background()).Err() == nil
+	pid := "process_id:" + strconv.Itoa(cmd.Process.Pid) + "\r\n"
+	var exitedEarly bool
+	err := testwait.Until(testwait.Timeout, func() error {
+		select {
+		case <-exited:
+			exitedEarly = true
+			return nil
+		default:
+		}
+		info, err := c.Info(context.Background(), "server").Result()
+		switch {
+		case err != nil:
+			return err
+		case !strings.Contains(info, pid):
+			return fmt.Errorf("another process answers on %s", s.Addr())
+		}
+		return nil
 	})
+	switch {
+	case exitedEarly:
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		s.Kill()
+		if strings.Contains(string(log), "Address already in use") {
+			return fmt.Errorf("%w: %s", errPortTaken, s.Addr())
+		}
+		return fmt.Errorf("redis-server on %s exited:\n%s", s.Addr(), log)
+	case err != nil:
+		s.Kill()
+		return fmt.Errorf("redis-server on %s: %w", s.Addr(), err)
+	}
+	return nil
 }
 
 // Kill ends the process at once (SIGKILL) and waits for it; a server
 // already killed is left alone.
 func (s *Server) Kill() {
 	s.mu.Lock()
-	cmd := s.cmd
+	cmd, exited := s.cmd, s.exited
 	s.cmd = nil
 	s.mu.Unlock()
 	if cmd != nil {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-exited
 	}
 }
 
 // Restart starts a killed server again on its port, empty.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.start()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // Cluster is a Redis Cluster of masters (and replicas) started by

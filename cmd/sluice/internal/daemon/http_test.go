@@ -78,7 +78,10 @@ func start(t testing.TB, cfg Config, opts ...Option) *Daemon {
 // cluster.Config.HandoverTimeout, 5s) and may then be decided without its owner.
 func waitSettled(t testing.TB, ds []*Daemon) {
 	t.Helper()
-	err := testwait.Until(testwait.Timeout, func() error {
+	// As testcluster.DefaultWait: under -race beside other test binaries,
+	// gossip flaps and hand-over confirmations are retried for more than
+	// 30s before the daemons settle.
+	err := testwait.Until(time.Minute, func() error {
 		for _, d := range ds {
 			n := d.Node()
 			switch {

@@ -414,6 +414,9 @@ func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 	}
 	sh.resets[e] = resetMark{at: now, until: until}
 	if !had {
+		// e first, so that the keys evicted to make room are others,
+		// down to the least recently used.
+		sh.touchLocked(e)
 		s.resizeLocked(sh, e, ResetMarkOverhead, now)
 	}
 }

@@ -279,6 +279,9 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 		d, err = n.decideLocal(req)
 	}
 	if err == nil {
+		if req.Behavior&limiter.Reset != 0 && !deferred(req.Algorithm) && n.grants.active() {
+			n.grants.rechargeReset(n.store, hash, req, n.now())
+		}
 		n.resetReplicas(req)
 		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && standingIn {
 			n.standins.record(req, req.Hits)

@@ -350,6 +350,25 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 	}
 }
 
+// rechargeReset takes again from req's key, at now, the hits of its fixed
+// window grants whose window has not ended: a Reset cleared them from the
+// key's count, and their holders still admit them. Their holders' returns
+// refund them as before. The reset key admits them unless the Reset
+// lowered its limit below them; what it cannot take, the holders admit
+// past that limit. Called with the key's decide lock held shared, after
+// the Reset was decided.
+func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limiter.Request, now time.Time) {
+	gm := g.lock(hash)
+	gm.Lock()
+	defer gm.Unlock()
+	for _, gr := range g.grantsLocked(hash) {
+		if deferred(gr.req.Algorithm) || !sameKey(&gr.req, req) || now.UnixNano() >= gr.window {
+			continue
+		}
+		store.TakeAt(*req, gr.hits, now) //nolint:errcheck // valid: the request was decided
+	}
+}
+
 // giveBackLocked takes back up to hits of from's grants of req's key, the
 // earliest expiring first, and returns how many it took from grants that
 // had not settled and from grants that had (less what of them has drained

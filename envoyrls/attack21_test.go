@@ -305,3 +305,105 @@ func TestAttackPooledStateAcrossCallers(t *testing.T) {
 		})
 	}
 }
+
+// A descriptor's status and statistics do not depend on where the
+// request's pooled space ends: alone (pooled items and entries), third of
+// three (items beyond the pool), or after a descriptor of eight entries
+// (entries beyond the pool). Through hits_addend 0 on an empty, a full
+// and a drained window (upstream: OK with what remains, 0 when full), a
+// request straddling the limit, one over a full window, in enforced and
+// shadow mode.
+func TestAttackPooledAndUnpooledAgree(t *testing.T) {
+	e := newEnv(t, []string{`domain: s
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: sh
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`})
+	eight := desc("e1=1", "e2=2", "e3=3", "e4=4", "e5=5", "e6=6", "e7=7", "e8=8")
+	shapes := []struct {
+		name string
+		of   func(target *rlDesc) []*rlDesc
+	}{
+		{"alone", func(d *rlDesc) []*rlDesc { return descs(d) }},
+		{"third of three", func(d *rlDesc) []*rlDesc { return descs(desc("x=1"), desc("y=2"), d) }},
+		{"after eight entries", func(d *rlDesc) []*rlDesc { return descs(eight, d) }},
+	}
+	type outcome struct {
+		overall, code string
+		remaining     uint32
+		hit           Hit
+	}
+	hits := []uint64{0, 3, 0, 2, 0, 3, 0, 1}
+	// What upstream answers on the enforced limit, step by step.
+	want := []outcome{
+		{"OK", "OK", 5, Hit{}},
+		{"OK", "OK", 2, Hit{TotalHits: 3, WithinLimit: 3}},
+		{"OK", "OK", 2, Hit{}},
+		{"OK", "OK", 0, Hit{TotalHits: 2, WithinLimit: 2, NearLimit: 1}},
+		{"OK", "OK", 0, Hit{WithinLimit: 0, NearLimit: 0}}, // hits_addend 0 on a full window
+		{"OVER", "OVER", 0, Hit{TotalHits: 3, OverLimit: 3}},
+		{"OK", "OK", 0, Hit{}},
+		{"OVER", "OVER", 0, Hit{TotalHits: 1, OverLimit: 1}},
+	}
+	for _, key := range []string{"k", "sh"} {
+		for si, shape := range shapes {
+			for i, h := range hits {
+				d := desc(fmt.Sprintf("%s=v%d", key, si), fmt.Sprintf("hits=%d", h))
+				resp := e.call("s", 1, shape.of(d)...)
+				st := resp.Statuses[len(resp.Statuses)-1]
+				got := outcome{overall: code(resp.OverallCode), code: code(st.Code), remaining: st.LimitRemaining}
+				for _, x := range e.takeHits() {
+					if x.Key == "s."+key {
+						x.Domain, x.Key = "", ""
+						got.hit = x
+					}
+				}
+				w := want[i]
+				if key == "sh" {
+					w.overall, w.code, w.hit.ShadowMode = "OK", "OK", w.hit.OverLimit
+				}
+				if got != w {
+					t.Errorf("%s %s step %d (hits %d): %+v, want %+v", key, shape.name, i, h, got, w)
+				}
+			}
+		}
+	}
+	// A request straddling the limit: 4 then 3 of 5 (the near-limit
+	// threshold is 4): 2 over, 1 near.
+	for si, shape := range shapes {
+		v := fmt.Sprintf("k=straddle%d", si)
+		e.call("s", 1, shape.of(desc(v, "hits=4"))...)
+		e.takeHits()
+		e.call("s", 1, shape.of(desc(v, "hits=3"))...)
+		for _, x := range e.takeHits() {
+			if want := (Hit{Domain: "s", Key: "s.k", TotalHits: 3, OverLimit: 2, NearLimit: 1}); x.Key == "s.k" && x != want {
+				t.Errorf("straddling, %s: %+v, want %+v", shape.name, x, want)
+			}
+		}
+	}
+}
+
+// A descriptor that is nil, which only a caller in the same process can
+// send (gRPC decodes none), is refused as invalid, not a panic.
+func TestAttackNilDescriptor(t *testing.T) {
+	e := newEnv(t, []string{"domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"},
+		func(c *Config) { c.DynamicMetadata = true })
+	for _, ds := range [][]*rlDesc{{nil}, {desc("k=1"), nil}, {desc("k=1"), desc("k=2"), nil}} {
+		for _, domain := range []string{"s", "unknown"} {
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Errorf("domain %s, %d descriptors, the last nil: panic %v", domain, len(ds), p)
+					}
+				}()
+				_, err := e.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds})
+				if status.Code(err) != codes.InvalidArgument {
+					t.Errorf("domain %s, %d descriptors, the last nil: %v, want InvalidArgument", domain, len(ds), err)
+				}
+			}()
+		}
+	}
+}

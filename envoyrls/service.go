@@ -243,8 +243,8 @@ type item struct {
 // limit Envoy sent with it, and counted with its hits_addend (or the
 // request's, at least 1) in a fixed window of its limit's unit. A domain
 // or descriptor with no configured limit is OK with no current_limit.
-// A request without a domain or descriptors, or beyond
-// Config.MaxDescriptors or MaxEntries, fails with InvalidArgument; a
+// A request without a domain or descriptors, with a nil descriptor, or
+// beyond Config.MaxDescriptors or MaxEntries, fails with InvalidArgument; a
 // limiter failure with Unavailable (or the context's code).
 func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time) (*rlsv3.RateLimitResponse, error) {
 	switch {
@@ -406,6 +406,9 @@ func (it *item) counts(d limiter.Decision) (before, after uint64) {
 // entrySpace and its match's path in hopSpace when they have room.
 func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor, domain *Domain, entrySpace []Entry, hopSpace []hop) (item, error) {
 	it := item{counted: -1, hits: uint64(max(req.HitsAddend, 1))}
+	if d == nil { // only a caller in this process can send one
+		return it, status.Error(codes.InvalidArgument, "envoyrls: a descriptor is null")
+	}
 	if h := d.GetHitsAddend(); h != nil {
 		it.hits = h.Value
 	}

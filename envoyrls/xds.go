@@ -16,6 +16,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -117,6 +118,13 @@ type XDSWatcher struct {
 
 	mu    sync.Mutex // guards stats
 	stats XDSStats
+
+	// unreadRejected: a response that could not be read was reported
+	// since the last one taken. Used by run's goroutine only.
+	unreadRejected bool
+
+	closeOnce sync.Once // closes conn
+	closeErr  error
 }
 
 var _ RulesSource = (*XDSWatcher)(nil)
@@ -166,7 +174,8 @@ func (w *XDSWatcher) Stats() XDSStats {
 func (w *XDSWatcher) Close() error {
 	w.cancel()
 	<-w.done
-	return w.conn.Close()
+	w.closeOnce.Do(func() { w.closeErr = w.conn.Close() })
+	return w.closeErr
 }
 
 // run keeps a stream open until ctx ends, with backoff between streams.
@@ -224,6 +233,9 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 		}
 		resp, err := s.Recv()
 		if err != nil {
+			if status.Code(err) == codes.ResourceExhausted && ctx.Err() == nil {
+				w.rejectUnread(err)
+			}
 			return got, err
 		}
 		got = true
@@ -249,7 +261,7 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			}
 			continue
 		}
-		rejected = ""
+		rejected, w.unreadRejected = "", false
 		w.rules.Store(rules)
 		w.count(func(s *XDSStats) { s.Updates++; s.Version = resp.VersionInfo })
 		req.VersionInfo = resp.VersionInfo
@@ -258,6 +270,24 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 		if w.cfg.OnUpdate != nil {
 			w.cfg.OnUpdate(rules)
 		}
+	}
+}
+
+// rejectUnread reports a response the stream could not read, larger
+// than MaxXDSMessageBytes (or the server's refusal with the same code):
+// it cannot be NACKed, and the stream ends. It is counted and reported
+// once until a response is taken, however often the server sends it
+// again.
+func (w *XDSWatcher) rejectUnread(err error) {
+	if w.unreadRejected {
+		return
+	}
+	w.unreadRejected = true
+	err = fmt.Errorf("%w: a response could not be read (over %d bytes?): %v", ErrXDSResource, MaxXDSMessageBytes, err)
+	w.count(func(s *XDSStats) { s.Rejects++ })
+	w.cfg.Logger.Error("envoyrls: xds configuration rejected; the previous one stays in force", "err", err)
+	if w.cfg.OnReject != nil {
+		w.cfg.OnReject(err)
 	}
 }
 
@@ -289,6 +319,16 @@ func RulesFromXDS(resources []*anypb.Any, lc LoadConfig) (*Rules, error) {
 	if len(resources) > MaxXDSResources {
 		return nil, fmt.Errorf("%w: %d resources, more than %d", ErrXDSResource, len(resources), MaxXDSResources)
 	}
+	// Counted on the wire first: decoded, a descriptor of two bytes takes
+	// a few hundred, and a response may be MaxXDSMessageBytes.
+	wire := MaxXDSDescriptors
+	for _, res := range resources {
+		if res.MessageIs((*rlconfv3.RateLimitConfig)(nil)) {
+			if name, err := xdsWireCount(res.Value, &wire); err != nil {
+				return nil, &ConfigError{File: "xds:" + name, Err: ErrXDSResource, Message: err.Error()}
+			}
+		}
+	}
 	domains := make([]*Domain, 0, len(resources))
 	budget := MaxXDSDescriptors
 	for i, res := range resources {
@@ -311,6 +351,75 @@ func RulesFromXDS(resources []*anypb.Any, lc LoadConfig) (*Rules, error) {
 		return MergeRules(domains...)
 	}
 	return NewRules(domains...)
+}
+
+// The fields of RateLimitConfig and RateLimitDescriptor xdsWireCount
+// reads.
+const (
+	xdsConfigNameField        = 1
+	xdsConfigDescriptorsField = 3
+	xdsDescriptorsField       = 4
+)
+
+// xdsWireCount takes the descriptors of b, a RateLimitConfig's wire form,
+// from budget before b is decoded, and returns the resource's name and
+// an error past the budget or MaxXDSDepth. A malformed b is left for the
+// decoder to refuse.
+func xdsWireCount(b []byte, budget *int) (name string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return name, nil
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return name, nil
+		}
+		if typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			switch num {
+			case xdsConfigNameField:
+				name = string(v)
+			case xdsConfigDescriptorsField:
+				if err := xdsWireDescriptor(v, 1, budget); err != nil {
+					return name, err
+				}
+			}
+		}
+		b = b[n:]
+	}
+	return name, nil
+}
+
+// xdsWireDescriptor takes the descriptor b, at depth, and those nested in
+// it from budget.
+func xdsWireDescriptor(b []byte, depth int, budget *int) error {
+	if depth > MaxXDSDepth {
+		return fmt.Errorf("descriptors nest deeper than %d levels", MaxXDSDepth)
+	}
+	if *budget--; *budget < 0 {
+		return fmt.Errorf("more than %d descriptors", MaxXDSDescriptors)
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil
+		}
+		if num == xdsDescriptorsField && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			if err := xdsWireDescriptor(v, depth+1, budget); err != nil {
+				return err
+			}
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 // xdsDescriptors converts descriptors at depth, taking each from budget.

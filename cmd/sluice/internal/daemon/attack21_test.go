@@ -1,0 +1,197 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/internal/fakeclock"
+)
+
+// Many callers of the daemon's Envoy API at once, each request of
+// several descriptors of two domains' limits with its own hits, some of
+// an unknown domain, some refused mid-request (an empty key): the
+// sluice_envoy_hits_total counts of every domain and key are exactly the
+// hits of the requests answered, never another's, and 300 unknown
+// domains take at most 256 series of their own. Run with -race.
+func TestAttackEnvoyHitsUnderConcurrency(t *testing.T) {
+	clk := fakeclock.New(rulesStart)
+	cfg := testConfig("attack-envoy")
+	cfg.EnvoyConfigDir = envoyDir(t)
+	cfg.EnvoyDynamicMetadata = true
+	d := start(t, cfg, WithClock(clk.Now))
+	client := rlsClient(t, d.GRPCAddr())
+
+	const callers, calls = 12, 40
+	var mu sync.Mutex
+	want := map[string]float64{} // series of total_hits -> hits
+	var wg sync.WaitGroup
+	errs := make(chan error, callers*calls)
+	for g := range callers {
+		wg.Go(func() {
+			for i := range calls {
+				hits := uint64(1 + (g+i)%3)
+				desc := func(kv ...string) *rlcommon.RateLimitDescriptor {
+					d := &rlcommon.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(hits)}
+					for j := 0; j < len(kv); j += 2 {
+						d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[j], Value: kv[j+1]})
+					}
+					return d
+				}
+				var req *rlsv3.RateLimitRequest
+				var keys []string
+				wantCode := codes.OK
+				switch (g + i) % 5 {
+				case 0, 1:
+					client := fmt.Sprintf("c%d", i%4)
+					req = &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlcommon.RateLimitDescriptor{
+						desc("user", fmt.Sprintf("u%d-%d", g, i)), desc("client", client)}}
+					keys = []string{`domain="api",key="api.user"`, `domain="api",key="api.client_` + client + `"`}
+				case 2:
+					req = &rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlcommon.RateLimitDescriptor{
+						desc("message_type", "marketing", "to_number", fmt.Sprint(g)), desc("to_number", fmt.Sprint(g))}}
+					keys = []string{`domain="messaging",key="messaging.message_type_marketing.to_number"`, `domain="messaging",key="messaging.to_number"`}
+				case 3:
+					req = &rlsv3.RateLimitRequest{Domain: fmt.Sprintf("unknown-%d-%d", g, i), Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "u")}}
+				case 4:
+					// Refused at its second descriptor, after the first
+					// was resolved: nothing is counted.
+					req = &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlcommon.RateLimitDescriptor{
+						desc("user", "refused"), {Entries: make([]*rlcommon.RateLimitDescriptor_Entry, 33)}}}
+					for k := range req.Descriptors[1].Entries {
+						req.Descriptors[1].Entries[k] = &rlcommon.RateLimitDescriptor_Entry{Key: "k", Value: "v"}
+					}
+					wantCode = codes.InvalidArgument
+				}
+				resp, err := client.ShouldRateLimit(context.Background(), req)
+				if status.Code(err) != wantCode {
+					errs <- fmt.Errorf("caller %d call %d: %v, want %v", g, i, err, wantCode)
+					continue
+				}
+				if err != nil {
+					continue
+				}
+				if got := resp.DynamicMetadata.GetFields()["domain"].GetStringValue(); got != req.Domain || len(resp.Statuses) != len(req.Descriptors) {
+					errs <- fmt.Errorf("caller %d call %d: the response of domain %q with %d statuses, for %q with %d", g, i, got, len(resp.Statuses), req.Domain, len(req.Descriptors))
+				}
+				mu.Lock()
+				for _, k := range keys {
+					want[`sluice_envoy_hits_total{`+k+`,stat="total_hits"}`] += float64(hits)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	m := scrape(t, "http://"+d.HTTPAddr())
+	for series, n := range want {
+		if m[series] != n {
+			t.Errorf("%s = %v, want %v", series, m[series], n)
+		}
+	}
+	unknownSeries, unknownSum := 0, 0.0
+	for series, v := range m {
+		switch {
+		case strings.HasPrefix(series, "sluice_envoy_unknown_domain_total{"):
+			unknownSeries++
+			unknownSum += v
+		case strings.HasPrefix(series, "sluice_envoy_hits_total{") && strings.HasSuffix(series, `stat="total_hits"}`) && want[series] == 0:
+			t.Errorf("%s = %v: hits of no request answered", series, v)
+		}
+	}
+	if unknownSum != callers*calls/5 || unknownSeries > 257 {
+		t.Errorf("unknown domains: %v requests in %d series, want %d in at most 257", unknownSum, unknownSeries, callers*calls/5)
+	}
+}
+
+// Requests the HTTP API's routes never planned for (unknown paths and
+// methods, every route with the wrong method, odd bodies and headers)
+// from many callers at once: sluice_http_requests_total keeps to the
+// routes' patterns and "other", a few status codes each, and every
+// response's Content-Type and nosniff header are its own (the shared
+// header values are never written to). Run with -race.
+func TestAttackHTTPSeriesBounded(t *testing.T) {
+	cfg := testConfig("attack-http")
+	cfg.MaxBodyBytes = 1 << 10 // the big body is refused for its size, and read whole by the server
+	d := start(t, cfg)
+	base := "http://" + d.HTTPAddr()
+	routes := []string{"/v1/check", "/v1/check/batch", "/v1/rules/check", "/v1/admin/keys", "/v1/admin/keys/reset", "/json", "/healthcheck", "/healthz", "/readyz", "/metrics"}
+	methods := []string{"GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW", "X-Y"}
+	bodies := []string{"", "{", `{"name":"n","key":"k","limit":1,"period":"1s"}`, `[]`, strings.Repeat("x", 4<<10), "\x00\xff"}
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 60 {
+				path := routes[(g+i)%len(routes)]
+				switch i % 4 {
+				case 1:
+					path = fmt.Sprintf("/nowhere/%d/%d", g, i)
+				case 2:
+					path += fmt.Sprintf("/../%d%%2f?x=%d", i, g)
+				}
+				req, err := http.NewRequest(methods[(g*7+i)%len(methods)], base+path, strings.NewReader(bodies[(g+i)%len(bodies)]))
+				if err != nil {
+					errs <- err
+					return
+				}
+				req.Header.Set("Content-Type", []string{"application/json", "text/plain", ""}[i%3])
+				resp, err := probe.Do(req)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				resp.Body.Close()
+				ct := resp.Header.Get("Content-Type")
+				if strings.HasSuffix(ct, "json") && resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+					errs <- fmt.Errorf("%s %s: JSON without nosniff", req.Method, path)
+				}
+				if vs := resp.Header.Values("Content-Type"); len(vs) > 1 {
+					errs <- fmt.Errorf("%s %s: Content-Type %v", req.Method, path, vs)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if jsonType[0] != "application/json" || problemType[0] != "application/problem+json" || noSniff[0] != "nosniff" || len(jsonType) != 1 {
+		t.Errorf("shared header values changed: %v %v %v", jsonType, problemType, noSniff)
+	}
+	allowed := map[string]bool{"other": true}
+	for _, r := range routes {
+		allowed[r] = true
+	}
+	series := 0
+	for s := range scrape(t, base) {
+		rest, ok := strings.CutPrefix(s, "sluice_http_requests_total{")
+		if !ok {
+			continue
+		}
+		series++
+		_, ep, _ := strings.Cut(rest, `endpoint="`)
+		ep, _, _ = strings.Cut(ep, `"`)
+		if !allowed[ep] {
+			t.Errorf("series of an endpoint no route has: %s", s)
+		}
+	}
+	if series > 40 {
+		t.Errorf("%d series of sluice_http_requests_total after 480 odd requests", series)
+	}
+	t.Logf("%d series", series)
+}

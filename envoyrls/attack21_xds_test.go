@@ -1,0 +1,298 @@
+package envoyrls
+
+import (
+	"errors"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/sluicehq/sluice/internal/testwait"
+)
+
+// emptyDescriptors is the wire form of a RateLimitConfig named name of
+// domain name with n empty descriptors: two bytes each.
+func emptyDescriptors(name string, n int) *anypb.Any {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	for range n {
+		b = append(b, 0x1a, 0x00) // field 3, descriptors, of length 0
+	}
+	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
+}
+
+// A response past MaxXDSDescriptors is refused before its descriptors are
+// decoded: two bytes on the wire each, they took 120 times their size in
+// memory when decoded first (480 MB for 2,000,000 descriptors in 4 MB;
+// MaxXDSMessageBytes lets a server send 64 MiB), in one resource or
+// spread over several each under the bound. The error names the bound.
+func TestAttackXDSHugeResourceBoundedMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  []*anypb.Any
+		file string
+	}{
+		{"one resource", []*anypb.Any{emptyDescriptors("huge", 2*MaxXDSDescriptors)}, "xds:huge"},
+		{"three resources", []*anypb.Any{
+			emptyDescriptors("r1", MaxXDSDescriptors/2), emptyDescriptors("r2", MaxXDSDescriptors/2), emptyDescriptors("r3", MaxXDSDescriptors/2),
+		}, "xds:r3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wire := 0
+			for _, r := range tc.res {
+				wire += len(r.Value)
+			}
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := RulesFromXDS(tc.res, LoadConfig{})
+			runtime.ReadMemStats(&after)
+			allocated := after.TotalAlloc - before.TotalAlloc
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.file+": more than 1000000 descriptors") {
+				t.Errorf("error %v, want %s: more than 1000000 descriptors", err, tc.file)
+			}
+			if allocated > uint64(wire) {
+				t.Errorf("refusing %d bytes of descriptors allocated %d MB", wire, allocated>>20)
+			}
+		})
+	}
+}
+
+// scriptedADS is an aggregated discovery server whose responses the test
+// writes one by one, and whose requests it reads in turn: a transcript of
+// the watcher's side of the protocol.
+type scriptedADS struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	addr string
+	srv  *grpc.Server
+	reqs chan *discoveryv3.DiscoveryRequest
+	out  chan *discoveryv3.DiscoveryResponse
+}
+
+// startScriptedADS serves on addr ("127.0.0.1:0" for a new port) until
+// stopped or the test ends.
+func startScriptedADS(t *testing.T, addr string) *scriptedADS {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scriptedADS{addr: lis.Addr().String(), srv: grpc.NewServer(),
+		reqs: make(chan *discoveryv3.DiscoveryRequest, 100), out: make(chan *discoveryv3.DiscoveryResponse, 100)}
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.srv, s)
+	go s.srv.Serve(lis)
+	t.Cleanup(s.srv.Stop)
+	return s
+}
+
+func (s *scriptedADS) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	go func() {
+		for {
+			select {
+			case <-st.Context().Done():
+				return
+			case r := <-s.out:
+				if st.Send(r) != nil {
+					return
+				}
+			}
+		}
+	}()
+	for {
+		r, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		s.reqs <- r
+	}
+}
+
+// next returns the next request the watcher sent.
+func (s *scriptedADS) next(t *testing.T) *discoveryv3.DiscoveryRequest {
+	t.Helper()
+	select {
+	case r := <-s.reqs:
+		return r
+	case <-time.After(testwait.Timeout):
+		t.Fatal("no request from the watcher")
+		return nil
+	}
+}
+
+// send sends a response of version and nonce holding configs.
+func (s *scriptedADS) send(t *testing.T, version, nonce string, configs ...*rlconfv3.RateLimitConfig) {
+	t.Helper()
+	resp := &discoveryv3.DiscoveryResponse{VersionInfo: version, Nonce: nonce, TypeUrl: RateLimitConfigType}
+	for _, c := range configs {
+		a, err := anypb.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	s.out <- resp
+}
+
+// wantRequest fails the test unless r names version and nonce and has an
+// error detail containing nack ("" for an ACK).
+func wantRequest(t *testing.T, step string, r *discoveryv3.DiscoveryRequest, version, nonce, nack string) {
+	t.Helper()
+	got := r.GetErrorDetail().GetMessage()
+	if r.VersionInfo != version || r.ResponseNonce != nonce || r.TypeUrl != RateLimitConfigType || r.Node.GetId() != "sluice" ||
+		(nack == "") != (got == "") || !strings.Contains(got, nack) {
+		t.Errorf("%s: request version %q nonce %q type %q node %q error %q; want version %q nonce %q error with %q",
+			step, r.VersionInfo, r.ResponseNonce, r.TypeUrl, r.Node.GetId(), got, version, nonce, nack)
+	}
+}
+
+// domainsOf lists the domains of rules.
+func domainsOf(w *XDSWatcher) string {
+	var names []string
+	for _, n := range []string{"a", "b", "c"} {
+		if _, ok := w.Current().Domain(n); ok {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// The watcher's side of the protocol, step by step against a server that
+// does what a real one may: replays an old version, sends a removal then
+// the resource again, an invalid version twice in a row, a response of
+// another type, then goes away and a server with another identity
+// answers at the same address, its versions counting from 1 again. Each
+// ACK names the version taken and the response's nonce; each NACK the
+// last version taken, the nonce and the error; a repeated invalid version
+// waits, is NACKed and counted once.
+func TestAttackXDSTranscript(t *testing.T) {
+	srv := startScriptedADS(t, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 8*time.Millisecond
+	var mu sync.Mutex
+	var waits []time.Duration
+	var rejected []error
+	cfg.After = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		c := make(chan time.Time, 1)
+		c <- testStart
+		return c
+	}
+	cfg.OnReject = func(err error) { mu.Lock(); rejected = append(rejected, err); mu.Unlock() }
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	a, b := rlConfig("a", "a", "user", 1), rlConfig("b", "b", "ip", 1)
+	bad := rlConfig("bad", "c", "user", 1)
+	bad.Descriptors[0].RateLimit.Unit = rlconfv3.RateLimitUnit_UNKNOWN
+	steps := []struct {
+		name           string
+		send           func()
+		version, nonce string // of the request that follows
+		nack           string
+		domains        string
+	}{
+		{"v2", func() { srv.send(t, "2", "n1", a, b) }, "2", "n1", "", "a,b"},
+		{"the old v1 replayed", func() { srv.send(t, "1", "n2", a) }, "1", "n2", "", "a"},
+		{"every resource removed", func() { srv.send(t, "3", "n3") }, "3", "n3", "", ""},
+		{"one added again", func() { srv.send(t, "4", "n4", b) }, "4", "n4", "", "b"},
+		{"an invalid version", func() { srv.send(t, "5", "n5", b, bad) }, "4", "n5", "xds:bad", "b"},
+		{"the invalid version again", func() { srv.send(t, "5", "n6", b, bad) }, "4", "n6", "xds:bad", "b"},
+		{"another type", func() {
+			srv.out <- &discoveryv3.DiscoveryResponse{VersionInfo: "6", Nonce: "n7", TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster"}
+		}, "4", "n7", "response of type", "b"},
+		{"v7", func() { srv.send(t, "7", "n8", a, b) }, "7", "n8", "", "a,b"},
+	}
+	wantRequest(t, "the first request", srv.next(t), "", "", "")
+	for _, s := range steps {
+		s.send()
+		wantRequest(t, s.name, srv.next(t), s.version, s.nonce, s.nack)
+		if got := domainsOf(w); got != s.domains {
+			t.Errorf("%s: domains %q, want %q", s.name, got, s.domains)
+		}
+	}
+	if s := w.Stats(); s.Updates != 5 || s.Rejects != 2 || s.Version != "7" {
+		t.Errorf("stats %+v, want 5 updates, 2 rejects, version 7", s)
+	}
+	mu.Lock()
+	if len(rejected) != 2 || len(waits) != 1 || waits[0] != 2*time.Millisecond {
+		t.Errorf("rejections %v, waits %v: want 2 and one wait of 2ms before NACKing the repeat", rejected, waits)
+	}
+	mu.Unlock()
+
+	// Another server at the same address, counting its versions from 1:
+	// the new stream's first request names no version and no nonce, and
+	// its "2" is taken though the watcher took a "2" from the first.
+	srv.srv.Stop()
+	testwait.For(t, "the stream to end", func() bool { return w.Stats().Disconnects > 0 })
+	srv2 := startScriptedADS(t, srv.addr)
+	wantRequest(t, "the new stream's first request", srv2.next(t), "", "", "")
+	srv2.send(t, "2", "m1", rlConfig("c", "c", "user", 1))
+	wantRequest(t, "the new server's 2", srv2.next(t), "2", "m1", "")
+	if got := domainsOf(w); got != "c" {
+		t.Errorf("after the new server: domains %q, want c", got)
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("Close again: %v", err)
+	}
+}
+
+// A response larger than MaxXDSMessageBytes cannot be read, so cannot be
+// NACKed: the stream ends. The last rules stay, the watcher connects
+// again with backoff, and the refusal is counted as a rejection and
+// given to OnReject, naming the bound, once until a response is taken.
+func TestAttackXDSResponseOverMessageBound(t *testing.T) {
+	srv := startScriptedADS(t, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, time.Millisecond
+	var mu sync.Mutex
+	var rejected []error
+	cfg.OnReject = func(err error) { mu.Lock(); rejected = append(rejected, err); mu.Unlock() }
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	srv.next(t)
+	srv.send(t, "1", "n1", rlConfig("a", "a", "user", 1))
+	wantRequest(t, "v1", srv.next(t), "1", "n1", "")
+
+	huge := &discoveryv3.DiscoveryResponse{VersionInfo: "2", Nonce: "n2", TypeUrl: RateLimitConfigType,
+		Resources: []*anypb.Any{{TypeUrl: RateLimitConfigType, Value: make([]byte, MaxXDSMessageBytes)}}}
+	srv.out <- huge
+	wantRequest(t, "the new stream after the huge response", srv.next(t), "", "", "")
+	srv.out <- huge
+	wantRequest(t, "the new stream after the huge response again", srv.next(t), "", "", "")
+	if got := domainsOf(w); got != "a" {
+		t.Errorf("domains %q after the huge response, want a", got)
+	}
+	s := w.Stats()
+	mu.Lock()
+	defer mu.Unlock()
+	if s.Rejects != 1 || len(rejected) != 1 || !strings.Contains(rejected[0].Error(), "larger than max") {
+		t.Errorf("stats %+v, rejections %v: want one, naming the bound", s, rejected)
+	}
+}

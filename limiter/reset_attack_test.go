@@ -389,3 +389,40 @@ func TestKeepStrictestTwoPeriodsAlternating(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundsAcrossTwoResets: a key charged 3, reset, charged 2, reset
+// again, then charged 4 by others, in one window of an hour: neither
+// refund of a charge made before the second reset (its epoch since the
+// first included) gives anything back; the others' refund gives their 4
+// back; every algorithm, with and without KeepStrictest.
+func TestRefundsAcrossTwoResets(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		for _, keep := range []bool{false, true} {
+			t.Run(a.String()+"/strictest="+strconv.FormatBool(keep), func(t *testing.T) {
+				s, err := NewStore(StoreConfig{Shards: 1, KeepStrictest: keep})
+				if err != nil {
+					t.Fatal(err)
+				}
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				first := attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+				attackCheck(t, s, base, t0, 2*time.Second, 0, Reset, Window{})
+				between := attackCheck(t, s, base, t0, 3*time.Second, 2, 0, Window{})
+				attackCheck(t, s, base, t0, 5*time.Second, 0, Reset, Window{})
+				theirs := attackCheck(t, s, base, t0, 6*time.Second, 4, 0, Window{})
+				if !theirs.Allowed || theirs.Remaining != 6 {
+					t.Fatalf("the others' charge after the second reset: %+v", theirs)
+				}
+				if d := attackCheck(t, s, base, t0, 7*time.Second, 2, Refund, between.Window); d.Remaining != 6 {
+					t.Errorf("the refund of the charge between the resets (%v): remaining %d, want 6", between.Window, d.Remaining)
+				}
+				if d := attackCheck(t, s, base, t0, 8*time.Second, 3, Refund, first.Window); d.Remaining != 6 {
+					t.Errorf("the refund of the first charge: remaining %d, want 6", d.Remaining)
+				}
+				if d := attackCheck(t, s, base, t0, 9*time.Second, 4, Refund, theirs.Window); d.Remaining != 10 {
+					t.Errorf("the refund of the others' charge: remaining %d, want 10", d.Remaining)
+				}
+			})
+		}
+	}
+}

@@ -155,3 +155,44 @@ func TestResetMarkAcrossAClockAheadChargeOnRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepStrictestCalendarAndPeriodAlternatingOnRedis is limiter's
+// TestKeepStrictestCalendarAndPeriodAlternating on Redis: a fixed window
+// key checked every 15 minutes for three days, alternately at 5 per
+// calendar day in Pacific/Kiritimati (UTC+14) and 5 per 24h.
+func TestKeepStrictestCalendarAndPeriodAlternatingOnRedis(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") != "1" {
+		t.Skip("broke, open, as in limiter: 5 admitted in three days, not 15: the count moves to whichever window ends " +
+			"later, and the two rates' windows never end together; set SLUICE_ATTACK=1 to run")
+	}
+	kiri, err := time.LoadLocation("Pacific/Kiritimati")
+	if err != nil {
+		t.Skip(err)
+	}
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	clock := &testClock{now: t0}
+	l := newTestLimiter(t, clock, srv.Addr())
+	l.cfg.KeepStrictest = true
+	cal := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: kiri}
+	per := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Period: 24 * time.Hour}
+	total := 0
+	for i := 0; i < 72*4; i++ {
+		clock.now = t0.Add(time.Duration(i) * 15 * time.Minute)
+		r := per
+		if i%2 == 1 {
+			r = cal
+		}
+		d, err := l.Check(ctx, r)
+		if err != nil || d.WithoutOwner {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if d.Allowed {
+			total++
+		}
+	}
+	if total < 10 {
+		t.Errorf("admitted %d in three days, want at least 10 (5 a day at either rate alone)", total)
+	}
+}

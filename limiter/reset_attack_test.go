@@ -3,6 +3,7 @@ package limiter
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -424,5 +425,33 @@ func TestRefundsAcrossTwoResets(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestTheLargestKeyWithAResetMarkFitsMaxKeyBytes: the longest name and
+// key, a sliding window log under KeepStrictest, charged, reset (a
+// mark) and then charged at MaxLogEntries instants while the mark lasts,
+// in a store of MaxKeyBytes: the key is never evicted by its own growth
+// and the store stays within its bytes.
+func TestTheLargestKeyWithAResetMarkFitsMaxKeyBytes(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	s, err := NewStore(StoreConfig{Shards: 1, MaxBytes: MaxKeyBytes, KeepStrictest: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Request{Name: strings.Repeat("n", MaxNameLen), Key: strings.Repeat("k", MaxKeyLen), Limit: 2 * MaxLogEntries, Period: time.Hour, Algorithm: SlidingWindowLog}
+	attackCheck(t, s, base, t0, 0, 1, 0, Window{})
+	attackCheck(t, s, base, t0, time.Millisecond, 0, Reset, Window{})
+	for i := 0; i < MaxLogEntries+10; i++ {
+		if d := attackCheck(t, s, base, t0, time.Duration(i+2)*time.Millisecond, 1, 0, Window{}); !d.Allowed {
+			t.Fatalf("charge %d: %+v", i, d)
+		}
+		if s.Len() != 1 {
+			t.Fatalf("after %d charges the store holds %d keys", i+1, s.Len())
+		}
+	}
+	recount(t, s)
+	if st := s.Stats(); st.Evictions != 0 {
+		t.Errorf("%d evictions", st.Evictions)
 	}
 }

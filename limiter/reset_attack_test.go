@@ -487,3 +487,54 @@ func TestRefundAfterAResetMadeWithTheClockAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundsNamingForgedEpochs: after a charge of 3, a reset and the
+// others' charge of 4 (named by the window's epoch since the reset),
+// refunds of 3 naming windows forged from that epoch (an epoch a
+// microsecond later or earlier, one ending later, the window
+// before or after, the reset's instant) give nothing back, for a fixed
+// window and a sliding window counter, with and without KeepStrictest.
+func TestRefundsNamingForgedEpochs(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	us := int64(time.Microsecond)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		for _, keep := range []bool{false, true} {
+			t.Run(a.String()+"/strictest="+strconv.FormatBool(keep), func(t *testing.T) {
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				setup := func() (*Store, Window) {
+					s, err := NewStore(StoreConfig{Shards: 1, KeepStrictest: keep})
+					if err != nil {
+						t.Fatal(err)
+					}
+					attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+					attackCheck(t, s, base, t0, 2*time.Second, 0, Reset, Window{})
+					theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
+					if !theirs.Allowed || theirs.Remaining != 6 || theirs.Window.Start != t0.Add(2*time.Second).UnixNano()+us {
+						t.Fatalf("the others' charge: %+v", theirs)
+					}
+					return s, theirs.Window
+				}
+				_, epoch := setup()
+				p := int64(time.Hour)
+				start := t0.UnixNano()
+				for _, f := range []struct {
+					name string
+					w    Window
+				}{
+					{"an epoch a microsecond later", Window{epoch.Start + us, epoch.End}},
+					{"an epoch a microsecond earlier", Window{epoch.Start - us, epoch.End}},
+					{"an epoch ending a Period later", Window{epoch.Start, epoch.End + p}},
+					{"an epoch ending a microsecond later", Window{epoch.Start, epoch.End + us}},
+					{"the window before", Window{start - p, start}},
+					{"the window after", Window{start + p, start + 2*p}},
+					{"the window from the reset", Window{epoch.Start - us, epoch.Start - us + p}},
+				} {
+					s, _ := setup()
+					if d := attackCheck(t, s, base, t0, 4*time.Second, 3, Refund, f.w); d.Remaining != 6 {
+						t.Errorf("a refund of 3 naming %s %v: remaining %d, want 6", f.name, f.w, d.Remaining)
+					}
+				}
+			})
+		}
+	}
+}

@@ -492,7 +492,7 @@ func TestRefundAfterAResetMadeWithTheClockAhead(t *testing.T) {
 // others' charge of 4 (named by the window's epoch since the reset),
 // refunds of 3 naming windows forged from that epoch (an epoch a
 // microsecond later or earlier, one ending later, the window
-// before or after, the reset's instant) give nothing back, for a fixed
+// before or after, a Period from the reset) give nothing back, for a fixed
 // window and a sliding window counter, with and without KeepStrictest.
 func TestRefundsNamingForgedEpochs(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)

@@ -76,16 +76,31 @@ func TestAtk19ThreeWayThenRecut(t *testing.T) {
 	remainingAfter(t, c, reqs, 10)
 }
 
-// A partition {0}|{1,2,3} heals while node 2, the replica of node 1's
-// keys, leaves gracefully: its hand-off to the keys' next replica and the
+// A partition {0}|{1,2,3} heals while node 2, the owner or replica of
+// the keys, leaves gracefully: its hand-off to the keys' next replica and the
 // stand-in's settlement cross. Every key counts every hit once.
 func TestAtk19HealWhileLeaving(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
 	var reqs []limiter.Request
+	// Keys that node 2 holds, as owner or replica, of owners on the
+	// majority side.
 	for _, a := range allAlgorithms {
-		reqs = append(reqs, keyOfAll(t, c, "healleave", a, 1, 2), keyOfAll(t, c, "healleave", a, 2, 3))
+		var owned, copied bool
+		for i := 0; i < 10_000 && !(owned && copied); i++ {
+			req := limiter.Request{Name: "healleave", Key: fmt.Sprintf("%s-%d", a, i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			rs := c.Node(0).Replicas(req.Name, req.Key)
+			switch {
+			case len(rs) != 2 || rs[0].Name == c.Node(0).Name():
+			case rs[0].Name == c.Node(2).Name() && !owned:
+				owned = true
+				reqs = append(reqs, req)
+			case rs[1].Name == c.Node(2).Name() && !copied:
+				copied = true
+				reqs = append(reqs, req)
+			}
+		}
 	}
 	consume(t, c.Node(1), withHits(reqs, 40))
 	waitReplicated(t, c, reqs)
@@ -97,7 +112,16 @@ func TestAtk19HealWhileLeaving(t *testing.T) {
 
 	var wg sync.WaitGroup
 	wg.Add(1)
+	leaver := c.Node(2)
 	go func() { defer wg.Done(); c.Leave(2) }()
+	if err := testcluster.WaitFor(10*time.Second, func() error {
+		if slices.Contains(c.Nodes(), leaver) {
+			return fmt.Errorf("node 2 has not begun to leave")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	c.Heal()
 	wg.Wait()
 	c.WaitConverged()

@@ -301,3 +301,44 @@ func TestAtk19LeaseStandinSkew(t *testing.T) {
 		}
 	}
 }
+
+// The stand-in record's bound (1 MiB a node) filled by one partition: node
+// 0, cut off alone, admits one hit of each of 7000 keys (about 4700 it
+// stands in for); healed. The record keeps every part as long as its key's
+// state lives (a day here), so a second partition within that day finds it
+// full: node 0 stands in for keys of 100 (owned by node 1) after 50 hits,
+// admits 30 of each, node 1 admits 10, and once healed each key should
+// count 90 and admit 10 more.
+func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
+	skipNearDayEnd(t)
+	attackOpen(t, "a partition of ~4000 keys fills the stand-in record (1 MiB) for the keys' period: a later partition's stand-in hits are dropped and merged by the larger state, 30 of 100 hits forgotten per key (the owner admits 40 more, not 10)")
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	fill := make([]limiter.Request, 7000)
+	for i := range fill {
+		fill[i] = limiter.Request{Name: "fill", Key: fmt.Sprintf("f%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
+	}
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyOfAll(t, c, "afterfill", a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), fill)
+	c.Heal()
+	c.WaitConverged()
+	t.Logf("after the first partition: node 0 %+v", c.Node(0).Stats().Settle)
+
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	c.Heal()
+	c.WaitConverged()
+	t.Logf("after the second: node 0 %+v, node 1 %+v", c.Node(0).Stats().Settle, c.Node(1).Stats().Settle)
+	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
+	remainingAfter(t, c, reqs, 10)
+}

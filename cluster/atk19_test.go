@@ -342,3 +342,36 @@ func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
 	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
 	remainingAfter(t, c, reqs, 10)
 }
+
+// A stand-in's part across restarts from DataDir and a second partition:
+// node 0 cut off admits 30 (after 50 through the owner, node 1); healed
+// and settled (80); then node 0, or the owner, or both, stop and start
+// again from their DataDir; cut off again, node 0 admits 5 more; healed.
+// Every key counts 85 once: its owner admits 15 more.
+func TestAtk19RestartThenRecut(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, restart := range [][]int{{0}, {1}, {0, 1}} {
+		t.Run(fmt.Sprint(restart), func(t *testing.T) {
+			noLeaksAfter(t)
+			c, reqs := standinCutOff(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, nil)
+			c.Heal()
+			c.WaitConverged()
+			if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 20) }); err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range restart {
+				c.StopHard(i)
+				c.WaitConverged()
+				c.Restart(i)
+			}
+			c.WaitConverged()
+			c.Partition([]int{0}, []int{1, 2})
+			c.WaitConverged()
+			consume(t, c.Node(0), withHits(reqs, 5))
+			c.Heal()
+			c.WaitConverged()
+			exactly(t, c, reqs, 15)
+			remainingAfter(t, c, reqs, 15)
+		})
+	}
+}

@@ -375,3 +375,31 @@ func TestAtk19RestartThenRecut(t *testing.T) {
 		})
 	}
 }
+
+// The stand-in's clock 2 s ahead of or behind the owner's (node 0 cut off
+// alone, node 1 the owner on the system's clock), keys of all six
+// algorithms: 50 through the owner, 30 through the stand-in, 10 through
+// the owner's side, healed: every key counts 90 once.
+func TestAtk19StandinSkewAllAlgorithms(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
+		t.Run(skew.String(), func(t *testing.T) {
+			noLeaksAfter(t)
+			c := testcluster.New(t, 3, withReplicas(2), testcluster.WithClockOffsets(skew, 0, -skew/2))
+			var reqs []limiter.Request
+			for _, a := range allAlgorithms {
+				reqs = append(reqs, keyOfAll(t, c, "standinskew", a, 1, 2))
+			}
+			consume(t, c.Node(1), withHits(reqs, 50))
+			waitReplicated(t, c, reqs)
+			c.Partition([]int{0}, []int{1, 2})
+			c.WaitConverged()
+			consume(t, c.Node(0), withHits(reqs, 30))
+			consume(t, c.Node(2), withHits(reqs, 10))
+			c.Heal()
+			c.WaitConverged()
+			exactly(t, c, reqs, 10)
+			remainingAfter(t, c, reqs, 10)
+		})
+	}
+}

@@ -403,3 +403,71 @@ func TestAtk19StandinSkewAllAlgorithms(t *testing.T) {
 		})
 	}
 }
+
+// A partition {0}|{1,2} healed under traffic on both sides, as
+// TestPartitionHealUnderTraffic, with clocks 2 s apart (node 0, the
+// stand-in, ahead; node 2 behind) and leases on: keys of all six
+// algorithms (300 a day, 20 before the cut). Counted from the callers'
+// side, no key admits more than its limit plus what its stand-in
+// admitted; once the traffic stops, the key's owner admits the rest of
+// the limit after every hit admitted, no more.
+func TestAtk19HealUnderTrafficSkewLeases(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, testcluster.WithClockOffsets(2*time.Second, 0, -2*time.Second), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.Replicas = 2
+		cfg.Lease = cluster.LeaseConfig{Threshold: 5, TTL: time.Second, Share: 0.3}
+	}))
+	var reqs []limiter.Request
+	for _, a := range allAlgorithms {
+		reqs = append(reqs, keysHeldBy(t, c, a, 1, 2, 2)...)
+	}
+	const before = 20
+	consume(t, c.Node(1), withHits(reqs, before))
+	waitReplicated(t, c, reqs)
+
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	tr := startSideTraffic(c, reqs, []int{0, 0, 1, 1, 2}, 0, 2*time.Millisecond)
+	defer tr.finish()
+	tr.waitAdmitted(t, int64(len(reqs))*150)
+	c.Heal()
+	tr.checkedMore(t, 1500)
+	tr.finish()
+	var leased int64
+	for _, nd := range c.Nodes() {
+		leased += nd.Stats().Leases.Local
+	}
+	t.Logf("%d checks, %d errors; node 0 recorded %d stand-in hits; %d admitted from leases",
+		tr.checks.Load(), tr.errs.Load(), c.Node(0).Stats().Settle.StandIn, leased)
+
+	for i, r := range reqs {
+		got, standIn := tr.admitted[i].Load(), tr.standIn[i].Load()
+		if bound := r.Capacity() - before + standIn; got > bound {
+			t.Errorf("%s %s: callers were admitted %d, more than %d (the limit %d less the %d before, plus the %d its stand-in admitted)",
+				r.Algorithm, r.Key, got, bound, r.Capacity(), before, standIn)
+		}
+	}
+	// Leases end within their TTL and give back what they hold.
+	if err := testcluster.WaitFor(30*time.Second, func() error {
+		for _, nd := range c.Nodes() {
+			if u := unusedLeased(nd); u != 0 {
+				return fmt.Errorf("%s holds %d leased hits", nd.Name(), u)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Log(err)
+	}
+	for i, r := range reqs {
+		want := max(r.Capacity()-before-tr.admitted[i].Load(), 0)
+		_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{r}, want) })
+		more := int64(admitUntilDenied(t, c.Owner(r.Name, r.Key), r, int(r.Capacity())))
+		switch {
+		case more > want:
+			t.Errorf("%s %s: its owner admits %d more after %d admitted, want %d", r.Algorithm, r.Key, more, before+tr.admitted[i].Load(), want)
+		case more < want:
+			t.Logf("%s %s: its owner admits %d more after %d admitted, want %d: %d fewer", r.Algorithm, r.Key, more, before+tr.admitted[i].Load(), want, want-more)
+		}
+	}
+}

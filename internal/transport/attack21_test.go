@@ -32,7 +32,7 @@ func (k *keepingRouter) Route(ctx context.Context, reqs []RoutedRequest) []Resul
 	}
 	k.mu.Lock()
 	k.kept = append(k.kept, reqs)
-	for _, old := range k.kept[max(len(k.kept)-4, 0):len(k.kept)-1] {
+	for _, old := range k.kept[max(len(k.kept)-4, 0) : len(k.kept)-1] {
 		for i := range old {
 			old[i].Request.Key, old[i].Request.Limit = "scribbled", 1<<40
 		}

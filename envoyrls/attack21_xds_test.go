@@ -33,11 +33,59 @@ func emptyDescriptors(name string, n int) *anypb.Any {
 	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
 }
 
+// oneDescriptor is the wire form of a RateLimitConfig named name of
+// domain name with the one descriptor d (its wire form).
+func oneDescriptor(name string, d []byte) *anypb.Any {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendBytes(b, d)
+	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
+}
+
+// manyReplaces is a descriptor "k" whose limit replaces n limits with
+// empty names: two bytes each.
+func manyReplaces(n int) []byte {
+	var rl []byte
+	rl = protowire.AppendTag(rl, 1, protowire.VarintType)
+	rl = protowire.AppendVarint(rl, 2)
+	rl = protowire.AppendTag(rl, 2, protowire.VarintType)
+	rl = protowire.AppendVarint(rl, 1)
+	for range n {
+		rl = append(rl, 0x2a, 0x00) // field 5, replaces, of length 0
+	}
+	var d []byte
+	d = protowire.AppendTag(d, 1, protowire.BytesType)
+	d = protowire.AppendString(d, "k")
+	d = protowire.AppendTag(d, 3, protowire.BytesType)
+	return protowire.AppendBytes(d, rl)
+}
+
+// manyMetadataValues is a descriptor "k" whose metadata (field 8) is
+// {a: [n null values]}: two bytes each.
+func manyMetadataValues(n int) []byte {
+	var list []byte
+	for range n {
+		list = append(list, 0x0a, 0x00) // ListValue.values, an empty Value
+	}
+	val := protowire.AppendBytes(protowire.AppendTag(nil, 6, protowire.BytesType), list)
+	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "a")
+	entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), val)
+	st := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+	d := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "k")
+	return protowire.AppendBytes(protowire.AppendTag(d, 8, protowire.BytesType), st)
+}
+
 // A response past MaxXDSDescriptors is refused before its descriptors are
 // decoded: two bytes on the wire each, they took 120 times their size in
 // memory when decoded first (480 MB for 2,000,000 descriptors in 4 MB;
 // MaxXDSMessageBytes lets a server send 64 MiB), in one resource or
-// spread over several each under the bound. The error names the bound.
+// spread over several each under the bound; so are the replaces of a
+// limit and the values of a descriptor's metadata, which count with
+// them. The error names the bound.
 func TestAttackXDSHugeResourceBoundedMemory(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -48,6 +96,11 @@ func TestAttackXDSHugeResourceBoundedMemory(t *testing.T) {
 		{"three resources", []*anypb.Any{
 			emptyDescriptors("r1", MaxXDSDescriptors/2), emptyDescriptors("r2", MaxXDSDescriptors/2), emptyDescriptors("r3", MaxXDSDescriptors/2),
 		}, "xds:r3"},
+		// Replaces and metadata values are not descriptors, and took 92
+		// and 52 times their size (the metadata was accepted, and
+		// copied into every response with dynamic metadata).
+		{"replaces", []*anypb.Any{oneDescriptor("rep", manyReplaces(2*MaxXDSDescriptors))}, "xds:rep"},
+		{"metadata values", []*anypb.Any{oneDescriptor("md", manyMetadataValues(2*MaxXDSDescriptors))}, "xds:md"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wire := 0

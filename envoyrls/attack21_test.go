@@ -14,6 +14,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice"
@@ -405,5 +406,40 @@ func TestAttackNilDescriptor(t *testing.T) {
 				}
 			}()
 		}
+	}
+}
+
+// A caller in the same process that changes a response's dynamic
+// metadata (adds, removes, rewrites nested values) changes neither the
+// configuration's metadata nor the next response's.
+func TestAttackDynamicMetadataIsTheResponses(t *testing.T) {
+	e := newEnv(t, []string{`domain: m
+descriptors:
+  - key: a
+    metadata: {team: {name: alpha, tags: [x, y]}, tier: gold}
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: b
+    metadata: {team: {size: 2}, tier: silver}
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`}, func(c *Config) { c.DynamicMetadata = true })
+	var first string
+	for i := range 3 {
+		resp := e.call("m", 1, desc("a=1"), desc("b=2"))
+		md := resp.DynamicMetadata.Fields["metadata"].GetStructValue()
+		got := md.String()
+		if i == 0 {
+			first = got
+		} else if got != first {
+			t.Fatalf("response %d's metadata %s, want %s as the first's", i, got, first)
+		}
+		team := md.Fields["team"].GetStructValue()
+		team.Fields["name"] = structpb.NewStringValue("mallory")
+		team.Fields["tags"].GetListValue().Values[0] = structpb.NewStringValue("z")
+		delete(team.Fields, "size")
+		md.Fields["tier"] = structpb.NewNullValue()
+		resp.DynamicMetadata.Fields["domain"] = structpb.NewStringValue("other")
+	}
+	if !strings.Contains(first, "alpha") || !strings.Contains(first, "size") {
+		t.Errorf("merged metadata %s, want alpha and size", first)
 	}
 }

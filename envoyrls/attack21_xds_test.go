@@ -1,15 +1,21 @@
 package envoyrls
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -348,4 +354,68 @@ func TestAttackXDSResponseOverMessageBound(t *testing.T) {
 	if s.Rejects != 1 || len(rejected) != 1 || !strings.Contains(rejected[0].Error(), "larger than max") {
 		t.Errorf("stats %+v, rejections %v: want one, naming the bound", s, rejected)
 	}
+}
+
+// Callers check while go-control-plane's server sends a new state of the
+// world 30 times, the limit of domain "a" alternating between 5 and 7
+// and domain "b" coming and going: each response is decided under one
+// version, its two descriptors under the same limit, never one of each.
+func TestAttackXDSUpdatesUnderTraffic(t *testing.T) {
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	setSnapshot(t, cache, "v0", rlConfig("a", "a", "user", 5))
+	srv := startXDSServer(t, cache, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	testwait.For(t, "the first snapshot", func() bool { return w.Stats().Version == "v0" })
+	e := newEnv(t, nil, func(c *Config) { c.Rules = w })
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan string, 100)
+	var calls atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				calls.Add(1)
+				resp, err := e.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "a", Descriptors: []*rlcommon.RateLimitDescriptor{
+					desc(fmt.Sprintf("user=%d-%d-x", g, i)), desc(fmt.Sprintf("user=%d-%d-y", g, i))}})
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				l0, l1 := resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(), resp.Statuses[1].GetCurrentLimit().GetRequestsPerUnit()
+				if l0 != l1 || (l0 != 5 && l0 != 7) {
+					errs <- fmt.Sprintf("caller %d call %d: limits %d and %d in one response", g, i, l0, l1)
+					return
+				}
+			}
+		})
+	}
+	for v := 1; v <= 30; v++ {
+		configs := []*rlconfv3.RateLimitConfig{rlConfig("a", "a", "user", uint32(5+2*(v%2)))}
+		if v%3 == 0 {
+			configs = append(configs, rlConfig("b", "b", "ip", 1))
+		}
+		version := fmt.Sprintf("v%d", v)
+		setSnapshot(t, cache, version, configs...)
+		testwait.For(t, version, func() bool { return w.Stats().Version == version })
+	}
+	close(done)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d calls across 30 updates", calls.Load())
 }

@@ -419,3 +419,51 @@ func TestAttackXDSUpdatesUnderTraffic(t *testing.T) {
 	}
 	t.Logf("%d calls across 30 updates", calls.Load())
 }
+
+// A server sending the same invalid version again and again is NACKed
+// after waits that double up to MaxBackoff and never go negative, even
+// from a MinBackoff of hours doubled 20 times (past the range of a
+// time.Duration), where a negative wait would let the two spin.
+func TestAttackXDSRepeatedNACKWaitsStayPositive(t *testing.T) {
+	srv := startScriptedADS(t, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	cfg.MinBackoff, cfg.MaxBackoff = 3*time.Hour, 1000*time.Hour
+	var mu sync.Mutex
+	var waits []time.Duration
+	cfg.After = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		c := make(chan time.Time, 1)
+		c <- testStart
+		return c
+	}
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	srv.next(t)
+	bad := rlConfig("bad", "c", "user", 1)
+	bad.Descriptors[0].RateLimit.Unit = rlconfv3.RateLimitUnit_UNKNOWN
+	for i := range 25 {
+		srv.send(t, "5", fmt.Sprint("n", i), bad)
+		wantRequest(t, fmt.Sprint("NACK ", i), srv.next(t), "", fmt.Sprint("n", i), "xds:bad")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(waits) != 24 {
+		t.Fatalf("%d waits, want 24", len(waits))
+	}
+	for i, d := range waits {
+		want := cfg.MinBackoff
+		for k := 0; k <= i && want < cfg.MaxBackoff; k++ {
+			want *= 2
+		}
+		if want = min(want, cfg.MaxBackoff); d != want {
+			t.Errorf("wait %d: %v, want %v", i, d, want)
+		}
+	}
+}

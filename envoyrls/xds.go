@@ -249,7 +249,7 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 				select {
 				case <-ctx.Done():
 					return got, ctx.Err()
-				case <-w.cfg.After(min(w.cfg.MinBackoff<<min(repeats, 20), w.cfg.MaxBackoff)):
+				case <-w.cfg.After(w.nackWait(repeats)):
 				}
 				continue
 			}
@@ -271,6 +271,19 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			w.cfg.OnUpdate(rules)
 		}
 	}
+}
+
+// nackWait is the wait before NACKing the repeats-th repeat of a
+// version: MinBackoff doubled repeats times, at most MaxBackoff.
+func (w *XDSWatcher) nackWait(repeats int) time.Duration {
+	wait := w.cfg.MinBackoff
+	for range repeats {
+		if wait >= w.cfg.MaxBackoff/2 {
+			return w.cfg.MaxBackoff
+		}
+		wait *= 2
+	}
+	return wait
 }
 
 // rejectUnread reports a response the stream could not read, larger

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,9 +34,7 @@ func emptyDescriptors(name string, n int) *anypb.Any {
 	b = protowire.AppendString(b, name)
 	b = protowire.AppendTag(b, 2, protowire.BytesType)
 	b = protowire.AppendString(b, name)
-	for range n {
-		b = append(b, 0x1a, 0x00) // field 3, descriptors, of length 0
-	}
+	b = append(b, bytes.Repeat([]byte{0x1a, 0x00}, n)...) // field 3, descriptors, of length 0
 	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
 }
 
@@ -60,9 +59,7 @@ func manyReplaces(n int) []byte {
 	rl = protowire.AppendVarint(rl, 2)
 	rl = protowire.AppendTag(rl, 2, protowire.VarintType)
 	rl = protowire.AppendVarint(rl, 1)
-	for range n {
-		rl = append(rl, 0x2a, 0x00) // field 5, replaces, of length 0
-	}
+	rl = append(rl, bytes.Repeat([]byte{0x2a, 0x00}, n)...) // field 5, replaces, of length 0
 	var d []byte
 	d = protowire.AppendTag(d, 1, protowire.BytesType)
 	d = protowire.AppendString(d, "k")
@@ -73,10 +70,7 @@ func manyReplaces(n int) []byte {
 // manyMetadataValues is a descriptor "k" whose metadata (field 8) is
 // {a: [n null values]}: two bytes each.
 func manyMetadataValues(n int) []byte {
-	var list []byte
-	for range n {
-		list = append(list, 0x0a, 0x00) // ListValue.values, an empty Value
-	}
+	list := bytes.Repeat([]byte{0x0a, 0x00}, n) // ListValue.values, an empty Value
 	val := protowire.AppendBytes(protowire.AppendTag(nil, 6, protowire.BytesType), list)
 	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "a")
 	entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), val)

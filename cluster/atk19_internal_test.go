@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"fmt"
 	"math"
+	"runtime"
 	"testing"
 	"time"
 
@@ -108,4 +110,29 @@ func TestAtk19ForgedSettlements(t *testing.T) {
 			t.Errorf("parts %+v: this node's hold %d hits, want %d", rec.m[debtKey{r.Name, r.Key}].parts, own, 7+9+2)
 		}
 	})
+}
+
+// The stand-in record filled to its bound with keys of short names (the
+// most entries): the heap it takes, against maxDebtBytes.
+func TestAtk19StandinRecordHeap(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	reqs := make([]limiter.Request, 0, 8000)
+	for i := range cap(reqs) {
+		reqs = append(reqs, limiter.Request{Name: "n", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: time.Hour, Algorithm: limiter.FixedWindow})
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rec := newStandins("node-0", now)
+	for i := range reqs {
+		rec.record(&reqs[i], 1)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d entries, %d bytes counted, %d bytes of heap (bound %d)", len(rec.m), rec.bytes, heap, maxDebtBytes)
+	if heap > 2*maxDebtBytes {
+		t.Errorf("the record takes %d bytes of heap, more than twice its bound %d", heap, maxDebtBytes)
+	}
+	runtime.KeepAlive(rec)
 }

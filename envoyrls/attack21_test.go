@@ -466,3 +466,30 @@ func TestAttackCheckThenChargeAfterOver(t *testing.T) {
 		{name: "next window", advance: time.Minute, descs: descs(desc("model=m", "hits=0")), want: "OK; OK 1000/1000/minute t=40s"},
 	})
 }
+
+// markFailingLimiter fails every request of an over mark.
+type markFailingLimiter struct{ sluice.Limiter }
+
+func (f markFailingLimiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
+	out := f.Limiter.CheckMany(ctx, reqs, opts...)
+	for i := range reqs {
+		if strings.HasSuffix(reqs[i].Key, "|over") {
+			out[i] = sluice.Result{Err: errors.New("the mark's owner is away")}
+		}
+	}
+	return out
+}
+
+// The over mark is best effort: when it cannot be charged or read, a
+// request over is still OVER_LIMIT (not a failure), and a check of 0 is
+// decided on the window alone, full: OK with none left.
+func TestAttackOverMarkUnreachable(t *testing.T) {
+	e := newEnv(t, []string{"domain: ai\ndescriptors:\n  - key: model\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"},
+		func(c *Config) { c.Limiter = markFailingLimiter{c.Limiter} })
+	e.run("ai", []step{
+		{name: "charge 8", descs: descs(desc("model=m", "hits=8")), want: "OK; OK 2/10/minute t=40s"},
+		{name: "check", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 2/10/minute t=40s"},
+		{name: "charge 5, over", descs: descs(desc("model=m", "hits=5")), want: "OVER_LIMIT; OVER 0/10/minute t=40s"},
+		{name: "check, the mark unread", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 0/10/minute t=40s"},
+	})
+}

@@ -360,7 +360,7 @@ func (sc *scratch) free() {
 // go over.
 func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
 	results := s.cfg.Limiter.CheckMany(ctx, reqs)
-	var again []limiter.Request
+	var again, marks []limiter.Request
 	anyOver := false
 	for i := range items {
 		it := &items[i]
@@ -374,18 +374,16 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		before, _ := it.counts(r.Decision.Decision)
 		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
 		if it.mark >= 0 {
-			m := results[it.mark]
-			if m.Err != nil {
-				return nil, limiterError(m.Err)
-			}
 			// Full and marked: a request went past the limit in this
-			// window (a reset of the key empties the window).
-			it.over = m.Decision.Remaining == 0 && r.Decision.Remaining == 0
+			// window (a reset of the key empties the window). The mark
+			// is best effort: unread, the check is decided on the window.
+			m := results[it.mark]
+			it.over = m.Err == nil && m.Decision.Remaining == 0 && r.Decision.Remaining == 0
 		}
 		if it.over && it.hits > 0 && !s.cfg.StopIncrementOverLimit {
 			mark := reqs[it.counted]
 			mark.Key, mark.Hits, mark.Limit, mark.Behavior = overMarkKey(mark.Key), 1, 1, 0
-			again = append(again, mark)
+			marks = append(marks, mark)
 		}
 		anyOver = anyOver || it.over
 		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
@@ -406,12 +404,14 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			}
 		}
 	}
-	if len(again) > 0 {
+	if len(again)+len(marks) > 0 {
 		// What the first decisions said stands: a failure here leaves a
 		// window less full than envoyproxy/ratelimit's would be, and
-		// fails the request as the first would.
-		for _, r := range s.cfg.Limiter.CheckMany(ctx, again) {
-			if r.Err != nil {
+		// fails the request as the first would; a mark not charged only
+		// lets a later check of 0 see the window as exactly full.
+		n := len(again)
+		for i, r := range s.cfg.Limiter.CheckMany(ctx, append(again, marks...)) {
+			if r.Err != nil && i < n {
 				return nil, limiterError(r.Err)
 			}
 		}

@@ -22,7 +22,8 @@ import (
 // also match transport.ErrUnavailable: either way the owner was not reached.
 var (
 	// ErrClosed is returned for checks made after Close, and for checks
-	// that were waiting or in flight when Close was called.
+	// that were waiting or in flight when Close was called (those in
+	// flight match ErrInFlight too).
 	ErrClosed error = &sentinel{"peer: client closed", transport.ErrUnavailable}
 	// ErrUnavailable wraps the error of a batch that failed as a whole: the
 	// peer is down, does not answer it before its oldest check has waited
@@ -32,6 +33,12 @@ var (
 	ErrUnavailable error = &sentinel{"peer: peer unavailable", transport.ErrUnavailable}
 	// ErrInvalidConfig is returned by Config.Validate and the constructors.
 	ErrInvalidConfig = errors.New("peer: invalid config")
+	// ErrInFlight is also matched by the error of a check whose batch was
+	// sent, or may have been, when it failed (its stream broke, it was not
+	// answered in time, or Close ended it): the peer may have decided it.
+	// A check whose error does not match it was never sent, so sending it
+	// elsewhere cannot count it twice.
+	ErrInFlight = errors.New("peer: check in flight")
 )
 
 // sentinel is an error with its own text that also matches another error.
@@ -42,6 +49,13 @@ type sentinel struct {
 
 func (e *sentinel) Error() string { return e.msg }
 func (e *sentinel) Unwrap() error { return e.also }
+
+// inFlightErr is the error of a check that was in flight when its batch
+// failed: err, which it reads as, and also ErrInFlight.
+type inFlightErr struct{ err error }
+
+func (e *inFlightErr) Error() string   { return e.err.Error() }
+func (e *inFlightErr) Unwrap() []error { return []error{e.err, ErrInFlight} }
 
 // Client sends checks to one remote node, the owner of their keys, in
 // batches on one long-lived stream. A check goes out at once while fewer
@@ -197,7 +211,8 @@ func (c *Client) Stats() Stats {
 // Check asks the peer to decide req as its key's owner. It returns the
 // owner's decision or: req's validation error (limiter.Request.Validate)
 // without sending it; the owner's per-item error, which matches the same
-// limiter sentinel; an error wrapping ErrUnavailable when its batch failed;
+// limiter sentinel; an error wrapping ErrUnavailable when its batch failed,
+// which matches ErrInFlight too when the batch may have reached the peer;
 // ErrClosed; or ctx.Err() when ctx ends first (the late result, if any, is
 // discarded). The check waits at most Config.Timeout from when it is
 // queued, whatever ctx allows: then it fails with an error wrapping

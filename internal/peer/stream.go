@@ -455,7 +455,9 @@ func (c *Client) recycle(b *batch) {
 }
 
 // fail ends s, unless it has failed already: it fails every batch in flight
-// on it with err, cancels it, and lets the sender open a new one.
+// on it with err, cancels it, and lets the sender open a new one. Once s
+// has opened, a batch in flight on it may have reached the peer: its
+// checks' error matches ErrInFlight too.
 func (c *Client) fail(s *stream, err error) {
 	c.mu.Lock()
 	if s.err != nil {
@@ -476,8 +478,12 @@ func (c *Client) fail(s *stream, err error) {
 		}
 	}
 	wake := c.canSendLocked()
+	sent := s.open // a stream that did not open sent nothing
 	c.mu.Unlock()
 	s.cancel()
+	if sent {
+		err = &inFlightErr{err}
+	}
 	for _, b := range batches {
 		c.finish(b, nil, err)
 	}

@@ -81,15 +81,16 @@ type Client struct {
 	mu        sync.Mutex // guards the fields below and the streams' shared fields
 	pending   []*item    // checks waiting for a batch, in the order queued
 	closed    bool
-	sendToken sendToken   // see stream.go
-	cur       *stream     // where new batches go; nil until opened, and once it fails or drains
-	streams   []*stream   // streams that have not failed, cur among them
-	draining  []*stream   // streams whose sending side the sender must close
-	inFlight  int         // batches sent and not yet answered or failed, on every stream
-	seq       uint64      // id of the last batch taken
-	timerAt   time.Time   // when the watchdog's timer fires; zero when stopped or fired
-	stopTimer func() bool // stops the watchdog's timer; nil when none was started
-	free      []*batch    // batches to reuse
+	idle      chan struct{} // after stopTaking, closed once nothing is in flight
+	sendToken sendToken     // see stream.go
+	cur       *stream       // where new batches go; nil until opened, and once it fails or drains
+	streams   []*stream     // streams that have not failed, cur among them
+	draining  []*stream     // streams whose sending side the sender must close
+	inFlight  int           // batches sent and not yet answered or failed, on every stream
+	seq       uint64        // id of the last batch taken
+	timerAt   time.Time     // when the watchdog's timer fires; zero when stopped or fired
+	stopTimer func() bool   // stops the watchdog's timer; nil when none was started
+	free      []*batch      // batches to reuse
 
 	enc *encoder // the send token's
 
@@ -351,6 +352,44 @@ func (c *Client) wait(ctx context.Context, it *item) transport.Result {
 	case <-ctx.Done():
 		it.canceled.Store(true)
 		return transport.Result{Err: ctx.Err()}
+	}
+}
+
+// stopTaking makes c take no more checks: those made from now on, and
+// those waiting to be sent, fail with ErrClosed, unsent. The batches in
+// flight go on until they are answered, or fail as their stream breaks
+// or their deadline passes. It returns a channel closed once none is in
+// flight; Close ends them at once.
+func (c *Client) stopTaking() <-chan struct{} {
+	c.mu.Lock()
+	c.closed = true
+	pending := c.pending
+	c.pending = nil
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+		if c.inFlight == 0 {
+			close(c.idle)
+		}
+	}
+	idle := c.idle
+	c.mu.Unlock()
+	for _, it := range pending {
+		it.res = transport.Result{Err: ErrClosed}
+		it.done <- struct{}{}
+	}
+	return idle
+}
+
+// landedLocked counts n batches in flight as answered or failed. c.mu
+// must be held.
+func (c *Client) landedLocked(n int) {
+	c.inFlight -= n
+	if c.inFlight == 0 && c.idle != nil {
+		select {
+		case <-c.idle:
+		default:
+			close(c.idle)
+		}
 	}
 }
 

@@ -363,7 +363,7 @@ func (c *Client) receive(s *stream, cs pb.Peer_CheckStreamClient) {
 			}
 			return
 		}
-		c.inFlight--
+		c.landedLocked(1)
 		// The send token, when free, is held from here to the next batch:
 		// the callers that finish wakes add their checks to the pending
 		// ones rather than send them themselves.
@@ -467,7 +467,7 @@ func (c *Client) fail(s *stream, err error) {
 	s.err = err
 	batches := s.inFlight
 	s.inFlight = nil
-	c.inFlight -= len(batches)
+	c.landedLocked(len(batches))
 	if c.cur == s {
 		c.cur = nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clocks"
+	"github.com/sluicehq/sluice/internal/peer"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -497,13 +498,17 @@ func (n *Node) sendMany(ctx context.Context, reqs []limiter.Request, pols policy
 // itemOutcome is the outcome of one check of a batch whose call had
 // outcome call (router.done of batchErr), as router.done would say of the
 // check sent alone: the owner does not decide it now, or its call failed
-// on a peer that is about to change, is a retry.
+// before it was sent on a peer that is about to change, is a retry; one
+// that failed in flight (peer.ErrInFlight) is not retried, whatever the
+// rest of its batch got.
 func itemOutcome(call outcome, err error) outcome {
 	switch {
 	case err == nil:
 		return decided
 	case errors.Is(err, transport.ErrNotOwner):
 		return retry
+	case errors.Is(err, transport.ErrUnavailable) && call == retry && errors.Is(err, peer.ErrInFlight):
+		return failed
 	case errors.Is(err, transport.ErrUnavailable):
 		return call
 	}

@@ -134,9 +134,12 @@ const (
 // peer counts as a failure; a call that ended because its caller stopped
 // waiting counts as nothing, and gives back the probe if it was one. The
 // peer does not decide the key now, or a previous or departing owner could
-// not be reached: a retry; another unreachable owner: a failure; any other
-// error is the owner's verdict (the caller's own context error included,
-// which the caller returns).
+// not be reached before the check was sent: a retry; another unreachable
+// owner, or one that may have decided the check (its call failed in
+// flight, peer.ErrInFlight): a failure, since a retry elsewhere would
+// count the check twice once the peer's count moves to the key's next
+// owner; any other error is the owner's verdict (the caller's own context
+// error included, which the caller returns).
 func (r *router) done(p *pick, err error) outcome {
 	probe := p.probe
 	p.probe = false // the call's outcome settles the probe
@@ -157,7 +160,7 @@ func (r *router) done(p *pick, err error) outcome {
 		return decided
 	case errors.Is(err, transport.ErrNotOwner):
 		return retry
-	case down && (p.way == wayPrevious || r.departing(p.peer)):
+	case down && !errors.Is(err, peer.ErrInFlight) && (p.way == wayPrevious || r.departing(p.peer)):
 		return retry
 	case down:
 		return failed

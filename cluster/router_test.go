@@ -58,6 +58,7 @@ func TestRouterSteps(t *testing.T) {
 	r, h := routerOf(t, "a", &at, "a", "b")
 	key := hashOwnedBy(t, h, "b")
 	unavailable := fmt.Errorf("call: %w", transport.ErrUnavailable)
+	inFlight := fmt.Errorf("call: %w", errors.Join(peer.ErrClosed, peer.ErrInFlight))
 	for i, s := range []struct {
 		at        time.Duration // since the start
 		client    bool          // b has a client
@@ -80,6 +81,9 @@ func TestRouterSteps(t *testing.T) {
 		{at: time.Second, client: true, callMade: true, call: nil, want: wayOwner, wantDone: decided},
 		{at: time.Second, client: true, departing: true, callMade: true, call: unavailable, want: wayOwner, wantDone: retry},
 		{at: time.Second, client: true, callMade: true, call: limitErr, want: wayOwner, wantDone: decided}, // the owner's verdict
+		// The call failed after the check was sent: b may have counted
+		// it, and its count moves to the key's next owner.
+		{at: time.Second, client: true, departing: true, callMade: true, call: inFlight, want: wayOwner, wantDone: failed},
 	} {
 		at = time.Unix(1000, 0).Add(s.at)
 		r.peers = fakePeers{"b": s.client}
@@ -269,4 +273,28 @@ func (n *Node) PeerClientStats(name string) (peer.Stats, bool) {
 		return peer.Stats{}, false
 	}
 	return c.Stats(), true
+}
+
+// A check of a batch is retried on a departing peer only when it was not
+// sent: one that failed in flight may have been counted there.
+func TestItemOutcome(t *testing.T) {
+	unsent := fmt.Errorf("call: %w", peer.ErrClosed)
+	inFlight := fmt.Errorf("call: %w", errors.Join(peer.ErrClosed, peer.ErrInFlight))
+	for _, tt := range []struct {
+		name string
+		call outcome
+		err  error
+		want outcome
+	}{
+		{"answered", retry, nil, decided},
+		{"not the owner", failed, transport.ErrNotOwner, retry},
+		{"not sent, departing", retry, unsent, retry},
+		{"in flight, departing", retry, inFlight, failed},
+		{"not sent, down", failed, unsent, failed},
+		{"the owner's verdict", retry, limitErr, decided},
+	} {
+		if got := itemOutcome(tt.call, tt.err); got != tt.want {
+			t.Errorf("%s: itemOutcome(%d, %v) = %d, want %d", tt.name, tt.call, tt.err, got, tt.want)
+		}
+	}
 }

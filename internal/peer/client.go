@@ -22,7 +22,8 @@ import (
 // also match transport.ErrUnavailable: either way the owner was not reached.
 var (
 	// ErrClosed is returned for checks made after Close, and for checks
-	// that were waiting or in flight when Close was called.
+	// that were waiting or in flight when Close was called (those in
+	// flight match ErrInFlight too).
 	ErrClosed error = &sentinel{"peer: client closed", transport.ErrUnavailable}
 	// ErrUnavailable wraps the error of a batch that failed as a whole: the
 	// peer is down, does not answer it before its oldest check has waited
@@ -32,6 +33,12 @@ var (
 	ErrUnavailable error = &sentinel{"peer: peer unavailable", transport.ErrUnavailable}
 	// ErrInvalidConfig is returned by Config.Validate and the constructors.
 	ErrInvalidConfig = errors.New("peer: invalid config")
+	// ErrInFlight is also matched by the error of a check whose batch was
+	// sent, or may have been, when it failed (its stream broke, it was not
+	// answered in time, or Close ended it): the peer may have decided it.
+	// A check whose error does not match it was never sent, so sending it
+	// elsewhere cannot count it twice.
+	ErrInFlight = errors.New("peer: check in flight")
 )
 
 // sentinel is an error with its own text that also matches another error.
@@ -42,6 +49,13 @@ type sentinel struct {
 
 func (e *sentinel) Error() string { return e.msg }
 func (e *sentinel) Unwrap() error { return e.also }
+
+// inFlightErr is the error of a check that was in flight when its batch
+// failed: err, which it reads as, and also ErrInFlight.
+type inFlightErr struct{ err error }
+
+func (e *inFlightErr) Error() string   { return e.err.Error() }
+func (e *inFlightErr) Unwrap() []error { return []error{e.err, ErrInFlight} }
 
 // Client sends checks to one remote node, the owner of their keys, in
 // batches on one long-lived stream. A check goes out at once while fewer
@@ -67,15 +81,16 @@ type Client struct {
 	mu        sync.Mutex // guards the fields below and the streams' shared fields
 	pending   []*item    // checks waiting for a batch, in the order queued
 	closed    bool
-	sendToken sendToken   // see stream.go
-	cur       *stream     // where new batches go; nil until opened, and once it fails or drains
-	streams   []*stream   // streams that have not failed, cur among them
-	draining  []*stream   // streams whose sending side the sender must close
-	inFlight  int         // batches sent and not yet answered or failed, on every stream
-	seq       uint64      // id of the last batch taken
-	timerAt   time.Time   // when the watchdog's timer fires; zero when stopped or fired
-	stopTimer func() bool // stops the watchdog's timer; nil when none was started
-	free      []*batch    // batches to reuse
+	idle      chan struct{} // after stopTaking, closed once nothing is in flight
+	sendToken sendToken     // see stream.go
+	cur       *stream       // where new batches go; nil until opened, and once it fails or drains
+	streams   []*stream     // streams that have not failed, cur among them
+	draining  []*stream     // streams whose sending side the sender must close
+	inFlight  int           // batches sent and not yet answered or failed, on every stream
+	seq       uint64        // id of the last batch taken
+	timerAt   time.Time     // when the watchdog's timer fires; zero when stopped or fired
+	stopTimer func() bool   // stops the watchdog's timer; nil when none was started
+	free      []*batch      // batches to reuse
 
 	enc *encoder // the send token's
 
@@ -197,7 +212,8 @@ func (c *Client) Stats() Stats {
 // Check asks the peer to decide req as its key's owner. It returns the
 // owner's decision or: req's validation error (limiter.Request.Validate)
 // without sending it; the owner's per-item error, which matches the same
-// limiter sentinel; an error wrapping ErrUnavailable when its batch failed;
+// limiter sentinel; an error wrapping ErrUnavailable when its batch failed,
+// which matches ErrInFlight too when the batch may have reached the peer;
 // ErrClosed; or ctx.Err() when ctx ends first (the late result, if any, is
 // discarded). The check waits at most Config.Timeout from when it is
 // queued, whatever ctx allows: then it fails with an error wrapping
@@ -336,6 +352,44 @@ func (c *Client) wait(ctx context.Context, it *item) transport.Result {
 	case <-ctx.Done():
 		it.canceled.Store(true)
 		return transport.Result{Err: ctx.Err()}
+	}
+}
+
+// stopTaking makes c take no more checks: those made from now on, and
+// those waiting to be sent, fail with ErrClosed, unsent. The batches in
+// flight go on until they are answered, or fail as their stream breaks
+// or their deadline passes. It returns a channel closed once none is in
+// flight; Close ends them at once.
+func (c *Client) stopTaking() <-chan struct{} {
+	c.mu.Lock()
+	c.closed = true
+	pending := c.pending
+	c.pending = nil
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+		if c.inFlight == 0 {
+			close(c.idle)
+		}
+	}
+	idle := c.idle
+	c.mu.Unlock()
+	for _, it := range pending {
+		it.res = transport.Result{Err: ErrClosed}
+		it.done <- struct{}{}
+	}
+	return idle
+}
+
+// landedLocked counts n batches in flight as answered or failed. c.mu
+// must be held.
+func (c *Client) landedLocked(n int) {
+	c.inFlight -= n
+	if c.inFlight == 0 && c.idle != nil {
+		select {
+		case <-c.idle:
+		default:
+			close(c.idle)
+		}
 	}
 }
 

@@ -12,8 +12,12 @@ import (
 type Pool struct {
 	cfg Config
 
-	mu     sync.Mutex // serializes Update and Close; guards closed
+	mu     sync.Mutex // serializes Update and Close; guards closed and retiring
 	closed bool
+	// retiring holds the clients Update dropped whose checks in flight
+	// have not all landed; retired waits for their goroutines.
+	retiring map[*Client]struct{}
+	retired  sync.WaitGroup
 
 	clients atomic.Pointer[map[string]*Client] // never modified once stored
 }
@@ -31,9 +35,13 @@ func NewPool(cfg Config) (*Pool, error) {
 // Update makes the pool hold a client for exactly the members given, a map
 // from node name to address that should leave out this node: it adds
 // clients for new members, replaces the client of a member whose address
-// changed, and closes the clients of members that are gone (their waiting
-// checks fail with ErrClosed). A member whose client cannot be made is left
-// out and its error joined to the one returned. members is not kept.
+// changed, and closes the clients of members that are gone or replaced.
+// Such a client takes no more checks (they fail with ErrClosed, unsent, as
+// do those waiting to be sent), and closes once its checks in flight are
+// answered or fail: a check the member may have decided gets the member's
+// answer, rather than an error that would leave its caller to send it
+// elsewhere, counting it twice. A member whose client cannot be made is
+// left out and its error joined to the one returned. members is not kept.
 // After Close, Update returns ErrClosed.
 func (p *Pool) Update(members map[string]string) error {
 	p.mu.Lock()
@@ -59,10 +67,32 @@ func (p *Pool) Update(members map[string]string) error {
 	p.clients.Store(&next)
 	for name, c := range old {
 		if next[name] != c {
-			errs = append(errs, c.Close())
+			p.retireLocked(c)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// retireLocked stops c taking checks and closes it, in a goroutine that
+// Close waits for, once nothing is in flight on it. p.mu must be held.
+func (p *Pool) retireLocked(c *Client) {
+	idle := c.stopTaking()
+	if p.retiring == nil {
+		p.retiring = map[*Client]struct{}{}
+	}
+	p.retiring[c] = struct{}{}
+	p.retired.Add(1)
+	go func() {
+		defer p.retired.Done()
+		select {
+		case <-idle:
+		case <-c.done: // Close ended them
+		}
+		c.Close()
+		p.mu.Lock()
+		delete(p.retiring, c)
+		p.mu.Unlock()
+	}()
 }
 
 // Get returns the client of the member name.
@@ -84,12 +114,13 @@ func (p *Pool) Stats() map[string]Stats {
 	return out
 }
 
-// Close closes every client and empties the pool. Safe to call more than
-// once.
+// Close closes every client, those that Update dropped and whose checks
+// are still in flight included, and empties the pool. Safe to call more
+// than once.
 func (p *Pool) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
@@ -98,5 +129,14 @@ func (p *Pool) Close() error {
 	for _, c := range old {
 		errs = append(errs, c.Close())
 	}
+	retiring := make([]*Client, 0, len(p.retiring))
+	for c := range p.retiring {
+		retiring = append(retiring, c)
+	}
+	p.mu.Unlock()
+	for _, c := range retiring {
+		c.Close()
+	}
+	p.retired.Wait()
 	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -153,4 +154,49 @@ func TestNewPoolRejectsInvalidConfig(t *testing.T) {
 	if _, err := NewPool(Config{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("NewPool(Config{}): %v", err)
 	}
+}
+
+// A member's client that Update drops takes no more checks, but a check in
+// flight gets the member's answer: the member may have counted it, and a
+// caller told it failed would send it elsewhere, counting it twice. The
+// client closes once nothing is in flight.
+func TestPoolDropKeepsChecksInFlight(t *testing.T) {
+	o := newOwner("b")
+	srv := startServer(t, o)
+	cfg := testConfig()
+	cfg.MaxInFlight = 1
+	p, err := NewPool(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Update(map[string]string{"b": srv.addr}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := p.Get("b")
+	held := holdOneCall(t, c, o)
+	waiting := goCheck(context.Background(), c, req("x"))
+	testwait.For(t, "a check to queue", func() bool { return c.Stats().Pending == 1 })
+
+	if err := p.Update(map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := receive(t, "the waiting check", waiting); !errors.Is(out.err, ErrClosed) || errors.Is(out.err, ErrInFlight) {
+		t.Fatalf("check waiting when its member was dropped: %v, want ErrClosed, unsent", out.err)
+	}
+	if _, err := c.Check(context.Background(), req("x")); !errors.Is(err, ErrClosed) || errors.Is(err, ErrInFlight) {
+		t.Fatalf("check after its member was dropped: %v, want ErrClosed, unsent", err)
+	}
+	o.release()
+	if out := receive(t, "the held check", held); out.err != nil || !out.d.Allowed {
+		t.Fatalf("check in flight when its member was dropped: %+v, %v, want the member's admission", out.d, out.err)
+	}
+	testwait.For(t, "the dropped client to close", func() bool {
+		select {
+		case <-c.done:
+			return true
+		default:
+			return false
+		}
+	})
 }

@@ -363,7 +363,7 @@ func (c *Client) receive(s *stream, cs pb.Peer_CheckStreamClient) {
 			}
 			return
 		}
-		c.inFlight--
+		c.landedLocked(1)
 		// The send token, when free, is held from here to the next batch:
 		// the callers that finish wakes add their checks to the pending
 		// ones rather than send them themselves.
@@ -455,7 +455,9 @@ func (c *Client) recycle(b *batch) {
 }
 
 // fail ends s, unless it has failed already: it fails every batch in flight
-// on it with err, cancels it, and lets the sender open a new one.
+// on it with err, cancels it, and lets the sender open a new one. Once s
+// has opened, a batch in flight on it may have reached the peer: its
+// checks' error matches ErrInFlight too.
 func (c *Client) fail(s *stream, err error) {
 	c.mu.Lock()
 	if s.err != nil {
@@ -465,7 +467,7 @@ func (c *Client) fail(s *stream, err error) {
 	s.err = err
 	batches := s.inFlight
 	s.inFlight = nil
-	c.inFlight -= len(batches)
+	c.landedLocked(len(batches))
 	if c.cur == s {
 		c.cur = nil
 	}
@@ -476,8 +478,12 @@ func (c *Client) fail(s *stream, err error) {
 		}
 	}
 	wake := c.canSendLocked()
+	sent := s.open // a stream that did not open sent nothing
 	c.mu.Unlock()
 	s.cancel()
+	if sent {
+		err = &inFlightErr{err}
+	}
 	for _, b := range batches {
 		c.finish(b, nil, err)
 	}

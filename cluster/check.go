@@ -280,7 +280,8 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	}
 	if err == nil {
 		if req.Behavior&limiter.Reset != 0 && !deferred(req.Algorithm) && n.grants.active() {
-			n.grants.rechargeReset(n.store, hash, req, n.now())
+			// The Reset's decision says what is left after them.
+			d.Remaining = max(d.Remaining-n.grants.rechargeReset(n.store, hash, req, n.now()), 0)
 		}
 		n.resetReplicas(req)
 		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && standingIn {

@@ -356,17 +356,20 @@ func (g *grantTable) addLocked(hash uint64, from string, req *limiter.Request, h
 // refund them as before. The reset key admits them unless the Reset
 // lowered its limit below them; what it cannot take, the holders admit
 // past that limit. Called with the key's decide lock held shared, after
-// the Reset was decided.
-func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limiter.Request, now time.Time) {
+// the Reset was decided. It returns the hits taken.
+func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limiter.Request, now time.Time) int64 {
 	gm := g.lock(hash)
 	gm.Lock()
 	defer gm.Unlock()
+	var taken int64
 	for _, gr := range g.grantsLocked(hash) {
 		if deferred(gr.req.Algorithm) || !sameKey(&gr.req, req) || now.UnixNano() >= gr.window {
 			continue
 		}
-		store.TakeAt(*req, gr.hits, now) //nolint:errcheck // valid: the request was decided
+		took, _, _ := store.TakeAt(*req, gr.hits, now) //nolint:errcheck // valid: the request was decided
+		taken += took
 	}
+	return taken
 }
 
 // giveBackLocked takes back up to hits of from's grants of req's key, the

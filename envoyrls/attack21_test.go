@@ -8,12 +8,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice"
@@ -310,9 +312,8 @@ func TestAttackPooledStateAcrossCallers(t *testing.T) {
 // request's pooled space ends: alone (pooled items and entries), third of
 // three (items beyond the pool), or after a descriptor of eight entries
 // (entries beyond the pool). Through hits_addend 0 on an empty, a full
-// and a drained window (upstream: OK with what remains, 0 when full), a
-// request straddling the limit, one over a full window, in enforced and
-// shadow mode.
+// and a drained window, a request straddling the limit, one over a full
+// window, in enforced and shadow mode.
 func TestAttackPooledAndUnpooledAgree(t *testing.T) {
 	e := newEnv(t, []string{`domain: s
 descriptors:
@@ -345,7 +346,7 @@ descriptors:
 		{"OK", "OK", 0, Hit{TotalHits: 2, WithinLimit: 2, NearLimit: 1}},
 		{"OK", "OK", 0, Hit{WithinLimit: 0, NearLimit: 0}}, // hits_addend 0 on a full window
 		{"OVER", "OVER", 0, Hit{TotalHits: 3, OverLimit: 3}},
-		{"OK", "OK", 0, Hit{}},
+		{"OVER", "OVER", 0, Hit{}}, // a check of 0 after a request went past the limit
 		{"OVER", "OVER", 0, Hit{TotalHits: 1, OverLimit: 1}},
 	}
 	for _, key := range []string{"k", "sh"} {
@@ -406,4 +407,89 @@ func TestAttackNilDescriptor(t *testing.T) {
 			}()
 		}
 	}
+}
+
+// A caller in the same process that changes a response's dynamic
+// metadata (adds, removes, rewrites nested values) changes neither the
+// configuration's metadata nor the next response's.
+func TestAttackDynamicMetadataIsTheResponses(t *testing.T) {
+	e := newEnv(t, []string{`domain: m
+descriptors:
+  - key: a
+    metadata: {team: {name: alpha, tags: [x, y]}, tier: gold}
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: b
+    metadata: {team: {size: 2}, tier: silver}
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`}, func(c *Config) { c.DynamicMetadata = true })
+	var first string
+	for i := range 3 {
+		resp := e.call("m", 1, desc("a=1"), desc("b=2"))
+		md := resp.DynamicMetadata.Fields["metadata"].GetStructValue()
+		got := md.String()
+		if i == 0 {
+			first = got
+		} else if got != first {
+			t.Fatalf("response %d's metadata %s, want %s as the first's", i, got, first)
+		}
+		team := md.Fields["team"].GetStructValue()
+		team.Fields["name"] = structpb.NewStringValue("mallory")
+		team.Fields["tags"].GetListValue().Values[0] = structpb.NewStringValue("z")
+		delete(team.Fields, "size")
+		md.Fields["tier"] = structpb.NewNullValue()
+		resp.DynamicMetadata.Fields["domain"] = structpb.NewStringValue("other")
+	}
+	if !strings.Contains(first, "alpha") || !strings.Contains(first, "size") {
+		t.Errorf("merged metadata %s, want alpha and size", first)
+	}
+}
+
+// Token-based limits (Envoy AI Gateway's, the check-then-charge pattern
+// of upstream's hits_addend 0) check each request with hits_addend 0 and
+// charge its tokens afterwards. envoyproxy/ratelimit's counter goes past
+// the limit when a charge does, and a check of 0 on it is then
+// OVER_LIMIT until the window ends: the limit holds. Once a charge has
+// gone over, every later check is OVER_LIMIT until the window ends, as
+// upstream answers: sluice's window never holds more than the limit, and
+// a mark beside it records that a request went past. (Before the mark, a
+// check of the full window answered OK, and the limit never blocked again
+// in its window.)
+func TestAttackCheckThenChargeAfterOver(t *testing.T) {
+	e := newEnv(t, []string{"domain: ai\ndescriptors:\n  - key: model\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"})
+	e.run("ai", []step{
+		{name: "check", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 1000/1000/minute t=40s"},
+		{name: "charge 900 tokens", descs: descs(desc("model=m", "hits=900")), want: "OK; OK 100/1000/minute t=40s"},
+		{name: "check", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 100/1000/minute t=40s"},
+		{name: "charge 500 tokens, over", descs: descs(desc("model=m", "hits=500")), want: "OVER_LIMIT; OVER 0/1000/minute t=40s"},
+		{name: "check after the charge over", descs: descs(desc("model=m", "hits=0")), want: "OVER_LIMIT; OVER 0/1000/minute t=40s"},
+		{name: "check again", descs: descs(desc("model=m", "hits=0")), want: "OVER_LIMIT; OVER 0/1000/minute t=40s"},
+		{name: "next window", advance: time.Minute, descs: descs(desc("model=m", "hits=0")), want: "OK; OK 1000/1000/minute t=40s"},
+	})
+}
+
+// markFailingLimiter fails every request of an over mark.
+type markFailingLimiter struct{ sluice.Limiter }
+
+func (f markFailingLimiter) CheckMany(ctx context.Context, reqs []limiter.Request, opts ...sluice.CheckOption) []sluice.Result {
+	out := f.Limiter.CheckMany(ctx, reqs, opts...)
+	for i := range reqs {
+		if strings.HasSuffix(reqs[i].Key, "|over") {
+			out[i] = sluice.Result{Err: errors.New("the mark's owner is away")}
+		}
+	}
+	return out
+}
+
+// The over mark is best effort: when it cannot be charged or read, a
+// request over is still OVER_LIMIT (not a failure), and a check of 0 is
+// decided on the window alone, full: OK with none left.
+func TestAttackOverMarkUnreachable(t *testing.T) {
+	e := newEnv(t, []string{"domain: ai\ndescriptors:\n  - key: model\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"},
+		func(c *Config) { c.Limiter = markFailingLimiter{c.Limiter} })
+	e.run("ai", []step{
+		{name: "charge 8", descs: descs(desc("model=m", "hits=8")), want: "OK; OK 2/10/minute t=40s"},
+		{name: "check", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 2/10/minute t=40s"},
+		{name: "charge 5, over", descs: descs(desc("model=m", "hits=5")), want: "OVER_LIMIT; OVER 0/10/minute t=40s"},
+		{name: "check, the mark unread", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 0/10/minute t=40s"},
+	})
 }

@@ -1,15 +1,22 @@
 package envoyrls
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,17 +34,58 @@ func emptyDescriptors(name string, n int) *anypb.Any {
 	b = protowire.AppendString(b, name)
 	b = protowire.AppendTag(b, 2, protowire.BytesType)
 	b = protowire.AppendString(b, name)
-	for range n {
-		b = append(b, 0x1a, 0x00) // field 3, descriptors, of length 0
-	}
+	b = append(b, bytes.Repeat([]byte{0x1a, 0x00}, n)...) // field 3, descriptors, of length 0
 	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
+}
+
+// oneDescriptor is the wire form of a RateLimitConfig named name of
+// domain name with the one descriptor d (its wire form).
+func oneDescriptor(name string, d []byte) *anypb.Any {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendBytes(b, d)
+	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
+}
+
+// manyReplaces is a descriptor "k" whose limit replaces n limits with
+// empty names: two bytes each.
+func manyReplaces(n int) []byte {
+	var rl []byte
+	rl = protowire.AppendTag(rl, 1, protowire.VarintType)
+	rl = protowire.AppendVarint(rl, 2)
+	rl = protowire.AppendTag(rl, 2, protowire.VarintType)
+	rl = protowire.AppendVarint(rl, 1)
+	rl = append(rl, bytes.Repeat([]byte{0x2a, 0x00}, n)...) // field 5, replaces, of length 0
+	var d []byte
+	d = protowire.AppendTag(d, 1, protowire.BytesType)
+	d = protowire.AppendString(d, "k")
+	d = protowire.AppendTag(d, 3, protowire.BytesType)
+	return protowire.AppendBytes(d, rl)
+}
+
+// manyMetadataValues is a descriptor "k" whose metadata (field 8) is
+// {a: [n null values]}: two bytes each.
+func manyMetadataValues(n int) []byte {
+	list := bytes.Repeat([]byte{0x0a, 0x00}, n) // ListValue.values, an empty Value
+	val := protowire.AppendBytes(protowire.AppendTag(nil, 6, protowire.BytesType), list)
+	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "a")
+	entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), val)
+	st := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+	d := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "k")
+	return protowire.AppendBytes(protowire.AppendTag(d, 8, protowire.BytesType), st)
 }
 
 // A response past MaxXDSDescriptors is refused before its descriptors are
 // decoded: two bytes on the wire each, they took 120 times their size in
 // memory when decoded first (480 MB for 2,000,000 descriptors in 4 MB;
 // MaxXDSMessageBytes lets a server send 64 MiB), in one resource or
-// spread over several each under the bound. The error names the bound.
+// spread over several each under the bound; so are the replaces of a
+// limit and the values of a descriptor's metadata, which count with
+// them. The error names the bound.
 func TestAttackXDSHugeResourceBoundedMemory(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -48,6 +96,11 @@ func TestAttackXDSHugeResourceBoundedMemory(t *testing.T) {
 		{"three resources", []*anypb.Any{
 			emptyDescriptors("r1", MaxXDSDescriptors/2), emptyDescriptors("r2", MaxXDSDescriptors/2), emptyDescriptors("r3", MaxXDSDescriptors/2),
 		}, "xds:r3"},
+		// Replaces and metadata values are not descriptors, and took 92
+		// and 52 times their size (the metadata was accepted, and
+		// copied into every response with dynamic metadata).
+		{"replaces", []*anypb.Any{oneDescriptor("rep", manyReplaces(2*MaxXDSDescriptors))}, "xds:rep"},
+		{"metadata values", []*anypb.Any{oneDescriptor("md", manyMetadataValues(2*MaxXDSDescriptors))}, "xds:md"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wire := 0
@@ -294,5 +347,117 @@ func TestAttackXDSResponseOverMessageBound(t *testing.T) {
 	defer mu.Unlock()
 	if s.Rejects != 1 || len(rejected) != 1 || !strings.Contains(rejected[0].Error(), "larger than max") {
 		t.Errorf("stats %+v, rejections %v: want one, naming the bound", s, rejected)
+	}
+}
+
+// Callers check while go-control-plane's server sends a new state of the
+// world 30 times, the limit of domain "a" alternating between 5 and 7
+// and domain "b" coming and going: each response is decided under one
+// version, its two descriptors under the same limit, never one of each.
+func TestAttackXDSUpdatesUnderTraffic(t *testing.T) {
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	setSnapshot(t, cache, "v0", rlConfig("a", "a", "user", 5))
+	srv := startXDSServer(t, cache, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	testwait.For(t, "the first snapshot", func() bool { return w.Stats().Version == "v0" })
+	e := newEnv(t, nil, func(c *Config) { c.Rules = w })
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan string, 100)
+	var calls atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				calls.Add(1)
+				resp, err := e.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "a", Descriptors: []*rlcommon.RateLimitDescriptor{
+					desc(fmt.Sprintf("user=%d-%d-x", g, i)), desc(fmt.Sprintf("user=%d-%d-y", g, i))}})
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				l0, l1 := resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(), resp.Statuses[1].GetCurrentLimit().GetRequestsPerUnit()
+				if l0 != l1 || (l0 != 5 && l0 != 7) {
+					errs <- fmt.Sprintf("caller %d call %d: limits %d and %d in one response", g, i, l0, l1)
+					return
+				}
+			}
+		})
+	}
+	for v := 1; v <= 30; v++ {
+		configs := []*rlconfv3.RateLimitConfig{rlConfig("a", "a", "user", uint32(5+2*(v%2)))}
+		if v%3 == 0 {
+			configs = append(configs, rlConfig("b", "b", "ip", 1))
+		}
+		version := fmt.Sprintf("v%d", v)
+		setSnapshot(t, cache, version, configs...)
+		testwait.For(t, version, func() bool { return w.Stats().Version == version })
+	}
+	close(done)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d calls across 30 updates", calls.Load())
+}
+
+// A server sending the same invalid version again and again is NACKed
+// after waits that double up to MaxBackoff and never go negative, even
+// from a MinBackoff of hours doubled 20 times (past the range of a
+// time.Duration), where a negative wait would let the two spin.
+func TestAttackXDSRepeatedNACKWaitsStayPositive(t *testing.T) {
+	srv := startScriptedADS(t, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	cfg.MinBackoff, cfg.MaxBackoff = 3*time.Hour, 1000*time.Hour
+	var mu sync.Mutex
+	var waits []time.Duration
+	cfg.After = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		c := make(chan time.Time, 1)
+		c <- testStart
+		return c
+	}
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	srv.next(t)
+	bad := rlConfig("bad", "c", "user", 1)
+	bad.Descriptors[0].RateLimit.Unit = rlconfv3.RateLimitUnit_UNKNOWN
+	for i := range 25 {
+		srv.send(t, "5", fmt.Sprint("n", i), bad)
+		wantRequest(t, fmt.Sprint("NACK ", i), srv.next(t), "", fmt.Sprint("n", i), "xds:bad")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(waits) != 24 {
+		t.Fatalf("%d waits, want 24", len(waits))
+	}
+	for i, d := range waits {
+		want := cfg.MinBackoff
+		for k := 0; k <= i && want < cfg.MaxBackoff; k++ {
+			want *= 2
+		}
+		if want = min(want, cfg.MaxBackoff); d != want {
+			t.Errorf("wait %d: %v, want %v", i, d, want)
+		}
 	}
 }

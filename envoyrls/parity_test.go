@@ -50,10 +50,10 @@ func TestStraddleStatistics(t *testing.T) {
 		{desc("user=y", "hits=9"), "OK; OK 1" + m, Hit{TotalHits: 9, WithinLimit: 9, NearLimit: 1}},
 		{desc("user=y", "hits=4"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 4, OverLimit: 3, NearLimit: 1}},
 		{desc("user=y"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 1, OverLimit: 1}}, // the window was left full
-		{desc("user=y", "hits=0"), "OK; OK 0" + m, Hit{}},                           // check-then-charge: full is not over
+		{desc("user=y", "hits=0"), "OVER_LIMIT; OVER 0" + m, Hit{}},                 // check-then-charge: past the limit is over
 		{desc("user=z", "hits=0"), "OK; OK 10" + m, Hit{}},
 		{desc("user=w", "hits=12"), "OVER_LIMIT; OVER 0" + m, Hit{TotalHits: 12, OverLimit: 2, NearLimit: 2}},
-		{desc("user=w", "hits=0"), "OK; OK 0" + m, Hit{}},
+		{desc("user=w", "hits=0"), "OVER_LIMIT; OVER 0" + m, Hit{}},
 		{desc("shadow=s", "hits=12"), "OK; OK 0" + m, Hit{TotalHits: 12, OverLimit: 2, NearLimit: 2, ShadowMode: 2}},
 		{desc("shadow=s"), "OK; OK 0" + m, Hit{TotalHits: 1, OverLimit: 1, ShadowMode: 1}},
 	} {
@@ -123,7 +123,7 @@ func TestStopIncrementOverLimit(t *testing.T) {
 		stop      bool
 		over, now string // the request over; a peek of a and b after it
 	}{
-		{false, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b, "OK; OK 4" + a + "; OK 0" + b},
+		{false, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b},
 		{true, "OVER_LIMIT; OK 5" + a + "; OVER 0" + b, "OK; OK 5" + a + "; OK 0" + b},
 	} {
 		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = tc.stop })

@@ -2,6 +2,8 @@ package envoyrls
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -232,8 +234,12 @@ type item struct {
 	shadow  bool
 	quota   bool
 	counted int // index of its limiter.Request, or -1
-	// over: its hits went past the limit; refunded: they were given
-	// back (Config.StopIncrementOverLimit)
+	// mark is the index of the request reading its window's over mark
+	// (see overMarkKey), or -1
+	mark int
+	// over: its hits went past the limit, or, of 0 hits, the window is
+	// full and marked; refunded: they were given back
+	// (Config.StopIncrementOverLimit)
 	over, refunded bool
 }
 
@@ -305,6 +311,17 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 			reqs = append(reqs, s.request(it, l))
 		}
 	}
+	if !s.cfg.StopIncrementOverLimit {
+		// A check of 0 hits reads its window's over mark too.
+		for i := range items {
+			if it := &items[i]; it.counted >= 0 && it.hits == 0 {
+				mark := reqs[it.counted]
+				mark.Key, mark.Limit = overMarkKey(mark.Key), 1
+				it.mark = len(reqs)
+				reqs = append(reqs, mark)
+			}
+		}
+	}
 	var results []sluice.Result
 	if len(reqs) > 0 {
 		var err error
@@ -343,7 +360,7 @@ func (sc *scratch) free() {
 // go over.
 func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
 	results := s.cfg.Limiter.CheckMany(ctx, reqs)
-	var again []limiter.Request
+	var again, marks []limiter.Request
 	anyOver := false
 	for i := range items {
 		it := &items[i]
@@ -356,6 +373,18 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		}
 		before, _ := it.counts(r.Decision.Decision)
 		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
+		if it.mark >= 0 {
+			// Full and marked: a request went past the limit in this
+			// window (a reset of the key empties the window). The mark
+			// is best effort: unread, the check is decided on the window.
+			m := results[it.mark]
+			it.over = m.Err == nil && m.Decision.Remaining == 0 && r.Decision.Remaining == 0
+		}
+		if it.over && it.hits > 0 && !s.cfg.StopIncrementOverLimit {
+			mark := reqs[it.counted]
+			mark.Key, mark.Hits, mark.Limit, mark.Behavior = overMarkKey(mark.Key), 1, 1, 0
+			marks = append(marks, mark)
+		}
 		anyOver = anyOver || it.over
 		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
 			drain := reqs[it.counted]
@@ -375,17 +404,35 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			}
 		}
 	}
-	if len(again) > 0 {
+	if len(again)+len(marks) > 0 {
 		// What the first decisions said stands: a failure here leaves a
 		// window less full than envoyproxy/ratelimit's would be, and
-		// fails the request as the first would.
-		for _, r := range s.cfg.Limiter.CheckMany(ctx, again) {
-			if r.Err != nil {
+		// fails the request as the first would; a mark not charged only
+		// lets a later check of 0 see the window as exactly full.
+		n := len(again)
+		for i, r := range s.cfg.Limiter.CheckMany(ctx, append(again, marks...)) {
+			if r.Err != nil && i < n {
 				return nil, limiterError(r.Err)
 			}
 		}
 	}
 	return results, nil
+}
+
+// overMarkKey is the key of the over mark of the counter key: a fixed
+// window of 1 charged, beside the counter's window, by each request that
+// goes past the limit. A check of 0 hits on a full window is OVER_LIMIT
+// when the mark is set, OK otherwise, as envoyproxy/ratelimit's counter
+// is past the limit, or exactly at it: the window itself never holds
+// more than the limit. No counter key ends in "|over" (an entry has '='
+// or '~').
+func overMarkKey(key string) string {
+	const suffix = "|over"
+	if len(key)+len(suffix) <= MaxCounterKeyLen {
+		return key + suffix
+	}
+	sum := sha256.Sum256([]byte(key + suffix))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // counts returns the hits the window of it held before and after its
@@ -405,7 +452,7 @@ func (it *item) counts(d limiter.Decision) (before, after uint64) {
 // resolve finds the limit of descriptor d of req, its entries in
 // entrySpace and its match's path in hopSpace when they have room.
 func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor, domain *Domain, entrySpace []Entry, hopSpace []hop) (item, error) {
-	it := item{counted: -1, hits: uint64(max(req.HitsAddend, 1))}
+	it := item{counted: -1, mark: -1, hits: uint64(max(req.HitsAddend, 1))}
 	if d == nil { // only a caller in this process can send one
 		return it, status.Error(codes.InvalidArgument, "envoyrls: a descriptor is null")
 	}
@@ -575,7 +622,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 			after = it.hits
 		}
 		limit := uint64(l.RequestsPerUnit)
-		over := after > limit
+		over := after > limit || it.over
 		sp.limit.Name, sp.limit.RequestsPerUnit, sp.limit.Unit = l.Name, l.RequestsPerUnit, rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit)
 		st.CurrentLimit = &sp.limit
 		if !over {

@@ -39,7 +39,7 @@ func TestHitsAddend(t *testing.T) {
 		{name: "a descriptor's 0 peeks", hits: 3, descs: descs(desc("user=a", "hits=0")), want: "OK; OK 4" + m},
 		{name: "5 do not fit in 4: over, and the window is full", descs: descs(desc("user=a", "hits=5")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "so 1 is over too", descs: descs(desc("user=a")), want: "OVER_LIMIT; OVER 0" + m},
-		{name: "a peek of a full window is OK with none left, as upstream's check-then-charge", descs: descs(desc("user=a", "hits=0")), want: "OK; OK 0" + m},
+		{name: "a peek of a window a request went past is over, as upstream's counter past the limit", descs: descs(desc("user=a", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "11 never fit in 10", descs: descs(desc("user=c", "hits=11")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "and fill the window", descs: descs(desc("user=c")), want: "OVER_LIMIT; OVER 0" + m},
 		{name: "the next minute", advance: 40 * time.Second, descs: descs(desc("user=c", "hits=10")), want: "OK; OK 0/10/minute t=1m0s"},

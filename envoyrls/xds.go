@@ -249,7 +249,7 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 				select {
 				case <-ctx.Done():
 					return got, ctx.Err()
-				case <-w.cfg.After(min(w.cfg.MinBackoff<<min(repeats, 20), w.cfg.MaxBackoff)):
+				case <-w.cfg.After(w.nackWait(repeats)):
 				}
 				continue
 			}
@@ -271,6 +271,19 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			w.cfg.OnUpdate(rules)
 		}
 	}
+}
+
+// nackWait is the wait before NACKing the repeats-th repeat of a
+// version: MinBackoff doubled repeats times, at most MaxBackoff.
+func (w *XDSWatcher) nackWait(repeats int) time.Duration {
+	wait := w.cfg.MinBackoff
+	for range repeats {
+		if wait >= w.cfg.MaxBackoff/2 {
+			return w.cfg.MaxBackoff
+		}
+		wait *= 2
+	}
+	return wait
 }
 
 // rejectUnread reports a response the stream could not read, larger
@@ -353,54 +366,111 @@ func RulesFromXDS(resources []*anypb.Any, lc LoadConfig) (*Rules, error) {
 	return NewRules(domains...)
 }
 
-// The fields of RateLimitConfig and RateLimitDescriptor xdsWireCount
-// reads.
+// The fields xdsWireCount reads: of RateLimitConfig, RateLimitDescriptor
+// (and xdsMetadataField), RateLimitPolicy, and google.protobuf's Struct,
+// its map entries, Value and ListValue.
 const (
 	xdsConfigNameField        = 1
 	xdsConfigDescriptorsField = 3
+	xdsRateLimitField         = 3
 	xdsDescriptorsField       = 4
+	xdsReplacesField          = 5
+	xdsStructFieldsField      = 1
+	xdsMapValueField          = 2
+	xdsStructValueField       = 5
+	xdsListValueField         = 6
+	xdsListValuesField        = 1
 )
 
+// errXDSWireBudget is the error of resources past the budget of
+// xdsWireCount.
+var errXDSWireBudget = fmt.Errorf("more than %d descriptors, replaces and metadata values", MaxXDSDescriptors)
+
 // xdsWireCount takes the descriptors of b, a RateLimitConfig's wire form,
-// from budget before b is decoded, and returns the resource's name and
-// an error past the budget or MaxXDSDepth. A malformed b is left for the
-// decoder to refuse.
+// their limits' replaces and their metadata's values from budget before b
+// is decoded (decoded, each of two bytes on the wire takes a hundred or
+// more), and returns the resource's name and an error past the budget or
+// MaxXDSDepth. A malformed b is left for the decoder to refuse.
 func xdsWireCount(b []byte, budget *int) (name string, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return name, nil
+	err = xdsWireFields(b, func(num protowire.Number, v []byte) error {
+		switch num {
+		case xdsConfigNameField:
+			name = string(v)
+		case xdsConfigDescriptorsField:
+			return xdsWireDescriptor(v, 1, budget)
 		}
-		b = b[n:]
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return name, nil
-		}
-		if typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b)
-			switch num {
-			case xdsConfigNameField:
-				name = string(v)
-			case xdsConfigDescriptorsField:
-				if err := xdsWireDescriptor(v, 1, budget); err != nil {
-					return name, err
-				}
-			}
-		}
-		b = b[n:]
-	}
-	return name, nil
+		return nil
+	})
+	return name, err
 }
 
-// xdsWireDescriptor takes the descriptor b, at depth, and those nested in
-// it from budget.
+// xdsWireDescriptor takes the descriptor b, at depth, those nested in it,
+// its limit's replaces and its metadata's values from budget.
 func xdsWireDescriptor(b []byte, depth int, budget *int) error {
 	if depth > MaxXDSDepth {
 		return fmt.Errorf("descriptors nest deeper than %d levels", MaxXDSDepth)
 	}
-	if *budget--; *budget < 0 {
-		return fmt.Errorf("more than %d descriptors", MaxXDSDescriptors)
+	if err := take(budget); err != nil {
+		return err
 	}
+	return xdsWireFields(b, func(num protowire.Number, v []byte) error {
+		switch num {
+		case xdsDescriptorsField:
+			return xdsWireDescriptor(v, depth+1, budget)
+		case xdsRateLimitField:
+			return xdsWireFields(v, func(num protowire.Number, _ []byte) error {
+				if num == xdsReplacesField {
+					return take(budget)
+				}
+				return nil
+			})
+		case xdsMetadataField:
+			return xdsWireMetadata(v, false, 1, budget)
+		}
+		return nil
+	})
+}
+
+// xdsWireMetadata takes the values of the google.protobuf.Struct b (a
+// ListValue with list), at depth, from budget.
+func xdsWireMetadata(b []byte, list bool, depth int, budget *int) error {
+	if depth > MaxXDSDepth {
+		return fmt.Errorf("metadata nests deeper than %d levels", MaxXDSDepth)
+	}
+	value := func(v []byte) error {
+		if err := take(budget); err != nil {
+			return err
+		}
+		return xdsWireFields(v, func(num protowire.Number, v []byte) error {
+			switch num {
+			case xdsStructValueField:
+				return xdsWireMetadata(v, false, depth+1, budget)
+			case xdsListValueField:
+				return xdsWireMetadata(v, true, depth+1, budget)
+			}
+			return nil
+		})
+	}
+	return xdsWireFields(b, func(num protowire.Number, v []byte) error {
+		switch {
+		case list && num == xdsListValuesField:
+			return value(v)
+		case !list && num == xdsStructFieldsField:
+			return xdsWireFields(v, func(num protowire.Number, v []byte) error {
+				if num == xdsMapValueField {
+					return value(v)
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+}
+
+// xdsWireFields calls f with each length-delimited field of the message
+// b until f fails; a malformed b ends the walk without error, for the
+// decoder to refuse.
+func xdsWireFields(b []byte, f func(num protowire.Number, v []byte) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -411,13 +481,21 @@ func xdsWireDescriptor(b []byte, depth int, budget *int) error {
 		if n < 0 {
 			return nil
 		}
-		if num == xdsDescriptorsField && typ == protowire.BytesType {
+		if typ == protowire.BytesType {
 			v, _ := protowire.ConsumeBytes(b)
-			if err := xdsWireDescriptor(v, depth+1, budget); err != nil {
+			if err := f(num, v); err != nil {
 				return err
 			}
 		}
 		b = b[n:]
+	}
+	return nil
+}
+
+// take takes one element from budget.
+func take(budget *int) error {
+	if *budget--; *budget < 0 {
+		return errXDSWireBudget
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ func recount(t testing.TB, s *Store) int64 {
 		sh.mu.Lock()
 		var n int64
 		for k := range sh.m {
-			n += entryBytes(len(k))
+			n += sh.entryBytes(len(k)) // with its rate under KeepStrictest
 		}
 		n += int64(len(sh.resets)) * ResetMarkOverhead
 		for k, lg := range sh.logs {

@@ -3,6 +3,7 @@ package limiter
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,7 +35,10 @@ func TestRefundOfTheResettingChargeGivesItBack(t *testing.T) {
 		t.Skip("broke, open: for the token and leaky buckets, the sliding window log and GCRA, a refund naming the charge " +
 			"made by the resetting decision itself (Reset with Hits 3) gives nothing back (remaining 7, not 10): its instant " +
 			"is the reset's, which chargedSinceResetLocked takes for a charge before the reset; the window algorithms pass. " +
-			"It over-counts (3 hits held until they drain), never under-counts; set SLUICE_ATTACK=1 to run")
+			"It over-counts (3 hits held until they drain), never under-counts. Tried: naming the reset's instant by its epoch " +
+			"(reset+1µs) in epochLocked and decide.lua passes this test, but TestDifferentialClockSteps then differs: after a " +
+			"clock step back, limiter marks a reset of a state a later reset left fresh (its expiry is after the earlier now), " +
+			"where decide.lua had deleted the key, so only limiter renames the instant; set SLUICE_ATTACK=1 to run")
 	}
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for _, a := range Algorithms {
@@ -384,5 +388,153 @@ func TestKeepStrictestTwoPeriodsAlternating(t *testing.T) {
 			}
 			t.Logf("admitted %d in 140s", total)
 		})
+	}
+}
+
+// TestRefundsAcrossTwoResets: a key charged 3, reset, charged 2, reset
+// again, then charged 4 by others, in one window of an hour: neither
+// refund of a charge made before the second reset (its epoch since the
+// first included) gives anything back; the others' refund gives their 4
+// back; every algorithm, with and without KeepStrictest.
+func TestRefundsAcrossTwoResets(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		for _, keep := range []bool{false, true} {
+			t.Run(a.String()+"/strictest="+strconv.FormatBool(keep), func(t *testing.T) {
+				s, err := NewStore(StoreConfig{Shards: 1, KeepStrictest: keep})
+				if err != nil {
+					t.Fatal(err)
+				}
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				first := attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+				attackCheck(t, s, base, t0, 2*time.Second, 0, Reset, Window{})
+				between := attackCheck(t, s, base, t0, 3*time.Second, 2, 0, Window{})
+				attackCheck(t, s, base, t0, 5*time.Second, 0, Reset, Window{})
+				theirs := attackCheck(t, s, base, t0, 6*time.Second, 4, 0, Window{})
+				if !theirs.Allowed || theirs.Remaining != 6 {
+					t.Fatalf("the others' charge after the second reset: %+v", theirs)
+				}
+				if d := attackCheck(t, s, base, t0, 7*time.Second, 2, Refund, between.Window); d.Remaining != 6 {
+					t.Errorf("the refund of the charge between the resets (%v): remaining %d, want 6", between.Window, d.Remaining)
+				}
+				if d := attackCheck(t, s, base, t0, 8*time.Second, 3, Refund, first.Window); d.Remaining != 6 {
+					t.Errorf("the refund of the first charge: remaining %d, want 6", d.Remaining)
+				}
+				if d := attackCheck(t, s, base, t0, 9*time.Second, 4, Refund, theirs.Window); d.Remaining != 10 {
+					t.Errorf("the refund of the others' charge: remaining %d, want 10", d.Remaining)
+				}
+			})
+		}
+	}
+}
+
+// TestTheLargestKeyWithAResetMarkFitsMaxKeyBytes: the longest name and
+// key, a sliding window log under KeepStrictest, charged, reset (a
+// mark) and then charged at MaxLogEntries instants while the mark lasts,
+// in a store of MaxKeyBytes: the key is never evicted by its own growth
+// and the store stays within its bytes.
+func TestTheLargestKeyWithAResetMarkFitsMaxKeyBytes(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	s, err := NewStore(StoreConfig{Shards: 1, MaxBytes: MaxKeyBytes, KeepStrictest: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Request{Name: strings.Repeat("n", MaxNameLen), Key: strings.Repeat("k", MaxKeyLen), Limit: 2 * MaxLogEntries, Period: time.Hour, Algorithm: SlidingWindowLog}
+	attackCheck(t, s, base, t0, 0, 1, 0, Window{})
+	attackCheck(t, s, base, t0, time.Millisecond, 0, Reset, Window{})
+	for i := 0; i < MaxLogEntries+10; i++ {
+		if d := attackCheck(t, s, base, t0, time.Duration(i+2)*time.Millisecond, 1, 0, Window{}); !d.Allowed {
+			t.Fatalf("charge %d: %+v", i, d)
+		}
+		if s.Len() != 1 {
+			t.Fatalf("after %d charges the store holds %d keys", i+1, s.Len())
+		}
+	}
+	recount(t, s)
+	if st := s.Stats(); st.Evictions != 0 {
+		t.Errorf("%d evictions", st.Evictions)
+	}
+}
+
+// TestRefundAfterAResetMadeWithTheClockAhead: an owner whose clock ran an
+// hour ahead resets a key, then is set right; others charge 4 and
+// refund them, naming their charge: the charge came after the reset,
+// and its 4 should go back.
+func TestRefundAfterAResetMadeWithTheClockAhead(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") != "1" {
+		t.Skip("broke, open (over-counts only): after a reset made with the clock an hour ahead and set right, a refund of " +
+			"4 hits charged after it gives nothing back (remaining 6, not 10) for every algorithm but the fixed window (whose " +
+			"cleared window had ended at the reset on the clock ahead: no mark), until the mark lapses: the charge's instant, " +
+			"or its window's start, is before the reset's on the corrected clock; set SLUICE_ATTACK=1 to run")
+	}
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, err := NewStore(DefaultStoreConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: 10 * time.Hour, Algorithm: a}
+			attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+			attackCheck(t, s, base, t0, time.Hour, 0, Reset, Window{}) // the clock an hour ahead
+			theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
+			if !theirs.Allowed || theirs.Remaining != 6 {
+				t.Fatalf("the others' charge: %+v", theirs)
+			}
+			if d := attackCheck(t, s, base, t0, 4*time.Second, 4, Refund, theirs.Window); d.Remaining != 10 {
+				t.Errorf("the refund of the others' charge: remaining %d (window %v), want 10", d.Remaining, theirs.Window)
+			}
+		})
+	}
+}
+
+// TestRefundsNamingForgedEpochs: after a charge of 3, a reset and the
+// others' charge of 4 (named by the window's epoch since the reset),
+// refunds of 3 naming windows forged from that epoch (an epoch a
+// microsecond later or earlier, one ending later, the window
+// before or after, a Period from the reset) give nothing back, for a fixed
+// window and a sliding window counter, with and without KeepStrictest.
+func TestRefundsNamingForgedEpochs(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	us := int64(time.Microsecond)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		for _, keep := range []bool{false, true} {
+			t.Run(a.String()+"/strictest="+strconv.FormatBool(keep), func(t *testing.T) {
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				setup := func() (*Store, Window) {
+					s, err := NewStore(StoreConfig{Shards: 1, KeepStrictest: keep})
+					if err != nil {
+						t.Fatal(err)
+					}
+					attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+					attackCheck(t, s, base, t0, 2*time.Second, 0, Reset, Window{})
+					theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
+					if !theirs.Allowed || theirs.Remaining != 6 || theirs.Window.Start != t0.Add(2*time.Second).UnixNano()+us {
+						t.Fatalf("the others' charge: %+v", theirs)
+					}
+					return s, theirs.Window
+				}
+				_, epoch := setup()
+				p := int64(time.Hour)
+				start := t0.UnixNano()
+				for _, f := range []struct {
+					name string
+					w    Window
+				}{
+					{"an epoch a microsecond later", Window{epoch.Start + us, epoch.End}},
+					{"an epoch a microsecond earlier", Window{epoch.Start - us, epoch.End}},
+					{"an epoch ending a Period later", Window{epoch.Start, epoch.End + p}},
+					{"an epoch ending a microsecond later", Window{epoch.Start, epoch.End + us}},
+					{"the window before", Window{start - p, start}},
+					{"the window after", Window{start + p, start + 2*p}},
+					{"the window from the reset", Window{epoch.Start - us, epoch.Start - us + p}},
+				} {
+					s, _ := setup()
+					if d := attackCheck(t, s, base, t0, 4*time.Second, 3, Refund, f.w); d.Remaining != 6 {
+						t.Errorf("a refund of 3 naming %s %v: remaining %d, want 6", f.name, f.w, d.Remaining)
+					}
+				}
+			})
+		}
 	}
 }

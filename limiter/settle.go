@@ -81,10 +81,9 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // past its limit they count as consumption above the limit, and nothing
 // is dropped. sn, when of the store state's algorithm, is read at that
 // rate too before the two are merged, so that neither is read as
-// counting more for being written at another rate. The store's own
-// state (not itself a received copy) merged so is not marked received,
-// as Merge marks a state: the next decision keeps what it counts past its
-// limit. A store that holds no live state of the key counts none of it:
+// counting more for being written at another rate. The store's live
+// state merged so is not marked received, as Merge marks a state (or it
+// is unmarked): the next decision keeps what it counts past its limit. A store that holds no live state of the key counts none of it:
 // sn, which counts its parts, is merged as it is, and marked received.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
@@ -132,7 +131,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	// Two histories of the key that this store reads at its own state's
 	// rate: what the merge counts past the limit is consumption, not a
 	// copy to bound by the next request's limit (clampReceived).
-	own := e.algo() == sn.Algorithm && !e.isReceived()
+	own := e.algo() == sn.Algorithm
 	if e.algo() == sn.Algorithm {
 		reRate(&in, &e.state, at)
 		if mine = min(mine, consumed(&e.state, lg, &charge, at)); mine > 0 {

@@ -155,3 +155,93 @@ func TestResetMarkAcrossAClockAheadChargeOnRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepStrictestCalendarAndPeriodAlternatingOnRedis is limiter's
+// TestKeepStrictestCalendarAndPeriodAlternating on Redis: a fixed window
+// key checked every 15 minutes for three days, alternately at 5 per
+// calendar day in Pacific/Kiritimati (UTC+14) and 5 per 24h.
+func TestKeepStrictestCalendarAndPeriodAlternatingOnRedis(t *testing.T) {
+	if os.Getenv("SLUICE_ATTACK") != "1" {
+		t.Skip("broke, open, as in limiter: 5 admitted in three days, not 15: the count moves to whichever window ends " +
+			"later, and the two rates' windows never end together; set SLUICE_ATTACK=1 to run")
+	}
+	kiri, err := time.LoadLocation("Pacific/Kiritimati")
+	if err != nil {
+		t.Skip(err)
+	}
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	clock := &testClock{now: t0}
+	l := newTestLimiter(t, clock, srv.Addr())
+	l.cfg.KeepStrictest = true
+	cal := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: kiri}
+	per := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Period: 24 * time.Hour}
+	total := 0
+	for i := 0; i < 72*4; i++ {
+		clock.now = t0.Add(time.Duration(i) * 15 * time.Minute)
+		r := per
+		if i%2 == 1 {
+			r = cal
+		}
+		d, err := l.Check(ctx, r)
+		if err != nil || d.WithoutOwner {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if d.Allowed {
+			total++
+		}
+	}
+	if total < 10 {
+		t.Errorf("admitted %d in three days, want at least 10 (5 a day at either rate alone)", total)
+	}
+}
+
+// TestPeekWithAnotherRateLeavesASpentKeySpentOnRedis is limiter's test of
+// that name on Redis: a key spent at 3 per hour, reset by an admin and
+// spent again (a mark on it), peeked with every algorithm at 1,000,000 a
+// second and at 3,000,000 a calendar minute, stays spent, with and without
+// KeepStrictest.
+func TestPeekWithAnotherRateLeavesASpentKeySpentOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, strict := range []bool{false, true} {
+		for _, a := range limiter.Algorithms {
+			clock := &testClock{now: t0}
+			l := newTestLimiter(t, clock, srv.Addr())
+			l.cfg.KeepStrictest = strict
+			check := func(at time.Duration, r limiter.Request) limiter.Decision {
+				t.Helper()
+				clock.now = t0.Add(at)
+				d, err := l.Check(ctx, r)
+				if err != nil || d.WithoutOwner {
+					t.Fatalf("%v: %+v %v", a, d, err)
+				}
+				return d.Decision
+			}
+			own := limiter.Request{Name: "peek", Key: a.String(), Hits: 3, Limit: 3, Period: time.Hour, Algorithm: a}
+			check(time.Second, own)
+			reset := own
+			reset.Behavior = limiter.Reset
+			if d := check(2*time.Second, reset); !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("%v: the reset that spends the key again: %+v", a, d)
+			}
+			var peeks []limiter.Request
+			for _, b := range limiter.Algorithms {
+				// 1,000,000 a second: Redis's GCRA admits no more than a
+				// hit a microsecond.
+				peeks = append(peeks, limiter.Request{Name: "peek", Key: a.String(), Limit: 1_000_000, Burst: 1_000_000, Period: time.Second, Algorithm: b})
+			}
+			peeks = append(peeks, limiter.Request{Name: "peek", Key: a.String(), Limit: 3_000_000, Calendar: limiter.Minute, Algorithm: limiter.FixedWindow})
+			for i, p := range peeks {
+				check(3*time.Second+time.Duration(i)*time.Millisecond, p)
+				spent := own
+				spent.Hits = 1
+				if d := check(4*time.Second+time.Duration(i)*time.Millisecond, spent); d.Allowed {
+					t.Errorf("%v (strictest %v): after a peek as %v %v, the spent key admitted: %+v", a, strict, p.Algorithm, p.Calendar, d)
+				}
+			}
+		}
+	}
+}

@@ -361,7 +361,13 @@ func (c *Cluster) Heal() {
 		if len(seeds) == 0 {
 			continue
 		}
-		if _, err := nd.Join(seeds...); err != nil {
+		// A join is a push/pull with each seed, which a loaded machine
+		// may time out with every one of them: it is tried again.
+		err := WaitFor(c.opts.wait, func() error {
+			_, err := nd.Join(seeds...)
+			return err
+		})
+		if err != nil {
 			c.t.Fatalf("testcluster: Heal: %s rejoins: %v", nd.Name(), err)
 		}
 	}

@@ -7,14 +7,21 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/envoyrls"
 	"github.com/sluicehq/sluice/internal/fakeclock"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // Many callers of the daemon's Envoy API at once, each request of
@@ -194,4 +201,55 @@ func TestAttackHTTPSeriesBounded(t *testing.T) {
 		t.Errorf("%d series of sluice_http_requests_total after 480 odd requests", series)
 	}
 	t.Logf("%d series", series)
+}
+
+// An xDS server sends the daemon a response over 64 MiB, which cannot be
+// read (so cannot be NACKed) however often it is sent again: it counts
+// once in sluice_envoy_config_reload_errors_total, the configuration
+// before it stays in force and the daemon ready, and the next valid one
+// is taken.
+func TestAttackEnvoyXDSOversizedResponses(t *testing.T) {
+	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	addr, _ := serveXDS(t, cache, "127.0.0.1:0")
+	cfg := testConfig("xds-oversized")
+	cfg.EnvoyXDSAddr, cfg.EnvoyXDSNodeID = addr, "sluice-xds"
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now), WithEnvoyXDS(func(c *envoyrls.XDSConfig) {
+		c.MinBackoff, c.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	}))
+	base := "http://" + d.HTTPAddr()
+	snapshotOf(t, cache, "1", 2)
+	testwait.For(t, "the daemon to be ready", d.Ready)
+	client := rlsClient(t, d.GRPCAddr())
+	call := func() string {
+		t.Helper()
+		resp, err := client.ShouldRateLimit(context.Background(), rlsRequest("api", []string{"user=u"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rlsSummary(resp)
+	}
+	set := func(version string, conf *rlconfv3.RateLimitConfig) {
+		t.Helper()
+		snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: {conf}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cache.SetSnapshot(context.Background(), "sluice-xds", snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errorsTotal := func() float64 { return scrape(t, base)["sluice_envoy_config_reload_errors_total"] }
+
+	set("2", &rlconfv3.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlconfv3.RateLimitDescriptor{
+		{Key: "user", Value: strings.Repeat("v", envoyrls.MaxXDSMessageBytes)}}})
+	testwait.For(t, "the oversized response counted", func() bool { return errorsTotal() == 1 })
+	if got := call(); got != "OK; OK r=1" || !d.Ready() {
+		t.Errorf("after the oversized response: %s, ready %v", got, d.Ready())
+	}
+
+	snapshotOf(t, cache, "3", 5)
+	testwait.For(t, "version 3", func() bool { return d.envoyXDS.Stats().Version == "3" })
+	if got := call(); got != "OK; OK r=3" || errorsTotal() != 1 {
+		t.Errorf("after version 3: %s, %v errors", got, errorsTotal())
+	}
 }

@@ -282,6 +282,10 @@ type Config struct {
 	// zero is this build's (thisProtocol). Tests set it to stand in for
 	// other builds.
 	protocol protocolRange
+
+	// beforeHandoffPass, when set, is called by the hand-off loop before
+	// each pass reads the ring; tests use it to hold passes back.
+	beforeHandoffPass func()
 }
 
 // protocolRange returns the range the node advertises.

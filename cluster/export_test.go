@@ -17,3 +17,7 @@ func (n *Node) HeldHits(name, key string) int64 {
 	held, _ := n.grants.heldLocked(hash)
 	return held
 }
+
+// SetBeforeHandoffPass makes a node built from c call f before each of
+// its hand-off passes reads the ring.
+func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }

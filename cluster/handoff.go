@@ -50,6 +50,14 @@ type transfers struct {
 	// prev is the ring membership the last hand-off pass planned against;
 	// only the hand-off loop touches it.
 	prev []ring.Member
+	// adopted holds the ring memberships this node adopted since the last
+	// hand-off pass took them (noteAdopted, takeAdopted), each once, at
+	// most maxAdopted: a pass that coalesces several ring changes plans
+	// from each of them too, since this node may have decided keys as
+	// their owner under one of them (a partition that heals before the
+	// pass runs: the ring is the previous pass's again).
+	adoptedMu sync.Mutex
+	adopted   [][]ring.Member
 	// outbox carries hand-off states, copies and confirmations to each
 	// peer.
 	outbox *outbox
@@ -97,6 +105,38 @@ func (t *transfers) wakeHandoff() {
 
 // maxForeign bounds the hand-off states held for other nodes.
 const maxForeign = 100_000
+
+// maxAdopted bounds the memberships a hand-off pass plans from beside its
+// previous one; beyond it the oldest are dropped.
+const maxAdopted = 32
+
+// noteAdopted records members, a membership the ring adopted, for the
+// next hand-off pass.
+func (t *transfers) noteAdopted(members []ring.Member) {
+	t.adoptedMu.Lock()
+	defer t.adoptedMu.Unlock()
+	for _, ms := range t.adopted {
+		if slices.Equal(ms, members) {
+			return
+		}
+	}
+	if len(t.adopted) >= maxAdopted {
+		t.adopted = slices.Delete(t.adopted, 0, 1)
+	}
+	t.adopted = append(t.adopted, members)
+}
+
+// takeAdopted returns the memberships noteAdopted recorded other than
+// prev and cur, and forgets them all.
+func (t *transfers) takeAdopted(prev, cur []ring.Member) [][]ring.Member {
+	t.adoptedMu.Lock()
+	defer t.adoptedMu.Unlock()
+	via := slices.DeleteFunc(t.adopted, func(ms []ring.Member) bool {
+		return slices.Equal(ms, prev) || slices.Equal(ms, cur)
+	})
+	t.adopted = nil
+	return via
+}
 
 // foreignState is a hand-off state received from the node named from for a
 // key this node's ring gives another node.
@@ -344,21 +384,26 @@ func (n *Node) byOwner(states []limiter.Snapshot) (out map[string][]limiter.Snap
 	return out, later
 }
 
-// handoffPass plans against the membership of the previous pass and the
-// current one and queues, for each other member, the states of the keys
-// that moved to it (and states received for another node's keys, to their
-// owners now), then the confirmation of the current membership: the
-// outbox sends a member's confirmation only after its states.
+// handoffPass plans against the membership of the previous pass, those
+// the ring adopted since, and the current one and queues, for each other
+// member, the states of the keys that moved to it (and states received for
+// another node's keys, to their owners now), then the confirmation of the
+// current membership: the outbox sends a member's confirmation only after
+// its states.
 //
 // The pass begins with a barrier: every decision made as owner under the
 // previous ring has ended, and later ones see the current ring, so the
 // states it reads hold everything this node admitted as their owner.
 func (n *Node) handoffPass(received []limiter.Snapshot) {
+	if f := n.cfg.beforeHandoffPass; f != nil {
+		f()
+	}
 	cur := n.ring.Members()
 	prev := n.transfers.prev
+	via := n.transfers.takeAdopted(prev, cur)
 	handoff, later := n.byOwner(received)
 	n.holdFor(later)
-	if slices.Equal(prev, cur) {
+	if slices.Equal(prev, cur) && len(via) == 0 {
 		for to, states := range handoff {
 			n.transfers.outbox.handOff(to, states)
 		}
@@ -374,10 +419,20 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 		if err == nil {
 			newR, err = n.ringOf(cur)
 		}
+		viaR := make([]*ring.Ring, 0, len(via))
+		for _, ms := range via {
+			if err != nil || len(ms) == 0 {
+				continue
+			}
+			var r *ring.Ring
+			if r, err = n.ringOf(ms); err == nil {
+				viaR = append(viaR, r)
+			}
+		}
 		if err != nil {
 			n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
 		} else {
-			moved, replica := n.planHandoff(oldR, newR)
+			moved, replica := n.planHandoff(oldR, newR, viaR)
 			for to, states := range moved {
 				n.standins.attach(states)
 				handoff[to] = append(handoff[to], states...)
@@ -422,28 +477,48 @@ func (n *Node) ringOf(members []ring.Member) (*ring.Ring, error) {
 }
 
 // planHandoff returns, by member name, the states to hand off to new owners
-// and those to copy to new replicas, going from oldR to newR:
+// and those to copy to new replicas, going from oldR and the rings of
+// via, adopted in between, to newR:
 //   - a key whose owner changed and that this node owned or held as a
-//     replica in oldR, and does not own in newR, goes to its new owner;
+//     replica in oldR or in a ring of via, and does not own in newR, goes
+//     to its new owner;
 //   - a key this node owns in newR goes to its replicas in newR that were
 //     not among its owner and replicas in oldR.
-func (n *Node) planHandoff(oldR, newR *ring.Ring) (handoff, replica map[string][]limiter.Snapshot) {
+func (n *Node) planHandoff(oldR, newR *ring.Ring, via []*ring.Ring) (handoff, replica map[string][]limiter.Snapshot) {
 	handoff, replica = map[string][]limiter.Snapshot{}, map[string][]limiter.Snapshot{}
 	self, r := n.cfg.NodeName, n.cfg.Replicas
 	olds, news := newOwnersCache(oldR, r), newOwnersCache(newR, r)
+	vias := make([]*ownersCache, len(via))
+	for i, v := range via {
+		vias[i] = newOwnersCache(v, r)
+	}
+	// moved reports whether the key of h, of owners now in newR, had
+	// another owner in c, this node among its owners and replicas there.
+	moved := func(c *ownersCache, h uint64, now []ring.Member) bool {
+		was := c.get(h)
+		return len(was) > 0 && was[0].Name != now[0].Name && hasMember(was, self)
+	}
 	n.store.Range(n.now(), func(s limiter.Snapshot) bool {
 		h := ring.RouteHash(s.Name, s.Key)
-		was, now := olds.get(h), news.get(h)
-		switch {
-		case now[0].Name == self:
+		now := news.get(h)
+		if now[0].Name == self {
+			was := olds.get(h)
 			for _, m := range now[1:] {
 				if !hasMember(was, m.Name) {
 					replica[m.Name] = append(replica[m.Name], s)
 				}
 			}
-		case was[0].Name == now[0].Name: // owner unchanged
-		case hasMember(was, self):
+			return true
+		}
+		if moved(olds, h, now) {
 			handoff[now[0].Name] = append(handoff[now[0].Name], s)
+			return true
+		}
+		for _, c := range vias {
+			if moved(c, h, now) {
+				handoff[now[0].Name] = append(handoff[now[0].Name], s)
+				break
+			}
 		}
 		return true
 	})

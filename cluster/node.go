@@ -608,6 +608,8 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.standins.update(serfMembers, prev, members, n.ring.Config())
 	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
+	} else {
+		n.transfers.noteAdopted(n.ring.Members())
 	}
 	n.standins.publish(members, n.ring.Config())
 	n.transfers.wakeHandoff()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,5 +143,67 @@ func TestPartitionMergeKeepsLarger(t *testing.T) {
 	t.Logf("after healing node 1 admits %d more: %d in all for a limit of 100 (80 consumed before healing)", more, 80+more)
 	if more != 20 {
 		t.Fatalf("node 1 admits %d more after 80 were consumed of 100, want 20", more)
+	}
+}
+
+// A partition that heals before node 0's hand-off loop has planned
+// against the ring it had while cut off: the loop, held back from the
+// partition on, runs its next pass on the healed ring, which is the one
+// it planned against before. The 30 hits node 0 admitted alone, standing
+// in for node 1, still reach node 1 with their stand-in part, and node 1
+// admits 950 of 1000 in all. (A pass that planned only from the ring of
+// its previous pass found nothing moved, and node 0's state stayed with
+// it: node 1 admitted 30 more than the limit.)
+func TestPartitionHealedBeforeHandoffPass(t *testing.T) {
+	noLeaksAfter(t)
+	skipNearDayEnd(t)
+	var (
+		hold    atomic.Bool
+		release = make(chan struct{})
+	)
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		if i == 0 {
+			cluster.SetBeforeHandoffPass(cfg, func() {
+				if hold.Load() {
+					<-release
+				}
+			})
+		}
+	}))
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // before the cluster closes: the loop must not stay held
+	req := leaseKeyOwnedBy(t, c, "healedfirst", limiter.FixedWindow, 1000, 1)
+	admitted := checkN(c.Node(1), req, 20)
+
+	hold.Store(true)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	admitted += checkN(c.Node(0), req, 30)
+	if got := c.Node(0).Stats().Settle.StandIn; got != 30 {
+		t.Fatalf("node 0 recorded %d hits as a stand-in, want 30", got)
+	}
+	// Node 0's passes wait until its ring is the healed one again.
+	healed := make(chan error, 1)
+	go func() {
+		healed <- testcluster.WaitFor(time.Minute, func() error {
+			if ms := c.Node(0).RingMembers(); len(ms) != 3 {
+				return fmt.Errorf("node 0 routes over %d members", len(ms))
+			}
+			return nil
+		})
+		open()
+	}()
+	c.Heal()
+	if err := <-healed; err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+	want := req.Limit - admitted
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{req}, want) }); err != nil {
+		t.Error(err)
+	}
+	if more := int64(admitUntilDenied(t, c.Node(1), req, int(req.Limit))); more != want {
+		t.Errorf("node 1 admits %d more after %d admitted of %d, want %d", more, admitted, req.Limit, want)
 	}
 }

@@ -265,13 +265,16 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
+	// Told with the ownership, read before and after it: a rebuild
+	// publishes the ring with the cut-off members before it adopts the
+	// new ring and drops them after, so one of the two reads holds the
+	// cut-off members of the ring the key was owned by. The decision
+	// belongs to that ring's history (the hand-off pass waits for it).
+	standingIn := n.standins.standingIn(hash)
 	if st, _ := n.handover.stateOf(hash); st != owned {
 		return sluice.Decision{}, nil, false
 	}
-	// Told with the ownership, before the ring with the cut-off members
-	// can change back: a decision under the ring it was owned by belongs
-	// to that ring's history, and the hand-off pass waits for it.
-	standingIn := n.standins.standingIn(hash)
+	standingIn = standingIn || n.standins.standingIn(hash)
 	held := false
 	if n.grants.active() {
 		d, err, held = n.decideLeased(req, hash)

@@ -180,10 +180,11 @@ func (n *Node) settleHere(req *limiter.Request, hash uint64) bool {
 	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
+	standingIn := n.standins.standingIn(hash) // before and after the ownership, as decideOwned
 	if st, _ := n.handover.stateOf(hash); st != owned {
 		return false
 	}
-	if n.standins.standingIn(hash) {
+	if standingIn || n.standins.standingIn(hash) {
 		n.standins.record(req, req.Hits)
 	}
 	return true

@@ -145,17 +145,20 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	}
 	old := t.failed
 	t.failed = failed
-	t.store(members, cfg, old, failed)
+	// Members back from a partition are among members: the ring over
+	// members alone then tells the decisions still made under the ring in
+	// force, which routes around them, as stand-in decisions.
+	t.store(members, cfg, len(old) > 0 || len(failed) > 0, old, failed)
 }
 
 // publish publishes the ring over members and the failed members.
 func (t *standins) publish(members []ring.Member, cfg ring.Config) {
-	t.store(members, cfg, t.failed)
+	t.store(members, cfg, false, t.failed)
 }
 
 // store publishes the ring over members and the members of failed that
-// are not among them; nil when there are none.
-func (t *standins) store(members []ring.Member, cfg ring.Config, failed ...map[string]ring.Member) {
+// are not among them; nil when there are none, unless keep.
+func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, failed ...map[string]ring.Member) {
 	all := slices.Clone(members)
 	in := map[string]bool{}
 	for _, m := range members {
@@ -169,7 +172,7 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, failed ...map[s
 			}
 		}
 	}
-	if len(all) == len(members) {
+	if len(all) == len(members) && !keep {
 		t.full.Store(nil)
 		return
 	}

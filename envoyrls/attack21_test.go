@@ -493,3 +493,39 @@ func TestAttackOverMarkUnreachable(t *testing.T) {
 		{name: "check, the mark unread", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 0/10/minute t=40s"},
 	})
 }
+
+// A descriptor's hits_addend is a uint64 of Envoy's choosing: near its
+// maximum, the count before plus the hits must not wrap around to a
+// figure under the limit. Such a request is over (it never fits) and
+// leaves the window full and past the limit, whatever the window held
+// before, and its statistics count every hit over or between the
+// threshold and the limit, none within.
+func TestAttackHitsAddendOverflow(t *testing.T) {
+	const max = "18446744073709551615"
+	const m = "/10/minute t=40s"
+	for _, stop := range []bool{false, true} {
+		e := newEnv(t, []string{hitsConfig}, func(c *Config) { c.StopIncrementOverLimit = stop })
+		e.run("hits", []step{
+			{name: "the maximum on an empty window", descs: descs(desc("user=a", "hits="+max)), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "5 hits", descs: descs(desc("user=b", "hits=5")), want: "OK; OK 5" + m},
+			{name: "the maximum after 5", descs: descs(desc("user=b", "hits="+max)), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "the window is past the limit", descs: descs(desc("user=b", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "the maximum less 4 after 5", descs: descs(desc("user=c", "hits=5"), desc("user=d", "hits=5")), want: "OK; OK 5" + m + "; OK 5" + m},
+			{name: "", descs: descs(desc("user=c", "hits=18446744073709551611"), desc("user=d", "hits=1")), want: ""},
+			{name: "c is past the limit", descs: descs(desc("user=c", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
+		})
+		hits := e.takeHits()
+		wantOver := Hit{Domain: "hits", Key: "hits.user", TotalHits: 1<<64 - 1, OverLimit: 1<<64 - 1 - 10 + 5, NearLimit: 2}
+		if hits[2] != wantOver {
+			t.Errorf("stop %v: hit of the maximum after 5: %+v, want %+v", stop, hits[2], wantOver)
+		}
+		resp := e.call("hits", 0, desc("user=d", "hits=0"))
+		want := "OK; OK 4" + m // d charged beside c over
+		if stop {
+			want = "OK; OK 5" + m
+		}
+		if got := summary(resp); got != want {
+			t.Errorf("stop %v: d after c's maximum: %s, want %s", stop, got, want)
+		}
+	}
+}

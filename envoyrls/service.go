@@ -393,8 +393,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		if r.Err != nil {
 			return nil, limiterError(r.Err)
 		}
-		before, _ := it.counts(r.Decision.Decision)
-		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
+		_, after := it.counts(r.Decision.Decision)
+		it.over = after > uint64(it.limit.RequestsPerUnit)
 		if it.mark >= 0 {
 			// Full and marked: a request went past the limit in this
 			// window (a reset of the key empties the window). The mark
@@ -472,7 +472,9 @@ func (s *Service) markRequest(it *item, hits int64) limiter.Request {
 
 // counts returns the hits the window of it held before and after its
 // request, as envoyproxy/ratelimit's counter would: after is before plus
-// the descriptor's hits, whether admitted or not.
+// the descriptor's hits, whether admitted or not, at most MaxUint64 (a
+// hits_addend is Envoy's uint64: the sum must not wrap to a figure under
+// the limit).
 func (it *item) counts(d limiter.Decision) (before, after uint64) {
 	limit := uint64(it.limit.RequestsPerUnit)
 	left := uint64(max(d.Remaining, 0))
@@ -480,6 +482,9 @@ func (it *item) counts(d limiter.Decision) (before, after uint64) {
 	if d.Allowed && it.hits > 0 {
 		// The request's hits (at most the limit) are in used.
 		used -= min(it.hits, limit, used)
+	}
+	if it.hits > math.MaxUint64-used {
+		return used, math.MaxUint64
 	}
 	return used, used + it.hits
 }
@@ -769,8 +774,8 @@ func (s *Service) hit(h *Hit, it *item, domain string, before, after uint64) {
 	switch {
 	case after > limit && before >= limit:
 		h.OverLimit = it.hits
-	case after > limit:
-		h.OverLimit = after - limit
+	case after > limit: // before < limit: the hits beyond it, without after's bound
+		h.OverLimit = it.hits - (limit - before)
 		h.NearLimit = limit - max(near, before)
 	default:
 		h.WithinLimit = it.hits

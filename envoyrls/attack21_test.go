@@ -529,3 +529,71 @@ func TestAttackHitsAddendOverflow(t *testing.T) {
 		}
 	}
 }
+
+// Shadow mode under every combination of the settings that change what
+// an over descriptor does (StopIncrementOverLimit, global ShadowMode,
+// global QuotaMode), with the response headers on: a shadow_mode
+// descriptor over is OK with none left, never makes a request over nor
+// counts as a failed quota, yet stops the others' charges with
+// StopIncrementOverLimit as upstream's Redis cache does (it reads the
+// counter before the status turns OK); a quota_mode descriptor over is
+// OVER_LIMIT but makes the request over only when every quota is;
+// global shadow mode turns an over request OK, and only those are
+// reported; the headers carry the first least remaining unless an
+// enforced descriptor is over. Checks of 0 after the window went past
+// the limit answer alike.
+func TestAttackShadowModeEverySetting(t *testing.T) {
+	const config = `domain: sq
+descriptors:
+  - {key: s, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: q, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: u, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: z, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
+`
+	const s, q, u, z = "/2/minute t=40s", "/3/minute t=40s", "/10/minute t=40s", "/0/minute t=40s"
+	headers := func(limit int, remaining int) string {
+		return fmt.Sprintf("; X-RateLimit-Limit: %d; X-RateLimit-Remaining: %d; X-RateLimit-Reset: 40", limit, remaining)
+	}
+	for _, stop := range []bool{false, true} {
+		for _, gShadow := range []bool{false, true} {
+			for _, gQuota := range []bool{false, true} {
+				name := fmt.Sprintf("stop=%v,shadow=%v,quota=%v", stop, gShadow, gQuota)
+				var shadowed int
+				e := newEnv(t, []string{config}, func(c *Config) {
+					c.StopIncrementOverLimit, c.ShadowMode, c.QuotaMode = stop, gShadow, gQuota
+					c.Headers = XRateLimitHeaders()
+					c.OnGlobalShadow = func(string) { shadowed++ }
+				})
+				// u's remaining after the steps that charge it beside a
+				// descriptor over: uncharged with stop.
+				u1, u2 := "OK 9"+u, "OK 8"+u
+				if stop {
+					u1, u2 = "OK 10"+u, "OK 10"+u
+				}
+				// q over alone among the quotas makes the request over
+				// without global quota mode (then u and s are quotas too,
+				// and not over).
+				overall, turned := "OVER_LIMIT", 0
+				if gQuota {
+					overall = "OK"
+				} else if gShadow {
+					overall, turned = "OK", 2
+				}
+				e.run("sq", []step{
+					{name: name + ": s over in shadow mode", descs: descs(desc("s=1", "hits=3"), desc("u=1")), want: "OK; OK 0" + s + "; " + u1 + headers(2, 0)},
+					{name: name + ": q over", descs: descs(desc("q=1", "hits=4"), desc("u=1")), want: overall + "; OVER 0" + q + "; " + u2 + headers(3, 0)},
+					{name: name + ": checks of 0", descs: descs(desc("s=1", "hits=0"), desc("q=1", "hits=0"), desc("u=1", "hits=0")),
+						want: overall + "; OK 0" + s + "; OVER 0" + q + "; " + u2 + headers(2, 0)},
+					{name: name + ": a limit of 0 in shadow mode", descs: descs(desc("z=1"), desc("u=2")), want: "OK; OK 0" + z + "; " + map[bool]string{false: "OK 9", true: "OK 10"}[stop] + u + headers(0, 0)},
+				})
+				if shadowed != turned {
+					t.Errorf("%s: %d requests turned OK by global shadow mode, want %d", name, shadowed, turned)
+				}
+				hits := e.takeHits()
+				if want := (Hit{Domain: "sq", Key: "sq.s", TotalHits: 3, OverLimit: 1, NearLimit: 1, ShadowMode: 1}); hits[0] != want {
+					t.Errorf("%s: hit of s over: %+v, want %+v", name, hits[0], want)
+				}
+			}
+		}
+	}
+}

@@ -315,7 +315,11 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		step = &resetMark{at: now, until: stepMarkUntil(req, now)}
 	}
 	if found && req.chargedRefund() {
-		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); !ok {
+		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); ok && w != req.Charged && req.chargedAt() && lg != nil && !lg.holds(w.Start) {
+			// A log's charge named by the reset's epoch is at the
+			// reset's instant or one microsecond after it: both hold
+			// only hits charged after the reset.
+		} else if !ok {
 			p := *req
 			p.Hits = 0 // cleared by the reset: gives nothing back
 			req = &p

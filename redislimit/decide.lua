@@ -884,6 +884,12 @@ if refundMark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or charg
   local s, e = nil, nil
   if chargedStart == m + 1 and chargedStart == chargedEnd then
     s, e = m, m
+    if algo == SLOG and st.algo == SLOG then
+      -- A log's charge so named is at the reset's instant or one
+      -- microsecond after it: both hold only hits charged after it.
+      local i = firstEntry(function(j) return entry(j) >= m end)
+      if i > logN or entry(i) ~= m then s, e = chargedStart, chargedEnd end
+    end
   elseif chargedStart == m + 1 then
     s, e = windowBounds(m)
     if e ~= chargedEnd then s = nil end

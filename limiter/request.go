@@ -308,6 +308,10 @@ type Request struct {
 	// epoch of the window that refunds of earlier charges do not reach;
 	// a charge at the reset's own instant made after it (a Reset with
 	// Hits) names the instant one microsecond after the reset alike. A
+	// charge made after a reset at an instant before it (the reset was
+	// made with the clock ahead) names [instant, reset+1µs), and one in a
+	// window that ended by the reset names that window ending at
+	// reset+1µs: charges before the reset name neither. A
 	// decision that finds the key's state written after its now (the
 	// clock stepped back) reads it as written at now, and marks the key
 	// as a reset at now does: what the state counts then are charges a

@@ -207,6 +207,61 @@ func TestRefundOfAChargeAMicrosecondAfterAReset(t *testing.T) {
 	})
 }
 
+// TestRefundsAcrossAResetMadeAhead: a key charged (3 at 30 minutes, on a
+// clock ahead, or 9 at 1s, on a clock right), reset on a clock ahead
+// while the charge still counts (at 40 and 50 minutes), then, with the
+// clock set right, charged 4 by others: the refund of the first charge
+// gives nothing back, the others' gives their 4 back; and after a Reset
+// with Hits 2 made ahead, the others' 4 and the reset's 2 go back (but
+// for the log, whose entry of the reset a step back merged into the
+// others' instant: it gives the reset's 2 back to no one).
+func TestRefundsAcrossAResetMadeAhead(t *testing.T) {
+	for _, c := range []struct {
+		first, reset time.Duration
+		hits         int64
+	}{{30 * time.Minute, 40 * time.Minute, 3}, {time.Second, 50 * time.Minute, 9}} {
+		t.Run("charged at "+c.first.String(), func(t *testing.T) {
+			markTrace(t, []markStep{
+				{c.first, c.hits, 0, noRefund},
+				{c.reset, 0, Reset, noRefund},
+				{3 * time.Second, 4, 0, noRefund},
+				{4 * time.Second, c.hits, Refund, 0},
+				{4 * time.Second, 4, Refund, 2},
+			}, func(t *testing.T, a Algorithm, d []Decision) {
+				if !d[2].Allowed || d[2].Remaining != 6 {
+					t.Fatalf("the others' charge: %+v", d[2])
+				}
+				if d[3].Remaining != 6 {
+					t.Errorf("the refund of the charge the reset cleared (%v): remaining %d, want 6", d[0].Window, d[3].Remaining)
+				}
+				if d[4].Remaining != 10 {
+					t.Errorf("the others' refund (%v): remaining %d, want 10", d[2].Window, d[4].Remaining)
+				}
+			})
+		})
+	}
+	t.Run("a reset with hits", func(t *testing.T) {
+		markTrace(t, []markStep{
+			{time.Second, 5, 0, noRefund},
+			{50 * time.Minute, 2, Reset, noRefund},
+			{3 * time.Second, 4, 0, noRefund},
+			{4 * time.Second, 4, Refund, 2},
+			{4 * time.Second, 2, Refund, 1},
+		}, func(t *testing.T, a Algorithm, d []Decision) {
+			if !d[2].Allowed || d[2].Remaining != 4 {
+				t.Fatalf("the others' charge: %+v", d[2])
+			}
+			want := int64(10)
+			if a == SlidingWindowLog {
+				want = 8
+			}
+			if d[3].Remaining != 8 || d[4].Remaining != want {
+				t.Errorf("the refunds of 4 (%v) and 2 (%v): remaining %d and %d, want 8 and %d", d[2].Window, d[1].Window, d[3].Remaining, d[4].Remaining, want)
+			}
+		})
+	})
+}
+
 // TestResetMarkAcrossAClockAheadReset: after a charge of 3 and a reset, a
 // second reset with the clock two hours ahead finds the key fresh on that
 // clock and drops the mark; once the clock is set right, the refund of

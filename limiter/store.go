@@ -521,11 +521,17 @@ func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64, step
 	if !ok {
 		return w, true
 	}
-	if w.Start == m.at+epochAfter {
-		if req.chargedAt() {
-			return Window{m.at, m.at}, true
-		}
+	switch {
+	case w.Start == m.at+epochAfter && req.chargedAt():
+		return Window{m.at, m.at}, true
+	case w.Start == m.at+epochAfter:
 		if start, end := windowBounds(req, m.at); end == w.End {
+			return Window{start, end}, true
+		}
+	case w.End == m.at+epochAfter && w.Start < m.at && req.Algorithm.instantAlgorithm():
+		return Window{w.Start, w.Start}, true
+	case w.End == m.at+epochAfter && w.Start < m.at:
+		if start, end := windowBounds(req, w.Start); start == w.Start && end <= m.at {
 			return Window{start, end}, true
 		}
 	}
@@ -546,8 +552,17 @@ func (sh *shard) epochLocked(e *entry, w *Window, now int64) {
 		// A charge at the reset's instant, made after it (a Reset with
 		// Hits, say): its instant's epoch since the reset.
 		w.Start, w.End = m.at+epochAfter, m.at+epochAfter
-	case w.Start != w.End && w.Start <= m.at && m.at+epochAfter < w.End:
+	case w.Start == w.End && w.Start < m.at:
+		// A charge made after a reset at an instant before it (the
+		// reset was made with the clock ahead): the instant, ending at
+		// the reset's epoch.
+		w.End = m.at + epochAfter
+	case w.Start <= m.at && m.at+epochAfter < w.End:
 		w.Start = m.at + epochAfter
+	case w.End <= m.at:
+		// A window that ended by the reset, on the clock it was made
+		// with: the window, ending at the reset's epoch.
+		w.End = m.at + epochAfter
 	}
 }
 

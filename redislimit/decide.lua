@@ -893,6 +893,14 @@ if refundMark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or charg
   elseif chargedStart == m + 1 then
     s, e = windowBounds(m)
     if e ~= chargedEnd then s = nil end
+  elseif chargedEnd == m + 1 and chargedStart < m and (hasBurst(algo) or algo == SLOG) then
+    -- A charge made after a reset at an instant before it (the reset
+    -- was made with the clock ahead).
+    s, e = chargedStart, chargedStart
+  elseif chargedEnd == m + 1 and chargedStart < m then
+    -- A window that ended by the reset on the clock it was made with.
+    local ws, we = windowBounds(chargedStart)
+    if ws == chargedStart and we and we <= m then s, e = ws, we end
   end
   if s then
     chargedStart, chargedEnd = s, e
@@ -1008,8 +1016,16 @@ end
 if mark and (windowStart ~= 0 or windowEnd ~= 0) then
   if windowStart == windowEnd and windowStart == mark[1] then
     windowStart, windowEnd = mark[1] + 1, mark[1] + 1
-  elseif windowStart ~= windowEnd and windowStart <= mark[1] and mark[1] + 1 < windowEnd then
+  elseif windowStart == windowEnd and windowStart < mark[1] then
+    -- A charge made after a reset at an instant before it (the reset
+    -- was made with the clock ahead): the instant, ending at the
+    -- reset's epoch.
+    windowEnd = mark[1] + 1
+  elseif windowStart <= mark[1] and mark[1] + 1 < windowEnd then
     windowStart = mark[1] + 1
+  elseif windowEnd <= mark[1] then
+    -- A window that ended by the reset, on the clock it was made with.
+    windowEnd = mark[1] + 1
   end
 end
 

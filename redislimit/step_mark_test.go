@@ -183,6 +183,30 @@ func TestClockStepMarksOnRedis(t *testing.T) {
 			}
 		})
 	})
+	for _, c := range []struct {
+		first, reset time.Duration
+		hits         int64
+	}{{30 * time.Minute, 40 * time.Minute, 3}, {time.Second, 50 * time.Minute, 9}} {
+		t.Run("a reset made ahead, charged at "+c.first.String(), func(t *testing.T) {
+			markTrace(t, srv, []markStep{
+				{c.first, c.hits, 0, noRefund},
+				{c.reset, 0, limiter.Reset, noRefund},
+				{3 * time.Second, 4, 0, noRefund},
+				{4 * time.Second, c.hits, limiter.Refund, 0},
+				{4 * time.Second, 4, limiter.Refund, 2},
+			}, func(t *testing.T, d []limiter.Decision) {
+				if !d[2].Allowed || d[2].Remaining != 6 {
+					t.Fatalf("the others' charge: %+v", d[2])
+				}
+				if d[3].Remaining != 6 {
+					t.Errorf("the refund of the charge the reset cleared (%v): remaining %d, want 6", d[0].Window, d[3].Remaining)
+				}
+				if d[4].Remaining != 10 {
+					t.Errorf("the others' refund (%v): remaining %d, want 10", d[2].Window, d[4].Remaining)
+				}
+			})
+		})
+	}
 }
 
 // TestResetMarkAcrossAClockAheadResetOnRedis is limiter's

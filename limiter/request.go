@@ -306,8 +306,10 @@ type Request struct {
 	// window that holds the reset is named, by the charges made in it
 	// after the reset, with Start one microsecond after the reset, an
 	// epoch of the window that refunds of earlier charges do not reach.
-	// The mark stays on the node that reset the key: a Snapshot does not
-	// carry it.
+	// The mark travels with the key's state (Snapshot.ResetAt and
+	// ResetUntil): to a new owner, to replicas and to the state file,
+	// and a store that merges it keeps the later of its own and the
+	// received one.
 	//
 	// A zero Charged refunds as the key's state reads now (see Refund),
 	// and only Refund takes one.

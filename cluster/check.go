@@ -272,6 +272,18 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	// can change back: a decision under the ring it was owned by belongs
 	// to that ring's history, and the hand-off pass waits for it.
 	standingIn := n.standins.standingIn(hash)
+	// A stand-in's hits are recorded, or not admitted: its entry is
+	// reserved before the decision.
+	counted := standingIn && req.Hits > 0 && req.Behavior&(limiter.Reset|limiter.Refund) == 0
+	if counted && !n.standins.reserve(req) {
+		if err := req.Validate(); err != nil {
+			return sluice.Decision{}, err, true
+		}
+		n.standins.refused.Add(1)
+		n.local.Add(1)
+		now := n.now()
+		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: now.Add(n.cfg.DenyRetryAfter)}, Owner: n.cfg.NodeName}, nil, true
+	}
 	held := false
 	if n.grants.active() {
 		d, err, held = n.decideLeased(req, hash)
@@ -279,15 +291,19 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	if !held {
 		d, err = n.decideLocal(req)
 	}
+	if counted {
+		var hits int64
+		if err == nil && d.Allowed {
+			hits = req.Hits
+		}
+		n.standins.record(req, hits)
+	}
 	if err == nil {
 		if req.Behavior&limiter.Reset != 0 && !deferred(req.Algorithm) && n.grants.active() {
 			// The Reset's decision says what is left after them.
 			d.Remaining = max(d.Remaining-n.grants.rechargeReset(n.store, hash, req, n.now()), 0)
 		}
 		n.resetReplicas(req)
-		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && standingIn {
-			n.standins.record(req, req.Hits)
-		}
 	}
 	return d, err, true
 }

@@ -129,9 +129,15 @@ type SettleStats struct {
 	// StandIn counts hits this node admitted standing in for a failed
 	// owner, recorded to be charged wherever its state meets the owner's
 	// (standin.go); Charged the hits of other nodes' stand-in records
-	// charged to this node's store on receipt; StandInDropped the hits of
-	// stand-in records not kept: that record was full.
+	// charged to this node's store on receipt;
+	// StandInDropped the hits of stand-in records not kept, the record
+	// being full (a part sent is charged all the same).
 	StandIn, Charged, StandInDropped int64
+	// StandInRefused counts the checks refused, standing in, because
+	// the stand-in record had no room for their key (rather than admit
+	// hits that would go uncounted); StandInForgotten the record's
+	// entries forgotten to make room, whose parts were counted elsewhere.
+	StandInRefused, StandInForgotten int64
 }
 
 func (t *debts) stats() SettleStats {
@@ -143,6 +149,7 @@ func (t *debts) stats() SettleStats {
 func (n *Node) settleStats() SettleStats {
 	s := n.debts.stats()
 	s.StandIn, s.Charged, s.StandInDropped = n.standins.counts()
+	s.StandInRefused, s.StandInForgotten = n.standins.refusals()
 	return s
 }
 
@@ -175,7 +182,8 @@ func (n *Node) settleLoop() {
 // under the key's decide lock, so that a hand-off pass sees them. Standing
 // in for the owner, it records them as its own (the owner's history lacks
 // them as it lacks the stand-in's decisions). false: this node does not
-// decide the key (any more).
+// decide the key (any more), or stands in for its owner without room in
+// its stand-in record: the debt waits for room or for the owner.
 func (n *Node) settleHere(req *limiter.Request, hash uint64) bool {
 	mu := n.handover.lock(hash)
 	mu.RLock()
@@ -184,6 +192,9 @@ func (n *Node) settleHere(req *limiter.Request, hash uint64) bool {
 		return false
 	}
 	if n.standins.standingIn(hash) {
+		if !n.standins.reserve(req) {
+			return false
+		}
 		n.standins.record(req, req.Hits)
 	}
 	return true

@@ -93,9 +93,9 @@ type standinRec struct {
 	parts []limiter.SettlePart
 	size  int64
 	gen   uint64 // this node's own part's generation; 0 when it has none
-	// handed is the hits of this node's own part that a hand-off to the
-	// key's next owner carries: once the part holds no more, the entry
-	// may be forgotten to make room.
+	// handed is the hits of this node's own parts (the open one and any
+	// restored) that a hand-off to the key's next owner carries: once
+	// they hold no more, the entry may be forgotten to make room.
 	handed int64
 	// pins counts the stand-in decisions that reserved the entry and
 	// have not recorded their hits yet: it is not forgotten meanwhile.
@@ -285,18 +285,26 @@ func (t *standins) forgettableLocked(e *standinRec, cutOff bool) bool {
 	if e.pins > 0 {
 		return false
 	}
+	if t.ownHits(e.parts) > e.handed {
+		return false
+	}
 	for _, p := range e.parts {
-		switch {
-		case p.Hits == 0:
-		case p.Origin == t.self && p.Gen == e.gen:
-			if p.Hits > e.handed {
-				return false
-			}
-		case cutOff:
+		if p.Origin != t.self && p.Hits > 0 && cutOff {
 			return false
 		}
 	}
 	return true
+}
+
+// ownHits returns the hits of this node's own parts in ps.
+func (t *standins) ownHits(ps []limiter.SettlePart) int64 {
+	var n int64
+	for _, p := range ps {
+		if p.Origin == t.self {
+			n += p.Hits
+		}
+	}
+	return n
 }
 
 // addPartLocked adds a part of origin and gen with hits to e, or raises
@@ -447,7 +455,7 @@ func (t *standins) attachParts(ss []limiter.Snapshot, handOff bool) {
 		}
 		s.Settle = &limiter.Settlement{Request: e.req, Parts: parts}
 		if handOff {
-			if own := partHits(parts, t.self, e.gen); own > e.handed {
+			if own := t.ownHits(parts); own > e.handed {
 				e.handed = own
 				t.roomEpoch.Add(1)
 			}

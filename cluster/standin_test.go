@@ -170,4 +170,20 @@ func TestStandinRecordMakesRoom(t *testing.T) {
 	if !recv.forgettableLocked(e, false) {
 		t.Error("parts sent, counted by the state, are not forgotten once no member is cut off")
 	}
+
+	// This node's own part restored from its data directory (a closed
+	// generation) is kept until a hand-off carries it.
+	restored := newStandins("self", now)
+	own := snap
+	own.Settle = &limiter.Settlement{Request: r, Parts: []limiter.SettlePart{{Origin: "self", Gen: 3, Hits: 4}}}
+	restored.restore([]limiter.Snapshot{own})
+	e = restored.m[debtKey{r.Name, r.Key}]
+	if e == nil || restored.forgettableLocked(e, false) {
+		t.Fatalf("a restored part of this node's own, no hand-off carrying it, may be forgotten: %+v", e)
+	}
+	ho := []limiter.Snapshot{{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm}}
+	restored.attachHandOff(ho)
+	if !restored.forgettableLocked(e, false) {
+		t.Error("a restored part of this node's own, carried by a hand-off, is kept")
+	}
 }

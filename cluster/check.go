@@ -324,9 +324,10 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d sluice.Decisio
 	gm.Lock()
 	n.grants.settleLocked(n.store, hash, now.UnixNano(), req)
 	var out, earliest int64
-	if deferred(req.Algorithm) {
-		// Whatever the behavior: a Reset, a Refund or a DrainOverLimit
-		// acts on the bucket beside the hits the leases hold.
+	if deferred(req.Algorithm) && req.Behavior&limiter.Charge == 0 {
+		// A Reset, a Refund or a DrainOverLimit acts on the bucket
+		// beside the hits the leases hold; a Charge counts its hits
+		// whatever they hold.
 		out, earliest = n.grants.heldLocked(hash)
 	}
 	gm.Unlock()

@@ -262,11 +262,28 @@ func (n *Node) departing(name string) bool {
 // when it is not (the ring or the hand-over changed since the caller
 // looked).
 func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision, err error, ok bool) {
+	d, err, how := n.decideAsOwner(req, hash)
+	return d, err, how != notOwned
+}
+
+// ownedDecision is how decideAsOwner answered.
+type ownedDecision uint8
+
+const (
+	notOwned      ownedDecision = iota // this node is not the key's settled owner now
+	decidedHere                        // decided on this node's store
+	refusedNoRoom                      // refused: standing in, with no room in the stand-in record
+)
+
+// decideAsOwner is decideOwned, telling a check refused because this
+// node stands in for the key's owner with no room in its stand-in record
+// (the refusal is a denial that consumed nothing).
+func (n *Node) decideAsOwner(req *limiter.Request, hash uint64) (d sluice.Decision, err error, how ownedDecision) {
 	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
 	if st, _ := n.handover.stateOf(hash); st != owned {
-		return sluice.Decision{}, nil, false
+		return sluice.Decision{}, nil, notOwned
 	}
 	// Told with the ownership, before the ring with the cut-off members
 	// can change back: a decision under the ring it was owned by belongs
@@ -277,12 +294,12 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	counted := standingIn && req.Hits > 0 && req.Behavior&(limiter.Reset|limiter.Refund) == 0
 	if counted && !n.standins.reserve(req) {
 		if err := req.Validate(); err != nil {
-			return sluice.Decision{}, err, true
+			return sluice.Decision{}, err, decidedHere
 		}
 		n.standins.refused.Add(1)
 		n.local.Add(1)
 		now := n.now()
-		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: now.Add(n.cfg.DenyRetryAfter)}, Owner: n.cfg.NodeName}, nil, true
+		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: now.Add(n.cfg.DenyRetryAfter)}, Owner: n.cfg.NodeName}, nil, refusedNoRoom
 	}
 	held := false
 	if n.grants.active() {
@@ -305,7 +322,7 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 		}
 		n.resetReplicas(req)
 	}
-	return d, err, true
+	return d, err, decidedHere
 }
 
 // decideLeased decides req, a request for a key this node owns, when

@@ -284,7 +284,10 @@ func (n *Node) settle() int {
 				n.debts.settled.Add(d.req.Hits)
 				continue
 			}
-			if _, err, ok := n.decideOwned(&charge, hash); ok && err == nil {
+			// Standing in with no room in the stand-in record, the
+			// charge waits: counted here unrecorded, it would be lost
+			// when this state meets the owner's.
+			if _, err, how := n.decideAsOwner(&charge, hash); how == decidedHere && err == nil {
 				again = n.charged(d, rest, again)
 				continue
 			}
@@ -317,6 +320,11 @@ func (n *Node) settle() int {
 		n.router.done(&g.pick, batchErr(rs))
 		for i, r := range rs {
 			switch {
+			case r.Err == nil && !r.Allowed && g.reqs[i].Behavior&limiter.Charge != 0:
+				// A Charge is always admitted, unless refused by an owner
+				// standing in with no room in its stand-in record.
+				again = append(again, g.debts[i])
+				continue
 			case r.Err == nil:
 			case errors.Is(r.Err, transport.ErrUnavailable), errors.Is(r.Err, transport.ErrNotOwner), callerGone(r.Err):
 				again = append(again, g.debts[i])

@@ -418,6 +418,9 @@ func (p *publicServer) routeInto(ctx context.Context, items []*pb.RateLimitReque
 	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
 		var pol sluice.Policy
+		if err == nil && m.Charge {
+			err = fmt.Errorf("%w: charge is the peer service's", limiter.ErrInvalidBehavior)
+		}
 		if err == nil {
 			pol, err = PolicyFromProto(m.UnreachablePolicy)
 		}

@@ -411,48 +411,52 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 			return nil, err
 		}
 	}
-	c := &budgetCall{b: b, conn: conn}
+	c := &budgetCall{b: b, conn: conn, method: info.FullMethodName}
+	c.Context, c.cancel = context.WithCancelCause(ctx)
 	if !b.open(c, p) {
+		c.cancel(nil)
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another call",
 			info.FullMethodName, b.limits.MessageBytes, b.limits.ConnMessageBytes)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	c.Context, c.cancel, c.method = ctx, cancel, info.FullMethodName
-	b.await(c)
 	return c, nil
 }
 
 // open reserves the stream window of c, a call of the connection of p
-// (or of c.conn, when p is nil), and reports whether it fit.
+// (or of c.conn, when p is nil), and puts c in the calls awaited; it
+// reports whether the window fit.
 func (b *MessageBudget) open(c *budgetCall, p *peer.Peer) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if p != nil {
 		if c.conn = b.byPeer[p]; c.conn == nil {
 			c.conn = &budgetConn{peer: p, slot: b.slotOf(p.LocalAddr, p.Addr)}
 			b.byPeer[p] = c.conn
 		}
 	}
-	ok, _ := b.reserveLocked(c, StreamWindow, false)
-	if !ok && c.conn.used == 0 && c.conn.peer != nil {
-		delete(b.byPeer, c.conn.peer)
+	if ok, _ := b.reserveLocked(c, StreamWindow, false); !ok {
+		if c.conn.used == 0 && c.conn.peer != nil {
+			delete(b.byPeer, c.conn.peer)
+		}
+		b.mu.Unlock()
+		return false
 	}
-	return ok
-}
-
-// await puts c in the calls awaited, and schedules a sweep if none is.
-func (b *MessageBudget) await(c *budgetCall) {
-	b.mu.Lock()
-	c.deadline = b.now().Add(b.limits.MessageTimeout)
-	b.awaited.push(c)
-	arm := !b.sweeping
-	b.sweeping = true
+	arm := b.awaitLocked(c)
 	b.mu.Unlock()
 	if arm {
 		b.afterFunc(b.limits.MessageTimeout, b.sweep)
 	}
+	return true
+}
+
+// awaitLocked puts c in the calls awaited, with b.mu held, and reports
+// whether a sweep is to be scheduled (none is).
+func (b *MessageBudget) awaitLocked(c *budgetCall) (arm bool) {
+	c.deadline = b.now().Add(b.limits.MessageTimeout)
+	b.awaited.push(c)
+	arm = !b.sweeping
+	b.sweeping = true
+	return arm
 }
 
 // sweep times out the awaited calls whose deadline has come: each is
@@ -543,7 +547,11 @@ func (c *budgetCall) end() {
 	if c.conn.slot != nil && c.open.Load() {
 		c.b.callEnded(c.conn.slot)
 	}
-	c.settle(true)
+	if c.stream.Load() || !c.first.Load() {
+		// A unary call whose message is in holds nothing, and is
+		// awaited no more.
+		c.settle(true)
+	}
 	c.cancel(nil)
 }
 

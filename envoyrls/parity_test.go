@@ -343,3 +343,23 @@ func TestStopIncrementStatisticsAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// The headers name the limit closest to being reached as upstream's
+// service picks it (ratelimit.go): a status whose remaining is below
+// every earlier one's, starting from MaxUint32, so that a limit of
+// 4,294,967,295 untouched is never closest, and no headers are added
+// when it is the only one; an enforced status over wins.
+func TestHeadersAsUpstream(t *testing.T) {
+	e := newEnv(t, []string{"domain: h\ndescriptors:\n" +
+		"  - key: max\n    rate_limit: {unit: minute, requests_per_unit: 4294967295}\n" +
+		"  - key: ten\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"},
+		func(c *Config) { c.Headers = XRateLimitHeaders() })
+	const max, ten = "/4294967295/minute t=40s", "/10/minute t=40s"
+	e.run("h", []step{
+		{name: "the maximum untouched alone", descs: descs(desc("max=1", "hits=0")), want: "OK; OK 4294967295" + max},
+		{name: "beside another", descs: descs(desc("max=1", "hits=0"), desc("ten=1", "hits=0")),
+			want: "OK; OK 4294967295" + max + "; OK 10" + ten + "; X-RateLimit-Limit: 10; X-RateLimit-Remaining: 10; X-RateLimit-Reset: 40"},
+		{name: "one hit on the maximum", descs: descs(desc("max=1")),
+			want: "OK; OK 4294967294" + max + "; X-RateLimit-Limit: 4294967295; X-RateLimit-Remaining: 4294967294; X-RateLimit-Reset: 40"},
+	})
+}

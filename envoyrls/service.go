@@ -688,8 +688,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		// The headers show the limit closest to being reached: the last
-		// enforced one over, else the first with the least remaining.
-		if closest == nil || st.LimitRemaining < closest.LimitRemaining ||
+		// enforced one over, else the first with the least remaining
+		// below MaxUint32, as upstream starts its minimum there.
+		if (closest == nil && st.LimitRemaining < math.MaxUint32) || (closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
 			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
 			closest, closestReset = st, reset
 		}

@@ -516,9 +516,10 @@ func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDesc
 	}
 	if o := d.GetLimit(); o != nil {
 		// A limit Envoy sends wins over the configuration, and is never
-		// in shadow mode, as with envoyproxy/ratelimit.
+		// in shadow mode, as with envoyproxy/ratelimit. Its unit of 7
+		// is a week, as upstream casts it to RateLimitResponse's units.
 		u := Unit(o.Unit)
-		if !u.Valid() || u == Week {
+		if !u.Valid() {
 			return it, status.Errorf(codes.InvalidArgument, "envoyrls: a descriptor's limit has unit %v", o.Unit)
 		}
 		it.match = Match{domain: domain.Name, entries: entries}

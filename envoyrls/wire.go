@@ -64,6 +64,12 @@ func (w *wireRequest) UnmarshalWire(b []byte) error {
 		return nil
 	}
 	proto.Reset(&w.RateLimitRequest)
+	return decodeRequest(b, &w.RateLimitRequest)
+}
+
+// decodeRequest decodes the RateLimitRequest b into w field by field,
+// keeping the bytes of its strings.
+func decodeRequest(b []byte, w *rlsv3.RateLimitRequest) error {
 	return decodeFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:

@@ -347,7 +347,8 @@ func rawRLSRequest(domain, key, value string) []byte {
 // unless failure_mode_deny is set: any client could skip every limit of
 // a request by adding one such byte to a header a descriptor reads.
 // Two such values do not share a counter, nor does either with its
-// UTF-8 lookalike; dynamic metadata echoes the values made valid.
+// UTF-8 lookalike, nor do values of a megabyte; dynamic metadata echoes
+// the values made valid. A request past the gRPC message bound fails.
 func TestAttackEnvoyValueNotUTF8(t *testing.T) {
 	cfg := testConfig("envoy-utf8")
 	cfg.EnvoyConfigDir = envoyDir(t)
@@ -363,23 +364,29 @@ func TestAttackEnvoyValueNotUTF8(t *testing.T) {
 		err := conn.Invoke(context.Background(), rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, rawMessage(rawRLSRequest("api", "user", value)), &resp)
 		return &resp, err
 	}
-	for _, v := range []string{"\xff", "\xfe", "a\xffb", "\xef\xbf\xbd"} { // the last is U+FFFD itself
+	mb := strings.Repeat("v", 1<<20)
+	for _, v := range []string{"\xff", "\xfe", "a\xffb", "\xef\xbf\xbd", mb, mb + "\xff"} { // the 4th is U+FFFD itself
 		for i := range 7 {
 			resp, err := call(v)
 			if err != nil {
-				t.Fatalf("value %q, request %d: %v", v, i, err)
+				t.Fatalf("value %.20q, request %d: %v", v, i, err)
 			}
 			want := fmt.Sprintf("OK; OK r=%d", 4-i)
 			if i >= 5 {
 				want = "OVER_LIMIT; OVER_LIMIT r=0"
 			}
 			if got := rlsSummary(resp); got != want {
-				t.Errorf("value %q, request %d: %s, want %s", v, i, got, want)
+				t.Errorf("value %.20q, request %d: %s, want %s", v, i, got, want)
 			}
 			md := resp.GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues()
 			if len(md) != 1 || !utf8.ValidString(md[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue()) {
-				t.Errorf("value %q: dynamic metadata %v", v, resp.GetDynamicMetadata())
+				t.Errorf("value %.20q: dynamic metadata of %d descriptors", v, len(md))
 			}
 		}
+	}
+	// Past the gRPC message bound of grpc_addr (transport.MaxMessageSize),
+	// the call fails before the service sees it.
+	if _, err := call(strings.Repeat("v", 3<<19)); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a value of 1.5 MiB: %v, want ResourceExhausted", err)
 	}
 }

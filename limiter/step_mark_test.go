@@ -285,3 +285,25 @@ func TestResetMarkAcrossAClockAheadReset(t *testing.T) {
 		}
 	})
 }
+
+// TestStepMarkOutlastsGCRAReach: the mark a clock step leaves on a GCRA
+// key lasts at least the capacity's drain at its interval, rounded up
+// (7 per hour: 514285714286 ns a hit, 2 ns past the hour for 7), as long
+// as a refund of a charge made before the step could give anything back.
+func TestStepMarkOutlastsGCRAReach(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	s, err := NewStore(StoreConfig{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Request{Name: "n", Key: "k", Limit: 7, Period: time.Hour, Algorithm: GCRA}
+	attackCheck(t, s, base, t0, time.Hour, 1, 0, Window{})
+	attackCheck(t, s, base, t0, time.Second, 1, 0, Window{}) // the clock set back: a step
+	sh := &s.shards[0]
+	e := sh.m[string(appendStoreKey(nil, "n", "k"))]
+	m, ok := sh.resets[e]
+	reach := t0.Add(time.Second).UnixNano() + base.Capacity()*gcraInterval(&base)
+	if !ok || m.until < reach {
+		t.Errorf("the step's mark %+v (ok %v) ends before %d, the reach of a charge of %d made at the step", m, ok, reach, base.Capacity())
+	}
+}

@@ -39,7 +39,11 @@ import (
 // the CRC-32C of every byte before it, 4 bytes little endian. A writer
 // writes version 1 unless a state it holds carries parts, so that a node
 // that holds none writes the files every release reads; a reader refuses
-// a version it does not know. Other files are left alone.
+// a version it does not know. The records carry their own state format
+// version: a state with a reset's mark, or the mark alone of a key whose
+// state is fresh, is written in version 3, which earlier releases refuse
+// by its version; every other record in the oldest version that holds
+// it. Other files are left alone.
 //
 // A settlement, every integer a Go varint (signed, zig-zag) or uvarint:
 //

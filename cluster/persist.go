@@ -173,7 +173,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	}
 	live := make([]restoring, 0, len(last))
 	for _, r := range last {
-		if r.s.ExpireAt > now.UnixNano() {
+		if r.s.ExpireAt > now.UnixNano() || r.s.ResetUntil > now.UnixNano() { // a live state, or a reset's mark that lasts
 			live = append(live, r)
 		}
 	}
@@ -348,10 +348,16 @@ func (n *Node) restore() error {
 // was ahead; unmoved, Store.Merge would refuse those more than
 // limiter.MaxClockSkew ahead, and their keys would admit again. Window
 // starts stay, aligned on every clock (Snapshot.ShiftTimes); a GCRA
-// arrival time is in the future by nature, and bounded by Merge.
+// arrival time is in the future by nature, and bounded by Merge. A reset
+// mark's instant after now is read as now.
 func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
 	for i := range restored {
 		s := &restored[i]
+		if s.ResetAt > now.UnixNano() {
+			// A reset's instant is no later than now either; past
+			// MaxClockSkew the store would refuse the state with it.
+			s.ResetAt = now.UnixNano()
+		}
 		var latest time.Time
 		switch s.Algorithm {
 		case limiter.TokenBucket, limiter.LeakyBucket:

@@ -241,7 +241,7 @@ func TestStateFileSettlementRefused(t *testing.T) {
 // never a panic, and what it accepts is written again as it was read.
 func FuzzStateFile(f *testing.F) {
 	states := settledStates(f)
-	for _, file := range [][]byte{writeStates(f, states), v1File(f, states)} {
+	for _, file := range [][]byte{writeStates(f, states), v1File(f, states), writeStates(f, markedStates(f))} {
 		f.Add(file[len(stateFileMagic)+1:len(file)-4], file[len(stateFileMagic)] == stateFileSettled)
 	}
 	f.Add([]byte{0, 0}, true)
@@ -263,4 +263,86 @@ func FuzzStateFile(f *testing.F) {
 			t.Fatalf("written and read again:\n%+v\nread first:\n%+v", again, got)
 		}
 	})
+}
+
+// markedStates returns a fixed window's state with a reset's mark, the
+// mark alone of a GCRA key reset with no hits, and an unmarked token
+// bucket's state.
+func markedStates(t testing.TB) []limiter.Snapshot {
+	t.Helper()
+	now := time.Unix(1_700_000_000, 0)
+	store, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(r limiter.Request, at time.Time) {
+		if _, err := store.CheckAt(r, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fixed := limiter.Request{Name: "n", Key: "fixed", Hits: 3, Limit: 100, Period: time.Hour, Algorithm: limiter.FixedWindow}
+	gcra := limiter.Request{Name: "n", Key: "gcra", Hits: 3, Limit: 100, Period: time.Hour, Algorithm: limiter.GCRA}
+	bucket := limiter.Request{Name: "n", Key: "bucket", Hits: 7, Limit: 100, Period: time.Minute, Algorithm: limiter.TokenBucket}
+	check(fixed, now.Add(-2*time.Second))
+	check(gcra, now.Add(-2*time.Second))
+	check(bucket, now)
+	fixed.Hits, fixed.Behavior = 1, limiter.Reset
+	gcra.Hits, gcra.Behavior = 0, limiter.Reset
+	check(fixed, now.Add(-time.Second))
+	check(gcra, now.Add(-time.Second))
+	var out []limiter.Snapshot
+	store.Range(now, func(s limiter.Snapshot) bool { out = append(out, s); return true })
+	if len(out) != 3 {
+		t.Fatalf("%d states, want 3", len(out))
+	}
+	return out
+}
+
+// A reset's mark is written to the state file with its state, and read
+// back: its records alone are of state format version 3, the file stays
+// version 1 (it holds no stand-in parts) and the checksum covers the
+// mark; the files of earlier releases read as before
+// (TestStateFileVersions' v1File).
+func TestStateFileResetMark(t *testing.T) {
+	states := markedStates(t)
+	file := writeStates(t, states)
+	if v := file[len(stateFileMagic)]; v != stateFileVersion {
+		t.Fatalf("file format version %d, want %d", v, stateFileVersion)
+	}
+	rest := file[len(stateFileMagic)+1 : len(file)-4]
+	for i, s := range states {
+		n, k := binary.Uvarint(rest)
+		rec := rest[k : k+int(n)]
+		rest = rest[k+int(n):]
+		want := byte(1)
+		if s.HasResetMark() {
+			want = 3
+		}
+		if rec[0] != want {
+			t.Errorf("state %d (%s, mark %v): record of format version %d", i, s.Key, s.HasResetMark(), rec[0])
+		}
+	}
+	path := filepath.Join(t.TempDir(), "snapshot-1.state")
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readStateFile(path)
+	if err != nil || !reflect.DeepEqual(got, states) {
+		t.Fatalf("read back %+v, %v, want %+v", got, err, states)
+	}
+	// A bit of the mark flipped: the checksum refuses the file.
+	marked, _ := states[0].MarshalBinary()
+	at := bytes.Index(file, marked)
+	if at < 0 || !states[0].HasResetMark() {
+		t.Fatalf("no marked record in the file")
+	}
+	damaged := bytes.Clone(file)
+	damaged[at+len(marked)-3] ^= 0x10
+	if err := os.WriteFile(path, damaged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var dfe *DataFileError
+	if _, err := readStateFile(path); !errors.As(err, &dfe) || !strings.Contains(dfe.Reason, "checksum") {
+		t.Fatalf("a flipped bit: %v, want the checksum to refuse it", err)
+	}
 }

@@ -15,9 +15,9 @@ import (
 // GCRA's TAT and interval, a log's entries), never the memory layout of
 // Snapshot.Words, so the layout can change without changing the format.
 //
-// Version 2, every integer a Go varint (signed, zig-zag) or uvarint:
+// Version 3, every integer a Go varint (signed, zig-zag) or uvarint:
 //
-//	uvarint  format version: 1 or 2
+//	uvarint  format version: 1, 2 or 3
 //	byte     algorithm: 1 token bucket, 2 leaky bucket, 3 fixed window,
 //	         4 sliding window log, 5 sliding window counter, 6 GCRA
 //	uvarint  length of Name, then Name's bytes
@@ -30,7 +30,10 @@ import (
 //	           5 month, 6 year (RatePeriod 0 with one)
 //	  uvarint  length of RateLocation's IANA name, at most MaxZoneNameLen,
 //	           then its bytes; 0 for UTC
-//	then per algorithm:
+//	version 3 only:
+//	  varint   ResetAt, varint ResetUntil (Unix ns): a Reset's mark, both
+//	           0 when none
+//	then per algorithm (all zero for a mark alone, Snapshot.MarkOnly):
 //	  buckets:  8 bytes level (IEEE 754 float64, little endian), varint levelTime
 //	  fixed:    varint windowStart, uvarint windowHits
 //	  counter:  varint windowStart, uvarint windowHits, uvarint prevWindowHits
@@ -38,20 +41,26 @@ import (
 //	  log:      uvarint entries, then per entry varint At (the first) or
 //	            uvarint At minus the previous At (the others), uvarint Hits
 //
-// Nothing may follow. Version 1 is version 2 without the calendar fields:
-// it carries no calendar window's rate. A writer writes the oldest version
-// that holds the snapshot, version 1 unless it carries a calendar window's
-// rate, so that readers of version 1 read every other state. A decoder
+// Nothing may follow. Version 2 is version 3 without the reset mark's
+// fields, version 1 version 2 without the calendar fields: it carries no
+// calendar window's rate. A writer writes the oldest version that holds
+// the snapshot: version 1 unless it carries a calendar window's rate
+// (version 2) or a reset mark (version 3), so that readers of the older
+// versions read every other state. A decoder
 // reads every version from 1 up to its own and refuses a newer one, with
 // ErrStateFormat, rather than guess.
 
 // StateFormatVersion is the newest version of the state format, which
-// Snapshot.AppendBinary writes for a calendar window's rate and
-// UnmarshalBinary reads with every older one.
-const StateFormatVersion = 2
+// Snapshot.AppendBinary writes for a reset mark and UnmarshalBinary reads
+// with every older one.
+const StateFormatVersion = 3
 
-// stateFormatCalendar is the first version with the calendar fields.
-const stateFormatCalendar = 2
+const (
+	// stateFormatCalendar is the first version with the calendar fields.
+	stateFormatCalendar = 2
+	// stateFormatResetMark is the first version with the reset mark's.
+	stateFormatResetMark = 3
+)
 
 // ErrStateFormat wraps every error of Snapshot.UnmarshalBinary: the bytes
 // are not a state in a format version this package reads.
@@ -90,12 +99,13 @@ var (
 )
 
 // MaxEncodedState bounds the length of one encoded state: a log of
-// MaxSnapshotLog entries with the longest name, key and zone name.
-const MaxEncodedState = 64 + 3*binary.MaxVarintLen64 + MaxNameLen + MaxKeyLen + MaxZoneNameLen + MaxSnapshotLog*2*binary.MaxVarintLen64
+// MaxSnapshotLog entries with the longest name, key and zone name, and a
+// reset mark.
+const MaxEncodedState = 64 + 5*binary.MaxVarintLen64 + MaxNameLen + MaxKeyLen + MaxZoneNameLen + MaxSnapshotLog*2*binary.MaxVarintLen64
 
 // AppendBinary appends s in the state format to b: version 1 unless s
-// carries a calendar window's rate, version StateFormatVersion then. s must
-// be valid (Validate); an invalid one is an error.
+// carries a calendar window's rate (version 2) or a reset mark (version
+// 3). s must be valid (Validate); an invalid one is an error.
 func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 	if err := s.Validate(); err != nil {
 		return b, err
@@ -103,6 +113,9 @@ func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 	version := uint64(1)
 	if s.RateCalendar != NoCalendar {
 		version = stateFormatCalendar
+	}
+	if s.HasResetMark() {
+		version = stateFormatResetMark
 	}
 	b = binary.AppendUvarint(b, version)
 	b = append(b, algorithmCode(s.Algorithm))
@@ -122,6 +135,10 @@ func (s *Snapshot) AppendBinary(b []byte) ([]byte, error) {
 		}
 		b = binary.AppendUvarint(b, uint64(len(zone)))
 		b = append(b, zone...)
+	}
+	if version >= stateFormatResetMark {
+		b = binary.AppendVarint(b, s.ResetAt)
+		b = binary.AppendVarint(b, s.ResetUntil)
 	}
 	st := snapshotState(s)
 	switch s.Algorithm {
@@ -197,6 +214,10 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 			}
 			out.RateLocation = loc
 		}
+	}
+	if v >= stateFormatResetMark {
+		out.ResetAt = d.varint("reset mark instant")
+		out.ResetUntil = d.varint("reset mark end")
 	}
 	st := freshState(out.Algorithm)
 	switch out.Algorithm {

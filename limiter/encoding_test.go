@@ -69,7 +69,8 @@ func sameSnapshot(a, b Snapshot) bool {
 	}
 	return a.Name == b.Name && a.Key == b.Key && a.Algorithm == b.Algorithm && a.ExpireAt == b.ExpireAt && a.Words == b.Words &&
 		a.RateLimit == b.RateLimit && a.RateBurst == b.RateBurst && a.RatePeriod == b.RatePeriod &&
-		a.RateCalendar == b.RateCalendar && zoneName(a.RateLocation) == zoneName(b.RateLocation)
+		a.RateCalendar == b.RateCalendar && zoneName(a.RateLocation) == zoneName(b.RateLocation) &&
+		a.ResetAt == b.ResetAt && a.ResetUntil == b.ResetUntil
 }
 
 // The state format's bytes of one fixed window's state with a rate, in
@@ -219,7 +220,7 @@ func TestStateFormatRefuses(t *testing.T) {
 		wantMsg string
 	}{
 		{"empty", nil, ErrStateFormat, "format version"},
-		{"version 3", append([]byte{3}, bucket[1:]...), ErrStateFormat, "format version 3, this node reads versions 1 to 2"},
+		{"version 4", append([]byte{4}, bucket[1:]...), ErrStateFormat, "format version 4, this node reads versions 1 to 3"},
 		{"version 0", append([]byte{0}, bucket[1:]...), ErrStateFormat, "format version 0"},
 		{"algorithm 0", append([]byte{1, 0}, bucket[2:]...), ErrStateFormat, "algorithm code 0"},
 		{"algorithm 9", append([]byte{1, 9}, bucket[2:]...), ErrStateFormat, "algorithm code 9"},
@@ -291,6 +292,18 @@ func FuzzStateFormat(f *testing.F) {
 		f.Add(b)
 		f.Add(bytes.ReplaceAll(b, []byte("Asia"), []byte("../a")))
 		f.Add(bytes.ReplaceAll(b, []byte("Argentina"), []byte("Argentinx")))
+	}
+	// Version 3: reset marks, with a state and alone.
+	for _, a := range Algorithms {
+		sn := Snapshot{Name: "n", Key: "k", Algorithm: a, ResetAt: t0.UnixNano() - 1e9, ResetUntil: t0.UnixNano() + 1e9}
+		b, _ := sn.MarshalBinary()
+		f.Add(b)
+	}
+	withMark := goldenSnapshot()
+	withMark.ExpireAt, withMark.Words[0] = t0.UnixNano()+1e9, t0.UnixNano()/60e9*60e9
+	withMark.ResetAt, withMark.ResetUntil = t0.UnixNano()-1e9, t0.UnixNano()+1e9
+	if b, err := withMark.MarshalBinary(); err == nil {
+		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var sn Snapshot

@@ -24,7 +24,8 @@ const (
 // checkTimes reports the first time of s that is implausible at now (Unix
 // ns) on this node: an expiry or a GCRA arrival time more than
 // MaxStateLife+MaxClockSkew after now, or a bucket level's time, a window's
-// start or a log entry more than MaxClockSkew after now.
+// start, a log entry or a reset mark's instant more than MaxClockSkew after
+// now, or the mark's end more than MaxStateLife+MaxClockSkew after now.
 func (s *Snapshot) checkTimes(now int64) error {
 	late := addSat(now, int64(MaxClockSkew))
 	last := addSat(late, int64(MaxStateLife))
@@ -37,6 +38,17 @@ func (s *Snapshot) checkTimes(now int64) error {
 	}
 	if err := future("ExpireAt", s.ExpireAt, last, MaxStateLife+MaxClockSkew); err != nil {
 		return err
+	}
+	if s.HasResetMark() {
+		if err := future("ResetAt", s.ResetAt, late, MaxClockSkew); err != nil {
+			return err
+		}
+		if err := future("ResetUntil", s.ResetUntil, last, MaxStateLife+MaxClockSkew); err != nil {
+			return err
+		}
+		if s.MarkOnly() {
+			return nil
+		}
 	}
 	var st state
 	st.setSnapshotWords(s.Words)

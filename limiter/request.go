@@ -323,8 +323,10 @@ type Request struct {
 	// window log, whose entries keep their instants) gives nothing back,
 	// even where the charge still counts: it counts too much rather than
 	// take others' hits.
-	// The mark stays on the node that reset the key: a Snapshot does not
-	// carry it.
+	// The mark travels with the key's state (Snapshot.ResetAt and
+	// ResetUntil): to a new owner, to replicas and to the state file,
+	// and a store that merges it keeps the later of its own and the
+	// received one.
 	//
 	// A zero Charged refunds as the key's state reads now (see Refund),
 	// and only Refund takes one.

@@ -99,7 +99,9 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		return false, err
 	}
 	if sn.ExpireAt <= n {
-		return false, nil // fresh: it counts none of its hits any more
+		// Fresh: it counts none of its hits any more, but its reset
+		// mark may last.
+		return sn.markLasts(n) && s.merge(sn, n), nil
 	}
 	theirs := charge.Hits
 	charge.Hits, charge.Behavior = 0, 0
@@ -140,6 +142,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		c := stateSnapshot(sn.Name, sn.Key, &in, inLog)
 		c.RateLimit, c.RateBurst, c.RatePeriod = sn.RateLimit, sn.RateBurst, sn.RatePeriod
 		c.RateCalendar, c.RateLocation = sn.RateCalendar, sn.RateLocation
+		c.ResetAt, c.ResetUntil = sn.ResetAt, sn.ResetUntil
 		merged = &c
 	}
 	changed := false

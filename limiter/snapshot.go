@@ -35,6 +35,15 @@ type Snapshot struct {
 	RatePeriod           time.Duration
 	RateCalendar         Calendar
 	RateLocation         *time.Location
+	// ResetAt and ResetUntil are the mark a Reset of the key's live state
+	// left (see Request.Charged): the instant of the reset, and when the
+	// state it cleared would have gone fresh; both 0 when none. Until
+	// ResetUntil, a refund naming a charge made no later than ResetAt
+	// gives nothing back. A store that merges it keeps the later of its
+	// own mark and this one. A snapshot with ExpireAt 0 and a mark
+	// carries the mark alone (its state is fresh): its Words, Log and
+	// rate are zero.
+	ResetAt, ResetUntil int64
 	// Settle, when set, says which hits the state counts that stand-in
 	// owners admitted (see Settlement); Store.Merge ignores it, and
 	// Store.MergeCharged charges them. Nil in the snapshots a store
@@ -58,6 +67,16 @@ func (s *Snapshot) ShiftTimes(d time.Duration) {
 			return math.MinInt64
 		}
 		return t + int64(d)
+	}
+	if s.ResetUntil != 0 {
+		// The mark lasts at least as long on the later clock. Its instant
+		// stays: the charges a refund names are dated on the clock of the
+		// node that reset the key, as the mark is, and so are the epochs
+		// it names windows by.
+		s.ResetUntil = max(s.ResetUntil, shift(s.ResetUntil))
+	}
+	if s.MarkOnly() {
+		return
 	}
 	switch s.Algorithm {
 	case TokenBucket, LeakyBucket:
@@ -104,6 +123,15 @@ func (s *Snapshot) Validate() error {
 		return bad("%s carries a log", s.Algorithm)
 	case len(s.Log) > MaxSnapshotLog:
 		return bad("log of %d entries, more than %d", len(s.Log), MaxSnapshotLog)
+	case s.ResetAt == 0 && s.ResetUntil == 0:
+	case s.ResetAt <= 0 || s.ResetUntil <= s.ResetAt:
+		return bad("reset mark at %d until %d: want 0 < at < until", s.ResetAt, s.ResetUntil)
+	case s.MarkOnly():
+		if s.Words != [3]int64{} || len(s.Log) > 0 || s.RateLimit != 0 || s.RateBurst != 0 || s.RatePeriod != 0 ||
+			s.RateCalendar != NoCalendar || s.RateLocation != nil {
+			return bad("a reset mark alone (ExpireAt 0) carries a state or a rate")
+		}
+		return nil
 	}
 	// The words read as the state reads them, but for the third, which is
 	// checked whole: a tag bit set in it makes it negative or above
@@ -158,6 +186,19 @@ func (s *Snapshot) Validate() error {
 	return s.validateRate()
 }
 
+// HasResetMark reports whether s carries a Reset's mark (ResetAt and
+// ResetUntil).
+func (s *Snapshot) HasResetMark() bool { return s.ResetUntil != 0 }
+
+// MarkOnly reports whether s carries a Reset's mark alone: ExpireAt 0,
+// the state fresh.
+func (s *Snapshot) MarkOnly() bool { return s.ExpireAt == 0 && s.ResetUntil != 0 }
+
+// markLasts reports whether s carries a Reset's mark that lasts at now
+// (Unix ns; before 1970 too, where no mark is: a valid mark's instants
+// are positive).
+func (s *Snapshot) markLasts(now int64) bool { return s.ResetUntil != 0 && s.ResetUntil > now }
+
 // validateRate checks the rate s carries, if any: one a valid request of
 // s's algorithm could have.
 func (s *Snapshot) validateRate() error {
@@ -210,7 +251,24 @@ func (sh *shard) snapshotLocked(e *entry) Snapshot {
 			s.Log = lg.export()
 		}
 	}
+	if m, ok := sh.resets[e]; ok {
+		s.ResetAt, s.ResetUntil = m.at, m.until
+	}
 	return s
+}
+
+// exportLocked exports e if it must travel at now: its state as
+// snapshotLocked exports it while live, else the reset mark alone
+// (Snapshot.MarkOnly) while that lasts. sh.mu must be held.
+func (sh *shard) exportLocked(e *entry, now int64) (Snapshot, bool) {
+	if e.expireAt > now {
+		return sh.snapshotLocked(e), true
+	}
+	if m, ok := sh.resets[e]; ok && m.until > now {
+		name, key := splitStoreKey(e.key)
+		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: m.at, ResetUntil: m.until}, true
+	}
+	return Snapshot{}, false
 }
 
 // export returns the live entries of l, at most MaxLogEntries.
@@ -231,8 +289,8 @@ func splitStoreKey(k string) (name, key string) {
 	return k[1 : 1+n], k[1+n:]
 }
 
-// Snapshot returns the state of (name, key), and false when the store holds
-// none that is live at now.
+// Snapshot returns the state of (name, key), with its reset mark if any,
+// and false when the store holds none that is live at now.
 // It changes nothing, not even the key's place in the LRU order.
 func (s *Store) Snapshot(name, key string, now time.Time) (sn Snapshot, ok bool) {
 	s.withEntry(name, key, func(sh *shard, e *entry) {
@@ -260,15 +318,16 @@ func (s *Store) withEntry(name, key string, fn func(sh *shard, e *entry)) {
 }
 
 // Range calls fn with the snapshot of every key whose state is live at now,
-// one shard at a time, until fn returns false. fn runs with the shard locked
-// and must not call the store.
+// and the reset mark alone (Snapshot.MarkOnly) of every other key whose
+// mark lasts at now, one shard at a time, until fn returns false. fn runs
+// with the shard locked and must not call the store.
 func (s *Store) Range(now time.Time, fn func(Snapshot) bool) {
 	n := now.UnixNano()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for e := sh.head; e != nil; e = e.next {
-			if e.expireAt > n && !fn(sh.snapshotLocked(e)) {
+			if sn, ok := sh.exportLocked(e, n); ok && !fn(sn) {
 				sh.mu.Unlock()
 				return
 			}
@@ -279,7 +338,8 @@ func (s *Store) Range(now time.Time, fn func(Snapshot) bool) {
 
 // Changed calls fn with the snapshot of every key decided or merged since
 // the last call, when StoreConfig.TrackChanges is set, and returns how many
-// it reported. Keys since dropped or fresh again are skipped. fn runs with
+// it reported. Keys since dropped or fresh again are skipped, but for
+// those whose reset mark lasts, reported as the mark alone (see Range). fn runs with
 // the key's shard locked and must not call the store.
 func (s *Store) Changed(now time.Time, fn func(Snapshot)) int {
 	n := now.UnixNano()
@@ -293,8 +353,8 @@ func (s *Store) Changed(now time.Time, fn func(Snapshot)) int {
 				continue // reported already, or no longer held
 			}
 			e.clearChanged()
-			if e.expireAt > n {
-				fn(sh.snapshotLocked(e))
+			if sn, ok := sh.exportLocked(e, n); ok {
+				fn(sn)
 				reported++
 			}
 		}
@@ -328,14 +388,19 @@ const maxChangedPerShard = 1 << 16
 // arrival time, the later window or the larger count in the same window, the
 // larger counts of a sliding window counter, the log holding more hits in
 // its window at now).
-// Snapshots already fresh at now are skipped. It returns how many keys it
+// A snapshot's reset mark is merged with the store's mark of its key: the
+// later instant and the later end of both, which only ever keeps more
+// refunds from giving hits back; the key's state is untouched by it.
+// Snapshots already fresh at now are skipped, but for their marks while
+// those last. It returns how many keys it
 // changed and the first invalid snapshot's error; valid ones are merged
 // whatever the others hold.
 //
 // A snapshot is untrusted: besides Validate, Merge refuses one whose
 // ExpireAt or GCRA arrival time is more than MaxStateLife+MaxClockSkew
-// after now, or whose bucket level time, window start or newest log entry
-// is more than MaxClockSkew after now. A merged state is marked received,
+// after now, or whose bucket level time, window start, newest log entry
+// or reset mark's instant is more than MaxClockSkew after now, or whose
+// mark ends more than MaxStateLife+MaxClockSkew after now. A merged state is marked received,
 // and the first decision on its key bounds it by that decision's request
 // (see the package comment).
 func (s *Store) Merge(snaps []Snapshot, now time.Time) (int, error) {
@@ -354,7 +419,7 @@ func (s *Store) Merge(snaps []Snapshot, now time.Time) (int, error) {
 			}
 			continue
 		}
-		if sn.ExpireAt <= n {
+		if sn.ExpireAt <= n && !sn.markLasts(n) {
 			continue
 		}
 		if s.merge(sn, n) {
@@ -373,9 +438,55 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	return s.mergeLocked(sh, k, sn, now)
 }
 
-// mergeLocked is merge's work on k, the key of sn, in sh. sh.mu must be
-// held.
+// mergeLocked is merge's work on k, the key of sn, in sh: its state if
+// live at now, then its reset mark if that lasts. sh.mu must be held.
 func (s *Store) mergeLocked(sh *shard, k []byte, sn *Snapshot, now int64) bool {
+	changed := false
+	if sn.ExpireAt > now {
+		changed = s.mergeStateLocked(sh, k, sn, now)
+	}
+	if !sn.markLasts(now) {
+		return changed
+	}
+	e, ok := sh.m[string(k)]
+	if !ok {
+		e = s.insertLocked(sh, string(k), freshState(sn.Algorithm), nil, now)
+	}
+	if s.mergeMarkLocked(sh, e, sn, now) {
+		s.markChangedLocked(sh, e)
+		changed = true
+	}
+	return changed
+}
+
+// mergeMarkLocked merges the reset mark of sn, which lasts at now, into
+// e's: the later instant and the later end of both (a mark of e's that
+// has lapsed counts as none). It reports whether e's mark changed. sh.mu
+// must be held.
+func (s *Store) mergeMarkLocked(sh *shard, e *entry, sn *Snapshot, now int64) bool {
+	m, had := sh.resets[e]
+	merged := resetMark{at: sn.ResetAt, until: sn.ResetUntil}
+	if had && m.until > now {
+		merged = resetMark{at: max(m.at, merged.at), until: max(m.until, merged.until)}
+	}
+	if had && merged == m {
+		return false
+	}
+	if sh.resets == nil {
+		sh.resets = make(map[*entry]resetMark)
+	}
+	sh.resets[e] = merged
+	if !had {
+		// e first, so that the keys evicted to make room are others.
+		sh.touchLocked(e)
+		s.resizeLocked(sh, e, ResetMarkOverhead, now)
+	}
+	return true
+}
+
+// mergeStateLocked merges the state of sn, live at now, into k's in sh.
+// sh.mu must be held.
+func (s *Store) mergeStateLocked(sh *shard, k []byte, sn *Snapshot, now int64) bool {
 	e, ok := sh.m[string(k)]
 	if !ok {
 		e = s.insertLocked(sh, string(k), snapshotState(sn), snapshotLog(sn), now)

@@ -18,8 +18,8 @@ const MaxTransferLogEntries = 16 * limiter.MaxSnapshotLog
 
 // Upper bounds on the encoded size of the messages, from the bounds of their
 // fields; MaxMessageSize is the largest. Every field number is below 16
-// (a 1-byte tag) but RateLimitRequest's charged_end_unix_nano (16, a
-// 2-byte tag), and every string and item is shorter than 16 KiB (a
+// (a 1-byte tag) but RateLimitRequest's charged_end_unix_nano and
+// KeyState's reset_until_unix_nano (16, a 2-byte tag), and every string and item is shorter than 16 KiB (a
 // length of at most 2 bytes). A test encodes the largest of each message
 // and checks it against these.
 const (
@@ -78,7 +78,7 @@ func TransferSplit(states []limiter.Snapshot) int {
 // length and KeyState).
 func stateSize(s *limiter.Snapshot) int {
 	n := 1 + protowire.SizeBytes(len(s.Name)) + 1 + protowire.SizeBytes(len(s.Key)) +
-		6*varintField + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos, rate_calendar
+		8*varintField + 1 + // algorithm, expire_at_unix_nano, rate_limit, rate_burst, rate_period_nanos, rate_calendar, reset_at_unix_nano, reset_until_unix_nano (a 2-byte tag)
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
 		len(s.Log)*maxLogEntry +
 		stateFieldSize(s) +

@@ -112,28 +112,33 @@ func WithLeaser(l Leaser) ServerOption {
 // earlier form, its words and log. A calendar window's rate, which format
 // version 1 does not hold, goes beside the state, written in version 1
 // without it, so that members of the previous release read the state
-// (see KeyState.rate_calendar). The receiver refuses an invalid s: where
-// the state format refuses it, it carries only the earlier form.
+// (see KeyState.rate_calendar). A reset's mark, which only format version
+// 3 holds, goes beside the state too (KeyState.reset_at_unix_nano). The
+// receiver refuses an invalid s: where the state format refuses it, it
+// carries only the earlier form.
 func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 	inState := *s
 	if s.RateCalendar != limiter.NoCalendar {
 		inState.RateLimit, inState.RateBurst, inState.RateCalendar, inState.RateLocation = 0, 0, limiter.NoCalendar, nil
 	}
+	inState.ResetAt, inState.ResetUntil = 0, 0
 	state, err := inState.MarshalBinary()
 	if err != nil {
 		state = nil
 	}
 	m := &pb.KeyState{
-		State:            state,
-		Name:             s.Name,
-		Key:              s.Key,
-		Algorithm:        algorithmToProto(s.Algorithm),
-		ExpireAtUnixNano: s.ExpireAt,
-		Words:            []int64{s.Words[0], s.Words[1], s.Words[2]},
-		RateLimit:        s.RateLimit,
-		RateBurst:        s.RateBurst,
-		RatePeriodNanos:  int64(s.RatePeriod),
-		RateCalendar:     calendarToProto(s.RateCalendar),
+		State:              state,
+		Name:               s.Name,
+		Key:                s.Key,
+		Algorithm:          algorithmToProto(s.Algorithm),
+		ExpireAtUnixNano:   s.ExpireAt,
+		Words:              []int64{s.Words[0], s.Words[1], s.Words[2]},
+		RateLimit:          s.RateLimit,
+		RateBurst:          s.RateBurst,
+		RatePeriodNanos:    int64(s.RatePeriod),
+		RateCalendar:       calendarToProto(s.RateCalendar),
+		ResetAtUnixNano:    s.ResetAt,
+		ResetUntilUnixNano: s.ResetUntil,
 	}
 	if s.RateLocation != nil && s.RateLocation != time.UTC {
 		m.RateTimeZone = s.RateLocation.String()
@@ -194,9 +199,10 @@ func (c *Codec) settlementFromProto(m *pb.KeyState, s *limiter.Snapshot) error {
 // its name, key and algorithm must match the fields beside it; without it,
 // the earlier form of words and log. With m.RateCalendar set, the rate is
 // the calendar window's of the rate fields, and a state must carry none of
-// its own. The settlement fields are not read (a Transfer's server reads
-// them). Errors wrap ErrInvalidArgument, limiter.ErrStateFormat or
-// limiter.ErrInvalidSnapshot.
+// its own. With m.ResetAtUnixNano or m.ResetUntilUnixNano set, the mark
+// is theirs, and a state must carry none of its own either. The settlement
+// fields are not read (a Transfer's server reads them). Errors wrap
+// ErrInvalidArgument, limiter.ErrStateFormat or limiter.ErrInvalidSnapshot.
 func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
 		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
@@ -211,6 +217,18 @@ func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if a, _ := algorithmFromProto(m.Algorithm); s.Name != m.Name || s.Key != m.Key || s.Algorithm != a {
 		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState state is of %q/%q (%s), its fields say %q/%q (%s)",
 			ErrInvalidArgument, s.Name, s.Key, s.Algorithm, m.Name, m.Key, a)
+	}
+	if m.ResetAtUnixNano != 0 || m.ResetUntilUnixNano != 0 {
+		if s.HasResetMark() {
+			return limiter.Snapshot{}, fmt.Errorf("%w: KeyState carries a reset mark in its state and another beside it", ErrInvalidArgument)
+		}
+		s.ResetAt, s.ResetUntil = m.ResetAtUnixNano, m.ResetUntilUnixNano
+		if m.RateCalendar == pb.Calendar_CALENDAR_NONE && m.RateTimeZone == "" {
+			if err := s.Validate(); err != nil {
+				return limiter.Snapshot{}, err
+			}
+			return s, nil
+		}
 	}
 	if m.RateCalendar == pb.Calendar_CALENDAR_NONE && m.RateTimeZone == "" {
 		return s, nil
@@ -275,6 +293,8 @@ func snapshotFromWords(m *pb.KeyState) (limiter.Snapshot, error) {
 		RateBurst: m.RateBurst,
 		// Validate refuses a period outside a request's bounds.
 		RatePeriod: time.Duration(m.RatePeriodNanos),
+		ResetAt:    m.ResetAtUnixNano,
+		ResetUntil: m.ResetUntilUnixNano,
 	}
 	if err := calendarRate(&s, m); err != nil {
 		return limiter.Snapshot{}, err

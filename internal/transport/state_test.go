@@ -212,7 +212,7 @@ func TestSnapshotFromProtoStateWins(t *testing.T) {
 		{"other key", func(m *pb.KeyState) { m.Key = "other" }, ErrInvalidArgument},
 		{"other algorithm", func(m *pb.KeyState) { m.Algorithm = m.Algorithm%6 + 1 }, ErrInvalidArgument},
 		{"truncated state", func(m *pb.KeyState) { m.State = m.State[:len(m.State)-1] }, limiter.ErrStateFormat},
-		{"format version 3", func(m *pb.KeyState) { m.State[0] = 3 }, limiter.ErrStateFormat},
+		{"format version 4", func(m *pb.KeyState) { m.State[0] = 4 }, limiter.ErrStateFormat},
 	}
 	for _, tt := range tests {
 		m := proto.Clone(good).(*pb.KeyState)

@@ -441,8 +441,15 @@ type RateLimitRequest struct {
 	// charged_end_unix_nano. A build without the field ignores it and
 	// refunds as the key's state reads now.
 	ChargedAtUnixNano int64 `protobuf:"varint,17,opt,name=charged_at_unix_nano,json=chargedAtUnixNano,proto3" json:"charged_at_unix_nano,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Peer service only: count hits whatever the key's state, past its
+	// capacity (limiter.Charge), for a token bucket, leaky bucket or GCRA: a
+	// node settles so the hits it admitted without the key's owner. Sent
+	// with drain_over_limit, which an owner of a build without this field
+	// applies instead (the hits past the capacity are then not counted).
+	// The Sluice service refuses a request that sets it.
+	Charge        bool `protobuf:"varint,18,opt,name=charge,proto3" json:"charge,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RateLimitRequest) Reset() {
@@ -592,6 +599,13 @@ func (x *RateLimitRequest) GetChargedAtUnixNano() int64 {
 		return x.ChargedAtUnixNano
 	}
 	return 0
+}
+
+func (x *RateLimitRequest) GetCharge() bool {
+	if x != nil {
+		return x.Charge
+	}
+	return false
 }
 
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
@@ -953,8 +967,23 @@ type KeyState struct {
 	// alone.
 	SettleParts   []*SettlePart     `protobuf:"bytes,13,rep,name=settle_parts,json=settleParts,proto3" json:"settle_parts,omitempty"`
 	SettleRequest *RateLimitRequest `protobuf:"bytes,14,opt,name=settle_request,json=settleRequest,proto3" json:"settle_request,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The mark a reset of the key's live state left (limiter.Snapshot's
+	// ResetAt and ResetUntil), in nanoseconds since the Unix epoch: until
+	// reset_until_unix_nano, a refund naming a charge made no later than
+	// reset_at_unix_nano gives nothing back. Both 0 when none, else
+	// 0 < reset_at_unix_nano < reset_until_unix_nano, the instant at most
+	// limiter.MaxClockSkew and the end at most MaxStateLife+MaxClockSkew
+	// after the receiver's now. Format version 3 of state holds the mark,
+	// which the previous release does not read, so senders write state
+	// without it and the mark in these fields beside it (state must then
+	// carry none of its own). With expire_at_unix_nano 0 the state is
+	// fresh and the mark travels alone: words and log are zero, and no rate
+	// is set. Nodes that predate these fields merge the state without its
+	// mark, and refuse a mark alone of GCRA (interval 0) or skip it (fresh).
+	ResetAtUnixNano    int64 `protobuf:"varint,15,opt,name=reset_at_unix_nano,json=resetAtUnixNano,proto3" json:"reset_at_unix_nano,omitempty"`
+	ResetUntilUnixNano int64 `protobuf:"varint,16,opt,name=reset_until_unix_nano,json=resetUntilUnixNano,proto3" json:"reset_until_unix_nano,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
@@ -1083,6 +1112,20 @@ func (x *KeyState) GetSettleRequest() *RateLimitRequest {
 		return x.SettleRequest
 	}
 	return nil
+}
+
+func (x *KeyState) GetResetAtUnixNano() int64 {
+	if x != nil {
+		return x.ResetAtUnixNano
+	}
+	return 0
+}
+
+func (x *KeyState) GetResetUntilUnixNano() int64 {
+	if x != nil {
+		return x.ResetUntilUnixNano
+	}
+	return 0
 }
 
 // SettlePart is the hits one stand-in owner (origin, a node name) admitted
@@ -2484,7 +2527,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x8d\x05\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xa5\x05\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -2503,7 +2546,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\x125\n" +
 	"\x17charged_start_unix_nano\x18\x0f \x01(\x03R\x14chargedStartUnixNano\x121\n" +
 	"\x15charged_end_unix_nano\x18\x10 \x01(\x03R\x12chargedEndUnixNano\x12/\n" +
-	"\x14charged_at_unix_nano\x18\x11 \x01(\x03R\x11chargedAtUnixNanoB\a\n" +
+	"\x14charged_at_unix_nano\x18\x11 \x01(\x03R\x11chargedAtUnixNano\x12\x16\n" +
+	"\x06charge\x18\x12 \x01(\bR\x06chargeB\a\n" +
 	"\x05_hits\"\x87\x04\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
@@ -2531,7 +2575,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xae\x04\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\x8e\x05\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2549,7 +2593,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rrate_calendar\x18\v \x01(\x0e2\x13.sluice.v1.CalendarR\frateCalendar\x12$\n" +
 	"\x0erate_time_zone\x18\f \x01(\tR\frateTimeZone\x128\n" +
 	"\fsettle_parts\x18\r \x03(\v2\x15.sluice.v1.SettlePartR\vsettleParts\x12B\n" +
-	"\x0esettle_request\x18\x0e \x01(\v2\x1b.sluice.v1.RateLimitRequestR\rsettleRequest\"J\n" +
+	"\x0esettle_request\x18\x0e \x01(\v2\x1b.sluice.v1.RateLimitRequestR\rsettleRequest\x12+\n" +
+	"\x12reset_at_unix_nano\x18\x0f \x01(\x03R\x0fresetAtUnixNano\x121\n" +
+	"\x15reset_until_unix_nano\x18\x10 \x01(\x03R\x12resetUntilUnixNano\"J\n" +
 	"\n" +
 	"SettlePart\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x10\n" +

@@ -474,11 +474,16 @@ func (s *Store) markStepLocked(sh *shard, e *entry, now int64, step resetMark) {
 // counted it: the end of the window after now's for a fixed window or
 // sliding window counter (a counter's previous window is named until its
 // end), and now plus the drain time of req's capacity for the buckets and
-// GCRA.
+// GCRA (at GCRA's interval, rounded up).
 func stepMarkUntil(req *Request, now int64) int64 {
-	if req.Algorithm == FixedWindow || req.Algorithm == SlidingWindowCounter {
+	switch req.Algorithm {
+	case FixedWindow, SlidingWindowCounter:
 		_, end := windowBounds(req, now)
 		return addSat(end, periodOf(req, now))
+	case GCRA:
+		// Capacity × interval is at most the burst's drain time
+		// (Validate): it does not overflow.
+		return addSat(now, req.Capacity()*gcraInterval(req))
 	}
 	return addSat(now, drainTime(float64(req.Capacity()), float64(req.Limit), float64(periodOf(req, now))))
 }

@@ -858,6 +858,8 @@ if st.exp > now and not has(RESET) and timesAfter() then
   if algo == FIXED or algo == SCOUNTER then
     local _, e = windowBounds(now)
     untilT = addsat(e, periodOf())
+  elseif algo == GCRA then
+    untilT = addsat(now, capacity * gcraInterval())
   else
     untilT = math.min(addsat(now, math.ceil(capacity * periodOf() / limit)), HORIZON)
   end

@@ -113,7 +113,7 @@ func TestAtk19ForgedSettlements(t *testing.T) {
 }
 
 // The stand-in record filled to its bound with keys of short names (the
-// most entries): the heap it takes, against maxDebtBytes.
+// most entries): the heap it takes is what it counts, within a quarter.
 func TestAtk19StandinRecordHeap(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	reqs := make([]limiter.Request, 0, 8000)
@@ -131,8 +131,11 @@ func TestAtk19StandinRecordHeap(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("%d entries, %d bytes counted, %d bytes of heap (bound %d)", len(rec.m), rec.bytes, heap, maxDebtBytes)
-	if heap > 2*maxDebtBytes {
-		t.Errorf("the record takes %d bytes of heap, more than twice its bound %d", heap, maxDebtBytes)
+	// The requests stay alive through both readings, so that the heap
+	// read is the record's alone (their keys the record shares).
+	if heap > rec.bytes*5/4 || heap < rec.bytes*3/4 {
+		t.Errorf("the record counts %d bytes and takes %d of heap: its estimate is off by more than a quarter", rec.bytes, heap)
 	}
 	runtime.KeepAlive(rec)
+	runtime.KeepAlive(reqs)
 }

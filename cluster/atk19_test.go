@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -288,15 +289,15 @@ func TestAtk19LeaseStandinSkew(t *testing.T) {
 }
 
 // The stand-in record's bound (1 MiB a node) filled by one partition: node
-// 0, cut off alone, admits one hit of each of 7000 keys (about 4700 it
-// stands in for); healed. The record keeps every part as long as its key's
-// state lives (a day here), so a second partition within that day finds it
-// full: node 0 stands in for keys of 100 (owned by node 1) after 50 hits,
-// admits 30 of each, node 1 admits 10, and once healed each key should
-// count 90 and admit 10 more.
+// 0, cut off alone, checks one hit of each of 7000 keys (about 4700 it
+// stands in for, more than its record holds: those it has no room for are
+// refused), then 5 of each of the keys of 100 owned by node 1, which had
+// 50 hits before (refused, or recorded); healed. A second partition within
+// the keys' period (a day) finds room made of the parts the heal's
+// hand-off carried: node 0 admits 30 of each key, node 1 10; once healed
+// each key counts every hit admitted once, and its owner admits the rest.
 func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
 	skipNearDayEnd(t)
-	attackOpen(t, "a partition of ~4000 keys fills the stand-in record (1 MiB) for the keys' period: a later partition's stand-in hits are dropped and merged by the larger state, 30 of 100 hits forgotten per key (the owner admits 40 more, not 10)")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	fill := make([]limiter.Request, 7000)
@@ -312,7 +313,27 @@ func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
 
 	c.Partition([]int{0}, []int{1, 2})
 	c.WaitConverged()
-	consume(t, c.Node(0), fill)
+	var refused int
+	for i, r := range c.Node(0).CheckMany(context.Background(), fill) {
+		switch {
+		case r.Err != nil || r.WithoutOwner:
+			t.Fatalf("%s: without owner %v, err %v", fill[i].Key, r.WithoutOwner, r.Err)
+		case !r.Allowed:
+			refused++
+		}
+	}
+	admitted := make([]int64, len(reqs))
+	for i, r := range reqs {
+		admitted[i] = checkN(c.Node(0), r, 5)
+	}
+	st := c.Node(0).Stats().Settle
+	t.Logf("first partition: %d of %d fill keys refused, %v admitted of 5 each; node 0 %+v", refused, len(fill), admitted, st)
+	if refused == 0 || st.StandInRefused == 0 {
+		t.Fatalf("the record did not fill: %d refused, %+v", refused, st)
+	}
+	if st.StandInDropped != 0 {
+		t.Fatalf("node 0 dropped %d stand-in hits", st.StandInDropped)
+	}
 	c.Heal()
 	c.WaitConverged()
 	t.Logf("after the first partition: node 0 %+v", c.Node(0).Stats().Settle)
@@ -324,8 +345,11 @@ func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
 	c.Heal()
 	c.WaitConverged()
 	t.Logf("after the second: node 0 %+v, node 1 %+v", c.Node(0).Stats().Settle, c.Node(1).Stats().Settle)
-	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
-	remainingAfter(t, c, reqs, 10)
+	for i, r := range reqs {
+		want := 100 - 50 - 30 - 10 - admitted[i]
+		_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{r}, want) })
+		remainingAfter(t, c, []limiter.Request{r}, int(want))
+	}
 }
 
 // A stand-in's part across restarts from DataDir and a second partition:

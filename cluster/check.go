@@ -262,16 +262,48 @@ func (n *Node) departing(name string) bool {
 // when it is not (the ring or the hand-over changed since the caller
 // looked).
 func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision, err error, ok bool) {
+	d, err, how := n.decideAsOwner(req, hash)
+	return d, err, how != notOwned
+}
+
+// ownedDecision is how decideAsOwner answered.
+type ownedDecision uint8
+
+const (
+	notOwned      ownedDecision = iota // this node is not the key's settled owner now
+	decidedHere                        // decided on this node's store
+	refusedNoRoom                      // refused: standing in, with no room in the stand-in record
+)
+
+// decideAsOwner is decideOwned, telling a check refused because this
+// node stands in for the key's owner with no room in its stand-in record
+// (the refusal is a denial that consumed nothing).
+func (n *Node) decideAsOwner(req *limiter.Request, hash uint64) (d sluice.Decision, err error, how ownedDecision) {
 	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
-	if st, _ := n.handover.stateOf(hash); st != owned {
-		return sluice.Decision{}, nil, false
-	}
-	// Told with the ownership, before the ring with the cut-off members
-	// can change back: a decision under the ring it was owned by belongs
-	// to that ring's history, and the hand-off pass waits for it.
+	// Told with the ownership, read before and after it: a rebuild
+	// publishes the ring with the cut-off members before it adopts the
+	// new ring and drops them after, so one of the two reads holds the
+	// cut-off members of the ring the key was owned by. The decision
+	// belongs to that ring's history (the hand-off pass waits for it).
 	standingIn := n.standins.standingIn(hash)
+	if st, _ := n.handover.stateOf(hash); st != owned {
+		return sluice.Decision{}, nil, notOwned
+	}
+	standingIn = standingIn || n.standins.standingIn(hash)
+	// A stand-in's hits are recorded, or not admitted: its entry is
+	// reserved before the decision.
+	counted := standingIn && req.Hits > 0 && req.Behavior&(limiter.Reset|limiter.Refund) == 0
+	if counted && !n.standins.reserve(req) {
+		if err := req.Validate(); err != nil {
+			return sluice.Decision{}, err, decidedHere
+		}
+		n.standins.refused.Add(1)
+		n.local.Add(1)
+		now := n.now()
+		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: now.Add(n.cfg.DenyRetryAfter)}, Owner: n.cfg.NodeName}, nil, refusedNoRoom
+	}
 	held := false
 	if n.grants.active() {
 		d, err, held = n.decideLeased(req, hash)
@@ -279,17 +311,21 @@ func (n *Node) decideOwned(req *limiter.Request, hash uint64) (d sluice.Decision
 	if !held {
 		d, err = n.decideLocal(req)
 	}
+	if counted {
+		var hits int64
+		if err == nil && d.Allowed {
+			hits = req.Hits
+		}
+		n.standins.record(req, hits)
+	}
 	if err == nil {
 		if req.Behavior&limiter.Reset != 0 && !deferred(req.Algorithm) && n.grants.active() {
 			// The Reset's decision says what is left after them.
 			d.Remaining = max(d.Remaining-n.grants.rechargeReset(n.store, hash, req, n.now()), 0)
 		}
 		n.resetReplicas(req)
-		if d.Allowed && req.Behavior&(limiter.Reset|limiter.Refund) == 0 && standingIn {
-			n.standins.record(req, req.Hits)
-		}
 	}
-	return d, err, true
+	return d, err, decidedHere
 }
 
 // decideLeased decides req, a request for a key this node owns, when
@@ -308,9 +344,10 @@ func (n *Node) decideLeased(req *limiter.Request, hash uint64) (d sluice.Decisio
 	gm.Lock()
 	n.grants.settleLocked(n.store, hash, now.UnixNano(), req)
 	var out, earliest int64
-	if deferred(req.Algorithm) {
-		// Whatever the behavior: a Reset, a Refund or a DrainOverLimit
-		// acts on the bucket beside the hits the leases hold.
+	if deferred(req.Algorithm) && req.Behavior&limiter.Charge == 0 {
+		// A Reset, a Refund or a DrainOverLimit acts on the bucket
+		// beside the hits the leases hold; a Charge counts its hits
+		// whatever they hold.
 		out, earliest = n.grants.heldLocked(hash)
 	}
 	gm.Unlock()

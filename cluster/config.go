@@ -210,10 +210,21 @@ type Config struct {
 	// gossips on the NetTransport itself.
 	GossipTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 	// ServerOptions are added after the node's own options of its gRPC
-	// server, for interceptors above all (testcluster delays a slow node's
-	// messages this way). Credentials come from TLS: do not set them here.
-	// Dial options of the clients to peers are in Peer.DialOptions.
+	// server, for stream interceptors above all (testcluster delays a
+	// slow node's messages this way). The server serves every unary
+	// method as a stream whose handler receives one message (so that its
+	// message budget reserves the message before it is read): stream
+	// interceptors see each unary call as a stream that neither side
+	// streams (grpc.StreamServerInfo's IsClientStream and IsServerStream
+	// false), and unary interceptors belong in UnaryInterceptors, as
+	// grpc.UnaryInterceptor options here see none of the node's methods.
+	// Credentials come from TLS: do not set them here. Dial options of
+	// the clients to peers are in Peer.DialOptions.
 	ServerOptions []grpc.ServerOption
+	// UnaryInterceptors run around each unary method of the node's
+	// server, the first outermost, after its stream interceptors, each
+	// with the call's request and its grpc.UnaryServerInfo.
+	UnaryInterceptors []grpc.UnaryServerInterceptor
 	// ServerLimits bounds what clients may hold open on the node's gRPC
 	// server: connections, calls, and the bytes of the messages on their
 	// way (its MessageBytes is the budget those messages share). Default
@@ -474,6 +485,11 @@ func (c *Config) Validate() error {
 	for i, o := range c.ServerOptions {
 		if o == nil {
 			return bad("ServerOptions[%d] is nil", i)
+		}
+	}
+	for i, ic := range c.UnaryInterceptors {
+		if ic == nil {
+			return bad("UnaryInterceptors[%d] is nil", i)
 		}
 	}
 	if err := c.Store.Validate(); err != nil {

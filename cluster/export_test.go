@@ -21,3 +21,7 @@ func (n *Node) HeldHits(name, key string) int64 {
 // SetBeforeHandoffPass makes a node built from c call f before each of
 // its hand-off passes reads the ring.
 func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
+
+// LeaseInterval is how often a key's rate is measured: a key checked
+// ceil(Lease.Threshold × LeaseInterval) times in one is hot.
+const LeaseInterval = leaseInterval

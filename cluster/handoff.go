@@ -434,7 +434,7 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 		} else {
 			moved, replica := n.planHandoff(oldR, newR, viaR)
 			for to, states := range moved {
-				n.standins.attach(states)
+				n.standins.attachHandOff(states)
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
@@ -669,7 +669,7 @@ func (n *Node) leaveHandoff() error {
 			}
 		})
 		for to, states := range batches {
-			n.standins.attach(states)
+			n.standins.attachHandOff(states)
 			n.transfers.outbox.handOff(to, states)
 		}
 		lost = n.transfers.outbox.waitHandedOff(ctx)

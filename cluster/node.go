@@ -260,6 +260,7 @@ func New(cfg Config) (n *Node, err error) {
 		return nil, fmt.Errorf("cluster: listen on GRPCAddr: %w", err)
 	}
 	sopts := n.budget.ServerOptions()
+	n.budget.ChainUnaryInterceptor(cfg.UnaryInterceptors...)
 	if cfg.TLS != nil {
 		server := cfg.TLS.Clone()
 		if server.ClientCAs != nil {
@@ -275,7 +276,7 @@ func New(cfg Config) (n *Node, err error) {
 		n.RegisterPublicAPI(n.grpc)
 	}
 	if cfg.RegisterServices != nil {
-		if err = cfg.RegisterServices(n.grpc, n); err != nil {
+		if err = cfg.RegisterServices(transport.Registrar(n.grpc), n); err != nil {
 			return nil, fmt.Errorf("cluster: register services: %w", err)
 		}
 	}

@@ -278,13 +278,13 @@ func TestBrieflyUnreachableMemberProvesLater(t *testing.T) {
 	down.Store(true)
 	c2 := cluster.TestConfig("b")
 	c2.ClusterSecret = secret
-	c2.ServerOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+	c2.UnaryInterceptors = []grpc.UnaryServerInterceptor{
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if down.Load() && strings.HasSuffix(info.FullMethod, "/Prove") {
 				return nil, status.Error(codes.Unavailable, "b is starting")
 			}
 			return h(ctx, req)
-		})}
+		}}
 	c2.Seeds = []string{a.GossipAddr()}
 	b := startNode(t, c2)
 	waitRefused(t, "b", a)

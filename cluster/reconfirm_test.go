@@ -34,7 +34,7 @@ func TestHandoverLostConfirmationFrozenClock(t *testing.T) {
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.Clock = cluster.ClockFunc(clk.Now)
 		if i == 1 {
-			cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(drop))
+			cfg.UnaryInterceptors = append(cfg.UnaryInterceptors, drop)
 		}
 	}))
 	if dropped.Load() != 1 {

@@ -15,9 +15,11 @@ import (
 
 // Settlement: the hits a node admits without a key's owner (the
 // unreachable policies local and allow) are recorded here, per key, and
-// charged to the owner's state once the owner decides again: a check of
-// the hits recorded, with DrainOverLimit, so that it consumes them, or
-// what remains when they are more. A key that this node owns by then is
+// charged to the owner's state once the owner decides again
+// (settleCharge): a token bucket's, a leaky bucket's or GCRA's with
+// limiter.Charge, which counts them past the capacity, a capacity a round;
+// a window's as a check with DrainOverLimit, which consumes them, or what
+// remains when they are more. A key that this node owns by then is
 // settled where it is: hits admitted under PolicyLocal are in its store
 // already, and those admitted under PolicyAllow are charged to it.
 //
@@ -129,9 +131,15 @@ type SettleStats struct {
 	// StandIn counts hits this node admitted standing in for a failed
 	// owner, recorded to be charged wherever its state meets the owner's
 	// (standin.go); Charged the hits of other nodes' stand-in records
-	// charged to this node's store on receipt; StandInDropped the hits of
-	// stand-in records not kept: that record was full.
+	// charged to this node's store on receipt;
+	// StandInDropped the hits of stand-in records not kept, the record
+	// being full (a part sent is charged all the same).
 	StandIn, Charged, StandInDropped int64
+	// StandInRefused counts the checks refused, standing in, because
+	// the stand-in record had no room for their key (rather than admit
+	// hits that would go uncounted); StandInForgotten the record's
+	// entries forgotten to make room, whose parts were counted elsewhere.
+	StandInRefused, StandInForgotten int64
 }
 
 func (t *debts) stats() SettleStats {
@@ -143,6 +151,7 @@ func (t *debts) stats() SettleStats {
 func (n *Node) settleStats() SettleStats {
 	s := n.debts.stats()
 	s.StandIn, s.Charged, s.StandInDropped = n.standins.counts()
+	s.StandInRefused, s.StandInForgotten = n.standins.refusals()
 	return s
 }
 
@@ -175,18 +184,66 @@ func (n *Node) settleLoop() {
 // under the key's decide lock, so that a hand-off pass sees them. Standing
 // in for the owner, it records them as its own (the owner's history lacks
 // them as it lacks the stand-in's decisions). false: this node does not
-// decide the key (any more).
+// decide the key (any more), or stands in for its owner without room in
+// its stand-in record: the debt waits for room or for the owner.
 func (n *Node) settleHere(req *limiter.Request, hash uint64) bool {
 	mu := n.handover.lock(hash)
 	mu.RLock()
 	defer mu.RUnlock()
+	standingIn := n.standins.standingIn(hash) // before and after the ownership, as decideOwned
 	if st, _ := n.handover.stateOf(hash); st != owned {
 		return false
 	}
-	if n.standins.standingIn(hash) {
+	if standingIn || n.standins.standingIn(hash) {
+		if !n.standins.reserve(req) {
+			return false
+		}
 		n.standins.record(req, req.Hits)
 	}
 	return true
+}
+
+// maxSettleCapacities bounds the hits of a token bucket's, a leaky
+// bucket's or GCRA's debt that are charged, in capacities of the key: past
+// it, the key's state is held long enough (what more there is counts in
+// SettleStats.Dropped).
+const maxSettleCapacities = 64
+
+// settleCharge returns the check that charges hits of req, a debt, to its
+// key's owner in one round, the hits left for the next rounds, and those
+// past maxSettleCapacities capacities, which are not charged. A token
+// bucket's, a leaky bucket's or GCRA's goes with limiter.Charge, which
+// counts them past the capacity, a capacity a round (a request holds no
+// more); an owner of a build that does not know Charge drains the key
+// instead. A window's goes with DrainOverLimit, at most the capacity in
+// all: what a window counts past its limit admits nothing less.
+func settleCharge(req *limiter.Request) (charge limiter.Request, rest, over int64) {
+	charge = *req
+	charge.Charged = limiter.Window{}
+	c := max(charge.Capacity(), 1)
+	if charge.Algorithm.HasBurst() {
+		hits := charge.Hits
+		if bound := c * maxSettleCapacities; hits > bound {
+			over, hits = hits-bound, bound
+		}
+		charge.Hits = min(hits, c)
+		charge.Behavior = limiter.Charge
+		return charge, hits - charge.Hits, over
+	}
+	charge.Hits = min(charge.Hits, c) // more drains no more
+	charge.Behavior = (charge.Behavior &^ (limiter.Reset | limiter.Refund)) | limiter.DrainOverLimit
+	return charge, 0, 0
+}
+
+// charged counts the hits of d settled by a charge that leaves rest of
+// them, and returns again with a debt of the rest appended.
+func (n *Node) charged(d debt, rest int64, again []debt) []debt {
+	n.debts.settled.Add(d.req.Hits - rest)
+	if rest > 0 {
+		d.req.Hits = rest
+		again = append(again, d)
+	}
+	return again
 }
 
 // settle charges every debt to its key's owner and returns how many are
@@ -204,6 +261,7 @@ func (n *Node) settle() int {
 		pick  pick
 		reqs  []limiter.Request
 		debts []debt
+		rests []int64
 	}
 	var (
 		groups map[string]*group
@@ -211,10 +269,11 @@ func (n *Node) settle() int {
 	)
 	for _, d := range ds {
 		hash := ring.RouteHash(d.req.Name, d.req.Key)
-		charge := d.req
-		charge.Hits = min(charge.Hits, max(charge.Capacity(), 1)) // more drains no more
-		charge.Behavior = (charge.Behavior &^ (limiter.Reset | limiter.Refund)) | limiter.DrainOverLimit
-		charge.Charged = limiter.Window{}
+		charge, rest, over := settleCharge(&d.req)
+		if over > 0 {
+			n.debts.dropped.Add(over)
+			d.req.Hits -= over
+		}
 		p := n.router.pick(hash)
 		switch p.way {
 		case wayHere:
@@ -226,8 +285,11 @@ func (n *Node) settle() int {
 				n.debts.settled.Add(d.req.Hits)
 				continue
 			}
-			if _, err, ok := n.decideOwned(&charge, hash); ok && err == nil {
-				n.debts.settled.Add(d.req.Hits)
+			// Standing in with no room in the stand-in record, the
+			// charge waits: counted here unrecorded, it would be lost
+			// when this state meets the owner's.
+			if _, err, how := n.decideAsOwner(&charge, hash); how == decidedHere && err == nil {
+				again = n.charged(d, rest, again)
 				continue
 			}
 			again = append(again, d)
@@ -250,6 +312,7 @@ func (n *Node) settle() int {
 		}
 		g.reqs = append(g.reqs, charge)
 		g.debts = append(g.debts, d)
+		g.rests = append(g.rests, rest)
 	}
 	ctx, cancel := clocks.WithTimeout(context.Background(), n.clock, n.cfg.HandoverTimeout)
 	defer cancel()
@@ -258,6 +321,11 @@ func (n *Node) settle() int {
 		n.router.done(&g.pick, batchErr(rs))
 		for i, r := range rs {
 			switch {
+			case r.Err == nil && !r.Allowed && g.reqs[i].Behavior&limiter.Charge != 0:
+				// A Charge is always admitted, unless refused by an owner
+				// standing in with no room in its stand-in record.
+				again = append(again, g.debts[i])
+				continue
 			case r.Err == nil:
 			case errors.Is(r.Err, transport.ErrUnavailable), errors.Is(r.Err, transport.ErrNotOwner), callerGone(r.Err):
 				again = append(again, g.debts[i])
@@ -266,7 +334,7 @@ func (n *Node) settle() int {
 				n.debts.dropped.Add(g.debts[i].req.Hits)
 				continue
 			}
-			n.debts.settled.Add(g.debts[i].req.Hits)
+			again = n.charged(g.debts[i], g.rests[i], again)
 		}
 	}
 	n.debts.putBack(again)

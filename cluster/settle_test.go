@@ -73,3 +73,79 @@ func TestSettleWithoutOwner(t *testing.T) {
 		})
 	}
 }
+
+// Hits admitted without the owner beyond the key's capacity: a token
+// bucket (or GCRA) key of 100 a day takes 50 hits through its owner; the
+// owner is slowed past the peer timeout; another node admits 200 checks
+// without it under PolicyAllow; once the owner is fast again they are
+// settled with it. Every admitted hit counted once, the key is 150 past
+// its capacity, which drains at 100 a day: the owner's next check waits
+// for all of it. (PolicyLocal admits no more than the capacity: the other
+// node decides from its replica's copy, or from a fresh state.)
+func TestAtk19SettleBeyondCapacity(t *testing.T) {
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
+		for _, policy := range []sluice.Policy{sluice.PolicyAllow} {
+			t.Run(a.String()+"/"+policy.String(), func(t *testing.T) {
+				c := testcluster.New(t, 2)
+				n0, n1 := c.Node(0), c.Node(1)
+				req := limiter.Request{Name: "beyond", Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+				for i := 0; ; i++ {
+					req.Key = fmt.Sprintf("k%d", i)
+					if c.Owner(req.Name, req.Key) == n1 {
+						break
+					}
+				}
+				fifty := req
+				fifty.Hits = 50
+				consume(t, n1, []limiter.Request{fifty})
+
+				c.Slow(1, time.Minute)
+				peek := req
+				peek.Hits = 0
+				if err := testcluster.WaitFor(20*time.Second, func() error {
+					before := n0.Stats().Forwarded
+					d, err := n0.Check(context.Background(), peek, sluice.OnUnreachable(sluice.PolicyDeny))
+					if err != nil {
+						return err
+					}
+					if !d.WithoutOwner || n0.Stats().Forwarded != before {
+						return fmt.Errorf("the breaker to %s is not open yet", n1.Name())
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				var admitted int64
+				for range 200 {
+					d, err := n0.Check(context.Background(), req, sluice.OnUnreachable(policy))
+					if err != nil || !d.WithoutOwner {
+						t.Fatalf("check with the owner slow: %+v, %v; want decided without the owner", d, err)
+					}
+					if d.Allowed {
+						admitted++
+					}
+				}
+				c.Slow(1, 0)
+				if err := testcluster.WaitFor(20*time.Second, func() error {
+					if s := n0.Stats().Settle; s.Settled != admitted || s.Recorded != admitted {
+						return fmt.Errorf("settle stats %+v, want %d recorded and settled", s, admitted)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				d, err := n1.Check(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				perHit := req.Period / time.Duration(req.Limit)
+				over := 50 + admitted - req.Capacity()
+				// Within one hit of all of it, for the time the test took.
+				if d.Allowed || d.RetryAfter < time.Duration(over)*perHit {
+					t.Errorf("after 50 + %d admitted of %d: allowed %v, retry after %v; want to wait %v, what %d hits past the capacity take to drain",
+						admitted, req.Capacity(), d.Allowed, d.RetryAfter, time.Duration(over)*perHit, over)
+				}
+			})
+		}
+	}
+}

@@ -50,26 +50,42 @@ import (
 //
 // The record is bounded: maxDebtBytes in all (as settlement's), an entry
 // counted as its name, its key, standinOverhead and each part's origin and
-// partOverhead, at most limiter.MaxSettleParts parts. Past the bound a key
-// not recorded yet is not recorded (its stand-in hits, and the parts it is
-// sent, counted in SettleStats.StandInDropped): its states merge by the
-// larger, as before. A record lives as long as its key's state on this
-// node. With Config.DataDir it is written with the key's state
-// (persist.go, datadir.go) and restored with it (restore): a stand-in
-// restarted before the heal still charges its hits to the owner, and a
-// node restarted after one does not charge again what it counts already.
-// A key whose parts changed is written at the next segment, with its
-// state or without a change of it. A hard kill forgets what changed
-// since: a stand-in's hits with its state (the data directory's bound),
-// and parts it was sent, which a state sent again then charges again,
-// once (more counted, never less).
+// partOverhead (about the heap it takes), at most limiter.MaxSettleParts
+// parts. A full record makes room by forgetting entries whose parts are
+// counted elsewhere already: this node's own parts once a hand-off to the
+// key's next owner carries them (and they have not grown since), and
+// parts it was sent once no member is cut off, which its own state counts
+// (forgetting them can only make a state that carries them again be
+// charged twice: more counted, never less). A stand-in decision reserves
+// its entry before it decides: with no room even so, the stand-in refuses
+// the check (SettleStats.StandInRefused) rather than admit hits it could
+// not record, and hits PolicyLocal admitted on its store wait in
+// settlement's record for room or for the key's owner. A state sent with
+// parts this node has no room to keep is charged all the same, its parts
+// not kept (counted in SettleStats.StandInDropped): a copy of it that
+// comes again is charged again. A record lives as long as its key's state
+// on this node, unless forgotten to make room. With Config.DataDir it is
+// written with the key's state (persist.go, datadir.go) and restored with
+// it (restore): a stand-in restarted before the heal still charges its
+// hits to the owner, and a node restarted after one does not charge again
+// what it counts already. A key whose parts changed is written at the next
+// segment, with its state or without a change of it. A hard kill forgets
+// what changed since: a stand-in's hits with its state (the data
+// directory's bound), and parts it was sent, which a state sent again then
+// charges again, once (more counted, never less).
 
 // standinOverhead is what an entry of the record costs beside its name,
-// key and parts; partOverhead what a part costs beside its origin.
+// key and parts (the entry, 144 bytes, and its map slot); partOverhead
+// what a part costs beside its origin. TestAtk19StandinRecordHeap holds
+// the estimate to the heap the record takes.
 const (
-	standinOverhead = 192
+	standinOverhead = 224
 	partOverhead    = 48
 )
+
+// roomSlack is what making room frees below the bound beside what it
+// needs, so that a full record is not scanned for each new entry.
+const roomSlack = maxDebtBytes / 16
 
 // standinRec is the parts this node holds for one key.
 type standinRec struct {
@@ -77,6 +93,13 @@ type standinRec struct {
 	parts []limiter.SettlePart
 	size  int64
 	gen   uint64 // this node's own part's generation; 0 when it has none
+	// handed is the hits of this node's own parts (the open one and any
+	// restored) that a hand-off to the key's next owner carries: once
+	// they hold no more, the entry may be forgotten to make room.
+	handed int64
+	// pins counts the stand-in decisions that reserved the entry and
+	// have not recorded their hits yet: it is not forgotten meanwhile.
+	pins int
 }
 
 // standins is the record, and the ring with the failed members that tells
@@ -103,7 +126,16 @@ type standins struct {
 	// without Config.DataDir.
 	dirty map[debtKey]struct{}
 
+	// roomEpoch changes whenever an entry may have become one to forget
+	// (a hand-off carries its part, a pin ends, a ring change); noRoomAt
+	// is roomEpoch+1 when making room last found nothing to forget (0:
+	// not since), so that a full record is not scanned again in vain.
+	roomEpoch atomic.Uint64
+	noRoomAt  uint64 // guarded by mu
+
 	recorded, charged, dropped atomic.Int64 // hits
+	refused                    atomic.Int64 // checks
+	forgotten                  atomic.Int64 // entries forgotten to make room
 }
 
 func newStandins(self string, now time.Time) *standins {
@@ -145,17 +177,20 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	}
 	old := t.failed
 	t.failed = failed
-	t.store(members, cfg, old, failed)
+	// Members back from a partition are among members: the ring over
+	// members alone then tells the decisions still made under the ring in
+	// force, which routes around them, as stand-in decisions.
+	t.store(members, cfg, len(old) > 0 || len(failed) > 0, old, failed)
 }
 
 // publish publishes the ring over members and the failed members.
 func (t *standins) publish(members []ring.Member, cfg ring.Config) {
-	t.store(members, cfg, t.failed)
+	t.store(members, cfg, false, t.failed)
 }
 
 // store publishes the ring over members and the members of failed that
-// are not among them; nil when there are none.
-func (t *standins) store(members []ring.Member, cfg ring.Config, failed ...map[string]ring.Member) {
+// are not among them; nil when there are none, unless keep.
+func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, failed ...map[string]ring.Member) {
 	all := slices.Clone(members)
 	in := map[string]bool{}
 	for _, m := range members {
@@ -169,7 +204,8 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, failed ...map[s
 			}
 		}
 	}
-	if len(all) == len(members) {
+	defer t.roomEpoch.Add(1)
+	if len(all) == len(members) && !keep {
 		t.full.Store(nil)
 		return
 	}
@@ -197,14 +233,14 @@ func (t *standins) standingIn(hash uint64) bool {
 // entrySize is what an entry of the key of req with no parts costs.
 func entrySize(name, key string) int64 { return int64(len(name)+len(key)) + standinOverhead }
 
-// entryLocked returns the entry of k, creating it when there is room;
-// nil when there is none. t.mu must be held.
+// entryLocked returns the entry of k, creating it when there is room (or
+// room can be made); nil when there is none. t.mu must be held.
 func (t *standins) entryLocked(k debtKey) *standinRec {
 	if e, ok := t.m[k]; ok {
 		return e
 	}
 	size := entrySize(k.name, k.key)
-	if t.bytes+size > maxDebtBytes {
+	if !t.roomLocked(size, nil) {
 		return nil
 	}
 	e := &standinRec{size: size}
@@ -212,6 +248,66 @@ func (t *standins) entryLocked(k debtKey) *standinRec {
 	t.bytes += size
 	t.entries.Store(int64(len(t.m)))
 	return e
+}
+
+// roomLocked reports whether size more bytes fit the bound, forgetting
+// entries other than keep that may be forgotten (forgettableLocked) to
+// make room, and roomSlack more. t.mu must be held.
+func (t *standins) roomLocked(size int64, keep *standinRec) bool {
+	if t.bytes+size <= maxDebtBytes {
+		return true
+	}
+	epoch := t.roomEpoch.Load()
+	if t.noRoomAt == epoch+1 {
+		return false // nothing to forget since the last look
+	}
+	cutOff := t.full.Load() != nil
+	for k, e := range t.m {
+		if t.bytes+size <= maxDebtBytes-roomSlack {
+			break
+		}
+		if e != keep && t.forgettableLocked(e, cutOff) {
+			t.removeLocked(k, e)
+			t.forgotten.Add(1)
+		}
+	}
+	if t.bytes+size <= maxDebtBytes {
+		return true
+	}
+	t.noRoomAt = epoch + 1
+	return false
+}
+
+// forgettableLocked reports whether e may be forgotten to make room: no
+// decision holds it, this node's own part is carried by a hand-off to the
+// key's next owner, and the parts it was sent are counted by its state
+// while no member is cut off (cutOff false). Forgotten, a part that comes
+// again with a state is charged again: more counted, never less. t.mu must
+// be held.
+func (t *standins) forgettableLocked(e *standinRec, cutOff bool) bool {
+	if e.pins > 0 {
+		return false
+	}
+	if t.ownHits(e.parts) > e.handed {
+		return false
+	}
+	for _, p := range e.parts {
+		if p.Origin != t.self && p.Hits > 0 && cutOff {
+			return false
+		}
+	}
+	return true
+}
+
+// ownHits returns the hits of this node's own parts in ps.
+func (t *standins) ownHits(ps []limiter.SettlePart) int64 {
+	var n int64
+	for _, p := range ps {
+		if p.Origin == t.self {
+			n += p.Hits
+		}
+	}
+	return n
 }
 
 // addPartLocked adds a part of origin and gen with hits to e, or raises
@@ -230,7 +326,7 @@ func (t *standins) addPartLocked(e *standinRec, origin string, gen uint64, hits 
 		}
 	}
 	size := int64(len(origin)) + partOverhead
-	if len(e.parts) >= limiter.MaxSettleParts || t.bytes+size > maxDebtBytes {
+	if len(e.parts) >= limiter.MaxSettleParts || !t.roomLocked(size, e) {
 		return false
 	}
 	e.parts = append(e.parts, limiter.SettlePart{Origin: origin, Gen: gen, Hits: min(hits, limiter.MaxLimit)})
@@ -239,16 +335,78 @@ func (t *standins) addPartLocked(e *standinRec, origin string, gen uint64, hits 
 	return true
 }
 
-// record adds hits of req, admitted by this node standing in for the
-// key's owner, to this node's part of the key.
-func (t *standins) record(req *limiter.Request, hits int64) {
-	if hits <= 0 {
-		return
-	}
+// reserve makes room for this node's own part of the key of req before a
+// stand-in decision of it, and holds the entry until record (which the
+// caller must call, with the hits admitted, 0 for none); false when there
+// is no room: the decision must not admit hits, which would go unrecorded.
+func (t *standins) reserve(req *limiter.Request) bool {
+	k := debtKey{req.Name, req.Key}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.entryLocked(debtKey{req.Name, req.Key})
+	e := t.entryLocked(k)
 	if e == nil {
+		return false
+	}
+	if e.gen == 0 {
+		t.nextGen++
+		e.gen = t.nextGen
+	}
+	if !t.addPartLocked(e, t.self, e.gen, 0, true) {
+		if !hasHits(e.parts) && e.pins == 0 {
+			t.removeLocked(k, e)
+		}
+		return false
+	}
+	e.pins++
+	return true
+}
+
+// hasHits reports whether some part of ps holds hits.
+func hasHits(ps []limiter.SettlePart) bool {
+	for _, p := range ps {
+		if p.Hits > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// sendable returns a copy of the parts of ps that hold hits; nil when
+// none does.
+func sendable(ps []limiter.SettlePart) []limiter.SettlePart {
+	var out []limiter.SettlePart
+	for _, p := range ps {
+		if p.Hits > 0 {
+			if out == nil {
+				out = make([]limiter.SettlePart, 0, len(ps))
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// record adds hits of req, admitted by this node standing in for the
+// key's owner, to this node's part of the key, and ends the hold of a
+// reserve before the decision, if any.
+func (t *standins) record(req *limiter.Request, hits int64) {
+	k := debtKey{req.Name, req.Key}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, pinned := t.m[k]
+	if pinned && e.pins > 0 {
+		e.pins--
+		if e.pins == 0 {
+			t.roomEpoch.Add(1)
+		}
+	}
+	if hits <= 0 {
+		if pinned && e.pins == 0 && !hasHits(e.parts) {
+			t.removeLocked(k, e)
+		}
+		return
+	}
+	if e = t.entryLocked(k); e == nil {
 		t.dropped.Add(hits)
 		return
 	}
@@ -260,14 +418,23 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 		t.dropped.Add(hits)
 		return
 	}
-	t.markDirtyLocked(debtKey{req.Name, req.Key})
+	t.markDirtyLocked(k)
 	e.req = *req
 	e.req.Hits, e.req.Behavior = 0, 0
 	t.recorded.Add(hits)
 }
 
-// attach sets the settlement of every state of ss whose key has parts.
-func (t *standins) attach(ss []limiter.Snapshot) {
+// attach sets the settlement of every state of ss whose key has parts,
+// for copies of the keys (replication).
+func (t *standins) attach(ss []limiter.Snapshot) { t.attachParts(ss, false) }
+
+// attachHandOff sets the settlement of every state of ss whose key has
+// parts, for a hand-off to the keys' next owners: the states carry this
+// node's own parts from now on, so that the record may forget them to
+// make room.
+func (t *standins) attachHandOff(ss []limiter.Snapshot) { t.attachParts(ss, true) }
+
+func (t *standins) attachParts(ss []limiter.Snapshot, handOff bool) {
 	if t.entries.Load() == 0 {
 		return
 	}
@@ -282,10 +449,20 @@ func (t *standins) attach(ss []limiter.Snapshot) {
 			continue // passed on as it was sent
 		}
 		e, ok := t.m[debtKey{s.Name, s.Key}]
-		if !ok || len(e.parts) == 0 || e.req.Algorithm != s.Algorithm {
+		if !ok || e.req.Algorithm != s.Algorithm {
 			continue
 		}
-		s.Settle = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+		parts := sendable(e.parts)
+		if parts == nil {
+			continue
+		}
+		s.Settle = &limiter.Settlement{Request: e.req, Parts: parts}
+		if handOff {
+			if own := t.ownHits(parts); own > e.handed {
+				e.handed = own
+				t.roomEpoch.Add(1)
+			}
+		}
 	}
 }
 
@@ -300,13 +477,14 @@ func (t *standins) settlements() map[debtKey]*limiter.Settlement {
 	defer t.mu.Unlock()
 	var out map[debtKey]*limiter.Settlement
 	for k, e := range t.m {
-		if len(e.parts) == 0 {
+		parts := sendable(e.parts)
+		if parts == nil {
 			continue
 		}
 		if out == nil {
 			out = map[debtKey]*limiter.Settlement{}
 		}
-		out[k] = &limiter.Settlement{Request: e.req, Parts: slices.Clone(e.parts)}
+		out[k] = &limiter.Settlement{Request: e.req, Parts: parts}
 	}
 	return out
 }
@@ -398,7 +576,7 @@ func (t *standins) restore(states []limiter.Snapshot) {
 // of the key: it charges the hits of sn's parts this node has not counted
 // to the store's state, and those of this node's parts sn does not count
 // to sn, merges (limiter.Store.MergeCharged), and keeps the parts. Without
-// room for the key's parts it merges sn alone.
+// room for the key's parts it charges sn's all the same, and keeps none.
 func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
 	if sn.Settle == nil && t.entries.Load() == 0 { // no stand-in anywhere in sight
 		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
@@ -408,7 +586,7 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, held := t.m[k]
-	if held && (len(e.parts) == 0 || e.req.Algorithm != sn.Algorithm) {
+	if held && (!hasHits(e.parts) || e.req.Algorithm != sn.Algorithm) {
 		held = false
 	}
 	if sn.Settle == nil && !held {
@@ -417,11 +595,9 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	}
 	if !held {
 		if e = t.entryLocked(k); e == nil {
-			for _, p := range sn.Settle.Parts {
-				t.dropped.Add(p.Hits)
-			}
-			n, err := store.Merge([]limiter.Snapshot{*sn}, now)
-			return n > 0, err
+			// No room to keep them: charged all the same (a copy that
+			// comes again is charged again, more counted, never less).
+			return t.chargeUnkeptLocked(store, sn, now)
 		}
 	}
 	var theirs, mine int64
@@ -440,7 +616,7 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	charge.Hits = min(theirs, limiter.MaxLimit)
 	changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
 	if err != nil {
-		if len(e.parts) == 0 {
+		if len(e.parts) == 0 && e.pins == 0 {
 			t.removeLocked(k, e)
 		}
 		return false, err
@@ -448,7 +624,7 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	t.charged.Add(charge.Hits)
 	for _, p := range in {
 		if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
-			t.dropped.Add(p.Hits)
+			t.dropped.Add(p.Hits) // charged, not kept
 		}
 	}
 	if len(in) > 0 {
@@ -458,6 +634,25 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 		e.req = charge
 		e.req.Hits = 0
 	}
+	return changed, nil
+}
+
+// chargeUnkeptLocked merges sn, sent with parts that this node has no room
+// to keep, charging the store's state all of them (at most what sn still
+// counts), as a receiver that holds none of them does. t.mu must be held.
+func (t *standins) chargeUnkeptLocked(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
+	charge := sn.Settle.Request
+	var theirs int64
+	for _, p := range sn.Settle.Parts {
+		theirs += max(p.Hits, 0)
+	}
+	charge.Hits = min(theirs, limiter.MaxLimit)
+	changed, err := store.MergeCharged(sn, charge, 0, now)
+	if err != nil {
+		return false, err
+	}
+	t.charged.Add(charge.Hits)
+	t.dropped.Add(charge.Hits)
 	return changed, nil
 }
 
@@ -472,6 +667,7 @@ func partHits(ps []limiter.SettlePart, origin string, gen uint64) int64 {
 	return 0
 }
 
+// removeLocked forgets the entry e of k. t.mu must be held.
 func (t *standins) removeLocked(k debtKey, e *standinRec) {
 	delete(t.m, k)
 	delete(t.dirty, k)
@@ -488,7 +684,7 @@ func (t *standins) prune(store *limiter.Store, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.m {
-		if _, ok := store.Snapshot(k.name, k.key, now); !ok {
+		if _, ok := store.Snapshot(k.name, k.key, now); !ok && e.pins == 0 {
 			t.removeLocked(k, e)
 		}
 	}
@@ -497,4 +693,10 @@ func (t *standins) prune(store *limiter.Store, now time.Time) {
 // counts returns the stand-in counters of SettleStats.
 func (t *standins) counts() (recorded, charged, dropped int64) {
 	return t.recorded.Load(), t.charged.Load(), t.dropped.Load()
+}
+
+// refusals returns the checks refused for want of room, and the entries
+// forgotten to make room.
+func (t *standins) refusals() (refused, forgotten int64) {
+	return t.refused.Load(), t.forgotten.Load()
 }

@@ -6,12 +6,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // The stand-in record holds at most maxDebtBytes: past it, the hits of a
 // key not recorded yet are counted as dropped, and a state sent with
-// parts of such a key is merged alone, the larger state winning, as it
-// was before stand-in hits were recorded.
+// parts of such a key is charged them all the same (they are not kept).
 func TestStandinRecordBound(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	rec := newStandins("self", now)
@@ -53,10 +53,137 @@ func TestStandinRecordBound(t *testing.T) {
 	}
 	r.Hits = 0
 	d, _ := store.CheckAt(r, now)
-	if d.Remaining != 50 {
-		t.Fatalf("%d remaining, want 50: past the bound the larger state wins", d.Remaining)
+	if d.Remaining != 20 {
+		t.Fatalf("%d remaining, want 20: past the bound the parts sent are charged all the same", d.Remaining)
 	}
 	if _, _, after := rec.counts(); after != dropped+30 {
 		t.Fatalf("%d hits dropped, want %d", after, dropped+30)
+	}
+}
+
+// A record full of this node's own parts that no hand-off carries yet
+// refuses room for another key (the stand-in must then not admit its
+// hits); once a hand-off carries some parts, their entries are forgotten
+// to make room, but not one whose part grew after it was handed, nor one
+// a decision holds. Parts sent with a state are forgotten only while no
+// member is cut off.
+func TestStandinRecordMakesRoom(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	rec := newStandins("self", now)
+	req := limiter.Request{Name: "room", Hits: 1, Limit: 100, Period: time.Hour, Algorithm: limiter.FixedWindow}
+	key := func(i int) limiter.Request {
+		r := req
+		r.Key = fmt.Sprintf("k%05d", i)
+		return r
+	}
+	n := 0
+	for ; ; n++ {
+		r := key(n)
+		if !rec.reserve(&r) {
+			break
+		}
+		rec.record(&r, 1)
+	}
+	if recorded, _, dropped := rec.counts(); recorded != int64(n) || dropped != 0 || rec.bytes > maxDebtBytes {
+		t.Fatalf("%d keys reserved: %d hits recorded, %d dropped, %d bytes", n, recorded, dropped, rec.bytes)
+	}
+	extra := key(n)
+	if rec.reserve(&extra) {
+		t.Fatal("a full record of parts no hand-off carries made room")
+	}
+
+	// A hand-off carries the parts of the first half.
+	ss := make([]limiter.Snapshot, n/2)
+	for i := range ss {
+		r := key(i)
+		ss[i] = limiter.Snapshot{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm}
+	}
+	rec.attachHandOff(ss)
+	for i := range ss {
+		if ss[i].Settle == nil || partHits(ss[i].Settle.Parts, "self", rec.m[debtKey{req.Name, ss[i].Key}].gen) != 1 {
+			t.Fatalf("%s: hand-off state without its part: %+v", ss[i].Key, ss[i].Settle)
+		}
+	}
+	grown, pinned := key(0), key(1)
+	rec.record(&grown, 1) // grew after the hand-off
+	if !rec.reserve(&pinned) {
+		t.Fatal("no room for a key held already")
+	}
+	if !rec.reserve(&extra) {
+		t.Fatal("no room made from parts a hand-off carries")
+	}
+	rec.record(&extra, 1)
+	_, forgotten := rec.refusals()
+	if forgotten == 0 || forgotten > int64(n/2) {
+		t.Fatalf("%d entries forgotten, want 1 to %d", forgotten, n/2)
+	}
+	for i := range n {
+		r := key(i)
+		e, ok := rec.m[debtKey{r.Name, r.Key}]
+		switch {
+		case i >= n/2 && !ok:
+			t.Fatalf("%s forgotten: no hand-off carries its part", r.Key)
+		case (i == 0 || i == 1) && !ok:
+			t.Fatalf("%s forgotten: grown after its hand-off, or held by a decision", r.Key)
+		case i == 0 && partHits(e.parts, "self", e.gen) != 2:
+			t.Fatalf("%s: parts %+v, want 2 hits of its own", r.Key, e.parts)
+		}
+	}
+	rec.record(&pinned, 0)
+
+	// Parts sent with a state, kept while a member is cut off.
+	sent := newStandins("other", now)
+	r := key(0)
+	sent.record(&r, 5)
+	sn := []limiter.Snapshot{{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm}}
+	sent.attach(sn)
+	store, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := newStandins("self", now)
+	rg, err := ring.New(ring.DefaultConfig())
+	if err == nil {
+		err = rg.SetMembers([]ring.Member{{Name: "self", Addr: "127.0.0.1:1"}, {Name: "cut", Addr: "127.0.0.1:2"}})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv.full.Store(rg)
+	five := r
+	five.Hits = 5
+	if _, err := store.CheckAt(five, now); err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := store.Snapshot(r.Name, r.Key, now)
+	snap.Settle = sn[0].Settle
+	if _, err := recv.merge(store, &snap, now); err != nil {
+		t.Fatal(err)
+	}
+	e := recv.m[debtKey{r.Name, r.Key}]
+	if e == nil || !hasHits(e.parts) {
+		t.Fatal("parts sent not kept")
+	}
+	if recv.forgettableLocked(e, true) {
+		t.Error("parts sent are forgotten while a member is cut off")
+	}
+	if !recv.forgettableLocked(e, false) {
+		t.Error("parts sent, counted by the state, are not forgotten once no member is cut off")
+	}
+
+	// This node's own part restored from its data directory (a closed
+	// generation) is kept until a hand-off carries it.
+	restored := newStandins("self", now)
+	own := snap
+	own.Settle = &limiter.Settlement{Request: r, Parts: []limiter.SettlePart{{Origin: "self", Gen: 3, Hits: 4}}}
+	restored.restore([]limiter.Snapshot{own})
+	e = restored.m[debtKey{r.Name, r.Key}]
+	if e == nil || restored.forgettableLocked(e, false) {
+		t.Fatalf("a restored part of this node's own, no hand-off carrying it, may be forgotten: %+v", e)
+	}
+	ho := []limiter.Snapshot{{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm}}
+	restored.attachHandOff(ho)
+	if !restored.forgettableLocked(e, false) {
+		t.Error("a restored part of this node's own, carried by a hand-off, is kept")
 	}
 }

@@ -493,3 +493,107 @@ func TestAttackOverMarkUnreachable(t *testing.T) {
 		{name: "check, the mark unread", descs: descs(desc("model=m", "hits=0")), want: "OK; OK 0/10/minute t=40s"},
 	})
 }
+
+// A descriptor's hits_addend is a uint64 of Envoy's choosing: near its
+// maximum, the count before plus the hits must not wrap around to a
+// figure under the limit. Such a request is over (it never fits) and
+// leaves the window full and past the limit, whatever the window held
+// before, and its statistics count every hit over or between the
+// threshold and the limit, none within.
+func TestAttackHitsAddendOverflow(t *testing.T) {
+	const max = "18446744073709551615"
+	const m = "/10/minute t=40s"
+	for _, stop := range []bool{false, true} {
+		e := newEnv(t, []string{hitsConfig}, func(c *Config) { c.StopIncrementOverLimit = stop })
+		e.run("hits", []step{
+			{name: "the maximum on an empty window", descs: descs(desc("user=a", "hits="+max)), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "5 hits", descs: descs(desc("user=b", "hits=5")), want: "OK; OK 5" + m},
+			{name: "the maximum after 5", descs: descs(desc("user=b", "hits="+max)), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "the window is past the limit", descs: descs(desc("user=b", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
+			{name: "the maximum less 4 after 5", descs: descs(desc("user=c", "hits=5"), desc("user=d", "hits=5")), want: "OK; OK 5" + m + "; OK 5" + m},
+			{name: "", descs: descs(desc("user=c", "hits=18446744073709551611"), desc("user=d", "hits=1")), want: ""},
+			{name: "c is past the limit", descs: descs(desc("user=c", "hits=0")), want: "OVER_LIMIT; OVER 0" + m},
+		})
+		hits := e.takeHits()
+		wantOver := Hit{Domain: "hits", Key: "hits.user", TotalHits: 1<<64 - 1, OverLimit: 1<<64 - 1 - 10 + 5, NearLimit: 2}
+		if hits[2] != wantOver {
+			t.Errorf("stop %v: hit of the maximum after 5: %+v, want %+v", stop, hits[2], wantOver)
+		}
+		resp := e.call("hits", 0, desc("user=d", "hits=0"))
+		want := "OK; OK 4" + m // d charged beside c over
+		if stop {
+			want = "OK; OK 5" + m
+		}
+		if got := summary(resp); got != want {
+			t.Errorf("stop %v: d after c's maximum: %s, want %s", stop, got, want)
+		}
+	}
+}
+
+// Shadow mode under every combination of the settings that change what
+// an over descriptor does (StopIncrementOverLimit, global ShadowMode,
+// global QuotaMode), with the response headers on: a shadow_mode
+// descriptor over is OK with none left, never makes a request over nor
+// counts as a failed quota, yet stops the others' charges with
+// StopIncrementOverLimit as upstream's Redis cache does (it reads the
+// counter before the status turns OK); a quota_mode descriptor over is
+// OVER_LIMIT but makes the request over only when every quota is;
+// global shadow mode turns an over request OK, and only those are
+// reported; the headers carry the first least remaining unless an
+// enforced descriptor is over. Checks of 0 after the window went past
+// the limit answer alike.
+func TestAttackShadowModeEverySetting(t *testing.T) {
+	const config = `domain: sq
+descriptors:
+  - {key: s, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: q, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: u, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: z, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
+`
+	const s, q, u, z = "/2/minute t=40s", "/3/minute t=40s", "/10/minute t=40s", "/0/minute t=40s"
+	headers := func(limit int, remaining int) string {
+		return fmt.Sprintf("; X-RateLimit-Limit: %d; X-RateLimit-Remaining: %d; X-RateLimit-Reset: 40", limit, remaining)
+	}
+	for _, stop := range []bool{false, true} {
+		for _, gShadow := range []bool{false, true} {
+			for _, gQuota := range []bool{false, true} {
+				name := fmt.Sprintf("stop=%v,shadow=%v,quota=%v", stop, gShadow, gQuota)
+				var shadowed int
+				e := newEnv(t, []string{config}, func(c *Config) {
+					c.StopIncrementOverLimit, c.ShadowMode, c.QuotaMode = stop, gShadow, gQuota
+					c.Headers = XRateLimitHeaders()
+					c.OnGlobalShadow = func(string) { shadowed++ }
+				})
+				// u's remaining after the steps that charge it beside a
+				// descriptor over: uncharged with stop.
+				u1, u2 := "OK 9"+u, "OK 8"+u
+				if stop {
+					u1, u2 = "OK 10"+u, "OK 10"+u
+				}
+				// q over alone among the quotas makes the request over
+				// without global quota mode (then u and s are quotas too,
+				// and not over).
+				overall, turned := "OVER_LIMIT", 0
+				if gQuota {
+					overall = "OK"
+				} else if gShadow {
+					overall, turned = "OK", 2
+				}
+				e.run("sq", []step{
+					{name: name + ": s over in shadow mode", descs: descs(desc("s=1", "hits=3"), desc("u=1")), want: "OK; OK 0" + s + "; " + u1 + headers(2, 0)},
+					{name: name + ": q over", descs: descs(desc("q=1", "hits=4"), desc("u=1")), want: overall + "; OVER 0" + q + "; " + u2 + headers(3, 0)},
+					{name: name + ": checks of 0", descs: descs(desc("s=1", "hits=0"), desc("q=1", "hits=0"), desc("u=1", "hits=0")),
+						want: overall + "; OK 0" + s + "; OVER 0" + q + "; " + u2 + headers(2, 0)},
+					{name: name + ": a limit of 0 in shadow mode", descs: descs(desc("z=1"), desc("u=2")), want: "OK; OK 0" + z + "; " + map[bool]string{false: "OK 9", true: "OK 10"}[stop] + u + headers(0, 0)},
+				})
+				if shadowed != turned {
+					t.Errorf("%s: %d requests turned OK by global shadow mode, want %d", name, shadowed, turned)
+				}
+				hits := e.takeHits()
+				if want := (Hit{Domain: "sq", Key: "sq.s", TotalHits: 3, OverLimit: 1, NearLimit: 1, ShadowMode: 1}); hits[0] != want {
+					t.Errorf("%s: hit of s over: %+v, want %+v", name, hits[0], want)
+				}
+			}
+		}
+	}
+}

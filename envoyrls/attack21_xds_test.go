@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -459,5 +460,82 @@ func TestAttackXDSRepeatedNACKWaitsStayPositive(t *testing.T) {
 		if want = min(want, cfg.MaxBackoff); d != want {
 			t.Errorf("wait %d: %v, want %v", i, d, want)
 		}
+	}
+}
+
+// deepWithName is the wire form of a RateLimitConfig whose name is the
+// bytes name, of domain "d", with one descriptor nested past MaxXDSDepth:
+// refused while counted on the wire, before the name is decoded.
+func deepWithName(name string) *anypb.Any {
+	var d []byte
+	for range MaxXDSDepth + 1 {
+		inner := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "k")
+		if d != nil {
+			inner = protowire.AppendBytes(protowire.AppendTag(inner, 4, protowire.BytesType), d)
+		}
+		d = inner
+	}
+	var b []byte
+	b = protowire.AppendString(protowire.AppendTag(b, 1, protowire.BytesType), name)
+	b = protowire.AppendString(protowire.AppendTag(b, 2, protowire.BytesType), "d")
+	b = protowire.AppendBytes(protowire.AppendTag(b, 3, protowire.BytesType), d)
+	return &anypb.Any{TypeUrl: RateLimitConfigType, Value: b}
+}
+
+// A NACK carries the error of the response it refuses, which names what
+// the server sent: a resource's name that is not UTF-8 (read from the
+// wire before decoding), a name, a key or a type URL of a megabyte. Each
+// response is NACKed on the same stream with a message that is valid
+// UTF-8 (a DiscoveryRequest with any other cannot be marshalled, and the
+// NACK would never leave: the stream would end and start again, the
+// response rejected anew each time) and at most maxNACKMessage bytes (a
+// server reads requests of a few MiB at most), naming the bound that was
+// broken.
+func TestAttackXDSNACKOfHostileNames(t *testing.T) {
+	srv := startScriptedADS(t, "127.0.0.1:0")
+	cfg := DefaultXDSConfig()
+	cfg.Addr, cfg.NodeID = srv.addr, "sluice"
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 8*time.Millisecond
+	w, err := WatchXDS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	wantRequest(t, "the first request", srv.next(t), "", "", "")
+	srv.send(t, "1", "n1", rlConfig("a", "a", "user", 1))
+	wantRequest(t, "v1", srv.next(t), "1", "n1", "")
+	huge := strings.Repeat("x", 1<<20)
+	noDomain := rlConfig(huge, "", "user", 1)
+	badUnit := rlConfig("u", "u", huge, 1)
+	badUnit.Descriptors[0].RateLimit.Unit = 9
+	for i, s := range []struct {
+		name string
+		resp *discoveryv3.DiscoveryResponse
+		nack string
+	}{
+		{"a name not UTF-8, nested too deep", &discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{deepWithName("bad\xff\xfename")}}, "nest deeper than 100"},
+		{"a name of a megabyte, no domain", &discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{func() *anypb.Any { a, _ := anypb.New(noDomain); return a }()}}, "xds:xxx"},
+		{"a key of a megabyte, a bad unit", &discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{func() *anypb.Any { a, _ := anypb.New(badUnit); return a }()}}, "xds:u"},
+		{"a type of a megabyte", &discoveryv3.DiscoveryResponse{TypeUrl: "type.googleapis.com/" + huge}, "response of type"},
+	} {
+		version, nonce := fmt.Sprint(i+2), fmt.Sprint("m", i)
+		s.resp.VersionInfo, s.resp.Nonce = version, nonce
+		if s.resp.TypeUrl == "" {
+			s.resp.TypeUrl = RateLimitConfigType
+		}
+		srv.out <- s.resp
+		r := srv.next(t)
+		msg := r.GetErrorDetail().GetMessage()
+		wantRequest(t, s.name, r, "1", nonce, s.nack)
+		if !utf8.ValidString(msg) || len(msg) > maxNACKMessage {
+			t.Errorf("%s: NACK message of %d bytes, valid UTF-8 %v; want at most %d", s.name, len(msg), utf8.ValidString(msg), maxNACKMessage)
+		}
+		if got := domainsOf(w); got != "a" {
+			t.Errorf("%s: domains %q, want a", s.name, got)
+		}
+	}
+	if s := w.Stats(); s.Connects != 1 || s.Rejects != 4 {
+		t.Errorf("stats %+v: want one stream, 4 rejects", s)
 	}
 }

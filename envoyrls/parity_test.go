@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -29,6 +31,8 @@ descriptors:
   - key: b
     metadata: {team: {size: 2}, tier: silver}
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
 `
 
 // The near, over and shadow statistics of a request that straddles the
@@ -116,30 +120,84 @@ func TestGlobalQuotaMode(t *testing.T) {
 // counters that go over (its TestOverLimitWithStopCacheKeyIncrement-
 // WhenOverlimitConfig): the others report their remaining uncharged;
 // without it each descriptor is charged on its own. Either way the one
-// over is left full.
+// over is left past its limit, as upstream's counter incremented by the
+// hits that go over (fixed_cache_impl.go increments the keys that would
+// go over, getHitsAddend): a check of 0 hits on it is OVER_LIMIT until
+// the window ends, and with StopIncrementOverLimit it stops the other
+// descriptors' charges as a descriptor going over does.
 func TestStopIncrementOverLimit(t *testing.T) {
 	const a, b = "/5/minute t=40s", "/2/minute t=40s"
 	for _, tc := range []struct {
-		stop      bool
-		over, now string // the request over; a peek of a and b after it
+		stop bool
+		// the request over; a peek of a and b after it; a charge of a
+		// beside a peek of b; a peek of a
+		over, now, beside, peek string
 	}{
-		{false, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b},
-		{true, "OVER_LIMIT; OK 5" + a + "; OVER 0" + b, "OK; OK 5" + a + "; OK 0" + b},
+		{false, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b, "OVER_LIMIT; OK 4" + a + "; OVER 0" + b,
+			"OVER_LIMIT; OK 3" + a + "; OVER 0" + b, "OK; OK 3" + a},
+		{true, "OVER_LIMIT; OK 5" + a + "; OVER 0" + b, "OVER_LIMIT; OK 5" + a + "; OVER 0" + b,
+			"OVER_LIMIT; OK 5" + a + "; OVER 0" + b, "OK; OK 5" + a},
 	} {
 		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = tc.stop })
 		e.run("p", []step{
 			{descs: descs(desc("b=1")), want: "OK; OK 1" + b},
 			{name: "b over", descs: descs(desc("a=1"), desc("b=1", "hits=2")), want: tc.over},
 			{name: "peek", descs: descs(desc("a=1", "hits=0"), desc("b=1", "hits=0")), want: tc.now},
+			{name: "a charged beside a peek of b", descs: descs(desc("a=1"), desc("b=1", "hits=0")), want: tc.beside},
+			{name: "peek of a", descs: descs(desc("a=1", "hits=0")), want: tc.peek},
+			{name: "next window", advance: 40 * time.Second, descs: descs(desc("b=1", "hits=0")), want: "OK; OK 2/2/minute t=1m0s"},
 		})
 	}
 	// A descriptor over with more hits than its limit, admitted capped,
-	// fills its window too, as upstream's counter goes past the limit.
-	e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = true })
-	e.run("p", []step{
-		{descs: descs(desc("b=1", "hits=3")), want: "OVER_LIMIT; OVER 0" + b},
-		{descs: descs(desc("b=1", "hits=0")), want: "OK; OK 0" + b},
-	})
+	// fills its window too and goes past it, as upstream's counter does.
+	for _, stop := range []bool{false, true} {
+		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = stop })
+		e.run("p", []step{
+			{descs: descs(desc("b=1", "hits=3")), want: "OVER_LIMIT; OVER 0" + b},
+			{descs: descs(desc("b=1", "hits=0")), want: "OVER_LIMIT; OVER 0" + b},
+		})
+	}
+}
+
+// A limit of 0 is upstream's counter that any hit takes past it: a
+// check of 0 hits is OK with none left on a window no hit reached, and
+// OVER_LIMIT once one did, until the window ends (base_limiter.go:
+// after > limit); a limit of 0 Envoy sends is the same. With
+// StopIncrementOverLimit a descriptor of a limit of 0 that is over stops
+// the other descriptors' charges, as one over its limit does.
+func TestZeroLimitAsUpstream(t *testing.T) {
+	const z, a = "/0/minute t=40s", "/5/minute t=40s"
+	zeroOverride := func(hits string) *rlDesc {
+		d := desc("route=r", hits)
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
+	for _, stop := range []bool{false, true} {
+		aAfter := "OK 4" + a // a charged beside a limit of 0 over
+		if stop {
+			aAfter = "OK 5" + a
+		}
+		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = stop })
+		e.run("p", []step{
+			{name: "peek of a window no hit reached", descs: descs(desc("zero=1", "hits=0")), want: "OK; OK 0" + z},
+			{name: "a hit", descs: descs(desc("zero=1")), want: "OVER_LIMIT; OVER 0" + z},
+			{name: "peek after the hit", descs: descs(desc("zero=1", "hits=0")), want: "OVER_LIMIT; OVER 0" + z},
+			{name: "another value's window", descs: descs(desc("zero=2", "hits=0")), want: "OK; OK 0" + z},
+			{name: "beside a", descs: descs(desc("a=1"), desc("zero=2")), want: "OVER_LIMIT; " + aAfter + "; OVER 0" + z},
+			{name: "a peeked beside a peek over", descs: descs(desc("a=1", "hits=0"), desc("zero=2", "hits=0")), want: "OVER_LIMIT; " + aAfter + "; OVER 0" + z},
+			{name: "Envoy's limit of 0, peeked", descs: descs(zeroOverride("hits=0")), want: "OK; OK 0" + z},
+			{name: "Envoy's limit of 0, a hit", descs: descs(zeroOverride("hits=1")), want: "OVER_LIMIT; OVER 0" + z},
+			{name: "Envoy's limit of 0, peeked after", descs: descs(zeroOverride("hits=0")), want: "OVER_LIMIT; OVER 0" + z},
+			{name: "next window", advance: 40 * time.Second, descs: descs(desc("zero=1", "hits=0")), want: "OK; OK 0/0/minute t=1m0s"},
+		})
+		hits := e.takeHits()
+		if want := (Hit{Domain: "p", Key: "p.zero", TotalHits: 1, OverLimit: 1}); hits[1] != want {
+			t.Errorf("stop %v: hit of a limit of 0: %+v, want %+v", stop, hits[1], want)
+		}
+		if want := (Hit{Domain: "p", Key: "p.zero"}); hits[2] != want {
+			t.Errorf("stop %v: peek of a limit of 0 over: %+v, want %+v", stop, hits[2], want)
+		}
+	}
 }
 
 // Dynamic metadata is envoyproxy/ratelimit's: the domain, the request's

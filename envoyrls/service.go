@@ -132,13 +132,15 @@ type Config struct {
 	// Envoy's X-RateLimit-Reset header reads only the seconds.
 	ExactReset bool
 	// StopIncrementOverLimit, as STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
-	// charges only the descriptors over when a request is over on any:
-	// the hits admitted on its other descriptors are given back, and
-	// their statuses report the remaining without them, as upstream
-	// increments only the counters that go over. Either way a descriptor
-	// over leaves its window full until it ends, as envoyproxy/
-	// ratelimit's counter going past the limit does; otherwise every
-	// descriptor is charged on its own.
+	// charges only the descriptors over when a request is over on any
+	// (a limit of 0 with hits, or a check of 0 hits on a window a request
+	// went past, included): the hits admitted on its other descriptors
+	// are given back, and their statuses report the remaining without
+	// them, as upstream increments only the counters that go over.
+	// Either way a descriptor over leaves its window full and past the
+	// limit until it ends (a check of 0 then is OVER_LIMIT), as
+	// envoyproxy/ratelimit's counter going past the limit does;
+	// otherwise every descriptor is charged on its own.
 	StopIncrementOverLimit bool
 	// OnHit, when set, is called with each descriptor's Hit, for metrics.
 	// It is called on the request's goroutine and must not block. The Hit
@@ -238,7 +240,7 @@ type item struct {
 	// (see overMarkKey), or -1
 	mark int
 	// over: its hits went past the limit, or, of 0 hits, the window is
-	// full and marked; refunded: they were given back
+	// full (of a limit of 0: empty) and marked; refunded: they were given back
 	// (Config.StopIncrementOverLimit)
 	over, refunded bool
 }
@@ -311,19 +313,21 @@ func (s *Service) ShouldRateLimitAt(ctx context.Context, req *rlsv3.RateLimitReq
 			reqs = append(reqs, s.request(it, l))
 		}
 	}
-	if !s.cfg.StopIncrementOverLimit {
-		// A check of 0 hits reads its window's over mark too.
-		for i := range items {
-			if it := &items[i]; it.counted >= 0 && it.hits == 0 {
-				mark := reqs[it.counted]
-				mark.Key, mark.Limit = overMarkKey(mark.Key), 1
-				it.mark = len(reqs)
-				reqs = append(reqs, mark)
-			}
+	// A check of 0 hits reads its window's over mark too, in either
+	// mode: upstream's counter past the limit answers it OVER_LIMIT, and
+	// with StopIncrementOverLimit stops the other descriptors' charges.
+	// A limit of 0 has no counter, only its mark.
+	zeroCharged := false // a limit of 0 with hits: its mark is charged
+	for i := range items {
+		it := &items[i]
+		if it.hits == 0 && (it.counted >= 0 || it.zeroLimit()) {
+			it.mark = len(reqs)
+			reqs = append(reqs, s.markRequest(it, 0))
 		}
+		zeroCharged = zeroCharged || (it.hits > 0 && it.zeroLimit())
 	}
 	var results []sluice.Result
-	if len(reqs) > 0 {
+	if len(reqs) > 0 || zeroCharged {
 		var err error
 		if results, err = s.check(ctx, items, reqs); err != nil {
 			return nil, err
@@ -359,11 +363,29 @@ func (sc *scratch) free() {
 // others are given back, as upstream increments only the counters that
 // go over.
 func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Request) ([]sluice.Result, error) {
-	results := s.cfg.Limiter.CheckMany(ctx, reqs)
+	var results []sluice.Result
+	if len(reqs) > 0 {
+		results = s.cfg.Limiter.CheckMany(ctx, reqs)
+	}
 	var again, marks []limiter.Request
 	anyOver := false
 	for i := range items {
 		it := &items[i]
+		if it.zeroLimit() {
+			// Any hit is over; 0 hits are over once a hit was in the
+			// window, as upstream's counter of a limit of 0 is then past
+			// it. An unread mark decides on the hits alone.
+			it.over = it.hits > 0
+			if it.mark >= 0 {
+				m := results[it.mark]
+				it.over = m.Err == nil && m.Decision.Remaining == 0
+			}
+			if it.hits > 0 {
+				marks = append(marks, s.markRequest(it, 1))
+			}
+			anyOver = anyOver || it.over
+			continue
+		}
 		if it.counted < 0 {
 			continue
 		}
@@ -371,8 +393,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		if r.Err != nil {
 			return nil, limiterError(r.Err)
 		}
-		before, _ := it.counts(r.Decision.Decision)
-		it.over = before+it.hits > uint64(it.limit.RequestsPerUnit)
+		_, after := it.counts(r.Decision.Decision)
+		it.over = after > uint64(it.limit.RequestsPerUnit)
 		if it.mark >= 0 {
 			// Full and marked: a request went past the limit in this
 			// window (a reset of the key empties the window). The mark
@@ -380,10 +402,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			m := results[it.mark]
 			it.over = m.Err == nil && m.Decision.Remaining == 0 && r.Decision.Remaining == 0
 		}
-		if it.over && it.hits > 0 && !s.cfg.StopIncrementOverLimit {
-			mark := reqs[it.counted]
-			mark.Key, mark.Hits, mark.Limit, mark.Behavior = overMarkKey(mark.Key), 1, 1, 0
-			marks = append(marks, mark)
+		if it.over && it.hits > 0 {
+			marks = append(marks, s.markRequest(it, 1))
 		}
 		anyOver = anyOver || it.over
 		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
@@ -421,10 +441,11 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 
 // overMarkKey is the key of the over mark of the counter key: a fixed
 // window of 1 charged, beside the counter's window, by each request that
-// goes past the limit. A check of 0 hits on a full window is OVER_LIMIT
-// when the mark is set, OK otherwise, as envoyproxy/ratelimit's counter
-// is past the limit, or exactly at it: the window itself never holds
-// more than the limit. No counter key ends in "|over" (an entry has '='
+// goes past the limit (of a limit of 0, by each request of any hits). A
+// check of 0 hits on a full window is OVER_LIMIT when the mark is set, OK
+// otherwise, as envoyproxy/ratelimit's counter is past the limit, or
+// exactly at it: the window itself never holds more than the limit, and
+// a limit of 0 has no window. No counter key ends in "|over" (an entry has '='
 // or '~').
 func overMarkKey(key string) string {
 	const suffix = "|over"
@@ -435,9 +456,25 @@ func overMarkKey(key string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
+// zeroLimit reports whether it has a limit of 0 per unit: no counter,
+// every hit over.
+func (it *item) zeroLimit() bool {
+	return it.limit != nil && !it.limit.Unlimited && it.limit.RequestsPerUnit == 0
+}
+
+// markRequest is the request of hits (0 reads, 1 charges) on the over
+// mark of it's counter, in its limit's window.
+func (s *Service) markRequest(it *item, hits int64) limiter.Request {
+	r := s.request(it, it.limit)
+	r.Key, r.Hits, r.Limit = overMarkKey(r.Key), hits, 1
+	return r
+}
+
 // counts returns the hits the window of it held before and after its
 // request, as envoyproxy/ratelimit's counter would: after is before plus
-// the descriptor's hits, whether admitted or not.
+// the descriptor's hits, whether admitted or not, at most MaxUint64 (a
+// hits_addend is Envoy's uint64: the sum must not wrap to a figure under
+// the limit).
 func (it *item) counts(d limiter.Decision) (before, after uint64) {
 	limit := uint64(it.limit.RequestsPerUnit)
 	left := uint64(max(d.Remaining, 0))
@@ -445,6 +482,9 @@ func (it *item) counts(d limiter.Decision) (before, after uint64) {
 	if d.Allowed && it.hits > 0 {
 		// The request's hits (at most the limit) are in used.
 		used -= min(it.hits, limit, used)
+	}
+	if it.hits > math.MaxUint64-used {
+		return used, math.MaxUint64
 	}
 	return used, used + it.hits
 }
@@ -734,8 +774,8 @@ func (s *Service) hit(h *Hit, it *item, domain string, before, after uint64) {
 	switch {
 	case after > limit && before >= limit:
 		h.OverLimit = it.hits
-	case after > limit:
-		h.OverLimit = after - limit
+	case after > limit: // before < limit: the hits beyond it, without after's bound
+		h.OverLimit = it.hits - (limit - before)
 		h.NearLimit = limit - max(near, before)
 	default:
 		h.WithinLimit = it.hits

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -37,6 +39,8 @@ const (
 	MaxXDSDepth       = 100
 	// MaxXDSMessageBytes bounds one response from the server.
 	MaxXDSMessageBytes = 64 << 20
+	// maxNACKMessage bounds the error a NACK carries back to the server.
+	maxNACKMessage = 4 << 10
 )
 
 // XDSConfig configures an XDSWatcher. Start from DefaultXDSConfig.
@@ -243,7 +247,8 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 		rules, err := w.apply(resp)
 		if err != nil {
 			req.VersionInfo = w.Stats().Version
-			req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+			msg := boundedText(err.Error())
+			req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}
 			if resp.VersionInfo == rejected && rejected != "" {
 				repeats++
 				select {
@@ -255,7 +260,7 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			}
 			rejected, repeats = resp.VersionInfo, 0
 			w.count(func(s *XDSStats) { s.Rejects++ })
-			w.cfg.Logger.Error("envoyrls: xds configuration rejected; the previous one stays in force", "version", resp.VersionInfo, "err", err)
+			w.cfg.Logger.Error("envoyrls: xds configuration rejected; the previous one stays in force", "version", boundedText(resp.VersionInfo), "err", msg)
 			if w.cfg.OnReject != nil {
 				w.cfg.OnReject(err)
 			}
@@ -271,6 +276,28 @@ func (w *XDSWatcher) stream(ctx context.Context) (got bool, err error) {
 			w.cfg.OnUpdate(rules)
 		}
 	}
+}
+
+// boundedText is a text the server sent, or an error naming what it
+// sent (a resource's name read from the wire, a key, a type URL), of any
+// size and bytes, as a NACK carries it and as it is logged: valid UTF-8
+// (a DiscoveryRequest holding anything else cannot be marshalled, so the
+// NACK would never be sent) of at most maxNACKMessage bytes.
+func boundedText(m string) string {
+	const cut = "... (cut)"
+	long := len(m) > maxNACKMessage
+	if long {
+		m = m[:maxNACKMessage] // ToValidUTF8 reads no more than this
+	}
+	m = strings.ToValidUTF8(m, "\uFFFD")
+	if long || len(m) > maxNACKMessage {
+		n := maxNACKMessage - len(cut)
+		for n > 0 && !utf8.RuneStart(m[n]) {
+			n--
+		}
+		m = m[:n] + cut
+	}
+	return m
 }
 
 // nackWait is the wait before NACKing the repeats-th repeat of a

@@ -70,6 +70,19 @@ func boundTimes(st *state, lg *windowLog, req *Request, now int64) bool {
 	return false
 }
 
+// timesAfter reports whether decide of req at now bounds times of st, a
+// live state as stored, that lie after now (boundTimes), for every
+// algorithm but the sliding window log, whose entries keep their instants
+// (a refund finds its charge's entry by it, and one bounded to now holds
+// no earlier instant's hits). A received state is clamped instead
+// (clampReceived).
+func timesAfter(st state, req *Request, now int64) bool {
+	if st.algo() == SlidingWindowLog || st.isReceived() {
+		return false
+	}
+	return boundTimes(&st, nil, ownRequest(&st, req, now), now)
+}
+
 // boundTimes moves the entries after now to now, merged into one entry,
 // and reports whether there were any.
 func (l *windowLog) boundTimes(now int64) bool {

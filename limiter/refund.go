@@ -250,6 +250,13 @@ func refundInstant(st *state, lg *windowLog, req *Request, now int64, apply bool
 	}
 }
 
+// holds reports whether the log has a live entry at the instant at.
+func (l *windowLog) holds(at int64) bool {
+	live := l.entries[l.head:]
+	_, found := slices.BinarySearchFunc(live, at, func(e logEntry, at int64) int { return cmp.Compare(e.at, at) })
+	return found
+}
+
 // removeAt takes up to h hits off entry i, a live one, and drops it if
 // none are left.
 func (l *windowLog) removeAt(i int, h int64) {

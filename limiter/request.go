@@ -305,7 +305,24 @@ type Request struct {
 	// keeps a mark of the reset that long, ResetMarkOverhead bytes). A
 	// window that holds the reset is named, by the charges made in it
 	// after the reset, with Start one microsecond after the reset, an
-	// epoch of the window that refunds of earlier charges do not reach.
+	// epoch of the window that refunds of earlier charges do not reach;
+	// a charge at the reset's own instant made after it (a Reset with
+	// Hits) names the instant one microsecond after the reset alike. A
+	// charge made after a reset at an instant before it (the reset was
+	// made with the clock ahead) names [instant, reset+1µs), and one in a
+	// window that ended by the reset names that window ending at
+	// reset+1µs: charges before the reset name neither. A
+	// decision that finds the key's state written after its now (the
+	// clock stepped back) reads it as written at now, and marks the key
+	// as a reset at now does: what the state counts then are charges a
+	// refund cannot tell by their instant or window from earlier ones the
+	// state no longer counts (it went fresh on the clock ahead, or a
+	// reset cleared them); the mark lasts as long as a refund of a charge
+	// made before now could find hits at the request's rate. Until then
+	// a refund of a charge made before such a step (but of a sliding
+	// window log, whose entries keep their instants) gives nothing back,
+	// even where the charge still counts: it counts too much rather than
+	// take others' hits.
 	// The mark travels with the key's state (Snapshot.ResetAt and
 	// ResetUntil): to a new owner, to replicas and to the state file,
 	// and a store that merges it keeps the later of its own and the

@@ -31,15 +31,6 @@ func attackCheck(t *testing.T, s *Store, base Request, t0 time.Time, at time.Dur
 // back and the key reads fresh, for every algorithm, with and without
 // KeepStrictest.
 func TestRefundOfTheResettingChargeGivesItBack(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open: for the token and leaky buckets, the sliding window log and GCRA, a refund naming the charge " +
-			"made by the resetting decision itself (Reset with Hits 3) gives nothing back (remaining 7, not 10): its instant " +
-			"is the reset's, which chargedSinceResetLocked takes for a charge before the reset; the window algorithms pass. " +
-			"It over-counts (3 hits held until they drain), never under-counts. Tried: naming the reset's instant by its epoch " +
-			"(reset+1µs) in epochLocked and decide.lua passes this test, but TestDifferentialClockSteps then differs: after a " +
-			"clock step back, limiter marks a reset of a state a later reset left fresh (its expiry is after the earlier now), " +
-			"where decide.lua had deleted the key, so only limiter renames the instant; set SLUICE_ATTACK=1 to run")
-	}
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for _, a := range Algorithms {
 		for _, c := range []struct {
@@ -262,15 +253,6 @@ func TestKeepStrictestCalendarAndPeriodAlternating(t *testing.T) {
 // then is set right: a refund of a charge made before the reset must
 // not take the 4 hits others charged since.
 func TestResetMarkAcrossAClockAheadCharge(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open: a write with the clock 2h ahead finds the mark lapsed and drops it (decideKeyLocked, as decide.lua " +
-			"does); once the clock is set right the mark is gone, and a refund of a charge of 3 made before the reset gives " +
-			"back hits others charged after it: remaining 8, not 5, for the fixed window and sliding window counter (3 taken), " +
-			"7 for the buckets and GCRA (2); the log holds. Keeping a lapsed mark with its entry closes it in limiter (tried: " +
-			"this test then passes) but TestDifferentialStrictestClockSteps then fails unless decide.lua keeps it too, and a " +
-			"live key would then stay in format 3 or 4, which the script before marks refuses (ErrBadState) on a rollback; " +
-			"set SLUICE_ATTACK=1 to run")
-	}
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for _, a := range Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -454,12 +436,6 @@ func TestTheLargestKeyWithAResetMarkFitsMaxKeyBytes(t *testing.T) {
 // refund them, naming their charge: the charge came after the reset,
 // and its 4 should go back.
 func TestRefundAfterAResetMadeWithTheClockAhead(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open (over-counts only): after a reset made with the clock an hour ahead and set right, a refund of " +
-			"4 hits charged after it gives nothing back (remaining 6, not 10) for every algorithm but the fixed window (whose " +
-			"cleared window had ended at the reset on the clock ahead: no mark), until the mark lapses: the charge's instant, " +
-			"or its window's start, is before the reset's on the corrected clock; set SLUICE_ATTACK=1 to run")
-	}
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for _, a := range Algorithms {
 		t.Run(a.String(), func(t *testing.T) {

@@ -101,7 +101,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	if sn.ExpireAt <= n {
 		// Fresh: it counts none of its hits any more, but its reset
 		// mark may last.
-		return sn.ResetUntil > n && s.merge(sn, n), nil
+		return sn.markLasts(n) && s.merge(sn, n), nil
 	}
 	theirs := charge.Hits
 	charge.Hits, charge.Behavior = 0, 0

@@ -194,6 +194,11 @@ func (s *Snapshot) HasResetMark() bool { return s.ResetUntil != 0 }
 // the state fresh.
 func (s *Snapshot) MarkOnly() bool { return s.ExpireAt == 0 && s.ResetUntil != 0 }
 
+// markLasts reports whether s carries a Reset's mark that lasts at now
+// (Unix ns; before 1970 too, where no mark is: a valid mark's instants
+// are positive).
+func (s *Snapshot) markLasts(now int64) bool { return s.ResetUntil != 0 && s.ResetUntil > now }
+
 // validateRate checks the rate s carries, if any: one a valid request of
 // s's algorithm could have.
 func (s *Snapshot) validateRate() error {
@@ -414,7 +419,7 @@ func (s *Store) Merge(snaps []Snapshot, now time.Time) (int, error) {
 			}
 			continue
 		}
-		if sn.ExpireAt <= n && sn.ResetUntil <= n {
+		if sn.ExpireAt <= n && !sn.markLasts(n) {
 			continue
 		}
 		if s.merge(sn, n) {
@@ -440,7 +445,7 @@ func (s *Store) mergeLocked(sh *shard, k []byte, sn *Snapshot, now int64) bool {
 	if sn.ExpireAt > now {
 		changed = s.mergeStateLocked(sh, k, sn, now)
 	}
-	if sn.ResetUntil <= now {
+	if !sn.markLasts(now) {
 		return changed
 	}
 	e, ok := sh.m[string(k)]

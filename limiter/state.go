@@ -132,15 +132,7 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		// Times after now (a clock set back, a peer's ahead) are bounded
 		// as the state's own algorithm reads them, before a conversion
 		// counts what it holds.
-		own := req
-		if st.algo() != req.Algorithm {
-			r := *req
-			r.Algorithm = st.algo()
-			if r.Algorithm != FixedWindow && r.Calendar != NoCalendar {
-				r.Period, r.Calendar = time.Duration(periodOf(req, now)), NoCalendar
-			}
-			own = &r
-		}
+		own := ownRequest(st, req, now)
 		if st.isReceived() {
 			clampReceived(st, *lg, own, now)
 		} else {
@@ -157,6 +149,21 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 		req = &peek
 	}
 	return decideAlgorithm(st, lg, req, now)
+}
+
+// ownRequest is req as st's own algorithm reads st: req itself, or with
+// st's algorithm, and a calendar's Period at now unless that is a fixed
+// window.
+func ownRequest(st *state, req *Request, now int64) *Request {
+	if st.algo() == req.Algorithm {
+		return req
+	}
+	r := *req
+	r.Algorithm = st.algo()
+	if r.Algorithm != FixedWindow && r.Calendar != NoCalendar {
+		r.Period, r.Calendar = time.Duration(periodOf(req, now)), NoCalendar
+	}
+	return &r
 }
 
 // decideChargedRefund is decide for a refund with Charged

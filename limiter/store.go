@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -303,8 +304,22 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			}
 		}
 	}
+	// A live state that holds times after now (the clock stepped back)
+	// is read as written at now (boundTimes): its hits are then charges
+	// that a refund cannot tell by their instant or window from the
+	// earlier ones the state no longer counts (it went fresh on the clock
+	// ahead, or a reset cleared them). Such a decision marks the key as a
+	// reset at now does (see resetMark).
+	var step *resetMark
+	if found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now) {
+		step = &resetMark{at: now, until: stepMarkUntil(req, now)}
+	}
 	if found && req.chargedRefund() {
-		if w, ok := sh.chargedSinceResetLocked(e, req, now); !ok {
+		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); ok && w != req.Charged && req.chargedAt() && lg != nil && !lg.holds(w.Start) {
+			// A log's charge named by the reset's epoch is at the
+			// reset's instant or one microsecond after it: both hold
+			// only hits charged after the reset.
+		} else if !ok {
 			p := *req
 			p.Hits = 0 // cleared by the reset: gives nothing back
 			req = &p
@@ -333,6 +348,8 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	if found {
 		if req.Behavior&Reset != 0 {
 			s.markResetLocked(sh, e, now)
+		} else if step != nil {
+			// Set once the decision has written e's expiry (below).
 		} else if m, ok := sh.resets[e]; ok && m.until <= now {
 			// Lapsed: dropped by the first decision that writes, as
 			// redislimit drops it, so that a clock set back does not
@@ -359,6 +376,15 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		if want == 0 || took > 0 {
 			sh.chargeLocked(e, req)
 			s.markChangedLocked(sh, e)
+		}
+		if step != nil {
+			s.markStepLocked(sh, e, now, *step)
+		}
+		if m, ok := sh.resets[e]; e.expireAt <= now && (!ok || m.until <= now) {
+			// Fresh at now and unmarked: as good as dropped, as
+			// redislimit deletes the key, so that a clock set back
+			// finds no state rather than this one's times after it.
+			e.expireAt = math.MinInt64
 		}
 		sh.epochLocked(e, &d.Window, now)
 		return took
@@ -396,9 +422,11 @@ type resetMark struct{ at, until int64 }
 // has already would have lapsed. sh.mu must be held.
 func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 	m, had := sh.resets[e]
-	until := int64(0)
+	until, at := int64(0), now
 	if had && m.until > now {
-		until = m.until
+		// A mark after now (made with the clock ahead) keeps its
+		// instant: the charges it cleared may be named up to it.
+		until, at = m.until, max(m.at, now)
 	}
 	if e.expireAt > now {
 		until = max(until, e.expireAt)
@@ -412,13 +440,47 @@ func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 	if sh.resets == nil {
 		sh.resets = make(map[*entry]resetMark)
 	}
-	sh.resets[e] = resetMark{at: now, until: until}
+	sh.resets[e] = resetMark{at: at, until: until}
 	if !had {
 		// e first, so that the keys evicted to make room are others,
 		// down to the least recently used.
 		sh.touchLocked(e)
 		s.resizeLocked(sh, e, ResetMarkOverhead, now)
 	}
+}
+
+// markStepLocked records step, the mark of a decision at now that read
+// e's state as written at now (timesAfter), merged with the mark e has
+// while it lasts; it lasts at least as long as e's state. sh.mu must be
+// held.
+func (s *Store) markStepLocked(sh *shard, e *entry, now int64, step resetMark) {
+	m, had := sh.resets[e]
+	if had && m.until > now {
+		step.at, step.until = max(m.at, step.at), max(m.until, step.until)
+	}
+	step.until = max(step.until, e.expireAt)
+	if sh.resets == nil {
+		sh.resets = make(map[*entry]resetMark)
+	}
+	sh.resets[e] = step
+	if !had {
+		s.resizeLocked(sh, e, ResetMarkOverhead, now)
+	}
+}
+
+// stepMarkUntil is how long the mark of a decision of req at now that
+// read a state's times after now lasts: as long as a refund at req's rate
+// of a charge made before now could find hits to give back, had the state
+// counted it: the end of the window after now's for a fixed window or
+// sliding window counter (a counter's previous window is named until its
+// end), and now plus the drain time of req's capacity for the buckets and
+// GCRA.
+func stepMarkUntil(req *Request, now int64) int64 {
+	if req.Algorithm == FixedWindow || req.Algorithm == SlidingWindowCounter {
+		_, end := windowBounds(req, now)
+		return addSat(end, periodOf(req, now))
+	}
+	return addSat(now, drainTime(float64(req.Capacity()), float64(req.Limit), float64(periodOf(req, now))))
 }
 
 // dropMarkLocked drops e's reset mark. sh.mu must be held.
@@ -444,14 +506,32 @@ const epochAfter = int64(time.Microsecond)
 // window begun, no later than the reset. A window named by its epoch
 // since the reset (epochLocked) is returned as the window itself, which
 // the key's state names. sh.mu must be held.
-func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64) (Window, bool) {
+func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64, step *resetMark) (Window, bool) {
 	w := req.Charged
 	m, ok := sh.resets[e]
-	if !ok || m.until <= now {
+	if ok && m.until <= now {
+		ok = false
+	}
+	switch {
+	case step != nil && ok:
+		m = resetMark{at: max(m.at, step.at), until: max(m.until, step.until)}
+	case step != nil:
+		m, ok = *step, true
+	}
+	if !ok {
 		return w, true
 	}
-	if w.Start == m.at+epochAfter && !req.chargedAt() {
+	switch {
+	case w.Start == m.at+epochAfter && req.chargedAt():
+		return Window{m.at, m.at}, true
+	case w.Start == m.at+epochAfter:
 		if start, end := windowBounds(req, m.at); end == w.End {
+			return Window{start, end}, true
+		}
+	case w.End == m.at+epochAfter && w.Start < m.at && req.Algorithm.instantAlgorithm():
+		return Window{w.Start, w.Start}, true
+	case w.End == m.at+epochAfter && w.Start < m.at:
+		if start, end := windowBounds(req, w.Start); start == w.Start && end <= m.at {
 			return Window{start, end}, true
 		}
 	}
@@ -462,11 +542,27 @@ func (sh *shard) chargedSinceResetLocked(e *entry, req *Request, now int64) (Win
 // them back to, by its epoch since e's last reset, if it holds that
 // reset and the reset's mark lasts. sh.mu must be held.
 func (sh *shard) epochLocked(e *entry, w *Window, now int64) {
-	if sh.resets == nil || w.Start == w.End {
+	if sh.resets == nil || w.IsZero() {
 		return
 	}
-	if m, ok := sh.resets[e]; ok && m.until > now && w.Start <= m.at && m.at+epochAfter < w.End {
+	m, ok := sh.resets[e]
+	switch {
+	case !ok || m.until <= now:
+	case w.Start == w.End && w.Start == m.at:
+		// A charge at the reset's instant, made after it (a Reset with
+		// Hits, say): its instant's epoch since the reset.
+		w.Start, w.End = m.at+epochAfter, m.at+epochAfter
+	case w.Start == w.End && w.Start < m.at:
+		// A charge made after a reset at an instant before it (the
+		// reset was made with the clock ahead): the instant, ending at
+		// the reset's epoch.
+		w.End = m.at + epochAfter
+	case w.Start <= m.at && m.at+epochAfter < w.End:
 		w.Start = m.at + epochAfter
+	case w.End <= m.at:
+		// A window that ended by the reset, on the clock it was made
+		// with: the window, ending at the reset's epoch.
+		w.End = m.at + epochAfter
 	}
 }
 

@@ -831,17 +831,80 @@ end
 -- A reset's mark that has lapsed is none.
 if mark and mark[2] <= now then mark = nil end
 
+-- timesAfter reports whether boundTimes (below) moves times of the live
+-- state that lie after now (the clock stepped back), for every algorithm
+-- but the sliding window log, whose entries keep their instants:
+-- limiter's timesAfter.
+local function timesAfter()
+  local a = st.algo
+  if a == TOKEN or a == LEAKY then return st.w[2] > now end
+  if a == GCRA then return st.w[3] < MAXLEAD and st.w[1] > addsat(now, st.w[3]) end
+  if a == FIXED then return st.w[1] > now and st.w[2] > 0 end
+  if a == SCOUNTER then
+    local p = periodOf()
+    local start = floordiv(now, p) * p
+    return (st.w[2] > 0 or st.w[3] > 0) and st.w[1] > start and (st.w[1] > now or counterPeriod(p) == p)
+  end
+  return false
+end
+
+-- A state read as written at now holds charges that a refund cannot tell
+-- by their instant or window from earlier ones it no longer counts: the
+-- decision marks the key as a reset at now does, for as long as a refund
+-- of a charge made before now could find hits (limiter's stepMarkUntil).
+local step = nil
+if st.exp > now and not has(RESET) and timesAfter() then
+  local untilT
+  if algo == FIXED or algo == SCOUNTER then
+    local _, e = windowBounds(now)
+    untilT = addsat(e, periodOf())
+  else
+    untilT = math.min(addsat(now, math.ceil(capacity * periodOf() / limit)), HORIZON)
+  end
+  step = {now, untilT}
+end
+
+-- mergeMark is the mark m (nil: none) with n, a mark at now, merged: the
+-- later instant and the later end.
+local function mergeMark(m, n)
+  if not m then return n end
+  return {math.max(m[1], n[1]), math.max(m[2], n[2])}
+end
+local refundMark = mark
+if step then refundMark = mergeMark(mark, step) end
+
 -- A window of a fixed window or sliding window counter that holds a
 -- reset is two windows to a refund (limiter's chargedSinceResetLocked):
 -- the charges before the reset name it, those after name it with start
 -- one microsecond after the reset (its epoch since the reset).
-local epochOf = nil
-if mark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) then
+-- A charge at the reset's instant, made after it, is named by its
+-- instant's epoch alike.
+if refundMark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or chargedEnd ~= 0) then
+  local m = refundMark[1]
   local s, e = nil, nil
-  if chargedStart == mark[1] + 1 and chargedStart ~= chargedEnd then s, e = windowBounds(mark[1]) end
-  if s and e == chargedEnd then
-    chargedStart = s
-  elseif chargedStart <= mark[1] then
+  if chargedStart == m + 1 and chargedStart == chargedEnd then
+    s, e = m, m
+    if algo == SLOG and st.algo == SLOG then
+      -- A log's charge so named is at the reset's instant or one
+      -- microsecond after it: both hold only hits charged after it.
+      local i = firstEntry(function(j) return entry(j) >= m end)
+      if i > logN or entry(i) ~= m then s, e = chargedStart, chargedEnd end
+    end
+  elseif chargedStart == m + 1 then
+    s, e = windowBounds(m)
+    if e ~= chargedEnd then s = nil end
+  elseif chargedEnd == m + 1 and chargedStart < m and (hasBurst(algo) or algo == SLOG) then
+    -- A charge made after a reset at an instant before it (the reset
+    -- was made with the clock ahead).
+    s, e = chargedStart, chargedStart
+  elseif chargedEnd == m + 1 and chargedStart < m then
+    -- A window that ended by the reset on the clock it was made with.
+    local ws, we = windowBounds(chargedStart)
+    if ws == chargedStart and we and we <= m then s, e = ws, we end
+  end
+  if s then
+    chargedStart, chargedEnd = s, e
+  elseif chargedStart <= m then
     hits = 0 -- cleared by the reset: gives nothing back
   end
 end
@@ -891,10 +954,12 @@ end
 if has(RESET) and not reads then
   -- The mark lasts until the state it clears, if live, would have gone
   -- fresh, or until the mark already there would have lapsed.
-  local untilT = 0
-  if mark then untilT = mark[2] end
+  -- A mark after now (made with the clock ahead) keeps its instant: the
+  -- charges it cleared may be named up to it.
+  local untilT, at = 0, now
+  if mark then untilT, at = mark[2], math.max(mark[1], now) end
   if st.exp > now then untilT = math.max(untilT, st.exp) end
-  if untilT > now then mark = {now, untilT} end
+  if untilT > now then mark = {at, untilT} end
 end
 
 if st.exp <= now or has(RESET) then
@@ -937,10 +1002,31 @@ if gaveBack then
   windowStart, windowEnd = chargedStart, chargedEnd
 end
 
+-- A decision that writes and read the state as written at now leaves
+-- its mark, lasting at least as long as the state (limiter's
+-- markStepLocked).
+if step and not reads then
+  mark = mergeMark(mark, step)
+  mark[2] = math.max(mark[2], st.exp)
+end
+
 -- A window that holds a reset whose mark lasts is named by its epoch
--- since the reset (limiter's epochLocked).
-if mark and windowStart ~= windowEnd and windowStart <= mark[1] and mark[1] + 1 < windowEnd then
-  windowStart = mark[1] + 1
+-- since the reset, and so is a charge at the reset's instant (limiter's
+-- epochLocked).
+if mark and (windowStart ~= 0 or windowEnd ~= 0) then
+  if windowStart == windowEnd and windowStart == mark[1] then
+    windowStart, windowEnd = mark[1] + 1, mark[1] + 1
+  elseif windowStart == windowEnd and windowStart < mark[1] then
+    -- A charge made after a reset at an instant before it (the reset
+    -- was made with the clock ahead): the instant, ending at the
+    -- reset's epoch.
+    windowEnd = mark[1] + 1
+  elseif windowStart <= mark[1] and mark[1] + 1 < windowEnd then
+    windowStart = mark[1] + 1
+  elseif windowEnd <= mark[1] then
+    -- A window that ended by the reset, on the clock it was made with.
+    windowEnd = mark[1] + 1
+  end
 end
 
 if overCapacity then

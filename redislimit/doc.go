@@ -64,7 +64,9 @@
 // state would have gone fresh), which keeps the key, even fresh, until it
 // lapses: until then a refund naming a charge made before the reset
 // gives nothing back, as limiter's store decides it (see
-// limiter.Request.Charged). A key expires (PX) when its state is fresh again; a decision that
+// limiter.Request.Charged). A decision that finds the state written after
+// its now (a caller's clock stepped back) leaves such a mark at now, as
+// limiter's store does. A key expires (PX) when its state is fresh again; a decision that
 // leaves it fresh deletes it, and a peek leaves it as it is. The sliding window log holds at most
 // limiter.MaxLogEntries entries: a log that would pass it merges its
 // entries into coarser ones, each into the latest of its run of a

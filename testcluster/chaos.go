@@ -55,9 +55,8 @@ func (nw *network) wire(i int, cfg *cluster.Config) {
 		return &gossipTransport{NodeAwareTransport: t, nw: nw, from: i}
 	}
 	cfg.Peer.DialOptions = append(slices.Clone(cfg.Peer.DialOptions), grpc.WithContextDialer(nw.dialer(i)))
-	cfg.ServerOptions = append(slices.Clone(cfg.ServerOptions),
-		grpc.ChainUnaryInterceptor(nw.unaryDelay(i)),
-		grpc.ChainStreamInterceptor(nw.streamDelay(i)))
+	cfg.ServerOptions = append(slices.Clone(cfg.ServerOptions), grpc.ChainStreamInterceptor(nw.streamDelay(i)))
+	cfg.UnaryInterceptors = append(slices.Clone(cfg.UnaryInterceptors), nw.unaryDelay(i))
 }
 
 // addrKey is the form addresses are kept in: "127.0.0.1:80" whatever the
@@ -190,9 +189,14 @@ func (nw *network) unaryDelay(i int) grpc.UnaryServerInterceptor {
 	}
 }
 
-// streamDelay delays every message node i receives on a stream.
+// streamDelay delays every message node i receives on a stream. The
+// node's server serves its unary methods as streams that neither side
+// streams (cluster.Config.ServerOptions): unaryDelay delays those.
 func (nw *network) streamDelay(i int) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !info.IsClientStream && !info.IsServerStream {
+			return handler(srv, ss)
+		}
 		return handler(srv, &slowStream{ServerStream: ss, nw: nw, node: i})
 	}
 }

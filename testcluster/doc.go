@@ -13,7 +13,8 @@
 // Faults are injected in process (chaos.go): the nodes share a network
 // object, keyed by their gossip and gRPC addresses, that every node's gossip
 // transport (cluster.Config.GossipTransport), gRPC dialer
-// (Peer.DialOptions) and gRPC server interceptors (ServerOptions) consult.
+// (Peer.DialOptions) and gRPC server interceptors (ServerOptions,
+// UnaryInterceptors) consult.
 // Partition cuts traffic between groups of nodes, Heal restores it, Slow
 // delays the gRPC messages a node receives.
 package testcluster

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -32,24 +33,40 @@ import (
 //     anything is read; nothing waits there, as a connection whose reads
 //     stopped could neither finish the messages that would free room nor
 //     be seen to close.
-//   - as its handler begins (stats.Begin, in the call's own goroutine,
-//     before gRPC reads its message and grows its window), the rest of
-//     MessageReservation. A call that finds no room waits in its own
+//   - as its handler begins (the budget's stream interceptor, in the
+//     call's own goroutine, before gRPC reads its message and grows its
+//     window), the rest of MessageReservation. A call that finds no room waits in its own
 //     goroutine, holding only its stream window, until another call gives
 //     room back or its deadline ends, so that a burst of calls on one
 //     connection is served in turn instead of refused.
 //
-// A unary call gives its reservation back once its message is in (stats
-// InPayload); a stream (the Peer service's CheckStream) keeps it until it
-// ends, for the messages that follow. A call whose first message is not
+// A unary call gives its reservation back once its message is in; a
+// stream (the Peer service's CheckStream) keeps it until it ends, for the
+// messages that follow. A call whose first message is not
 // all in within ServerLimits.MessageTimeout is cancelled, its stream
 // reset, and its bytes freed. While more than half the budget is in use,
 // one connection may hold at most ServerLimits.ConnMessageBytes of it, so
 // that a few connections cannot take it all from the others.
 //
+// The server serves unary methods as streams (servedAsStreams, Registrar):
+// grpc-go reads a unary call's message before any hook of the call's own
+// goroutine but a stats handler's, and a stats handler makes it build an
+// event for every step of every call (headers and metadata copied, the
+// times taken), which cost about a tenth of the public unary path. A
+// stream's handler reads its message itself, after the interceptor. A
+// unary method registered on the server otherwise has its message read
+// before the budget sees the call (its window alone reserved); the
+// budget's unary interceptor then gives the call's window back once the
+// handler runs, and ends it.
+//
+// Each connection's share is found by the connection's *peer.Peer, which
+// grpc-go puts once in the context of every call of a connection: the
+// budget keeps the connections whose calls hold bytes, and forgets one
+// once they hold none.
+//
 // The rest of a message is reserved before gRPC reads even its 5-byte
-// prefix (no hook of grpc-go's comes between Begin and the read that grows
-// the window), so a call of 100 bytes reserves as much as one of 1.4 MB,
+// prefix (no hook of grpc-go's comes between the handler's start and the
+// read that grows the window), so a call of 100 bytes reserves as much as one of 1.4 MB,
 // for the moment between its handler's start and its message in. A busy
 // connection's rests past its share therefore leave room in the first
 // half for the windows of the calls it may yet open (roomForRest): its
@@ -92,6 +109,13 @@ type MessageBudget struct {
 	timedOut  atomic.Int64
 	waiting   atomic.Int64
 	reclaimed atomic.Int64
+
+	// byPeer are the connections whose calls hold bytes, by the peer
+	// grpc-go gives every call of a connection; guarded by mu.
+	byPeer map[*peer.Peer]*budgetConn
+	// unary runs around the unary methods served as streams (see
+	// ChainUnaryInterceptor); nil for none. Set before serving.
+	unary grpc.UnaryServerInterceptor
 
 	connSlots // of the listener of Listen
 
@@ -143,7 +167,28 @@ func NewMessageBudget(l ServerLimits) (*MessageBudget, error) {
 func newMessageBudget(l ServerLimits) *MessageBudget {
 	return &MessageBudget{limits: l, afterFunc: func(d time.Duration, f func()) func() bool {
 		return time.AfterFunc(d, f).Stop
-	}, now: time.Now, connSlots: connSlots{conns: make(map[string]*slotConn)}}
+	}, now: time.Now, byPeer: make(map[*peer.Peer]*budgetConn), connSlots: connSlots{conns: make(map[string]*slotConn)}}
+}
+
+// ChainUnaryInterceptor makes ics run, the first outermost, around every
+// unary method that the server of b's ServerOptions serves as a stream
+// (the methods of RegisterPeer, RegisterPublic, RegisterRules and
+// Registrar): gRPC's own unary interceptors (grpc.UnaryInterceptor,
+// grpc.ChainUnaryInterceptor) see only the unary methods registered
+// otherwise. Call it before the server serves.
+func (b *MessageBudget) ChainUnaryInterceptor(ics ...grpc.UnaryServerInterceptor) {
+	for _, ic := range ics {
+		if ic == nil {
+			continue
+		}
+		if outer := b.unary; outer != nil {
+			b.unary = func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				return outer(ctx, req, info, func(ctx context.Context, req any) (any, error) { return ic(ctx, req, info, h) })
+			}
+		} else {
+			b.unary = ic
+		}
+	}
 }
 
 // ServerOptions returns the options a grpc.Server serving sluice should
@@ -169,6 +214,9 @@ type budgetConn struct {
 	// unary calls.
 	used, windows, unaryRests int64
 	slot                      *slotConn // its slot of Listen's cap; nil for another listener's
+	// peer is its key in MessageBudget.byPeer; nil for a connection of
+	// TagConn, which the budget does not keep.
+	peer *peer.Peer
 }
 
 // budgetCall is the reservation of one call, and the call's context
@@ -181,6 +229,12 @@ type budgetCall struct {
 	cancel context.CancelCauseFunc
 	stream atomic.Bool // a client stream: keeps its reservation until it ends
 	first  atomic.Bool // its first message is in
+	// late tells that the call timed out and gave back what it held: it
+	// reserves nothing more. Guarded by MessageBudget.mu.
+	late bool
+	// recv is the call's stream as its handler sees it, which tells the
+	// budget when a message is in.
+	recv budgetStream
 	// open tells whether the call counts as open on its connection's
 	// slot (conn.slot, when set): from its first message in until it
 	// ends. A call whose message has not arrived keeps no slot, so that
@@ -249,6 +303,15 @@ type budgetCallKey struct{}
 func (b *MessageBudget) reserve(c *budgetCall, n int64, rest bool) (ok bool, freed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.reserveLocked(c, n, rest)
+}
+
+// reserveLocked is reserve with b.mu held. A call that timed out finds
+// neither room nor a channel to wait on.
+func (b *MessageBudget) reserveLocked(c *budgetCall, n int64, rest bool) (ok bool, freed <-chan struct{}) {
+	if c.late {
+		return false, nil
+	}
 	total, half := b.limits.MessageBytes, b.limits.MessageBytes/2
 	fits := b.used+n <= total && (c.conn.used+n <= b.limits.ConnMessageBytes || b.used+n <= half && (!rest || b.roomForRest(c, n)))
 	if !fits {
@@ -320,6 +383,9 @@ func (c *budgetCall) releaseLocked() {
 		c.conn.unaryRests -= c.rest
 	}
 	c.held, c.rest = 0, 0
+	if c.conn.used == 0 && c.conn.peer != nil {
+		delete(b.byPeer, c.conn.peer)
+	}
 	if b.freed != nil {
 		close(b.freed)
 		b.freed = nil
@@ -330,9 +396,12 @@ func (c *budgetCall) releaseLocked() {
 // window, or refuses the call. It never waits: gRPC reads the connection's
 // frames in the goroutine that runs it.
 func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	conn, _ := ctx.Value(budgetConnKey{}).(*budgetConn)
-	if conn == nil { // a server without b's stats handler: no budget
-		return ctx, nil
+	p, _ := peer.FromContext(ctx)
+	var conn *budgetConn
+	if p == nil {
+		if conn, _ = ctx.Value(budgetConnKey{}).(*budgetConn); conn == nil {
+			return ctx, nil // not a call of a gRPC server
+		}
 	}
 	if b.peers != nil && strings.HasPrefix(info.FullMethodName, "/"+pb.Peer_ServiceDesc.ServiceName+"/") {
 		// Before anything is reserved or read: the caller's certificate
@@ -342,30 +411,52 @@ func (b *MessageBudget) tap(ctx context.Context, info *tap.Info) (context.Contex
 			return nil, err
 		}
 	}
-	c := &budgetCall{b: b, conn: conn}
-	if ok, _ := b.reserve(c, StreamWindow, false); !ok {
+	c := &budgetCall{b: b, conn: conn, method: info.FullMethodName}
+	c.Context, c.cancel = context.WithCancelCause(ctx)
+	if !b.open(c, p) {
+		c.cancel(nil)
 		b.refused.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"transport: %s refused: the server's inbound message budget (%d bytes, at most %d per connection while more than half is in use) has no room for another call",
 			info.FullMethodName, b.limits.MessageBytes, b.limits.ConnMessageBytes)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	c.Context, c.cancel, c.method = ctx, cancel, info.FullMethodName
-	b.await(c)
 	return c, nil
 }
 
-// await puts c in the calls awaited, and schedules a sweep if none is.
-func (b *MessageBudget) await(c *budgetCall) {
+// open reserves the stream window of c, a call of the connection of p
+// (or of c.conn, when p is nil), and puts c in the calls awaited; it
+// reports whether the window fit.
+func (b *MessageBudget) open(c *budgetCall, p *peer.Peer) bool {
 	b.mu.Lock()
-	c.deadline = b.now().Add(b.limits.MessageTimeout)
-	b.awaited.push(c)
-	arm := !b.sweeping
-	b.sweeping = true
+	if p != nil {
+		if c.conn = b.byPeer[p]; c.conn == nil {
+			c.conn = &budgetConn{peer: p, slot: b.slotOf(p.LocalAddr, p.Addr)}
+			b.byPeer[p] = c.conn
+		}
+	}
+	if ok, _ := b.reserveLocked(c, StreamWindow, false); !ok {
+		if c.conn.used == 0 && c.conn.peer != nil {
+			delete(b.byPeer, c.conn.peer)
+		}
+		b.mu.Unlock()
+		return false
+	}
+	arm := b.awaitLocked(c)
 	b.mu.Unlock()
 	if arm {
 		b.afterFunc(b.limits.MessageTimeout, b.sweep)
 	}
+	return true
+}
+
+// awaitLocked puts c in the calls awaited, with b.mu held, and reports
+// whether a sweep is to be scheduled (none is).
+func (b *MessageBudget) awaitLocked(c *budgetCall) (arm bool) {
+	c.deadline = b.now().Add(b.limits.MessageTimeout)
+	b.awaited.push(c)
+	arm = !b.sweeping
+	b.sweeping = true
+	return arm
 }
 
 // sweep times out the awaited calls whose deadline has come: each is
@@ -395,7 +486,10 @@ func (b *MessageBudget) sweep() {
 		}
 		b.timedOut.Add(1)
 		c.cancel(fmt.Errorf("%w: the first message of %s was not all in within %v", ErrMessageTimeout, c.method, b.limits.MessageTimeout))
-		c.release()
+		b.mu.Lock()
+		c.late = true
+		c.releaseLocked()
+		b.mu.Unlock()
 	}
 }
 
@@ -419,7 +513,7 @@ func (c *budgetCall) begin(ctx context.Context) {
 	b := c.b
 	for {
 		ok, freed := b.reserve(c, MessageReservation-StreamWindow, true)
-		if ok {
+		if ok || freed == nil {
 			return
 		}
 		b.waiting.Add(1)
@@ -432,6 +526,90 @@ func (c *budgetCall) begin(ctx context.Context) {
 		}
 	}
 }
+
+// messageIn follows a message of c in: the first ends its deadline and
+// opens the call on its connection's slot; a unary call's gives back what
+// the call holds.
+func (c *budgetCall) messageIn() {
+	if c.conn.slot != nil && c.open.CompareAndSwap(false, true) {
+		c.b.callBegan(c.conn.slot)
+	}
+	unary := !c.stream.Load()
+	if c.first.CompareAndSwap(false, true) {
+		c.settle(unary)
+	} else if unary {
+		c.release()
+	}
+}
+
+// end ends c: it gives back what c holds, and its slot.
+func (c *budgetCall) end() {
+	if c.conn.slot != nil && c.open.Load() {
+		c.b.callEnded(c.conn.slot)
+	}
+	if c.stream.Load() || !c.first.Load() {
+		// A unary call whose message is in holds nothing, and is
+		// awaited no more.
+		c.settle(true)
+	}
+	c.cancel(nil)
+}
+
+// callOf returns the budget's call of ctx, a call of b's server, or nil.
+func (b *MessageBudget) callOf(ctx context.Context) *budgetCall {
+	if c, _ := ctx.Value(budgetCallKey{}).(*budgetCall); c != nil && c.b == b {
+		return c
+	}
+	return nil
+}
+
+// interceptStream is the server's first stream interceptor: every call
+// of a stream method, a unary method served as a stream among them,
+// reserves the rest of its message before its handler reads it (begin),
+// and ends when its handler returns.
+func (b *MessageBudget) interceptStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx := ss.Context()
+	c := b.callOf(ctx)
+	if c == nil {
+		return h(srv, ss)
+	}
+	defer c.end()
+	c.stream.Store(info.IsClientStream)
+	c.begin(ctx)
+	c.recv = budgetStream{ServerStream: ss, c: c}
+	return h(srv, &c.recv)
+}
+
+// interceptUnary is the server's first unary interceptor, for the unary
+// methods it does not serve as streams: gRPC has read the message, which
+// is in, and the call ends when its handler returns.
+func (b *MessageBudget) interceptUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	c := b.callOf(ctx)
+	if c == nil {
+		return h(ctx, req)
+	}
+	defer c.end()
+	c.messageIn()
+	return h(ctx, req)
+}
+
+// budgetStream is a call's stream: each message received is in.
+type budgetStream struct {
+	grpc.ServerStream
+	c *budgetCall
+}
+
+func (s *budgetStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	s.c.messageIn()
+	return nil
+}
+
+// The budget is also a stats.Handler, whose events call the hooks above,
+// for a server that cannot take its interceptors; its ServerOptions do
+// not install it.
 
 // TagConn gives each connection its share, and finds its slot.
 func (b *MessageBudget) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
@@ -448,19 +626,15 @@ func (b *MessageBudget) HandleConn(context.Context, stats.ConnStats) {}
 // TagRPC does nothing: tap gave the call its context.
 func (b *MessageBudget) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
-// HandleRPC follows the messages of a call that tap reserved for, and
-// counts the calls open on each connection of Listen's listener: a call
-// counts from its first message in until it ends, so that calls opened
-// and left without a message (renewed before MessageTimeout) cannot hold
-// the cap. It is called for every message in and out of every call, so
-// it looks at the call's context only for the events it follows.
+// HandleRPC follows the messages of a call that tap reserved for: Begin
+// begins it, InPayload tells a message in, End ends it.
 func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	switch s.(type) {
 	case *stats.Begin, *stats.InPayload, *stats.End:
 	default:
 		return // headers, trailers, the messages out
 	}
-	c, _ := ctx.Value(budgetCallKey{}).(*budgetCall)
+	c := b.callOf(ctx)
 	if c == nil {
 		return
 	}
@@ -469,21 +643,9 @@ func (b *MessageBudget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		c.stream.Store(s.IsClientStream)
 		c.begin(ctx)
 	case *stats.InPayload:
-		if c.conn.slot != nil && c.open.CompareAndSwap(false, true) {
-			b.callBegan(c.conn.slot)
-		}
-		unary := !c.stream.Load()
-		if c.first.CompareAndSwap(false, true) {
-			c.settle(unary)
-		} else if unary {
-			c.release()
-		}
+		c.messageIn()
 	case *stats.End:
-		if c.conn.slot != nil && c.open.Load() {
-			b.callEnded(c.conn.slot)
-		}
-		c.settle(true)
-		c.cancel(nil)
+		c.end()
 	}
 }
 

@@ -71,6 +71,16 @@ func (c *Codec) RequestFromProto(m *pb.RateLimitRequest) (limiter.Request, error
 	if m.Refund {
 		b |= limiter.Refund
 	}
+	if m.Charge {
+		// A settlement: counted past the capacity where the algorithm
+		// can be, drained (as drain_over_limit asks) where it cannot.
+		if b != limiter.DrainOverLimit {
+			return limiter.Request{}, fmt.Errorf("%w: charge is sent with drain_over_limit alone", limiter.ErrInvalidBehavior)
+		}
+		if alg.HasBurst() {
+			b = limiter.Charge
+		}
+	}
 	r := limiter.Request{
 		Name:      m.Name,
 		Key:       m.Key,
@@ -156,6 +166,10 @@ func EncodeRequest(dst *pb.RateLimitRequest, r *limiter.Request) {
 	dst.Reset_ = r.Behavior&limiter.Reset != 0
 	dst.DrainOverLimit = r.Behavior&limiter.DrainOverLimit != 0
 	dst.Refund = r.Behavior&limiter.Refund != 0
+	// A charge goes with drain_over_limit, which an owner that does not
+	// know charge applies instead.
+	dst.Charge = r.Behavior&limiter.Charge != 0
+	dst.DrainOverLimit = dst.DrainOverLimit || dst.Charge
 	dst.ChargedStartUnixNano, dst.ChargedEndUnixNano, dst.ChargedAtUnixNano = chargedToProto(r.Charged)
 	dst.UnreachablePolicy = pb.UnreachablePolicy_UNREACHABLE_POLICY_UNSPECIFIED
 }

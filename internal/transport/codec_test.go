@@ -10,15 +10,15 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/leakcheck"
 	"github.com/sluicehq/sluice/limiter"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func mustZone(t testing.TB, name string) *time.Location {
 	t.Helper()

@@ -154,7 +154,10 @@ func (l ServerLimits) ServerOptions() ([]grpc.ServerOption, error) {
 func (l ServerLimits) serverOptions(b *MessageBudget) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InTapHandle(b.tap),
-		grpc.StatsHandler(b),
+		// The budget's hooks in each call's goroutine. No stats handler:
+		// with one, gRPC builds an event for every step of every call.
+		grpc.ChainStreamInterceptor(b.interceptStream),
+		grpc.ChainUnaryInterceptor(b.interceptUnary),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.ForceServerCodecV2(wireCodec{}),
 		grpc.InitialWindowSize(StreamWindow),

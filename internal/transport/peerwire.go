@@ -392,6 +392,8 @@ func decodeRequestItem(r *reader, m *pb.RateLimitRequest, sp *requestSpace, i in
 			m.ChargedEndUnixNano, ok = r.int64(typ)
 		case 17:
 			m.ChargedAtUnixNano, ok = r.int64(typ)
+		case 18:
+			m.Charge, ok = r.bool(typ)
 		default:
 			return false
 		}
@@ -615,6 +617,9 @@ func sizeRequestItem(m *pb.RateLimitRequest) int {
 	if m.Hits != nil {
 		n += 1 + protowire.SizeVarint(uint64(*m.Hits))
 	}
+	if m.Charge {
+		n += sizeIntAt(18, 1)
+	}
 	return n
 }
 
@@ -644,6 +649,9 @@ func appendPeerRequest(b []byte, m *pb.PeerCheckRequest) []byte {
 			b = appendInt(b, 15, it.ChargedStartUnixNano)
 			b = appendInt(b, 16, it.ChargedEndUnixNano)
 			b = appendInt(b, 17, it.ChargedAtUnixNano)
+		}
+		if it.Charge {
+			b = appendVarintField(b, 18, 1)
 		}
 	}
 	return appendVarint(b, peerReqSeq, m.Seq)

@@ -17,9 +17,9 @@ import (
 // preface alone, a handshake and silence), or calls without their message
 // (each renewed before MessageTimeout), cannot hold the cap for the
 // handshake or idle timeouts: each holds it until the next connection
-// arrives. The budget's
-// stats handler (TagConn, HandleRPC) tells the listener which connections
-// have calls open, so the two must serve the same server.
+// arrives. The budget's hooks in each call (its interceptors) tell the
+// listener which connections have calls open, so the two must serve the
+// same server.
 
 // reclaimListener is the listener of MessageBudget.Listen.
 type reclaimListener struct {

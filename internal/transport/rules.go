@@ -25,5 +25,5 @@ func RegisterRules(s grpc.ServiceRegistrar, srv pb.RulesServer) {
 	if srv == nil {
 		panic("transport: RegisterRules with a nil server")
 	}
-	s.RegisterService(guardService(&pb.Rules_ServiceDesc), srv)
+	s.RegisterService(servedAsStreams(guardService(&pb.Rules_ServiceDesc)), srv)
 }

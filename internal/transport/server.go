@@ -172,7 +172,7 @@ func RegisterPeer(s *grpc.Server, local Checker, opts ...ServerOption) {
 		panic("transport: RegisterPeer with a nil Checker")
 	}
 	into, _ := local.(CheckerInto)
-	s.RegisterService(guardService(&pb.Peer_ServiceDesc), &peerServer{cfg: newServerConfig(opts), local: local, into: into})
+	s.RegisterService(servedAsStreams(guardService(&pb.Peer_ServiceDesc)), &peerServer{cfg: newServerConfig(opts), local: local, into: into})
 }
 
 // RegisterPublic registers the Sluice service on s: checks are decided by
@@ -184,7 +184,7 @@ func RegisterPublic(s grpc.ServiceRegistrar, routed Router, health Health, opts 
 	if routed == nil {
 		panic("transport: RegisterPublic with a nil Router")
 	}
-	s.RegisterService(guardService(&pb.Sluice_ServiceDesc), &publicServer{cfg: newServerConfig(opts), routed: routed, health: health})
+	s.RegisterService(servedAsStreams(guardService(&pb.Sluice_ServiceDesc)), &publicServer{cfg: newServerConfig(opts), routed: routed, health: health})
 }
 
 type peerKey struct{}
@@ -418,6 +418,9 @@ func (p *publicServer) routeInto(ctx context.Context, items []*pb.RateLimitReque
 	for i, m := range items {
 		r, err := p.cfg.codec.RequestFromProto(m)
 		var pol sluice.Policy
+		if err == nil && m.Charge {
+			err = fmt.Errorf("%w: charge is the peer service's", limiter.ErrInvalidBehavior)
+		}
 		if err == nil {
 			pol, err = PolicyFromProto(m.UnreachablePolicy)
 		}

@@ -590,3 +590,42 @@ func TestHoistOwner(t *testing.T) {
 		t.Fatal("owner of an empty batch")
 	}
 }
+
+// A settlement's charge (limiter.Charge) travels with drain_over_limit,
+// which an owner without the charge field applies instead; the peer
+// service reads it as a Charge of a bucket or GCRA and as DrainOverLimit
+// of a window, refuses it beside another behavior, and the public service
+// refuses it.
+func TestChargeOnTheWire(t *testing.T) {
+	var c Codec
+	bucket := limiter.Request{Name: "n", Key: "k", Hits: 100, Limit: 100, Period: time.Hour, Algorithm: limiter.TokenBucket, Behavior: limiter.Charge}
+	m := RequestToProto(bucket)
+	if !m.Charge || !m.DrainOverLimit {
+		t.Fatalf("charge sent as %v", m)
+	}
+	if r, err := c.RequestFromProto(m); err != nil || r.Behavior != limiter.Charge {
+		t.Fatalf("charge read as %+v, %v; want Charge alone", r, err)
+	}
+	m.Charge = false // an owner without the field
+	if r, err := c.RequestFromProto(m); err != nil || r.Behavior != limiter.DrainOverLimit {
+		t.Fatalf("charge without its field read as %+v, %v; want DrainOverLimit", r, err)
+	}
+	window := RequestToProto(limiter.Request{Name: "n", Key: "k", Hits: 100, Limit: 100, Period: time.Hour, Algorithm: limiter.FixedWindow, Behavior: limiter.DrainOverLimit})
+	window.Charge = true
+	if r, err := c.RequestFromProto(window); err != nil || r.Behavior != limiter.DrainOverLimit {
+		t.Fatalf("a window's charge read as %+v, %v; want DrainOverLimit", r, err)
+	}
+	m.Charge, m.Reset_ = true, true
+	if _, err := c.RequestFromProto(m); !errors.Is(err, limiter.ErrInvalidBehavior) {
+		t.Fatalf("charge with reset: %v", err)
+	}
+
+	pub := &publicServer{cfg: newServerConfig(nil), routed: LocalRouter(&echoChecker{owner: "b"})}
+	out, err := pub.route(context.Background(), []*pb.RateLimitRequest{RequestToProto(bucket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ResultFromProto(out[0]).Err; !errors.Is(err, limiter.ErrInvalidBehavior) {
+		t.Fatalf("a public charge: %v", err)
+	}
+}

@@ -443,8 +443,15 @@ type RateLimitRequest struct {
 	// charged_end_unix_nano. A build without the field ignores it and
 	// refunds as the key's state reads now.
 	ChargedAtUnixNano int64 `protobuf:"varint,17,opt,name=charged_at_unix_nano,json=chargedAtUnixNano,proto3" json:"charged_at_unix_nano,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Peer service only: count hits whatever the key's state, past its
+	// capacity (limiter.Charge), for a token bucket, leaky bucket or GCRA: a
+	// node settles so the hits it admitted without the key's owner. Sent
+	// with drain_over_limit, which an owner of a build without this field
+	// applies instead (the hits past the capacity are then not counted).
+	// The Sluice service refuses a request that sets it.
+	Charge        bool `protobuf:"varint,18,opt,name=charge,proto3" json:"charge,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RateLimitRequest) Reset() {
@@ -594,6 +601,13 @@ func (x *RateLimitRequest) GetChargedAtUnixNano() int64 {
 		return x.ChargedAtUnixNano
 	}
 	return 0
+}
+
+func (x *RateLimitRequest) GetCharge() bool {
+	if x != nil {
+		return x.Charge
+	}
+	return false
 }
 
 // RateLimitResponse answers one RateLimitRequest. When error_code is not
@@ -2515,7 +2529,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x8d\x05\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xa5\x05\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -2534,7 +2548,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\x125\n" +
 	"\x17charged_start_unix_nano\x18\x0f \x01(\x03R\x14chargedStartUnixNano\x121\n" +
 	"\x15charged_end_unix_nano\x18\x10 \x01(\x03R\x12chargedEndUnixNano\x12/\n" +
-	"\x14charged_at_unix_nano\x18\x11 \x01(\x03R\x11chargedAtUnixNanoB\a\n" +
+	"\x14charged_at_unix_nano\x18\x11 \x01(\x03R\x11chargedAtUnixNano\x12\x16\n" +
+	"\x06charge\x18\x12 \x01(\bR\x06chargeB\a\n" +
 	"\x05_hits\"\x87\x04\n" +
 	"\x11RateLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +

@@ -253,3 +253,73 @@ func TestAttackEnvoyXDSOversizedResponses(t *testing.T) {
 		t.Errorf("after version 3: %s, %v errors", got, errorsTotal())
 	}
 }
+
+// POST /json takes any body a caller sends: each is answered as
+// envoyproxy/ratelimit's service would answer the request it holds (429
+// once over), or refused with 400 when it is no valid RateLimitRequest
+// (or the service refuses it: too many descriptors or entries, a unit it
+// does not count), 413 beyond max_body_bytes; never a 200 for a request
+// over, never a 5xx.
+func TestAttackEnvoyJSONBodies(t *testing.T) {
+	cfg := testConfig("json-attack")
+	cfg.EnvoyConfigDir = envoyDir(t)
+	cfg.MaxBodyBytes = 64 << 10
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	url := "http://" + d.HTTPAddr() + "/json"
+	user := func(v, extra string) string {
+		return `{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"` + v + `"}]` + extra + `}]}`
+	}
+	many := func(n int, one string) string {
+		return strings.TrimSuffix(strings.Repeat(one+",", n), ",")
+	}
+	for i, s := range []struct {
+		body       string
+		wantStatus int
+		wantBody   string // a part of the body
+	}{
+		{user("a", ""), http.StatusOK, `"overallCode":"OK"`},
+		{user("a", `,"hitsAddend":"18446744073709551615"`), http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{user("a", `,"hitsAddend":"0"`), http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{user("c", `,"hitsAddend":18446744073709551616`), http.StatusBadRequest, ""},
+		{user("c", `,"hitsAddend":-1`), http.StatusBadRequest, ""},
+		{user("c", `,"hitsAddend":1.5`), http.StatusBadRequest, ""},
+		{`{"domain":"api","hitsAddend":4294967296,"descriptors":[{"entries":[{"key":"user","value":"c"}]}]}`, http.StatusBadRequest, ""},
+		{`{"domain":"api","hitsAddend":4294967295,"descriptors":[{"entries":[{"key":"user","value":"c"}]}]}`, http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{user("z", `,"limit":{"requestsPerUnit":0,"unit":"MINUTE"}`), http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{user("z", `,"limit":{"requestsPerUnit":0,"unit":"MINUTE"},"hitsAddend":"0"`), http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{user("w", `,"limit":{"requestsPerUnit":5,"unit":99}`), http.StatusBadRequest, "unit"},
+		{user("w", `,"limit":{"requestsPerUnit":5,"unit":"WEEK"}`), http.StatusBadRequest, "unit"},
+		{user("w", `,"limit":{"requestsPerUnit":5,"unit":"FORTNIGHT"}`), http.StatusBadRequest, ""},
+		{user("\xff\xfe", ""), http.StatusBadRequest, ""},
+		{user(`\ud800`, ""), http.StatusBadRequest, ""},
+		{`{"domain":"\xc3","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusBadRequest, ""},
+		{user(strings.Repeat("v", 60<<10), ""), http.StatusOK, `"overallCode":"OK"`},
+		{user(strings.Repeat("v", 70<<10), ""), http.StatusRequestEntityTooLarge, ""},
+		// 64 descriptors of one key: each is charged its hit in turn, the
+		// sixth of 5 a minute is over, as upstream's INCRBY pipeline.
+		{`{"domain":"api","descriptors":[` + many(64, `{"entries":[{"key":"user","value":"m"}]}`) + `]}`, http.StatusTooManyRequests, `"overallCode":"OVER_LIMIT"`},
+		{`{"domain":"api","descriptors":[` + many(65, `{"entries":[{"key":"user","value":"m"}]}`) + `]}`, http.StatusBadRequest, "65 descriptors"},
+		{`{"domain":"api","descriptors":[{"entries":[` + many(33, `{"key":"k","value":"v"}`) + `]}]}`, http.StatusBadRequest, "33 entries"},
+		{`{"domain":"api","descriptors":[null]}`, http.StatusBadRequest, ""},
+		{`{"domain":"api","descriptors":[{}]}`, http.StatusOK, `"overallCode":"OK"`},
+		{`{"domain":"api","domain":"api","descriptors":[{}]}`, http.StatusBadRequest, ""},
+		{user("t", "") + `{}`, http.StatusBadRequest, ""},
+		{user("t", "") + `   `, http.StatusOK, `"overallCode":"OK"`},
+		{`{"domain":"","descriptors":[{}]}`, http.StatusBadRequest, "domain"},
+		{`{"domain":"api","descriptors":{}}`, http.StatusBadRequest, ""},
+		{`{"domain":1,"descriptors":[{}]}`, http.StatusBadRequest, ""},
+		{`null`, http.StatusBadRequest, ""},
+		{`"x"`, http.StatusBadRequest, ""},
+		{strings.Repeat("[", 10000), http.StatusBadRequest, ""},
+		{`{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusOK, `"overallCode":"OK"`},
+	} {
+		r := do(t, http.MethodPost, url, s.body)
+		if r.status != s.wantStatus || !strings.Contains(string(r.body), s.wantBody) {
+			b := s.body
+			if len(b) > 120 {
+				b = b[:120] + "..."
+			}
+			t.Errorf("body %d %q: %d %.300s, want %d with %q", i, b, r.status, r.body, s.wantStatus, s.wantBody)
+		}
+	}
+}

@@ -414,7 +414,7 @@ func (d *Daemon) servePublic(tlsCfg *tls.Config) error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS(tlsCfg, tls.RequireAndVerifyClientCert))))
 	}
 	d.public = grpc.NewServer(opts...)
-	if err := d.registerPublic(d.public, d.node); err != nil { // node nil with backend redis
+	if err := d.registerPublic(transport.Registrar(d.public), d.node); err != nil { // node nil with backend redis
 		return fmt.Errorf("daemon: register the public API: %w", err)
 	}
 	srv, lis, logger := d.public, d.publicLis, d.logger

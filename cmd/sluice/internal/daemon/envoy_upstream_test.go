@@ -373,7 +373,8 @@ func TestEnvoyGlobalQuotaModeCountsUnmatched(t *testing.T) {
 // descriptors of a request have their counters on two different owners,
 // and the request goes to the third daemon; the descriptor over is
 // drained on its owner and the other's hits are given back on its own,
-// so that every daemon then reads what upstream's counters would hold.
+// so that every daemon then reads what upstream's counters would hold:
+// the one over past its limit, the other uncharged.
 func TestEnvoyStopIncrementAcrossCluster(t *testing.T) {
 	dir := t.TempDir()
 	writeEnvoyFile(t, dir, "another.yaml", "domain: another\ndescriptors:\n"+
@@ -417,10 +418,88 @@ func TestEnvoyStopIncrementAcrossCluster(t *testing.T) {
 			t.Errorf("step %d: %s, want %s", i, got, s.want)
 		}
 	}
+	// key3's counter upstream is 4, past its 3: a peek is over, and
+	// stops key2's charge (0 here).
 	for _, d := range ds {
 		peek := rlsCaller(t, rlsClient(t, d.GRPCAddr()), "another")
-		if got := rlsSummary(peek(0, "key2="+v2, "key3="+v3)); got != "OK; OK r=18; OK r=0" {
-			t.Errorf("a peek through %s: %s, want OK; OK r=18; OK r=0", d.Config().NodeName, got)
+		if got := rlsSummary(peek(0, "key2="+v2, "key3="+v3)); got != "OVER_LIMIT; OK r=18; OVER_LIMIT r=0" {
+			t.Errorf("a peek through %s: %s, want OVER_LIMIT; OK r=18; OVER_LIMIT r=0", d.Config().NodeName, got)
 		}
+	}
+}
+
+// rlsHits asks client about domain with one descriptor per "key=value:hits"
+// (its own hits_addend) or "limit0/key=value:hits" (with a limit of 0 a
+// minute Envoy sends).
+func rlsHits(t *testing.T, client rlsv3.RateLimitServiceClient, domain string, descs ...string) *rlsv3.RateLimitResponse {
+	t.Helper()
+	req := &rlsv3.RateLimitRequest{Domain: domain}
+	for _, s := range descs {
+		entry, hits, _ := strings.Cut(s, ":")
+		var n uint64
+		fmt.Sscan(hits, &n)
+		d := &rlcommon.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(n)}
+		if rest, ok := strings.CutPrefix(entry, "limit0/"); ok {
+			entry = rest
+			d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+		}
+		k, v, _ := strings.Cut(entry, "=")
+		d.Entries = []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: v}}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	resp, err := client.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// Through the daemon and go-control-plane's RLS client, with and without
+// envoy_stop_increment_over_limit, a check of hits_addend 0 answers what
+// envoyproxy/ratelimit's counters would: OVER_LIMIT on a window a request
+// went past (fixed_cache_impl.go increments the keys that go over in
+// either mode) and on a limit of 0 (configured or sent by Envoy) once a
+// hit reached it, OK with none left before; with the setting, a
+// descriptor so over stops the charge of the others, as one going over.
+func TestEnvoyPeeksPastTheLimitAsUpstream(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprint("stop=", stop), func(t *testing.T) {
+			dir := t.TempDir()
+			writeEnvoyFile(t, dir, "p.yaml", "domain: p\ndescriptors:\n"+
+				"  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"+
+				"  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"+
+				"  - key: zero\n    rate_limit: {unit: minute, requests_per_unit: 0}\n")
+			cfg := testConfig(fmt.Sprint("envoy-peeks-", stop))
+			cfg.EnvoyConfigDir = dir
+			cfg.EnvoyStopIncrementOverLimit = stop
+			d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+			client := rlsClient(t, d.GRPCAddr())
+			// a's remaining once charged beside a descriptor over.
+			charged := func(uncharged, chargedLeft int) string {
+				if stop {
+					return fmt.Sprint("OK r=", uncharged)
+				}
+				return fmt.Sprint("OK r=", chargedLeft)
+			}
+			for i, s := range []struct {
+				descs []string
+				want  string
+			}{
+				{[]string{"b=1:3"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+				{[]string{"b=1:0"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+				{[]string{"a=1:1", "b=1:0"}, "OVER_LIMIT; " + charged(5, 4) + "; OVER_LIMIT r=0"},
+				{[]string{"zero=1:0"}, "OK; OK r=0"},
+				{[]string{"a=2:1", "zero=1:1"}, "OVER_LIMIT; " + charged(5, 4) + "; OVER_LIMIT r=0"},
+				{[]string{"a=2:1", "zero=1:0"}, "OVER_LIMIT; " + charged(5, 3) + "; OVER_LIMIT r=0"},
+				{[]string{"limit0/route=r:0"}, "OK; OK r=0"},
+				{[]string{"limit0/route=r:2"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+				{[]string{"limit0/route=r:0"}, "OVER_LIMIT; OVER_LIMIT r=0"},
+				{[]string{"zero=2:0", "a=3:0"}, "OK; OK r=0; OK r=5"},
+			} {
+				if got := rlsSummary(rlsHits(t, client, "p", s.descs...)); got != s.want {
+					t.Errorf("step %d %v: %s, want %s", i, s.descs, got, s.want)
+				}
+			}
+		})
 	}
 }

@@ -59,8 +59,9 @@ func TestRedisNoCallerLowersACount(t *testing.T) {
 
 // TestRedisEnvoyModes is TestEnvoyModes on backend redis, in day windows
 // (Redis's clock decides them): a hits_addend of 0 on a full window is OK
-// with 0 remaining, quota mode, no charge for a request over but on the
-// descriptor over (the others given back on Redis), and whole seconds in
+// with 0 remaining, and OVER_LIMIT on one a request went past; quota
+// mode, no charge for a request over but on the descriptor over (the
+// others given back on Redis), and whole seconds in
 // duration_until_reset.
 func TestRedisEnvoyModes(t *testing.T) {
 	srv := testredis.Start(t)
@@ -85,7 +86,7 @@ func TestRedisEnvoyModes(t *testing.T) {
 		{1, []string{"a=1", "b=1"}, "OK; OK r=5; OVER_LIMIT r=0"},
 		{0, []string{"a=1"}, "OK; OK r=5"},
 		{1 << 40, []string{"a=1"}, "OVER_LIMIT; OVER_LIMIT r=0"},
-		{0, []string{"a=1"}, "OK; OK r=0"}, // the descriptor over is charged, as upstream's
+		{0, []string{"a=1"}, "OVER_LIMIT; OVER_LIMIT r=0"}, // the descriptor over is charged past its limit, as upstream's
 	} {
 		resp := call(s.hits, s.entries...)
 		if got := rlsSummary(resp); got != s.want {

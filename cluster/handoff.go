@@ -858,7 +858,8 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // time so that every invalid one is counted.
 //
 // With reason Reset, the sender reset the keys as their owner: this
-// node's states of them are dropped, whatever its ring says now. A reset
+// node's states of them are dropped, whatever its ring says now, and the
+// reset's marks they carry are kept. A reset
 // delayed past a ring change that made this node the owner also drops
 // what it admitted since; keeping the copy would bring back the state the
 // reset cleared.
@@ -868,7 +869,9 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // last: the sender keeps them.
 func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
 	if reason == transport.Reset {
-		return s.n.dropCopies(states), 0, nil
+		merged, rejected = s.n.dropCopies(states)
+		s.n.transfers.rejected.Add(int64(rejected))
+		return merged, rejected, nil
 	}
 	leaving := reason == transport.Handoff && s.n.transfers.leaving.Load()
 	if leaving {

@@ -214,7 +214,8 @@ func (o *outbox) enqueue(to string, add func(q *peerQueue)) {
 
 // reset queues the reset of (name, key) for the peer named to, a replica
 // of the key, and drops the copies of the key queued for it.
-func (o *outbox) reset(to, name, key string) {
+func (o *outbox) reset(to string, reset limiter.Snapshot) {
+	name, key := reset.Name, reset.Key
 	stale := func(s limiter.Snapshot) bool { return s.Name == name && s.Key == key }
 	o.enqueue(to, func(q *peerQueue) {
 		if slices.ContainsFunc(q.replica, stale) {
@@ -222,7 +223,7 @@ func (o *outbox) reset(to, name, key string) {
 			q.cuts++ // a call in flight must not drop what it did not send
 		}
 		if len(q.resets) < maxQueuedCopies {
-			q.resets = append(q.resets, limiter.Snapshot{Name: name, Key: key})
+			q.resets = append(q.resets, reset)
 		}
 	})
 }

@@ -94,10 +94,28 @@ func TestRegistrarServesUnaryMethodsWithinTheBudget(t *testing.T) {
 	}
 }
 
+// wrappedStream is a stream as a stream interceptor that wraps it passes
+// it on.
+type wrappedStream struct{ grpc.ServerStream }
+
 // A budget's unary interceptors run around each unary method it serves
-// as a stream, the first outermost, with the method's request and name;
-// gRPC's own unary interceptors see none of them.
+// as a stream, the first outermost, with the method's request and name,
+// whether or not a stream interceptor after the budget's wraps the
+// stream; gRPC's own unary interceptors see none of them.
 func TestMessageBudgetUnaryInterceptors(t *testing.T) {
+	for _, wrap := range []bool{false, true} {
+		var extra []grpc.ServerOption
+		if wrap {
+			extra = append(extra, grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				return h(srv, &wrappedStream{ss})
+			}))
+		}
+		testUnaryInterceptors(t, extra...)
+	}
+}
+
+func testUnaryInterceptors(t *testing.T, extra ...grpc.ServerOption) {
+	t.Helper()
 	b, err := NewMessageBudget(DefaultServerLimits())
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +135,7 @@ func TestMessageBudgetUnaryInterceptors(t *testing.T) {
 	}
 	b.ChainUnaryInterceptor(record("outer"), nil, record("inner"))
 	addr := serveBudget(t, b, func(s *grpc.Server) { healthpb.RegisterHealthServer(Registrar(s), health.NewServer()) },
-		grpc.ChainUnaryInterceptor(record("grpc")))
+		append(extra, grpc.ChainUnaryInterceptor(record("grpc")))...)
 	conn := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if _, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)

@@ -21,3 +21,7 @@ func (n *Node) HeldHits(name, key string) int64 {
 // SetBeforeHandoffPass makes a node built from c call f before each of
 // its hand-off passes reads the ring.
 func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
+
+// ReturnsAfterHandoff counts the lease returns n held back until its
+// hand-off states to their owner were delivered.
+func (n *Node) ReturnsAfterHandoff() int64 { return n.leases.afterHandoff.Load() }

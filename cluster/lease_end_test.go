@@ -207,12 +207,15 @@ func TestLeaseEndsAcrossClocks(t *testing.T) {
 	}
 }
 
-// leaseSettled waits until node 0 of c holds no leased hits, then checks
-// that the owner of req's key admits the rest of its limit after the
-// callers were admitted admitted.
+// leaseSettled waits until node 0 of c holds no leased hits and waits for
+// no lease, then checks that the owner of req's key admits the rest of
+// its limit after the callers were admitted admitted.
 func leaseSettled(t *testing.T, c *testcluster.Cluster, req limiter.Request, admitted int64) {
 	t.Helper()
 	if err := testcluster.WaitFor(30*time.Second, func() error {
+		if k := c.Node(0).LeaseRequestsInFlight(); k != 0 {
+			return fmt.Errorf("node 0 waits for %d leases", k)
+		}
 		if u := unusedLeased(c.Node(0)); u != 0 {
 			return fmt.Errorf("node 0 holds %d leased hits, %+v", u, c.Node(0).Stats().Leases)
 		}

@@ -365,6 +365,20 @@ func queuedConfirmation(q *peerQueue) int {
 // channel closed when a queue's hand-off drains.
 func (o *outbox) pendingHandoff() (int, <-chan struct{}) { return o.pending(queuedStates) }
 
+// handingOff reports whether hand-off states queued for the peer named
+// to are not delivered yet.
+func (o *outbox) handingOff(to string) bool {
+	o.mu.Lock()
+	q := o.peers[to]
+	o.mu.Unlock()
+	if q == nil {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.handoff) > 0
+}
+
 // waitHandedOff waits until every queued hand-off state was delivered or
 // given up, or ctx ends, and returns how many were still queued.
 func (o *outbox) waitHandedOff(ctx context.Context) int { return o.waitNone(ctx, queuedStates) }

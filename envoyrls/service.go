@@ -241,8 +241,8 @@ type item struct {
 	// (see overMarkKey), or -1
 	mark int
 	// over: its hits went past the limit, or, of 0 hits, the window is
-	// full (of a limit of 0: empty) and marked; refunded: they were given back
-	// (Config.StopIncrementOverLimit)
+	// full (of a limit of 0: empty) and marked; refunded: they were given
+	// back (Config.StopIncrementOverLimit)
 	over, refunded bool
 }
 
@@ -446,8 +446,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 // check of 0 hits on a full window is OVER_LIMIT when the mark is set, OK
 // otherwise, as envoyproxy/ratelimit's counter is past the limit, or
 // exactly at it: the window itself never holds more than the limit, and
-// a limit of 0 has no window. No counter key ends in "|over" (an entry has '='
-// or '~').
+// a limit of 0 has no window. No counter key ends in "|over" (an entry
+// has '=' or '~').
 func overMarkKey(key string) string {
 	const suffix = "|over"
 	if len(key)+len(suffix) <= MaxCounterKeyLen {
@@ -464,7 +464,7 @@ func (it *item) zeroLimit() bool {
 }
 
 // markRequest is the request of hits (0 reads, 1 charges) on the over
-// mark of it's counter, in its limit's window.
+// mark of the counter of it, in its limit's window.
 func (s *Service) markRequest(it *item, hits int64) limiter.Request {
 	r := s.request(it, it.limit)
 	r.Key, r.Hits, r.Limit = overMarkKey(r.Key), hits, 1
@@ -691,7 +691,8 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		// The headers show the limit closest to being reached: the last
 		// enforced one over, else the first with the least remaining
 		// below MaxUint32, as upstream starts its minimum there.
-		if (closest == nil && st.LimitRemaining < math.MaxUint32) || (closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
+		if (closest == nil && st.LimitRemaining < math.MaxUint32) ||
+			(closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
 			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
 			closest, closestReset = st, reset
 		}

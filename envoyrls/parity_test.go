@@ -395,3 +395,28 @@ func TestLimitOverrideWeekAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// Two or more descriptors of one counter in a request (two actions of a
+// route that build the same entries) are counted one after the other, as
+// upstream's pipeline of INCRBY: the one that takes the counter past
+// its limit is over, and the counter stays full and past it. With
+// StopIncrementOverLimit upstream judges each descriptor on the count
+// before the request (fixed_cache_impl.go reads them all first): none of
+// them stops the others' charges when each fits alone, and the hits of
+// a counter that went over are never given back (given back, b's window
+// ended empty after a request over on it, admitting the next ones).
+func TestStopIncrementDuplicateDescriptors(t *testing.T) {
+	const a, b = "/5/minute t=40s", "/2/minute t=40s"
+	for _, stop := range []bool{false, true} {
+		e := newEnv(t, []string{parityConfig}, func(c *Config) { c.StopIncrementOverLimit = stop })
+		e.run("p", []step{
+			{name: "b three times", descs: descs(desc("a=1"), desc("b=1"), desc("b=1"), desc("b=1")),
+				want: "OVER_LIMIT; OK 4" + a + "; OK 1" + b + "; OK 0" + b + "; OVER 0" + b},
+			{name: "peek", descs: descs(desc("a=1", "hits=0"), desc("b=1", "hits=0")), want: "OVER_LIMIT; OK 4" + a + "; OVER 0" + b},
+			{name: "b over", descs: descs(desc("b=1")), want: "OVER_LIMIT; OVER 0" + b},
+			{name: "1 then 2 hits", descs: descs(desc("a=2"), desc("b=2", "hits=1"), desc("b=2", "hits=2")),
+				want: "OVER_LIMIT; OK 4" + a + "; OK 1" + b + "; OVER 0" + b},
+			{name: "b=2 past its limit", descs: descs(desc("b=2", "hits=0")), want: "OVER_LIMIT; OVER 0" + b},
+		})
+	}
+}

@@ -241,9 +241,15 @@ type item struct {
 	// (see overMarkKey), or -1
 	mark int
 	// over: its hits went past the limit, or, of 0 hits, the window is
-	// full (of a limit of 0: empty) and marked; refunded: they were given back
-	// (Config.StopIncrementOverLimit)
+	// full (of a limit of 0: empty) and marked; refunded: they were given
+	// back (Config.StopIncrementOverLimit)
 	over, refunded bool
+	// before is what its counter held before it was decided (the hits
+	// of earlier descriptors of the same counter in the request
+	// included); stops: it is over as upstream's stop-increment mode
+	// judges, on the count before the request
+	before uint64
+	stops  bool
 }
 
 // ShouldRateLimitAt decides a request; now is the time of
@@ -384,7 +390,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 			if it.hits > 0 {
 				marks = append(marks, s.markRequest(it, 1))
 			}
-			anyOver = anyOver || it.over
+			it.stops = it.over
+			anyOver = anyOver || it.stops
 			continue
 		}
 		if it.counted < 0 {
@@ -394,7 +401,8 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		if r.Err != nil {
 			return nil, limiterError(r.Err)
 		}
-		_, after := it.counts(r.Decision.Decision)
+		var after uint64
+		it.before, after = it.counts(r.Decision.Decision)
 		it.over = after > uint64(it.limit.RequestsPerUnit)
 		if it.mark >= 0 {
 			// Full and marked: a request went past the limit in this
@@ -406,7 +414,16 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 		if it.over && it.hits > 0 {
 			marks = append(marks, s.markRequest(it, 1))
 		}
-		anyOver = anyOver || it.over
+		it.stops = it.over
+		if s.cfg.StopIncrementOverLimit && it.hits > 0 {
+			// Upstream reads every counter before the request and stops
+			// the others' charges for a descriptor whose own hits take
+			// its counter past the limit: of two descriptors of one
+			// counter, neither stops them when each fits alone.
+			pre := s.firstBefore(items, reqs, i)
+			it.stops = it.hits > uint64(it.limit.RequestsPerUnit)-min(pre, uint64(it.limit.RequestsPerUnit))
+		}
+		anyOver = anyOver || it.stops
 		if it.over && !r.Decision.Allowed && r.Decision.Remaining > 0 {
 			drain := reqs[it.counted]
 			drain.Hits, drain.Behavior = r.Decision.Remaining, limiter.DrainOverLimit
@@ -416,7 +433,10 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 	if s.cfg.StopIncrementOverLimit && anyOver {
 		for i := range items {
 			it := &items[i]
-			if it.counted >= 0 && !it.over && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 {
+			// The hits of a counter that went over stay: the counter
+			// is left full and past the limit, as by default.
+			if it.counted >= 0 && !it.over && results[it.counted].Decision.Allowed && reqs[it.counted].Hits > 0 &&
+				!s.counterOver(items, reqs, i) {
 				it.refunded = true
 				refund := reqs[it.counted]
 				refund.Behavior = limiter.Refund
@@ -440,14 +460,39 @@ func (s *Service) check(ctx context.Context, items []item, reqs []limiter.Reques
 	return results, nil
 }
 
+// sameCounter reports whether a and b count in one counter.
+func sameCounter(a, b *limiter.Request) bool { return a.Key == b.Key && a.Name == b.Name }
+
+// firstBefore is what the counter of items[i] held before the request:
+// the before of the first counted item of that counter.
+func (s *Service) firstBefore(items []item, reqs []limiter.Request, i int) uint64 {
+	for j := range i {
+		if items[j].counted >= 0 && sameCounter(&reqs[items[j].counted], &reqs[items[i].counted]) {
+			return items[j].before
+		}
+	}
+	return items[i].before
+}
+
+// counterOver reports whether an item of the request counted in the
+// counter of items[i] is over.
+func (s *Service) counterOver(items []item, reqs []limiter.Request, i int) bool {
+	for j := range items {
+		if j != i && items[j].over && items[j].counted >= 0 && sameCounter(&reqs[items[j].counted], &reqs[items[i].counted]) {
+			return true
+		}
+	}
+	return false
+}
+
 // overMarkKey is the key of the over mark of the counter key: a fixed
 // window of 1 charged, beside the counter's window, by each request that
 // goes past the limit (of a limit of 0, by each request of any hits). A
 // check of 0 hits on a full window is OVER_LIMIT when the mark is set, OK
 // otherwise, as envoyproxy/ratelimit's counter is past the limit, or
 // exactly at it: the window itself never holds more than the limit, and
-// a limit of 0 has no window. No counter key ends in "|over" (an entry has '='
-// or '~').
+// a limit of 0 has no window. No counter key ends in "|over" (an entry
+// has '=' or '~').
 func overMarkKey(key string) string {
 	const suffix = "|over"
 	if len(key)+len(suffix) <= MaxCounterKeyLen {
@@ -464,7 +509,7 @@ func (it *item) zeroLimit() bool {
 }
 
 // markRequest is the request of hits (0 reads, 1 charges) on the over
-// mark of it's counter, in its limit's window.
+// mark of the counter of it, in its limit's window.
 func (s *Service) markRequest(it *item, hits int64) limiter.Request {
 	r := s.request(it, it.limit)
 	r.Key, r.Hits, r.Limit = overMarkKey(r.Key), hits, 1
@@ -691,7 +736,8 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 		// The headers show the limit closest to being reached: the last
 		// enforced one over, else the first with the least remaining
 		// below MaxUint32, as upstream starts its minimum there.
-		if (closest == nil && st.LimitRemaining < math.MaxUint32) || (closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
+		if (closest == nil && st.LimitRemaining < math.MaxUint32) ||
+			(closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
 			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
 			closest, closestReset = st, reset
 		}

@@ -460,7 +460,9 @@ func rlsHits(t *testing.T, client rlsv3.RateLimitServiceClient, domain string, d
 // went past (fixed_cache_impl.go increments the keys that go over in
 // either mode) and on a limit of 0 (configured or sent by Envoy) once a
 // hit reached it, OK with none left before; with the setting, a
-// descriptor so over stops the charge of the others, as one going over.
+// descriptor so over stops the charge of the others, as one going over,
+// and descriptors of one counter are judged on the count before the
+// request, their counter left past its limit.
 func TestEnvoyPeeksPastTheLimitAsUpstream(t *testing.T) {
 	for _, stop := range []bool{false, true} {
 		t.Run(fmt.Sprint("stop=", stop), func(t *testing.T) {
@@ -495,6 +497,10 @@ func TestEnvoyPeeksPastTheLimitAsUpstream(t *testing.T) {
 				{[]string{"limit0/route=r:2"}, "OVER_LIMIT; OVER_LIMIT r=0"},
 				{[]string{"limit0/route=r:0"}, "OVER_LIMIT; OVER_LIMIT r=0"},
 				{[]string{"zero=2:0", "a=3:0"}, "OK; OK r=0; OK r=5"},
+				// three descriptors of one counter: counted in turn, the
+				// counter left past its limit, nothing given back
+				{[]string{"a=4:1", "b=9:1", "b=9:1", "b=9:1"}, "OVER_LIMIT; OK r=4; OK r=1; OK r=0; OVER_LIMIT r=0"},
+				{[]string{"b=9:1"}, "OVER_LIMIT; OVER_LIMIT r=0"},
 			} {
 				if got := rlsSummary(rlsHits(t, client, "p", s.descs...)); got != s.want {
 					t.Errorf("step %d %v: %s, want %s", i, s.descs, got, s.want)

@@ -480,3 +480,29 @@ func TestAtk19HealUnderTrafficSkewLeases(t *testing.T) {
 		}
 	}
 }
+
+// A token bucket holder that is also its key's replica, cut off from the
+// owner while its lease of 10 s lasts, healed before the lease expires:
+// its copy of the owner's state counts the held hits as entered, the
+// stand-in state it hands back merges by the larger while the owner
+// still holds the grant apart, and the return frees the grant's hits
+// only. The held hits are counted twice until they drain: the owner
+// should admit the rest of the limit.
+func TestAtk19LeaseHeldCopyMergedBack(t *testing.T) {
+	skipNearDayEnd(t)
+	attackOpen(t, "under-admission: a replica's copy counts a token bucket lease's held hits as entered; the stand-in state built on it, merged back before the lease expires, counts them beside the owner's open grant (about 480 of 1000 hits)")
+	noLeaksAfter(t)
+	c := leaseEndCluster(t, 3, 10*time.Second, 0.5, 2)
+	req := keyCutOffFrom(t, c, "heldcopy", limiter.TokenBucket, 1000, 2, 0)
+	holder, owner := c.Node(0), c.Node(2)
+	admitted := checkUntilLeased(t, holder, req)
+	admitted += replicated(t, owner, req)
+	admitted += checkN(holder, req, 20)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	admitted += checkN(holder, req, 30)
+	admitted += checkN(owner, req, 20)
+	c.Heal()
+	c.WaitConverged()
+	leaseSettled(t, c, req, admitted)
+}

@@ -25,3 +25,24 @@ func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
 // LeaseInterval is how often a key's rate is measured: a key checked
 // ceil(Lease.Threshold × LeaseInterval) times in one is hot.
 const LeaseInterval = leaseInterval
+
+// ReturnsAfterHandoff counts the lease returns n held back until its
+// hand-off states to their owner were delivered.
+func (n *Node) ReturnsAfterHandoff() int64 { return n.leases.afterHandoff.Load() }
+
+// LeaseRequestsInFlight counts the lease requests n has sent (or queued)
+// and not had an answer to.
+func (n *Node) LeaseRequestsInFlight() int {
+	k := 0
+	for i := range n.leases.shards {
+		sh := &n.leases.shards[i]
+		sh.mu.Lock()
+		for _, h := range sh.hot {
+			if h.asking {
+				k++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return k
+}

@@ -58,6 +58,10 @@ type transfers struct {
 	// pass runs: the ring is the previous pass's again).
 	adoptedMu sync.Mutex
 	adopted   [][]ring.Member
+	// passed is the fingerprint of the membership the last hand-off pass
+	// planned against, set once it queued its states, and 0 while a pass
+	// runs: until it is the ring's, a pass is to come (handingOff).
+	passed atomic.Uint64
 	// outbox carries hand-off states, copies and confirmations to each
 	// peer.
 	outbox *outbox
@@ -124,6 +128,28 @@ func (t *transfers) noteAdopted(members []ring.Member) {
 		t.adopted = slices.Delete(t.adopted, 0, 1)
 	}
 	t.adopted = append(t.adopted, members)
+}
+
+// adoptedPending reports whether memberships wait for a hand-off pass.
+func (t *transfers) adoptedPending() bool {
+	t.adoptedMu.Lock()
+	defer t.adoptedMu.Unlock()
+	return len(t.adopted) > 0
+}
+
+// handingOff reports whether this node may still hand the member named
+// to a key state it holds: a ring change waits for its hand-off pass, or
+// states queued for to are not delivered yet. A closed node hands off
+// nothing more.
+func (n *Node) handingOff(to string) bool {
+	if n.closed.Load() {
+		return false
+	}
+	// In this order: a pass clears passed before it takes the adopted
+	// memberships, and queues its states before it sets passed.
+	return n.transfers.adoptedPending() ||
+		n.transfers.passed.Load() != ring.Fingerprint(n.ring.Members()) ||
+		n.transfers.outbox.handingOff(to)
 }
 
 // takeAdopted returns the memberships noteAdopted recorded other than
@@ -398,11 +424,14 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 	if f := n.cfg.beforeHandoffPass; f != nil {
 		f()
 	}
+	// A pass under way is a pass to come, until its states are queued.
+	n.transfers.passed.Store(0)
 	cur := n.ring.Members()
 	prev := n.transfers.prev
 	via := n.transfers.takeAdopted(prev, cur)
 	handoff, later := n.byOwner(received)
 	n.holdFor(later)
+	defer n.transfers.passed.Store(ring.Fingerprint(cur))
 	if slices.Equal(prev, cur) && len(via) == 0 {
 		for to, states := range handoff {
 			n.transfers.outbox.handOff(to, states)
@@ -858,7 +887,8 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // time so that every invalid one is counted.
 //
 // With reason Reset, the sender reset the keys as their owner: this
-// node's states of them are dropped, whatever its ring says now. A reset
+// node's states of them are dropped, whatever its ring says now, and the
+// reset's marks they carry are kept. A reset
 // delayed past a ring change that made this node the owner also drops
 // what it admitted since; keeping the copy would bring back the state the
 // reset cleared.
@@ -868,7 +898,9 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // last: the sender keeps them.
 func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
 	if reason == transport.Reset {
-		return s.n.dropCopies(states), 0, nil
+		merged, rejected = s.n.dropCopies(states)
+		s.n.transfers.rejected.Add(int64(rejected))
+		return merged, rejected, nil
 	}
 	leaving := reason == transport.Handoff && s.n.transfers.leaving.Load()
 	if leaving {

@@ -122,13 +122,18 @@ func (r publicAPI) Inspect(ctx context.Context, name, key string) (sluice.Inspec
 
 // resetReplicas queues the reset of req's key, which this node decided as
 // its owner, to the key's replicas, when req resets it: they drop their
-// copies. Copies of the key queued for them before are dropped unsent.
+// copies, and keep the reset's mark, which the reset carries. Copies of
+// the key queued for them before are dropped unsent.
 func (n *Node) resetReplicas(req *limiter.Request) {
 	if req.Behavior&limiter.Reset == 0 || n.cfg.Replicas < 2 {
 		return
 	}
+	reset, ok := n.store.ResetMark(req.Name, req.Key, n.now())
+	if !ok {
+		reset = limiter.Snapshot{Name: req.Name, Key: req.Key}
+	}
 	for _, to := range n.replicaNames(req.Name, req.Key) {
-		n.transfers.outbox.reset(to, req.Name, req.Key)
+		n.transfers.outbox.reset(to, reset)
 	}
 }
 
@@ -145,13 +150,21 @@ func (n *Node) replicaNames(name, key string) []string {
 }
 
 // dropCopies drops this node's states of the keys of states, which their
-// owner reset, and returns how many it held.
-func (n *Node) dropCopies(states []limiter.Snapshot) int {
-	dropped := 0
+// owner reset, and returns how many it held. The reset's mark a state
+// carries is kept: should this node decide the key next, a refund of a
+// charge made before the reset gives nothing back. A mark the store
+// refuses (its times implausible here) is counted rejected.
+func (n *Node) dropCopies(states []limiter.Snapshot) (dropped, rejected int) {
+	now := n.now()
 	for _, s := range states {
 		if n.store.Forget(s.Name, s.Key) {
 			dropped++
 		}
+		if s.HasResetMark() {
+			if _, err := n.store.Merge([]limiter.Snapshot{s}, now); err != nil {
+				rejected++
+			}
+		}
 	}
-	return dropped
+	return dropped, rejected
 }

@@ -289,6 +289,9 @@ type leaseTable struct {
 	returns   []leaseReturn
 
 	requested, granted, hitsLeased, local, denied, returned, served atomic.Int64
+	// afterHandoff counts the returns held back until this node's
+	// hand-off states to their owner were delivered (leaseCalls.giveBack).
+	afterHandoff atomic.Int64
 }
 
 type leaseShard struct {
@@ -935,14 +938,25 @@ func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request
 	return l, err
 }
 
-// giveBack calls owner only when it is in this node's ring and the
-// connection to it is ready: a call that fails then may have been taken,
-// and is not sent again. An owner that refuses (not the key's settled
-// owner now, in hand-over) took nothing.
+// giveBack calls owner only when it is in this node's ring, the
+// connection to it is ready, and every key state this node may hand it
+// has been delivered: a call that fails then may have been taken, and is
+// not sent again. An owner that refuses (not the key's settled owner now,
+// in hand-over) took nothing.
+//
+// A state this node hands the owner may hold the leased hits: a copy of
+// the owner's state it merged as a replica, or while it stood in for the
+// owner cut off. Merged after the return, by the larger, it would take
+// back the hits the return freed; merged before, the return frees them
+// from the merged state.
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {
 	cl, ok := c.n.peers.Get(owner)
 	if !ok || !c.n.inRing(owner) || !cl.Ready() {
 		return fmt.Errorf("%w: %w: %s", errReturnNotSent, transport.ErrUnavailable, owner)
+	}
+	if c.n.handingOff(owner) {
+		c.n.leases.afterHandoff.Add(1)
+		return fmt.Errorf("%w: %w: key states for %s not handed off yet", errReturnNotSent, transport.ErrUnavailable, owner)
 	}
 	err := cl.ReturnLease(ctx, req, hits)
 	if status.Code(err) == codes.FailedPrecondition {

@@ -214,7 +214,8 @@ func (o *outbox) enqueue(to string, add func(q *peerQueue)) {
 
 // reset queues the reset of (name, key) for the peer named to, a replica
 // of the key, and drops the copies of the key queued for it.
-func (o *outbox) reset(to, name, key string) {
+func (o *outbox) reset(to string, reset limiter.Snapshot) {
+	name, key := reset.Name, reset.Key
 	stale := func(s limiter.Snapshot) bool { return s.Name == name && s.Key == key }
 	o.enqueue(to, func(q *peerQueue) {
 		if slices.ContainsFunc(q.replica, stale) {
@@ -222,7 +223,7 @@ func (o *outbox) reset(to, name, key string) {
 			q.cuts++ // a call in flight must not drop what it did not send
 		}
 		if len(q.resets) < maxQueuedCopies {
-			q.resets = append(q.resets, limiter.Snapshot{Name: name, Key: key})
+			q.resets = append(q.resets, reset)
 		}
 	})
 }
@@ -363,6 +364,20 @@ func queuedConfirmation(q *peerQueue) int {
 // pendingHandoff returns the hand-off states queued for every peer, and a
 // channel closed when a queue's hand-off drains.
 func (o *outbox) pendingHandoff() (int, <-chan struct{}) { return o.pending(queuedStates) }
+
+// handingOff reports whether hand-off states queued for the peer named
+// to are not delivered yet.
+func (o *outbox) handingOff(to string) bool {
+	o.mu.Lock()
+	q := o.peers[to]
+	o.mu.Unlock()
+	if q == nil {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.handoff) > 0
+}
 
 // waitHandedOff waits until every queued hand-off state was delivered or
 // given up, or ctx ends, and returns how many were still queued.

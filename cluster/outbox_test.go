@@ -147,7 +147,7 @@ func TestOutboxReset(t *testing.T) {
 	o.calls.setDown("b", true)
 	o.replicate("b", states(3)) // keys 0, 1, 2
 	o.calls.waitCalls(t, "b failed replica 3")
-	o.reset("b", "n", "1")
+	o.reset("b", limiter.Snapshot{Name: "n", Key: "1"})
 	o.replicate("b", states(1)) // key 0 again
 	for range replicaAttempts {
 		o.endBackoff(t)

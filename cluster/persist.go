@@ -173,7 +173,7 @@ func openPersister(cfg *Config, logger *slog.Logger, now time.Time) (p *persiste
 	}
 	live := make([]restoring, 0, len(last))
 	for _, r := range last {
-		if r.s.ExpireAt > now.UnixNano() || r.s.ResetUntil > now.UnixNano() { // a live state, or a reset's mark that lasts
+		if r.s.ExpireAt > now.UnixNano() || r.s.HasResetMark() && r.s.ResetUntil > now.UnixNano() { // a live state, or a reset's mark that lasts
 			live = append(live, r)
 		}
 	}
@@ -353,7 +353,7 @@ func (n *Node) restore() error {
 func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
 	for i := range restored {
 		s := &restored[i]
-		if s.ResetAt > now.UnixNano() {
+		if s.HasResetMark() && s.ResetAt > now.UnixNano() {
 			// A reset's instant is no later than now either; past
 			// MaxClockSkew the store would refuse the state with it.
 			s.ResetAt = now.UnixNano()

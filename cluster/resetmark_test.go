@@ -167,18 +167,58 @@ func TestResetMarkAcrossAJoin(t *testing.T) {
 	refundsAfterReset(t, c, cases)
 }
 
-// TestResetMarkAcrossAFailover: keys reset on node 0, whose replica node
-// 1 takes them over once node 0 is killed hard.
-func TestResetMarkAcrossAFailover(t *testing.T) {
-	skipNearDayEnd(t)
-	c := testcluster.New(t, 3, withReplicas(2))
+// failoverCases returns the cases of markCases whose keys node 0 of c
+// owns, node 1 holds the copy of, and node 1 owns without node 0.
+func failoverCases(t *testing.T, c *testcluster.Cluster, name string) []markCase {
+	t.Helper()
 	rest := slices.DeleteFunc(c.Node(0).RingMembers(), func(m ring.Member) bool { return m.Name == c.Node(0).Name() })
 	after := ringWith(t, rest)
-	cases := markCases(t, "markfail", func(req limiter.Request) bool {
+	return markCases(t, name, func(req limiter.Request) bool {
 		rs := c.Node(0).Replicas(req.Name, req.Key)
 		o, _ := after.Owner(req.Name, req.Key)
 		return len(rs) == 2 && rs[0].Name == c.Node(0).Name() && rs[1].Name == c.Node(1).Name() && o.Name == c.Node(1).Name()
 	})
+}
+
+// TestResetMarkAcrossAFailover: keys reset on node 0, whose replica node
+// 1 takes them over once node 0 is killed hard, after the copies of the
+// reset states have reached it.
+func TestResetMarkAcrossAFailover(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	cases := failoverCases(t, c, "markfail")
+	chargeAndReset(t, c, cases)
+	err := testcluster.WaitFor(10*time.Second, func() error {
+		for _, k := range cases {
+			if _, ok := c.Node(1).Store().Snapshot(k.req.Name, k.req.Key, time.Now()); k.resetHits > 0 && !ok {
+				return fmt.Errorf("%s holds no copy of %s", c.Node(1).Name(), k.req.Key)
+			}
+		}
+		return marked(c.Node(1), cases)
+	})
+	if err != nil {
+		t.Errorf("before the kill: %v", err)
+	}
+	c.StopHard(0)
+	c.WaitConverged()
+	for _, k := range cases {
+		if o := c.Owner(k.req.Name, k.req.Key); o != c.Node(1) {
+			t.Fatalf("%s is owned by %s, want the replica %s", k.req.Key, o.Name(), c.Node(1).Name())
+		}
+	}
+	refundsAfterReset(t, c, cases)
+}
+
+// TestResetMarkBeforeTheFirstCopy: keys reset with 0 hits on node 0,
+// which replicates no copy in the test's time (ReplicateInterval an
+// hour): the reset itself, sent to the replica at once, carries the mark,
+// and node 1 keeps it once node 0 is killed hard.
+func TestResetMarkBeforeTheFirstCopy(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.Replicas, cfg.ReplicateInterval = 2, time.Hour
+	}))
+	cases := slices.DeleteFunc(failoverCases(t, c, "markfirst"), func(k markCase) bool { return k.resetHits > 0 })
 	chargeAndReset(t, c, cases)
 	if err := testcluster.WaitFor(10*time.Second, func() error { return marked(c.Node(1), cases) }); err != nil {
 		t.Errorf("before the kill: %v", err)

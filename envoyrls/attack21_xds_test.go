@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -537,5 +538,65 @@ func TestAttackXDSNACKOfHostileNames(t *testing.T) {
 	}
 	if s := w.Stats(); s.Connects != 1 || s.Rejects != 4 {
 		t.Errorf("stats %+v: want one stream, 4 rejects", s)
+	}
+}
+
+// The bounds of an xDS response hold at their values exactly: 1000
+// resources, descriptors nested 100 levels, 1,000,000 descriptors in all
+// are taken; one more of each is refused, naming the bound.
+func TestAttackXDSAtTheBounds(t *testing.T) {
+	anyOf := func(c *rlconfv3.RateLimitConfig) *anypb.Any {
+		a, err := anypb.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	resources := func(n int) []*anypb.Any {
+		out := make([]*anypb.Any, n)
+		for i := range out {
+			out[i] = anyOf(rlConfig(fmt.Sprint("r", i), fmt.Sprint("d", i), "k", 1))
+		}
+		return out
+	}
+	nested := func(levels int) []*anypb.Any {
+		d := &rlconfv3.RateLimitDescriptor{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}}
+		for range levels - 1 {
+			d = &rlconfv3.RateLimitDescriptor{Key: "k", Descriptors: []*rlconfv3.RateLimitDescriptor{d}}
+		}
+		return []*anypb.Any{anyOf(&rlconfv3.RateLimitConfig{Name: "n", Domain: "n", Descriptors: []*rlconfv3.RateLimitDescriptor{d}})}
+	}
+	// n descriptors: one with a limit, the rest empty keys' siblings of
+	// distinct values.
+	flat := func(n int) []*anypb.Any {
+		var b []byte
+		b = protowire.AppendString(protowire.AppendTag(b, 1, protowire.BytesType), "f")
+		b = protowire.AppendString(protowire.AppendTag(b, 2, protowire.BytesType), "f")
+		for i := range n {
+			d := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "k")
+			d = protowire.AppendString(protowire.AppendTag(d, 2, protowire.BytesType), strconv.Itoa(i))
+			b = protowire.AppendBytes(protowire.AppendTag(b, 3, protowire.BytesType), d)
+		}
+		return []*anypb.Any{{TypeUrl: RateLimitConfigType, Value: b}}
+	}
+	for _, tc := range []struct {
+		name string
+		res  []*anypb.Any
+		want string // "" to be taken
+	}{
+		{"1000 resources", resources(MaxXDSResources), ""},
+		{"1001 resources", resources(MaxXDSResources + 1), "1001 resources, more than 1000"},
+		{"100 levels", nested(MaxXDSDepth), ""},
+		{"101 levels", nested(MaxXDSDepth + 1), "nest deeper than 100"},
+		{"1,000,000 descriptors", flat(MaxXDSDescriptors), ""},
+		{"1,000,001 descriptors", flat(MaxXDSDescriptors + 1), "more than 1000000"},
+	} {
+		r, err := RulesFromXDS(tc.res, LoadConfig{})
+		switch {
+		case tc.want == "" && (err != nil || r.Len() == 0):
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (!errors.Is(err, ErrXDSResource) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
 	}
 }

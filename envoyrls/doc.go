@@ -40,10 +40,15 @@
 // limit closest to being reached in response headers. duration_until_reset
 // is whole seconds rounded up, as envoyproxy/ratelimit computes it, unless
 // Config.ExactReset; a hits_addend of 0 on a window exactly full is OK
-// with 0 remaining; the near, over and shadow statistics ([Hit]) split a
+// with 0 remaining, and OVER_LIMIT once a request went past the limit
+// in the window (a limit of 0: once a hit reached it), as upstream's
+// counter answers; the near, over and shadow statistics ([Hit]) split a
 // request that straddles the limit as envoyproxy/ratelimit's do. Config
 // has envoyproxy/ratelimit's global switches: ShadowMode, QuotaMode,
-// DynamicMetadata and StopIncrementOverLimit.
+// DynamicMetadata and StopIncrementOverLimit. [Service.Register] decodes
+// requests with the server's codec; sluice's own keeps the bytes of
+// descriptor values that are not UTF-8 (request headers' bytes, which
+// Envoy sends as they are), which the protobuf runtime refuses.
 //
 // The package depends on the limiter vocabulary (packages sluice and
 // limiter) and on Envoy's generated types, not on the cluster: the daemon

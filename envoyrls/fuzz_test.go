@@ -5,9 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // FuzzParseDomain feeds the parser arbitrary files: it never panics, every
@@ -82,5 +87,52 @@ func FuzzRulesFromXDS(f *testing.F) {
 		if _, err := RulesFromXDS(res, LoadConfig{}); err != nil && !errors.Is(err, ErrInvalidConfig) {
 			t.Fatalf("error %v (%T) does not wrap ErrInvalidConfig", err, err)
 		}
+	})
+}
+
+// FuzzWireRequest: whatever the bytes, UnmarshalWire does not panic; on
+// bytes the protobuf runtime decodes, its field-by-field decoding reads
+// the same request, fields it does not know aside.
+func FuzzWireRequest(f *testing.F) {
+	seed, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "d", HitsAddend: 3, Descriptors: []*rlcommon.RateLimitDescriptor{
+		{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}, HitsAddend: wrapperspb.UInt64(2)},
+		{Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_DAY}},
+	}})
+	f.Add(seed)
+	f.Add([]byte{0x0a, 0x01, 0xff})
+	f.Add([]byte{0x12, 0x05, 0x0a, 0x03, 0x12, 0x01, 0xfe})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var w wireRequest
+		_ = w.UnmarshalWire(b)
+		var strict rlsv3.RateLimitRequest
+		if proto.Unmarshal(b, &strict) != nil {
+			return
+		}
+		var lenient wireRequest
+		if err := decodeLenient(b, &lenient); err != nil {
+			t.Fatalf("the runtime decodes %x, field by field: %v", b, err)
+		}
+		discardUnknown(strict.ProtoReflect())
+		discardUnknown(lenient.ProtoReflect())
+		if !proto.Equal(&strict, &lenient.RateLimitRequest) {
+			t.Fatalf("%x: runtime %v, field by field %v", b, &strict, &lenient.RateLimitRequest)
+		}
+	})
+}
+
+// discardUnknown drops the unknown fields of m and of the messages in it.
+func discardUnknown(m protoreflect.Message) {
+	m.SetUnknown(nil)
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.Message() == nil || fd.IsMap():
+		case fd.IsList():
+			for i := range v.List().Len() {
+				discardUnknown(v.List().Get(i).Message())
+			}
+		default:
+			discardUnknown(v.Message())
+		}
+		return true
 	})
 }

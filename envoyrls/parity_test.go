@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -340,6 +343,55 @@ func TestStopIncrementStatisticsAsUpstream(t *testing.T) {
 	} {
 		if got := total[key]; got != want {
 			t.Errorf("%s: %+v, want %+v", key, got, want)
+		}
+	}
+}
+
+// The headers name the limit closest to being reached as upstream's
+// service picks it (ratelimit.go): a status whose remaining is below
+// every earlier one's, starting from MaxUint32, so that a limit of
+// 4,294,967,295 untouched is never closest, and no headers are added
+// when it is the only one; an enforced status over wins.
+func TestHeadersAsUpstream(t *testing.T) {
+	e := newEnv(t, []string{"domain: h\ndescriptors:\n" +
+		"  - key: max\n    rate_limit: {unit: minute, requests_per_unit: 4294967295}\n" +
+		"  - key: ten\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"},
+		func(c *Config) { c.Headers = XRateLimitHeaders() })
+	const max, ten = "/4294967295/minute t=40s", "/10/minute t=40s"
+	e.run("h", []step{
+		{name: "the maximum untouched alone", descs: descs(desc("max=1", "hits=0")), want: "OK; OK 4294967295" + max},
+		{name: "beside another", descs: descs(desc("max=1", "hits=0"), desc("ten=1", "hits=0")),
+			want: "OK; OK 4294967295" + max + "; OK 10" + ten + "; X-RateLimit-Limit: 10; X-RateLimit-Remaining: 10; X-RateLimit-Reset: 40"},
+		{name: "one hit on the maximum", descs: descs(desc("max=1")),
+			want: "OK; OK 4294967294" + max + "; X-RateLimit-Limit: 4294967295; X-RateLimit-Remaining: 4294967294; X-RateLimit-Reset: 40"},
+	})
+}
+
+// A limit Envoy sends in a unit of 7, WEEK in RateLimitResponse's units
+// (which upstream casts it to, and counts in weeks), is counted in a
+// week; units outside second to year fail as upstream's do.
+func TestLimitOverrideWeekAsUpstream(t *testing.T) {
+	e := newEnv(t, []string{hitsConfig})
+	week := func(hits string) *rlDesc {
+		d := desc("route=w", hits)
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit(7)}
+		return d
+	}
+	// Tuesday 22:13:20 UTC: the ISO week ends Monday 00:00, 5 days,
+	// 1 h 46 min 40 s on.
+	const w = "/2/week t=121h46m40s"
+	e.run("hits", []step{
+		{descs: descs(week("hits=1")), want: "OK; OK 1" + w},
+		{descs: descs(week("hits=1")), want: "OK; OK 0" + w},
+		{descs: descs(week("hits=1")), want: "OVER_LIMIT; OVER 0" + w},
+		{advance: 5 * 24 * time.Hour, descs: descs(week("hits=0")), want: "OVER_LIMIT; OVER 0/2/week t=1h46m40s"},
+		{advance: 2 * time.Hour, descs: descs(week("hits=0")), want: "OK; OK 2/2/week t=167h46m40s"},
+	})
+	for _, u := range []typev3.RateLimitUnit{0, 8, 99} {
+		d := desc("route=w")
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: u}
+		if _, err := e.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlDesc{d}}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("unit %d: %v, want InvalidArgument", u, err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -212,7 +213,7 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Register adds the service to a gRPC server.
-func (s *Service) Register(r grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(r, s) }
+func (s *Service) Register(r grpc.ServiceRegistrar) { r.RegisterService(&serviceDesc, s) }
 
 // ShouldRateLimit decides a request at the time Config.Now gives.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -515,9 +516,10 @@ func (s *Service) resolve(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDesc
 	}
 	if o := d.GetLimit(); o != nil {
 		// A limit Envoy sends wins over the configuration, and is never
-		// in shadow mode, as with envoyproxy/ratelimit.
+		// in shadow mode, as with envoyproxy/ratelimit. Its unit of 7
+		// is a week, as upstream casts it to RateLimitResponse's units.
 		u := Unit(o.Unit)
-		if !u.Valid() || u == Week {
+		if !u.Valid() {
 			return it, status.Errorf(codes.InvalidArgument, "envoyrls: a descriptor's limit has unit %v", o.Unit)
 		}
 		it.match = Match{domain: domain.Name, entries: entries}
@@ -687,8 +689,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, items []item, results []s
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		// The headers show the limit closest to being reached: the last
-		// enforced one over, else the first with the least remaining.
-		if closest == nil || st.LimitRemaining < closest.LimitRemaining ||
+		// enforced one over, else the first with the least remaining
+		// below MaxUint32, as upstream starts its minimum there.
+		if (closest == nil && st.LimitRemaining < math.MaxUint32) || (closest != nil && st.LimitRemaining < closest.LimitRemaining) ||
 			(st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !it.quota && !s.cfg.QuotaMode) {
 			closest, closestReset = st, reset
 		}
@@ -794,12 +797,14 @@ func (s *Service) hit(h *Hit, it *item, domain string, before, after uint64) {
 // of the configured descriptors whose status is OK, merged (the first
 // value of a key wins, structures merge).
 func dynamicMetadata(req *rlsv3.RateLimitRequest, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
-	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(req.Domain)}
+	// The request's strings may not be UTF-8 (wireRequest): a response
+	// holding them could not be marshalled.
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(strings.ToValidUTF8(req.Domain, "\uFFFD"))}
 	ds := make([]*structpb.Value, 0, len(req.Descriptors))
 	for _, d := range req.Descriptors {
 		entries := make([]*structpb.Value, len(d.Entries))
 		for i, e := range d.Entries {
-			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+			entries[i] = structpb.NewStringValue(strings.ToValidUTF8(e.GetKey()+"="+e.GetValue(), "\uFFFD"))
 		}
 		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if o := d.GetLimit(); o != nil {

@@ -529,7 +529,7 @@ func take(budget *int) error {
 
 // xdsDescriptors converts descriptors at depth, taking each from budget.
 func xdsDescriptors(in []*rlconfv3.RateLimitDescriptor, depth int, budget *int) ([]*Descriptor, error) {
-	if depth > MaxXDSDepth {
+	if len(in) > 0 && depth > MaxXDSDepth { // the children of a leaf at the bound are none
 		return nil, fmt.Errorf("descriptors nest deeper than %d levels", MaxXDSDepth)
 	}
 	out := make([]*Descriptor, 0, len(in))

@@ -71,6 +71,20 @@ func (s *Store) Forget(name, key string) (held bool) {
 	return held
 }
 
+// ResetMark returns the mark a Reset left on (name, key) alone
+// (Snapshot.MarkOnly), and false when the store holds none that lasts at
+// now. It changes nothing, not even the key's place in the LRU order.
+func (s *Store) ResetMark(name, key string, now time.Time) (sn Snapshot, ok bool) {
+	n := now.UnixNano()
+	s.withEntry(name, key, func(sh *shard, e *entry) {
+		if m, has := sh.resets[e]; has && m.until > n {
+			sn = Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: m.at, ResetUntil: m.until}
+			ok = true
+		}
+	})
+	return sn, ok
+}
+
 // ResetRequest returns the request that resets (name, key) to fresh,
 // whatever the algorithm and parameters of its state, and consumes
 // nothing: Hits 0 and Behavior Reset, with parameters (a fixed window of 1

@@ -260,3 +260,40 @@ func TestStateFormatResetMark(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeChargedKeepsTheMark: a stand-in's merge (MergeCharged) takes
+// the mark of the state it merges too, into a store that holds a live
+// state of the key, none, or whatever the mark comes alone: a refund of a
+// charge made before the reset gives nothing back there.
+func TestMergeChargedKeepsTheMark(t *testing.T) {
+	for _, a := range Algorithms {
+		for _, c := range []struct {
+			name      string
+			own       int64 // hits the receiving store holds of its own
+			resetHits int64
+		}{{"own state", 2, 1}, {"no state", 0, 1}, {"mark alone", 2, 0}} {
+			t.Run(a.String()+"/"+c.name, func(t *testing.T) {
+				old, nu := newTestStore(t), newTestStore(t)
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				mine := attackCheck(t, old, base, t0, time.Second, 3, 0, Window{})
+				attackCheck(t, old, base, t0, 2*time.Second, c.resetHits, Reset, Window{})
+				if c.own > 0 {
+					attackCheck(t, nu, base, t0, 1500*time.Millisecond, c.own, 0, Window{})
+				}
+				var sn Snapshot
+				old.Range(t0.Add(2*time.Second), func(s Snapshot) bool { sn = s; return false })
+				if !sn.HasResetMark() {
+					t.Fatalf("exported %+v, want a mark", sn)
+				}
+				if _, err := nu.MergeCharged(&sn, base, 0, t0.Add(2*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+				recount(t, nu)
+				before := attackCheck(t, nu, base, t0, 3*time.Second, 0, 0, Window{})
+				if d := attackCheck(t, nu, base, t0, 3*time.Second, 3, Refund, mine.Window); d.Remaining != before.Remaining {
+					t.Errorf("the refund of a charge the reset cleared: remaining %d, want %d (nothing back)", d.Remaining, before.Remaining)
+				}
+			})
+		}
+	}
+}

@@ -35,16 +35,17 @@ import (
 //     be seen to close.
 //   - as its handler begins (the budget's stream interceptor, in the
 //     call's own goroutine, before gRPC reads its message and grows its
-//     window), the rest of MessageReservation. A call that finds no room waits in its own
-//     goroutine, holding only its stream window, until another call gives
-//     room back or its deadline ends, so that a burst of calls on one
-//     connection is served in turn instead of refused.
+//     window), the rest of MessageReservation. A call that finds no
+//     room waits in its own goroutine, holding only its stream window,
+//     until another call gives room back or its deadline ends, so that a
+//     burst of calls on one connection is served in turn instead of
+//     refused.
 //
 // A unary call gives its reservation back once its message is in; a
 // stream (the Peer service's CheckStream) keeps it until it ends, for the
-// messages that follow. A call whose first message is not
-// all in within ServerLimits.MessageTimeout is cancelled, its stream
-// reset, and its bytes freed. While more than half the budget is in use,
+// messages that follow. A call whose first message is not all in within
+// ServerLimits.MessageTimeout is cancelled, its stream reset, and its
+// bytes freed. While more than half the budget is in use,
 // one connection may hold at most ServerLimits.ConnMessageBytes of it, so
 // that a few connections cannot take it all from the others.
 //
@@ -65,9 +66,10 @@ import (
 // once they hold none.
 //
 // The rest of a message is reserved before gRPC reads even its 5-byte
-// prefix (no hook of grpc-go's comes between the handler's start and the
-// read that grows the window), so a call of 100 bytes reserves as much as one of 1.4 MB,
-// for the moment between its handler's start and its message in. A busy
+// prefix (no hook of grpc-go's comes between the read of the prefix and
+// the read that grows the window), so a call of 100 bytes reserves as
+// much as one of 1.4 MB, for the moment between its handler's start and
+// its message in. A busy
 // connection's rests past its share therefore leave room in the first
 // half for the windows of the calls it may yet open (roomForRest): its
 // later calls then never find the budget past half on its own account,

@@ -41,7 +41,7 @@ type slotConn struct {
 }
 
 // connKey names a connection by its two addresses, as the listener and
-// gRPC's stats handler both see them.
+// gRPC's peer of each call both see them.
 func connKey(local, remote net.Addr) string { return local.String() + " " + remote.String() }
 
 // Listen listens on the local network address, as ServerLimits.Listen

@@ -142,3 +142,41 @@ func TestSnapshotFromProtoResetMarkRejects(t *testing.T) {
 		t.Errorf("the mark in the state: %+v, %v, want %+v", got, err, sn)
 	}
 }
+
+// TestResetKeyFromProtoMark: a reset's Transfer state carries the name
+// and key, and the reset's mark alone when the sender holds one; a mark
+// no store could have written, or without a known algorithm, is refused.
+func TestResetKeyFromProtoMark(t *testing.T) {
+	if got, err := resetKeyFromProto(&pb.KeyState{Name: "n", Key: "k", Algorithm: pb.Algorithm_ALGORITHM_GCRA}); err != nil ||
+		!reflect.DeepEqual(got, limiter.Snapshot{Name: "n", Key: "k"}) {
+		t.Fatalf("a reset without a mark: %+v, %v", got, err)
+	}
+	for _, a := range limiter.Algorithms {
+		alone := limiter.Snapshot{Name: "n", Key: "k", Algorithm: a, ResetAt: 5, ResetUntil: 7}
+		m, _ := overTheWire(t, &alone)
+		if got, err := resetKeyFromProto(m); err != nil || !reflect.DeepEqual(got, alone) {
+			t.Errorf("%s: a reset with its mark: %+v, %v, want %+v", a, got, err, alone)
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		m    *pb.KeyState
+		want error
+	}{
+		{"end before instant", &pb.KeyState{Name: "n", Key: "k", Algorithm: pb.Algorithm_ALGORITHM_FIXED_WINDOW, ResetAtUnixNano: 7, ResetUntilUnixNano: 5}, limiter.ErrInvalidSnapshot},
+		{"negative instant", &pb.KeyState{Name: "n", Key: "k", Algorithm: pb.Algorithm_ALGORITHM_FIXED_WINDOW, ResetAtUnixNano: -1, ResetUntilUnixNano: 5}, limiter.ErrInvalidSnapshot},
+		{"no algorithm", &pb.KeyState{Name: "n", Key: "k", ResetAtUnixNano: 5, ResetUntilUnixNano: 7}, ErrInvalidArgument},
+		{"a state beside the mark", &pb.KeyState{Name: "n", Key: "k", Algorithm: pb.Algorithm_ALGORITHM_FIXED_WINDOW, ExpireAtUnixNano: 9,
+			Words: []int64{1, 1, 0}, ResetAtUnixNano: 5, ResetUntilUnixNano: 7}, nil},
+	} {
+		got, err := resetKeyFromProto(tt.m)
+		if tt.want == nil {
+			// Only the name, key and mark of a reset are read.
+			if want := (limiter.Snapshot{Name: "n", Key: "k", Algorithm: limiter.FixedWindow, ResetAt: 5, ResetUntil: 7}); err != nil || !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %+v, %v, want %+v", tt.name, got, err, want)
+			}
+		} else if !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}

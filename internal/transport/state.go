@@ -28,7 +28,8 @@ const (
 	// gives the receiver (see HandoverSink).
 	HandoffDone
 	// Reset: the sender owns the keys and has reset them; the receiver
-	// drops its copies. The states carry only Name and Key.
+	// drops its copies. The states carry only Name and Key, and the
+	// reset's mark (Snapshot.MarkOnly) when the sender's store holds one.
 	Reset
 )
 
@@ -49,7 +50,8 @@ func (r TransferReason) String() string {
 // StateSink takes key states sent to this node. The states have been
 // converted but not validated: Store.Merge validates each. With reason
 // Reset they carry only a name and a key, both valid: the keys whose
-// copies to drop. An error refuses the states, none of them taken: the
+// copies to drop, and a valid reset mark alone (Snapshot.MarkOnly) when
+// the sender sent one. An error refuses the states, none of them taken: the
 // sender is answered codes.Unavailable and keeps them, to send again or
 // elsewhere. Safe for concurrent use.
 type StateSink interface {
@@ -315,7 +317,9 @@ func snapshotFromWords(m *pb.KeyState) (limiter.Snapshot, error) {
 }
 
 // resetKeyFromProto reads the name and key of m, a key that its owner
-// reset, and checks them (limiter.ValidateKey).
+// reset, and checks them (limiter.ValidateKey), with the reset's mark
+// when m carries one (reset_at_unix_nano, reset_until_unix_nano, and
+// the algorithm), validated as a mark alone.
 func resetKeyFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
 		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
@@ -323,7 +327,19 @@ func resetKeyFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if err := limiter.ValidateKey(m.Name, m.Key); err != nil {
 		return limiter.Snapshot{}, err
 	}
-	return limiter.Snapshot{Name: m.Name, Key: m.Key}, nil
+	s := limiter.Snapshot{Name: m.Name, Key: m.Key}
+	if m.ResetAtUnixNano == 0 && m.ResetUntilUnixNano == 0 {
+		return s, nil
+	}
+	a, ok := algorithmFromProto(m.Algorithm)
+	if !ok {
+		return limiter.Snapshot{}, fmt.Errorf("%w: KeyState algorithm %d", ErrInvalidArgument, m.Algorithm)
+	}
+	s.Algorithm, s.ResetAt, s.ResetUntil = a, m.ResetAtUnixNano, m.ResetUntilUnixNano
+	if err := s.Validate(); err != nil {
+		return limiter.Snapshot{}, err
+	}
+	return s, nil
 }
 
 func reasonFromProto(r pb.TransferReason) (TransferReason, bool) {
@@ -392,6 +408,9 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 		s, err := SnapshotFromProto(m)
 		if reason == Reset {
 			s, err = resetKeyFromProto(m)
+			if err == nil && shifted && s.HasResetMark() {
+				s.ShiftTimes(shift)
+			}
 		} else if err == nil {
 			err = p.cfg.codec.settlementFromProto(m, &s)
 			if err == nil && shifted {

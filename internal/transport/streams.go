@@ -50,7 +50,9 @@ func unaryStream(h grpc.MethodHandler) grpc.StreamHandler {
 	return func(srv any, ss grpc.ServerStream) error {
 		ctx := ss.Context()
 		var ic grpc.UnaryServerInterceptor
-		if c, _ := ctx.Value(budgetCallKey{}).(*budgetCall); c != nil {
+		if s, ok := ss.(*budgetStream); ok { // no interceptor after the budget's wrapped it
+			ic = s.c.b.unary
+		} else if c, _ := ctx.Value(budgetCallKey{}).(*budgetCall); c != nil {
 			ic = c.b.unary
 		}
 		resp, err := h(srv, ctx, ss.RecvMsg, ic)

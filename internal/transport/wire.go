@@ -171,7 +171,19 @@ func unmarshal(b []byte, m proto.Message) error {
 	if err := checkCounts(b, countLimits(m.ProtoReflect().Descriptor().FullName())); err != nil {
 		return err
 	}
+	if w, ok := m.(wireUnmarshaler); ok {
+		return w.UnmarshalWire(b)
+	}
 	return proto.Unmarshal(b, m)
+}
+
+// wireUnmarshaler is a request that decodes its own wire form, which
+// unmarshal hands it after checking its counts. Envoy's rate limit
+// requests are (envoyrls): their strings are the bytes of HTTP headers,
+// which the protobuf runtime would refuse when they are not UTF-8. b is
+// the codec's buffer: what UnmarshalWire keeps, it copies.
+type wireUnmarshaler interface {
+	UnmarshalWire(b []byte) error
 }
 
 // fillerLen returns how many filler bytes bring a message of size bytes to

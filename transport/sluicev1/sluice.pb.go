@@ -343,7 +343,9 @@ const (
 	TransferReason_TRANSFER_REASON_HANDOFF_DONE TransferReason = 3
 	// The sender owns these keys and has reset them: the receiver, which
 	// held copies of them, drops its states of them. Only the name and key
-	// of each state are read.
+	// of each state are read, and the reset's mark with its algorithm when
+	// reset_at_unix_nano or reset_until_unix_nano is set (a mark alone,
+	// which the receiver keeps; nodes that predate the mark ignore it).
 	TransferReason_TRANSFER_REASON_RESET TransferReason = 4
 )
 

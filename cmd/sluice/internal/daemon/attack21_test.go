@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -15,8 +16,11 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/envoyrls"
@@ -321,5 +325,68 @@ func TestAttackEnvoyJSONBodies(t *testing.T) {
 			}
 			t.Errorf("body %d %q: %d %.300s, want %d with %q", i, b, r.status, r.body, s.wantStatus, s.wantBody)
 		}
+	}
+}
+
+// rawRLSRequest is the wire form of a RateLimitRequest of domain with one
+// descriptor of the entry key=value, as Envoy's C++ protobuf writes it
+// whatever bytes the value holds.
+func rawRLSRequest(domain, key, value string) []byte {
+	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), key)
+	entry = protowire.AppendString(protowire.AppendTag(entry, 2, protowire.BytesType), value)
+	desc := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+	req := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), domain)
+	return protowire.AppendBytes(protowire.AppendTag(req, 2, protowire.BytesType), desc)
+}
+
+// A descriptor value that is not UTF-8 (a request header's bytes: HTTP
+// allows any byte above 0x7f in a value, and Envoy's protobuf sends them
+// as they are) is counted like any other, under a key of its own: the
+// request is not refused. Refused, it would be a failure of the rate
+// limit service, which Envoy answers by letting the request through
+// unless failure_mode_deny is set: any client could skip every limit of
+// a request by adding one such byte to a header a descriptor reads.
+// Two such values do not share a counter, nor does either with its
+// UTF-8 lookalike, nor do values of a megabyte; dynamic metadata echoes
+// the values made valid. A request past the gRPC message bound fails.
+func TestAttackEnvoyValueNotUTF8(t *testing.T) {
+	cfg := testConfig("envoy-utf8")
+	cfg.EnvoyConfigDir = envoyDir(t)
+	cfg.EnvoyDynamicMetadata = true
+	d := start(t, cfg, WithClock(fakeclock.New(rulesStart).Now))
+	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	call := func(value string) (*rlsv3.RateLimitResponse, error) {
+		var resp rlsv3.RateLimitResponse
+		err := conn.Invoke(context.Background(), rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, rawMessage(rawRLSRequest("api", "user", value)), &resp)
+		return &resp, err
+	}
+	mb := strings.Repeat("v", 1<<20)
+	for _, v := range []string{"\xff", "\xfe", "a\xffb", "\xef\xbf\xbd", mb, mb + "\xff"} { // the 4th is U+FFFD itself
+		for i := range 7 {
+			resp, err := call(v)
+			if err != nil {
+				t.Fatalf("value %.20q, request %d: %v", v, i, err)
+			}
+			want := fmt.Sprintf("OK; OK r=%d", 4-i)
+			if i >= 5 {
+				want = "OVER_LIMIT; OVER_LIMIT r=0"
+			}
+			if got := rlsSummary(resp); got != want {
+				t.Errorf("value %.20q, request %d: %s, want %s", v, i, got, want)
+			}
+			md := resp.GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues()
+			if len(md) != 1 || !utf8.ValidString(md[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue()) {
+				t.Errorf("value %.20q: dynamic metadata of %d descriptors", v, len(md))
+			}
+		}
+	}
+	// Past the gRPC message bound of grpc_addr (transport.MaxMessageSize),
+	// the call fails before the service sees it.
+	if _, err := call(strings.Repeat("v", 3<<19)); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a value of 1.5 MiB: %v, want ResourceExhausted", err)
 	}
 }

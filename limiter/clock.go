@@ -71,13 +71,14 @@ func boundTimes(st *state, lg *windowLog, req *Request, now int64) bool {
 }
 
 // timesAfter reports whether decide of req at now bounds times of st, a
-// live state as stored, that lie after now (boundTimes), for every
-// algorithm but the sliding window log, whose entries keep their instants
-// (a refund finds its charge's entry by it, and one bounded to now holds
-// no earlier instant's hits). A received state is clamped instead
-// (clampReceived).
+// live state as stored, that lie after now (boundTimes, which
+// clampReceived applies to a received state first), for every algorithm
+// but the sliding window log, whose entries keep their instants (a refund
+// finds its charge's entry by it, and one bounded to now holds no earlier
+// instant's hits). A received GCRA state carries no tatLead, and tells
+// no time it was written at.
 func timesAfter(st state, req *Request, now int64) bool {
-	if st.algo() == SlidingWindowLog || st.isReceived() {
+	if st.algo() == SlidingWindowLog {
 		return false
 	}
 	return boundTimes(&st, nil, ownRequest(&st, req, now), now)

@@ -338,3 +338,44 @@ func TestRefundAfterAClockAheadSweep(t *testing.T) {
 		})
 	}
 }
+
+// TestHandOffFromAClockAhead: a key charged 3 and reset, then charged 1
+// on its owner with the clock four minutes ahead (the state fresh there),
+// handed off to a store whose clock is right, and charged 4 by others
+// there: the refund of the 3 gives nothing back on the new owner, which
+// reads the state as written at its now and marks the key. GCRA aside:
+// a received GCRA state tells no time it was written at (no tatLead),
+// and its TAT four minutes ahead reads as the burst spent.
+func TestHandOffFromAClockAhead(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		if a == GCRA {
+			continue
+		}
+		t.Run(a.String(), func(t *testing.T) {
+			old, _ := NewStore(DefaultStoreConfig())
+			nu, _ := NewStore(DefaultStoreConfig())
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Minute, Algorithm: a}
+			mine := attackCheck(t, old, base, t0, time.Second, 3, 0, Window{})
+			attackCheck(t, old, base, t0, 2*time.Second, 0, Reset, Window{})
+			attackCheck(t, old, base, t0, 4*time.Minute, 1, 0, Window{})
+			sn, ok := old.Snapshot("n", "k", t0.Add(4*time.Minute))
+			if !ok {
+				t.Fatal("no snapshot")
+			}
+			if _, err := nu.Merge([]Snapshot{sn}, t0.Add(3*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			theirs := attackCheck(t, nu, base, t0, 3*time.Second, 4, 0, Window{})
+			if !theirs.Allowed {
+				t.Fatalf("the others' charge: %+v", theirs)
+			}
+			if d := attackCheck(t, nu, base, t0, 4*time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
+				t.Errorf("on the new owner, the refund of a charge the reset cleared: remaining %d, want %d", d.Remaining, theirs.Remaining)
+			}
+			if d := attackCheck(t, nu, base, t0, 4*time.Second, 4, Refund, theirs.Window); d.Remaining != theirs.Remaining+4 {
+				t.Errorf("on the new owner, the others' refund (%v): remaining %d, want %d", theirs.Window, d.Remaining, theirs.Remaining+4)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // Forged settlements, from a peer or a data directory, against a node
@@ -138,4 +140,94 @@ func TestAtk19StandinRecordHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(rec)
 	runtime.KeepAlive(reqs)
+}
+
+// A node standing in for a key's owner (the ring with a member cut off
+// gives the member the key) with its stand-in record full of parts no
+// hand-off carries: a check of the key is refused, consuming nothing, and
+// a settlement of hits admitted elsewhere under PolicyAllow waits in the
+// debts rather than count as settled. Once a hand-off carries the parts
+// that fill the record, the settlement is charged and recorded as this
+// node's part.
+func TestAtk19StandinFullSettlementWaits(t *testing.T) {
+	n, err := New(TestConfig("self"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("still %s after 20s", what)
+			}
+			runtime.Gosched()
+		}
+	}
+	waitFor("not ready", n.Ready)
+	full, err := ring.New(n.ring.Config())
+	if err == nil {
+		err = full.SetMembers([]ring.Member{{Name: "self", Addr: "127.0.0.1:1"}, {Name: "cut", Addr: "127.0.0.1:2"}})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.standins.full.Store(full)
+	var key limiter.Request
+	for i := 0; ; i++ {
+		key = limiter.Request{Name: "full", Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: limiter.TokenBucket}
+		if o, _ := full.Owner(key.Name, key.Key); o.Name == "cut" {
+			break
+		}
+	}
+	var fill []limiter.Snapshot
+	for i := 0; ; i++ {
+		r := limiter.Request{Name: "fill", Key: fmt.Sprintf("f%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
+		if !n.standins.reserve(&r) {
+			break
+		}
+		n.standins.record(&r, 1)
+		fill = append(fill, limiter.Snapshot{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm})
+	}
+
+	// Set again: the node's start may have published its ring since
+	// (a single node has no membership changes after).
+	n.standins.full.Store(full)
+	d, err := n.Check(context.Background(), key)
+	if err != nil || d.Allowed {
+		t.Fatalf("a check standing in with the record full: %+v, %v; want refused", d, err)
+	}
+	if _, ok := n.store.Snapshot(key.Name, key.Key, n.now()); ok {
+		t.Fatal("the refused check consumed")
+	}
+	five := key
+	five.Hits = 5
+	n.debts.add(&five, 5, false)
+	for range 3 {
+		n.settle()
+	}
+	if s := n.Stats().Settle; s.Settled != 0 || s.Recorded != 5 {
+		t.Fatalf("settle stats %+v with the record full: want 5 recorded, none settled", s)
+	}
+	if n.standins.full.Load() != full {
+		t.Fatal("the ring with the member cut off was replaced meanwhile")
+	}
+
+	n.standins.attachHandOff(fill)
+	waitFor("unsettled", func() bool { n.settle(); return n.Stats().Settle.Settled == 5 })
+	n.standins.mu.Lock()
+	e := n.standins.m[debtKey{key.Name, key.Key}]
+	own := int64(0)
+	if e != nil {
+		own = n.standins.ownHits(e.parts)
+	}
+	n.standins.mu.Unlock()
+	if own != 5 {
+		t.Fatalf("the settled hits are not this node's part: %d own hits recorded, want 5", own)
+	}
+	peek := key
+	peek.Hits = 0
+	if d, err := n.Check(context.Background(), peek); err != nil || d.Remaining != 95 {
+		t.Fatalf("after the settlement: %+v, %v; want 95 remaining", d, err)
+	}
 }

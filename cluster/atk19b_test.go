@@ -343,3 +343,85 @@ func TestAtk19bHealWhileANodeIsKilled(t *testing.T) {
 	exactly(t, c, reqs, 30)
 	remainingAfter(t, c, reqs, 30)
 }
+
+// Refunds on both sides of a partition: keys of every heal algorithm
+// owned by node 1 (node 2 its replica), 50 hits before; {0}|{1,2}; node
+// 0, standing in, admits 30 and gives 10 back; node 1 admits 10 and gives
+// 5 back; healed. Every key counts what its callers kept, 50+20+5: its
+// owner admits 25 more.
+func TestAtk19bRefundsAcrossAPartition(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	refund := func(nd *cluster.Node, hits int64) {
+		t.Helper()
+		rs := withHits(reqs, hits)
+		for i := range rs {
+			rs[i].Behavior = limiter.Refund
+		}
+		for i, r := range nd.CheckMany(context.Background(), rs) {
+			if r.Err != nil || r.WithoutOwner {
+				t.Fatalf("%s refund through %s: without owner %v, err %v", rs[i].Key, nd.Name(), r.WithoutOwner, r.Err)
+			}
+		}
+	}
+	consume(t, c.Node(0), withHits(reqs, 30))
+	refund(c.Node(0), 10)
+	consume(t, c.Node(1), withHits(reqs, 10))
+	refund(c.Node(1), 5)
+	if err := atMost(c, reqs, 100); err != nil {
+		t.Fatal(err)
+	}
+	c.Heal()
+	c.WaitConverged()
+	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 25) })
+	remainingAfter(t, c, reqs, 25)
+}
+
+// A refund of hits counted before the cut, on either side: keys of
+// every heal algorithm owned by node 1 (node 2 its replica), 50 hits
+// before; {1}|{0,2}; 20 of them given back through node 2 (standing in
+// from its copy) or through node 1 (the owner); node 2 admits 5 and node
+// 1 10; healed. Every key counts what its callers kept, 50-20+5+10: its
+// owner should admit 55 more.
+func TestAtk19bRefundOfHitsFromBeforeTheCut(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, side := range []int{2, 1} {
+		t.Run(fmt.Sprintf("through node %d", side), func(t *testing.T) {
+			attackOpen(t, "under-admission: a refund during a partition of hits counted before it is lost at the heal when the other side's state, which still counts them, is the larger: the owner admits 35 of the 55 left (refunded through the stand-in) or 45 (through the owner), every heal algorithm")
+			noLeaksAfter(t)
+			c := testcluster.New(t, 3, withReplicas(2))
+			var reqs []limiter.Request
+			for _, a := range healAlgorithms {
+				reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+			}
+			consume(t, c.Node(1), withHits(reqs, 50))
+			waitReplicated(t, c, reqs)
+			c.Partition([]int{1}, []int{0, 2})
+			c.WaitConverged()
+			rs := withHits(reqs, 20)
+			for i := range rs {
+				rs[i].Behavior = limiter.Refund
+			}
+			for i, r := range c.Node(side).CheckMany(context.Background(), rs) {
+				if r.Err != nil || r.WithoutOwner {
+					t.Fatalf("%s refund: without owner %v, err %v", rs[i].Key, r.WithoutOwner, r.Err)
+				}
+			}
+			consume(t, c.Node(2), withHits(reqs, 5))
+			consume(t, c.Node(1), withHits(reqs, 10))
+			c.Heal()
+			c.WaitConverged()
+			_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 55) })
+			remainingAfter(t, c, reqs, 55)
+		})
+	}
+}

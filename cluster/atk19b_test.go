@@ -425,3 +425,32 @@ func TestAtk19bRefundOfHitsFromBeforeTheCut(t *testing.T) {
 		})
 	}
 }
+
+// A stand-in that leaves gracefully while it is cut off alone: keys of
+// every heal algorithm owned by node 1 (node 2 its replica), 50 hits
+// before; {0}|{1,2}; node 0 admits 30 of each standing in, node 1 10;
+// node 0 leaves, with no member on its side to hand its keys to; then the
+// partition heals without it. The 30 it admitted were told to callers:
+// every key should count 90, its owner admit 10 more.
+func TestAtk19bStandinLeavesWhileCutOffAlone(t *testing.T) {
+	skipNearDayEnd(t)
+	attackOpen(t, "over-admission: a stand-in cut off alone that leaves gracefully sees itself as the last member and drops its states (Leave returns ErrHandoff, 5 key states not delivered): the 30 hits of every key it admitted are never charged, the owner admits 40 where 10 are left, every heal algorithm")
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	c.Leave(0)
+	t.Logf("node 0 left: %+v", c.Node(0).Stats().Settle)
+	c.Heal()
+	c.WaitConverged()
+	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
+	remainingAfter(t, c, reqs, 10)
+}

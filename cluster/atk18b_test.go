@@ -9,8 +9,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/testcluster"
 	pb "github.com/sluicehq/sluice/transport/sluicev1"
 )
@@ -67,5 +69,118 @@ func TestAtk18bResetFromANonOwner(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestAtk18bResetJoinResetRefunds: keys charged 3 (era 1) and reset on
+// their owner in a cluster of two, charged 2 more (era 2), then taken
+// over by a third node joining; the new owner charges 1 (era 2 too),
+// resets the keys with 0 hits, and others charge 4 (era 3). Refunds of
+// each earlier era's charge give nothing back of the others' 4; theirs
+// gives their 4 back.
+func TestAtk18bResetJoinResetRefunds(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 2, withReplicas(1))
+	after := ringWith(t, append(c.Node(0).RingMembers(), ring.Member{Name: "node-2"}))
+	cases := markCases(t, "atk18bjoin", func(req limiter.Request) bool {
+		o, _ := after.Owner(req.Name, req.Key)
+		return o.Name == "node-2"
+	})
+	chargeAndReset(t, c, cases)
+	era2 := make([]limiter.Window, len(cases))
+	for i, k := range cases {
+		d := markCheck(t, c.Owner(k.req.Name, k.req.Key), k.req, 2, 0, limiter.Window{})
+		if !d.Allowed {
+			t.Fatalf("%s: era 2's charge: %+v", k.req.Key, d)
+		}
+		era2[i] = d.Window
+	}
+	added := c.Add()
+	for _, k := range cases {
+		if o := c.Owner(k.req.Name, k.req.Key); o != added {
+			t.Fatalf("%s is owned by %s, want the added %s", k.req.Key, o.Name(), added.Name())
+		}
+	}
+	if err := testcluster.WaitFor(10*time.Second, func() error { return marked(added, cases) }); err != nil {
+		t.Fatalf("after the join: %v", err)
+	}
+	for i, k := range cases {
+		era2b := markCheck(t, added, k.req, 1, 0, limiter.Window{})
+		if want := 10 - k.resetHits - 3; !era2b.Allowed || era2b.Remaining != want {
+			t.Errorf("%s (%s, reset with %d): era 2 on the new owner: %+v, want remaining %d (the hand-off lost or added hits)", k.req.Key, k.req.Algorithm, k.resetHits, era2b, want)
+			continue
+		}
+		if d := markCheck(t, added, k.req, 0, limiter.Reset, limiter.Window{}); d.Remaining != 10 {
+			t.Fatalf("%s: the second reset: %+v", k.req.Key, d)
+		}
+		theirs := markCheck(t, added, k.req, 4, 0, limiter.Window{})
+		if !theirs.Allowed || theirs.Remaining != 6 {
+			t.Errorf("%s: the others' 4 after the second reset: %+v", k.req.Key, theirs)
+			continue
+		}
+		for _, r := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"era 1 (on the old owner, before both resets)", 3, k.mine}, {"era 2 (on the old owner)", 2, era2[i]}, {"era 2 (on the new owner)", 1, era2b.Window}} {
+			if d := markCheck(t, added, k.req, r.hits, limiter.Refund, r.w); d.Remaining != 6 {
+				t.Errorf("%s (%s, reset with %d): refund of %s: remaining %d, want 6 (nothing back)", k.req.Key, k.req.Algorithm, k.resetHits, r.name, d.Remaining)
+			}
+		}
+		if d := markCheck(t, added, k.req, 4, limiter.Refund, theirs.Window); d.Remaining != 10 {
+			t.Errorf("%s (%s, reset with %d): refund of the others' 4: remaining %d, want 10", k.req.Key, k.req.Algorithm, k.resetHits, d.Remaining)
+		}
+	}
+}
+
+// TestAtk18bResetMarkAcrossARestartWithTheClockOff: keys charged 3 and
+// reset on a node with a data directory, which is stopped and started
+// again with its clock an hour behind, or an hour ahead. Others charge 4
+// after the restart (counting at least those): a refund naming the 3 the
+// reset cleared gives nothing back, and one of the others' 4 gives back
+// at most 4.
+func TestAtk18bResetMarkAcrossARestartWithTheClockOff(t *testing.T) {
+	skipNearDayEnd(t)
+	if day := time.Now().Truncate(24 * time.Hour); time.Until(day.Add(24*time.Hour)) < 70*time.Minute || time.Since(day) < 70*time.Minute {
+		t.Skip("an hour's step would cross the day's window")
+	}
+	for _, off := range []time.Duration{-time.Hour, time.Hour} {
+		t.Run(off.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			withDir := testcluster.WithConfig(func(_ int, c *cluster.Config) { c.DataDir = dir })
+			c := testcluster.New(t, 1, withDir)
+			cases := markCases(t, "atk18brestart", nil)
+			chargeAndReset(t, c, cases)
+			c.Leave(0)
+			again := testcluster.New(t, 1, withDir, testcluster.WithClockOffsets(off))
+			nd := again.Node(0)
+			if r := nd.Stats().Persist.Restored; r < int64(len(cases)) {
+				t.Errorf("%d states restored, want at least %d", r, len(cases))
+			}
+			for _, k := range cases {
+				exact := 10 - k.resetHits - 4
+				theirs := markCheck(t, nd, k.req, 4, 0, limiter.Window{})
+				if !theirs.Allowed || theirs.Remaining > exact {
+					t.Errorf("%s (%s, reset with %d): the others' 4 after the restart: %+v, want remaining at most %d", k.req.Key, k.req.Algorithm, k.resetHits, theirs, exact)
+					continue
+				}
+				want := theirs.Remaining
+				if want != exact {
+					// A GCRA arrival time written on the clock ahead reads
+					// as hits spent: counting too much.
+					t.Logf("%s (%s, reset with %d), clock %v: the others' 4 left %d, %d counted more than exact", k.req.Key, k.req.Algorithm, k.resetHits, off, want, exact-want)
+				}
+				if d := markCheck(t, nd, k.req, 3, limiter.Refund, k.mine); d.Remaining != want {
+					t.Errorf("%s (%s, reset with %d): refund of the 3 the reset cleared, clock %v: remaining %d, want %d (nothing back)", k.req.Key, k.req.Algorithm, k.resetHits, off, d.Remaining, want)
+				}
+				d := markCheck(t, nd, k.req, 4, limiter.Refund, theirs.Window)
+				if d.Remaining > want+4 {
+					t.Errorf("%s: refund of the others' 4: remaining %d, more than %d", k.req.Key, d.Remaining, want+4)
+				}
+				if d.Remaining != want+4 {
+					t.Logf("%s (%s, reset with %d), clock %v: refund of the others' 4 gave back %d (counting too much)", k.req.Key, k.req.Algorithm, k.resetHits, off, d.Remaining-want)
+				}
+			}
+		})
 	}
 }

@@ -887,18 +887,18 @@ func (d *departures) without(members []ring.Member) []ring.Member {
 // time so that every invalid one is counted.
 //
 // With reason Reset, the sender reset the keys as their owner: this
-// node's states of them are dropped, whatever its ring says now, and the
-// reset's marks they carry are kept. A reset
-// delayed past a ring change that made this node the owner also drops
-// what it admitted since; keeping the copy would bring back the state the
-// reset cleared.
+// node's copies of them are dropped where its ring gives the key to the
+// sender, and the reset's marks they carry are kept (dropCopies). A
+// reset delayed past a ring change that made this node the owner leaves
+// the state it admitted, with the copy the reset cleared: a peer that
+// does not own a key cannot lower its count.
 //
 // A leaving node holds every hand-off state it takes, to pass on in its
 // last passes (leaveHandoff), and refuses them once it has passed on the
 // last: the sender keeps them.
 func (s stateSink) TakeStates(ctx context.Context, from string, reason transport.TransferReason, states []limiter.Snapshot) (merged, rejected int, err error) {
 	if reason == transport.Reset {
-		merged, rejected = s.n.dropCopies(states)
+		merged, rejected = s.n.dropCopies(from, states)
 		s.n.transfers.rejected.Add(int64(rejected))
 		return merged, rejected, nil
 	}

@@ -150,14 +150,19 @@ func (n *Node) replicaNames(name, key string) []string {
 }
 
 // dropCopies drops this node's states of the keys of states, which their
-// owner reset, and returns how many it held. The reset's mark a state
-// carries is kept: should this node decide the key next, a refund of a
-// charge made before the reset gives nothing back. A mark the store
-// refuses (its times implausible here) is counted rejected.
-func (n *Node) dropCopies(states []limiter.Snapshot) (dropped, rejected int) {
+// owner, the peer named from, reset, and returns how many it held. Only
+// a copy is dropped: the state of a key this node's ring gives to itself,
+// or to a node other than from, stays (a reset lowers a count only where
+// its owner decides it), and a late reset leaves the old count on this
+// node, which only counts too much. The reset's mark a state carries is
+// kept: should this node decide the key next, a refund of a charge made
+// before the reset gives nothing back; a mark never lowers a count. A
+// mark the store refuses (its times implausible here) is counted
+// rejected.
+func (n *Node) dropCopies(from string, states []limiter.Snapshot) (dropped, rejected int) {
 	now := n.now()
 	for _, s := range states {
-		if n.store.Forget(s.Name, s.Key) {
+		if owner, ok := n.Owner(s.Name, s.Key); ok && owner.Name == from && from != n.cfg.NodeName && n.store.Forget(s.Name, s.Key) {
 			dropped++
 		}
 		if s.HasResetMark() {

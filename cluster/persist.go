@@ -314,12 +314,19 @@ func (n *Node) restore() error {
 	if len(restored) == 0 {
 		return nil
 	}
-	aheadOfNow(restored, now)
+	marks := aheadOfNow(restored, now)
 	// Into an empty store, every state the merge takes changes it: the
 	// count leaves out those it refused.
 	merged, err := n.store.Merge(restored, now)
 	if err != nil {
 		n.logger.Warn("cluster: some restored key states were refused by the store", "refused", len(restored)-merged, "err", err)
+	}
+	for i := range marks {
+		// Merged at its own instant, which the store would refuse at
+		// now; the later instant replaces now, which the state took.
+		if _, err := n.store.Merge(marks[i:i+1], time.Unix(0, marks[i].ResetAt)); err != nil {
+			n.logger.Warn("cluster: a restored reset mark was refused by the store", "name", marks[i].Name, "key", marks[i].Key, "err", err)
+		}
 	}
 	p.restored.Store(int64(merged))
 	// The stand-in parts written with the states the store took charge
@@ -348,14 +355,24 @@ func (n *Node) restore() error {
 // was ahead; unmoved, Store.Merge would refuse those more than
 // limiter.MaxClockSkew ahead, and their keys would admit again. Window
 // starts stay, aligned on every clock (Snapshot.ShiftTimes); a GCRA
-// arrival time is in the future by nature, and bounded by Merge. A reset
-// mark's instant after now is read as now.
-func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
+// arrival time is in the future by nature, and bounded by Merge.
+//
+// A reset mark's instant after now is read as now in the state, and
+// returned apart in marks, to be merged at its own instant: the charges
+// the reset cleared are dated on the clock ahead, and a refund naming
+// one of them, after now but before the reset, must give nothing back,
+// as after a reset made with the clock ahead (TestAtk18bResetMarkAcross
+// ARestartWithTheClockOff). Only a mark within MaxStateLife of now is
+// returned so.
+func aheadOfNow(restored []limiter.Snapshot, now time.Time) (marks []limiter.Snapshot) {
 	for i := range restored {
 		s := &restored[i]
 		if s.HasResetMark() && s.ResetAt > now.UnixNano() {
-			// A reset's instant is no later than now either; past
-			// MaxClockSkew the store would refuse the state with it.
+			if s.ResetAt-now.UnixNano() <= int64(limiter.MaxStateLife) {
+				marks = append(marks, limiter.Snapshot{Name: s.Name, Key: s.Key, Algorithm: s.Algorithm, ResetAt: s.ResetAt, ResetUntil: s.ResetUntil})
+			}
+			// Past MaxClockSkew the store would refuse the state with
+			// the mark's instant.
 			s.ResetAt = now.UnixNano()
 		}
 		var latest time.Time
@@ -371,4 +388,5 @@ func aheadOfNow(restored []limiter.Snapshot, now time.Time) {
 			s.ShiftTimes(now.Sub(latest))
 		}
 	}
+	return marks
 }

@@ -1,0 +1,186 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/transport"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/testcluster"
+	pb "github.com/sluicehq/sluice/transport/sluicev1"
+)
+
+// transferTo sends states to nd as a Transfer of reason from the peer
+// named from.
+func transferTo(t *testing.T, nd interface{ GRPCAddr() string }, from string, reason pb.TransferReason, states []*pb.KeyState) *pb.TransferResponse {
+	t.Helper()
+	conn, err := grpc.NewClient(nd.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := pb.NewPeerClient(conn).Transfer(ctx, &pb.TransferRequest{From: from, Reason: reason,
+		SentUnixNano: time.Now().UnixNano(), States: states})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestAtk18bResetFromANonOwner: a key its owner (node 0) holds at 9 of
+// 10 is "reset" by a Transfer of reason RESET that the owner did not
+// send: from a peer that is no member, and from the other member, which
+// owns no part of the key, with a mark and without. A reset message only
+// drops a replica's copy; the owner's count must stand.
+func TestAtk18bResetFromANonOwner(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 2, withReplicas(1))
+	owner := c.Node(0)
+	for _, a := range allAlgorithms {
+		for _, from := range []string{"mallory", c.Node(1).Name()} {
+			for _, withMark := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/mark=%v", a, from, withMark), func(t *testing.T) {
+					var req limiter.Request
+					for i := range 10_000 {
+						req = limiter.Request{Name: "atk18b", Key: fmt.Sprintf("%s-%s-%v-%d", a, from, withMark, i), Limit: 10, Period: 24 * time.Hour, Algorithm: a}
+						if c.Owner(req.Name, req.Key) == owner {
+							break
+						}
+					}
+					markCheck(t, owner, req, 9, 0, limiter.Window{})
+					sn := limiter.Snapshot{Name: req.Name, Key: req.Key, Algorithm: a}
+					if withMark {
+						now := time.Now().UnixNano()
+						sn.ResetAt, sn.ResetUntil = now, now+int64(time.Hour)
+					}
+					resp := transferTo(t, owner, from, pb.TransferReason_TRANSFER_REASON_RESET, []*pb.KeyState{transport.SnapshotToProto(&sn)})
+					if d := markCheck(t, owner, req, 0, 0, limiter.Window{}); d.Remaining != 1 {
+						t.Errorf("after a reset message from %s (response %+v): remaining %d, want 1 (%d hits dropped)", from, resp, d.Remaining, d.Remaining-1)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestAtk18bResetJoinResetRefunds: keys charged 3 (era 1) and reset on
+// their owner in a cluster of two, charged 2 more (era 2), then taken
+// over by a third node joining; the new owner charges 1 (era 2 too),
+// resets the keys with 0 hits, and others charge 4 (era 3). Refunds of
+// each earlier era's charge give nothing back of the others' 4; theirs
+// gives their 4 back.
+func TestAtk18bResetJoinResetRefunds(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 2, withReplicas(1))
+	after := ringWith(t, append(c.Node(0).RingMembers(), ring.Member{Name: "node-2"}))
+	cases := markCases(t, "atk18bjoin", func(req limiter.Request) bool {
+		o, _ := after.Owner(req.Name, req.Key)
+		return o.Name == "node-2"
+	})
+	chargeAndReset(t, c, cases)
+	era2 := make([]limiter.Window, len(cases))
+	for i, k := range cases {
+		d := markCheck(t, c.Owner(k.req.Name, k.req.Key), k.req, 2, 0, limiter.Window{})
+		if !d.Allowed {
+			t.Fatalf("%s: era 2's charge: %+v", k.req.Key, d)
+		}
+		era2[i] = d.Window
+	}
+	added := c.Add()
+	for _, k := range cases {
+		if o := c.Owner(k.req.Name, k.req.Key); o != added {
+			t.Fatalf("%s is owned by %s, want the added %s", k.req.Key, o.Name(), added.Name())
+		}
+	}
+	if err := testcluster.WaitFor(10*time.Second, func() error { return marked(added, cases) }); err != nil {
+		t.Fatalf("after the join: %v", err)
+	}
+	for i, k := range cases {
+		era2b := markCheck(t, added, k.req, 1, 0, limiter.Window{})
+		if want := 10 - k.resetHits - 3; !era2b.Allowed || era2b.Remaining != want {
+			t.Errorf("%s (%s, reset with %d): era 2 on the new owner: %+v, want remaining %d (the hand-off lost or added hits)", k.req.Key, k.req.Algorithm, k.resetHits, era2b, want)
+			continue
+		}
+		if d := markCheck(t, added, k.req, 0, limiter.Reset, limiter.Window{}); d.Remaining != 10 {
+			t.Fatalf("%s: the second reset: %+v", k.req.Key, d)
+		}
+		theirs := markCheck(t, added, k.req, 4, 0, limiter.Window{})
+		if !theirs.Allowed || theirs.Remaining != 6 {
+			t.Errorf("%s: the others' 4 after the second reset: %+v", k.req.Key, theirs)
+			continue
+		}
+		for _, r := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"era 1 (on the old owner, before both resets)", 3, k.mine}, {"era 2 (on the old owner)", 2, era2[i]}, {"era 2 (on the new owner)", 1, era2b.Window}} {
+			if d := markCheck(t, added, k.req, r.hits, limiter.Refund, r.w); d.Remaining != 6 {
+				t.Errorf("%s (%s, reset with %d): refund of %s: remaining %d, want 6 (nothing back)", k.req.Key, k.req.Algorithm, k.resetHits, r.name, d.Remaining)
+			}
+		}
+		if d := markCheck(t, added, k.req, 4, limiter.Refund, theirs.Window); d.Remaining != 10 {
+			t.Errorf("%s (%s, reset with %d): refund of the others' 4: remaining %d, want 10", k.req.Key, k.req.Algorithm, k.resetHits, d.Remaining)
+		}
+	}
+}
+
+// TestAtk18bResetMarkAcrossARestartWithTheClockOff: keys charged 3 and
+// reset on a node with a data directory, which is stopped and started
+// again with its clock an hour behind, or an hour ahead. Others charge 4
+// after the restart (counting at least those): a refund naming the 3 the
+// reset cleared gives nothing back, and one of the others' 4 gives back
+// at most 4.
+func TestAtk18bResetMarkAcrossARestartWithTheClockOff(t *testing.T) {
+	skipNearDayEnd(t)
+	if day := time.Now().Truncate(24 * time.Hour); time.Until(day.Add(24*time.Hour)) < 70*time.Minute || time.Since(day) < 70*time.Minute {
+		t.Skip("an hour's step would cross the day's window")
+	}
+	for _, off := range []time.Duration{-time.Hour, time.Hour} {
+		t.Run(off.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			withDir := testcluster.WithConfig(func(_ int, c *cluster.Config) { c.DataDir = dir })
+			c := testcluster.New(t, 1, withDir)
+			cases := markCases(t, "atk18brestart", nil)
+			chargeAndReset(t, c, cases)
+			c.Leave(0)
+			again := testcluster.New(t, 1, withDir, testcluster.WithClockOffsets(off))
+			nd := again.Node(0)
+			if r := nd.Stats().Persist.Restored; r < int64(len(cases)) {
+				t.Errorf("%d states restored, want at least %d", r, len(cases))
+			}
+			for _, k := range cases {
+				exact := 10 - k.resetHits - 4
+				theirs := markCheck(t, nd, k.req, 4, 0, limiter.Window{})
+				if !theirs.Allowed || theirs.Remaining > exact {
+					t.Errorf("%s (%s, reset with %d): the others' 4 after the restart: %+v, want remaining at most %d", k.req.Key, k.req.Algorithm, k.resetHits, theirs, exact)
+					continue
+				}
+				want := theirs.Remaining
+				if want != exact {
+					// A GCRA arrival time written on the clock ahead reads
+					// as hits spent: counting too much.
+					t.Logf("%s (%s, reset with %d), clock %v: the others' 4 left %d, %d counted more than exact", k.req.Key, k.req.Algorithm, k.resetHits, off, want, exact-want)
+				}
+				if d := markCheck(t, nd, k.req, 3, limiter.Refund, k.mine); d.Remaining != want {
+					t.Errorf("%s (%s, reset with %d): refund of the 3 the reset cleared, clock %v: remaining %d, want %d (nothing back)", k.req.Key, k.req.Algorithm, k.resetHits, off, d.Remaining, want)
+				}
+				d := markCheck(t, nd, k.req, 4, limiter.Refund, theirs.Window)
+				if d.Remaining > want+4 {
+					t.Errorf("%s: refund of the others' 4: remaining %d, more than %d", k.req.Key, d.Remaining, want+4)
+				}
+				if d.Remaining != want+4 {
+					t.Logf("%s (%s, reset with %d), clock %v: refund of the others' 4 gave back %d (counting too much)", k.req.Key, k.req.Algorithm, k.resetHits, off, d.Remaining-want)
+				}
+			}
+		})
+	}
+}

@@ -499,8 +499,11 @@ func TestAttackLeaseAcrossPartition(t *testing.T) {
 			owner := c.Owner(req.Name, req.Key)
 			more := admitUntilDenied(t, owner, req, int(req.Limit))
 			t.Logf("callers admitted %d; the owner admits %d more; %+v", admitted, more, c.Node(0).Stats().Leases)
-			if more != want {
+			switch {
+			case more > want:
 				t.Errorf("the owner admits %d more after %d admitted of %d, want %d", more, admitted, req.Limit, want)
+			case more < want:
+				leaseHitsLost(t, "the owner admits %d more after %d admitted of %d, want %d", more, admitted, req.Limit, want)
 			}
 		})
 	}

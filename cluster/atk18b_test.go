@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -179,6 +180,79 @@ func TestAtk18bResetMarkAcrossARestartWithTheClockOff(t *testing.T) {
 				}
 				if d.Remaining != want+4 {
 					t.Logf("%s (%s, reset with %d), clock %v: refund of the others' 4 gave back %d (counting too much)", k.req.Key, k.req.Algorithm, k.resetHits, off, d.Remaining-want)
+				}
+			}
+		})
+	}
+}
+
+// TestAtk18bForgedMarksAsResetsAndCopies: the marks
+// TestForgedResetMarksFromAPeer hands off, sent instead as a replica's
+// copy and as a reset, from the key's owner's own name, to the node
+// holding the key's copy (node 1) and to its owner (node 0): each is
+// refused and counted, nothing panics, and neither node's count of the
+// key changes.
+func TestAtk18bForgedMarksAsResetsAndCopies(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 2, withReplicas(2))
+	owner, replica := c.Node(0), c.Node(1)
+	for _, a := range allAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			var req limiter.Request
+			for i := range 10_000 {
+				req = limiter.Request{Name: "atk18bforged", Key: fmt.Sprintf("%s-%d", a, i), Limit: 10, Period: 24 * time.Hour, Algorithm: a}
+				if c.Owner(req.Name, req.Key) == owner {
+					break
+				}
+			}
+			markCheck(t, owner, req, 9, 0, limiter.Window{})
+			err := testcluster.WaitFor(10*time.Second, func() error {
+				if _, ok := replica.Store().Snapshot(req.Name, req.Key, time.Now()); !ok {
+					return fmt.Errorf("%s holds no copy of %s", replica.Name(), req.Key)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now().UnixNano()
+			live, _ := owner.Store().Snapshot(req.Name, req.Key, time.Now())
+			alone := limiter.Snapshot{Name: req.Name, Key: req.Key, Algorithm: a}
+			var states []*pb.KeyState
+			for _, f := range []struct {
+				base      limiter.Snapshot
+				at, until int64
+			}{
+				{live, time.Date(2116, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano(), time.Date(2116, 1, 2, 0, 0, 0, 0, time.UTC).UnixNano()},
+				{alone, now, math.MaxInt64},
+				{live, now, now - 1},
+				{alone, -1, now},
+				{alone, math.MaxInt64 - 1, math.MaxInt64},
+				{live, 0, now + int64(time.Hour)},
+			} {
+				s := f.base
+				s.ResetAt, s.ResetUntil = f.at, f.until
+				states = append(states, transport.SnapshotToProto(&s))
+			}
+			for _, reason := range []pb.TransferReason{pb.TransferReason_TRANSFER_REASON_REPLICA, pb.TransferReason_TRANSFER_REASON_RESET} {
+				for _, to := range []*cluster.Node{owner, replica} {
+					copyBefore, _ := replica.Store().Snapshot(req.Name, req.Key, time.Now())
+					resp := transferTo(t, to, owner.Name(), reason, states)
+					if int(resp.Rejected) < len(states)-1 {
+						// A reset from the key's owner to its replica drops
+						// the copy, whatever marks it carries; the rest must
+						// be refused.
+						t.Errorf("%v to %s: merged %d, rejected %d of %d forged marks", reason, to.Name(), resp.Merged, resp.Rejected, len(states))
+					}
+					if d := markCheck(t, owner, req, 0, 0, limiter.Window{}); d.Remaining != 1 {
+						t.Fatalf("%v to %s: the owner's count: remaining %d, want 1", reason, to.Name(), d.Remaining)
+					}
+					if reason == pb.TransferReason_TRANSFER_REASON_REPLICA {
+						after, ok := replica.Store().Snapshot(req.Name, req.Key, time.Now())
+						if !ok || after.ExpireAt < copyBefore.ExpireAt {
+							t.Errorf("%v to %s: the replica's copy %+v (held %v), was %+v", reason, to.Name(), after, ok, copyBefore)
+						}
+					}
 				}
 			}
 		})

@@ -258,3 +258,83 @@ func TestAtk18bForgedMarksAsResetsAndCopies(t *testing.T) {
 		})
 	}
 }
+
+// TestAtk18bStandInResetDuringAPartition: keys of limit 100 a day, owned
+// by node 0 with a copy on node 1, charged 3 (mine) and replicated; the
+// cluster is cut into {0} | {1,2}. The owner resets each key and charges
+// 2; on the other side the stand-in charges 2, resets the key itself and
+// charges 1. Healed and settled, the owner counts at least its own 2 and
+// the stand-in's 1 since their resets; once others charge 4 there, a
+// refund naming mine or the stand-in's charge before its reset gives
+// nothing back, and one naming the owner's 2 or the stand-in's 1 since
+// gives back at most those.
+func TestAtk18bStandInResetDuringAPartition(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 0, 1))
+	}
+	type era struct{ mine, owner2, s1, s2 limiter.Decision }
+	eras := make([]era, len(reqs))
+	check := func(nd *cluster.Node, r limiter.Request, hits int64, b limiter.Behavior, charged limiter.Window) limiter.Decision {
+		t.Helper()
+		r.Hits, r.Behavior, r.Charged = hits, b, charged
+		d, err := nd.Check(context.Background(), r)
+		if err != nil || d.WithoutOwner {
+			t.Fatalf("%s on %s (hits %d, behavior %v): %+v, %v", r.Key, nd.Name(), hits, b, d, err)
+		}
+		return d.Decision
+	}
+	for i, r := range reqs {
+		eras[i].mine = check(c.Node(0), r, 3, 0, limiter.Window{})
+	}
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	for i, r := range reqs {
+		check(c.Node(0), r, 0, limiter.Reset, limiter.Window{})
+		eras[i].owner2 = check(c.Node(0), r, 2, 0, limiter.Window{})
+		eras[i].s1 = check(c.Node(1), r, 2, 0, limiter.Window{})
+		check(c.Node(1), r, 0, limiter.Reset, limiter.Window{})
+		eras[i].s2 = check(c.Node(1), r, 1, 0, limiter.Window{})
+		if eras[i].s2.Remaining != 99 {
+			t.Errorf("%s (%s): the stand-in after its reset: %+v, want remaining 99", r.Key, r.Algorithm, eras[i].s2)
+		}
+	}
+	c.Heal()
+	c.WaitConverged()
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 97) }); err != nil {
+		t.Errorf("after the heal: %v", err)
+	}
+	for i, r := range reqs {
+		owner := c.Owner(r.Name, r.Key)
+		peek := check(owner, r, 0, 0, limiter.Window{})
+		if peek.Remaining > 97 {
+			t.Errorf("%s (%s) on %s after the heal: remaining %d, want at most 97 (the owner's 2 and the stand-in's 1)", r.Key, r.Algorithm, owner.Name(), peek.Remaining)
+		}
+		theirs := check(owner, r, 4, 0, limiter.Window{})
+		base := theirs.Remaining
+		for _, x := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"mine, before both resets", 3, eras[i].mine.Window}, {"the stand-in's before its reset", 2, eras[i].s1.Window}} {
+			if d := check(owner, r, x.hits, limiter.Refund, x.w); d.Remaining != base {
+				t.Errorf("%s (%s): refund of %s: remaining %d, want %d (nothing back)", r.Key, r.Algorithm, x.name, d.Remaining, base)
+			}
+		}
+		for _, x := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"the owner's 2 after its reset", 2, eras[i].owner2.Window}, {"the stand-in's 1 after its reset", 1, eras[i].s2.Window}} {
+			d := check(owner, r, x.hits, limiter.Refund, x.w)
+			if d.Remaining > base+x.hits {
+				t.Errorf("%s (%s): refund of %s: remaining %d, more than %d", r.Key, r.Algorithm, x.name, d.Remaining, base+x.hits)
+			}
+			t.Logf("%s (%s): refund of %s gave back %d", r.Key, r.Algorithm, x.name, d.Remaining-base)
+			base = d.Remaining
+		}
+	}
+}

@@ -5,8 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testredis"
@@ -81,5 +87,101 @@ func TestAtk18bRefundsAfterResetsOnBothBackends(t *testing.T) {
 		if h := len(v) / 2; fmt.Sprint(v[:h]) != fmt.Sprint(v[h:]) {
 			t.Errorf("%s: the two backends answered %v and %v", a, v[:h], v[h:])
 		}
+	}
+}
+
+// TestAtk18bEnvoyStopIncrementRefundsAcrossResets: under
+// envoy_stop_increment_over_limit, one caller keeps sending a request of
+// two descriptors, the second always over, so that the first's hit is
+// charged and refunded naming its charge; meanwhile the first's counter
+// is reset 100 times and another caller charges it. After the last reset
+// the other caller charges 100 more: the counter must count at least
+// those 100 (a refund of a charge made before a reset gives back none of
+// the hits charged after it), whatever the refunds that raced the
+// resets did.
+func TestAtk18bEnvoyStopIncrementRefundsAcrossResets(t *testing.T) {
+	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 3*time.Minute {
+		t.Skip("the hour's window ends within the test")
+	}
+	dir := t.TempDir()
+	writeEnvoyFile(t, dir, "atk.yaml", "domain: atk\ndescriptors:\n"+
+		"  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 100000}\n"+
+		"  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")
+	cfg := testConfig("atk18b-envoy")
+	cfg.EnvoyConfigDir = dir
+	cfg.EnvoyStopIncrementOverLimit = true
+	d := start(t, cfg)
+	rls := rlsClient(t, d.GRPCAddr())
+	call := rlsCaller(t, rls, "atk")
+	if got := rlsSummary(call(1, "b=x")); !strings.HasPrefix(got, "OK") {
+		t.Fatalf("filling b: %s", got)
+	}
+	call(1, "a=x")
+	var counter limiter.Snapshot
+	d.Node().Store().Range(time.Now(), func(s limiter.Snapshot) bool {
+		if strings.Contains(s.Key, "a=x") {
+			counter = s
+			return false
+		}
+		return true
+	})
+	if counter.Key == "" {
+		t.Fatal("no counter of a=x in the store")
+	}
+	reset := limiter.Request{Name: counter.Name, Key: counter.Key, Limit: 100000, Period: time.Hour, Algorithm: limiter.FixedWindow, Behavior: limiter.Reset}
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stopped, refunded atomic.Int64
+	wg.Add(1)
+	go func() { // the caller whose hits are refunded
+		defer wg.Done()
+		req := &rlsv3.RateLimitRequest{Domain: "atk"}
+		for _, e := range []string{"a=x", "b=x"} {
+			one := rlsRequest("atk", []string{e}).Descriptors[0]
+			one.HitsAddend = wrapperspb.UInt64(1)
+			req.Descriptors = append(req.Descriptors, one)
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := rls.ShouldRateLimit(ctx, req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			refunded.Add(1)
+			if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				stopped.Add(1)
+			}
+		}
+	}()
+	for i := range 100 {
+		if _, err := d.Node().Check(ctx, reset); err != nil {
+			t.Fatal(err)
+		}
+		if got := rlsSummary(call(1, "a=x")); !strings.HasPrefix(got, "OK") {
+			t.Fatalf("the other caller's charge %d: %s", i, got)
+		}
+	}
+	const after = 100
+	for i := range after {
+		if got := rlsSummary(call(1, "a=x")); !strings.HasPrefix(got, "OK") {
+			t.Fatalf("the other caller's charge %d after the last reset: %s", i, got)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if stopped.Load() != 0 {
+		t.Errorf("%d requests with b over were not over", stopped.Load())
+	}
+	peek := call(0, "a=x")
+	if r := int64(peek.Statuses[0].LimitRemaining); r > 100000-after {
+		t.Errorf("after %d refunded requests racing 100 resets, the counter has %d left, more than %d: a refund took hits charged after a reset", refunded.Load(), r, 100000-after)
+	} else {
+		t.Logf("%d refunded requests raced 100 resets; %d left (%d counted, at least %d due)", refunded.Load(), r, 100000-r, after)
 	}
 }

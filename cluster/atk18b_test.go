@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -182,5 +183,158 @@ func TestAtk18bResetMarkAcrossARestartWithTheClockOff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAtk18bForgedMarksAsResetsAndCopies: the marks
+// TestForgedResetMarksFromAPeer hands off, sent instead as a replica's
+// copy and as a reset, from the key's owner's own name, to the node
+// holding the key's copy (node 1) and to its owner (node 0): each is
+// refused and counted, nothing panics, and neither node's count of the
+// key changes.
+func TestAtk18bForgedMarksAsResetsAndCopies(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 2, withReplicas(2))
+	owner, replica := c.Node(0), c.Node(1)
+	for _, a := range allAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			var req limiter.Request
+			for i := range 10_000 {
+				req = limiter.Request{Name: "atk18bforged", Key: fmt.Sprintf("%s-%d", a, i), Limit: 10, Period: 24 * time.Hour, Algorithm: a}
+				if c.Owner(req.Name, req.Key) == owner {
+					break
+				}
+			}
+			markCheck(t, owner, req, 9, 0, limiter.Window{})
+			err := testcluster.WaitFor(10*time.Second, func() error {
+				if _, ok := replica.Store().Snapshot(req.Name, req.Key, time.Now()); !ok {
+					return fmt.Errorf("%s holds no copy of %s", replica.Name(), req.Key)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now().UnixNano()
+			live, _ := owner.Store().Snapshot(req.Name, req.Key, time.Now())
+			alone := limiter.Snapshot{Name: req.Name, Key: req.Key, Algorithm: a}
+			var states []*pb.KeyState
+			for _, f := range []struct {
+				base      limiter.Snapshot
+				at, until int64
+			}{
+				{live, time.Date(2116, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano(), time.Date(2116, 1, 2, 0, 0, 0, 0, time.UTC).UnixNano()},
+				{alone, now, math.MaxInt64},
+				{live, now, now - 1},
+				{alone, -1, now},
+				{alone, math.MaxInt64 - 1, math.MaxInt64},
+				{live, 0, now + int64(time.Hour)},
+			} {
+				s := f.base
+				s.ResetAt, s.ResetUntil = f.at, f.until
+				states = append(states, transport.SnapshotToProto(&s))
+			}
+			for _, reason := range []pb.TransferReason{pb.TransferReason_TRANSFER_REASON_REPLICA, pb.TransferReason_TRANSFER_REASON_RESET} {
+				for _, to := range []*cluster.Node{owner, replica} {
+					copyBefore, _ := replica.Store().Snapshot(req.Name, req.Key, time.Now())
+					resp := transferTo(t, to, owner.Name(), reason, states)
+					if int(resp.Rejected) < len(states)-1 {
+						// A reset from the key's owner to its replica drops
+						// the copy, whatever marks it carries; the rest must
+						// be refused.
+						t.Errorf("%v to %s: merged %d, rejected %d of %d forged marks", reason, to.Name(), resp.Merged, resp.Rejected, len(states))
+					}
+					if d := markCheck(t, owner, req, 0, 0, limiter.Window{}); d.Remaining != 1 {
+						t.Fatalf("%v to %s: the owner's count: remaining %d, want 1", reason, to.Name(), d.Remaining)
+					}
+					if reason == pb.TransferReason_TRANSFER_REASON_REPLICA {
+						after, ok := replica.Store().Snapshot(req.Name, req.Key, time.Now())
+						if !ok || after.ExpireAt < copyBefore.ExpireAt {
+							t.Errorf("%v to %s: the replica's copy %+v (held %v), was %+v", reason, to.Name(), after, ok, copyBefore)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAtk18bStandInResetDuringAPartition: keys of limit 100 a day, owned
+// by node 0 with a copy on node 1, charged 3 (mine) and replicated; the
+// cluster is cut into {0} | {1,2}. The owner resets each key and charges
+// 2; on the other side the stand-in charges 2, resets the key itself and
+// charges 1. Healed and settled, the owner counts at least its own 2 and
+// the stand-in's 1 since their resets; once others charge 4 there, a
+// refund naming mine or the stand-in's charge before its reset gives
+// nothing back, and one naming the owner's 2 or the stand-in's 1 since
+// gives back at most those.
+func TestAtk18bStandInResetDuringAPartition(t *testing.T) {
+	skipNearDayEnd(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 0, 1))
+	}
+	type era struct{ mine, owner2, s1, s2 limiter.Decision }
+	eras := make([]era, len(reqs))
+	check := func(nd *cluster.Node, r limiter.Request, hits int64, b limiter.Behavior, charged limiter.Window) limiter.Decision {
+		t.Helper()
+		r.Hits, r.Behavior, r.Charged = hits, b, charged
+		d, err := nd.Check(context.Background(), r)
+		if err != nil || d.WithoutOwner {
+			t.Fatalf("%s on %s (hits %d, behavior %v): %+v, %v", r.Key, nd.Name(), hits, b, d, err)
+		}
+		return d.Decision
+	}
+	for i, r := range reqs {
+		eras[i].mine = check(c.Node(0), r, 3, 0, limiter.Window{})
+	}
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	for i, r := range reqs {
+		check(c.Node(0), r, 0, limiter.Reset, limiter.Window{})
+		eras[i].owner2 = check(c.Node(0), r, 2, 0, limiter.Window{})
+		eras[i].s1 = check(c.Node(1), r, 2, 0, limiter.Window{})
+		check(c.Node(1), r, 0, limiter.Reset, limiter.Window{})
+		eras[i].s2 = check(c.Node(1), r, 1, 0, limiter.Window{})
+		if eras[i].s2.Remaining != 99 {
+			t.Errorf("%s (%s): the stand-in after its reset: %+v, want remaining 99", r.Key, r.Algorithm, eras[i].s2)
+		}
+	}
+	c.Heal()
+	c.WaitConverged()
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 97) }); err != nil {
+		t.Errorf("after the heal: %v", err)
+	}
+	for i, r := range reqs {
+		owner := c.Owner(r.Name, r.Key)
+		peek := check(owner, r, 0, 0, limiter.Window{})
+		if peek.Remaining > 97 {
+			t.Errorf("%s (%s) on %s after the heal: remaining %d, want at most 97 (the owner's 2 and the stand-in's 1)", r.Key, r.Algorithm, owner.Name(), peek.Remaining)
+		}
+		theirs := check(owner, r, 4, 0, limiter.Window{})
+		base := theirs.Remaining
+		for _, x := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"mine, before both resets", 3, eras[i].mine.Window}, {"the stand-in's before its reset", 2, eras[i].s1.Window}} {
+			if d := check(owner, r, x.hits, limiter.Refund, x.w); d.Remaining != base {
+				t.Errorf("%s (%s): refund of %s: remaining %d, want %d (nothing back)", r.Key, r.Algorithm, x.name, d.Remaining, base)
+			}
+		}
+		for _, x := range []struct {
+			name string
+			hits int64
+			w    limiter.Window
+		}{{"the owner's 2 after its reset", 2, eras[i].owner2.Window}, {"the stand-in's 1 after its reset", 1, eras[i].s2.Window}} {
+			d := check(owner, r, x.hits, limiter.Refund, x.w)
+			if d.Remaining > base+x.hits {
+				t.Errorf("%s (%s): refund of %s: remaining %d, more than %d", r.Key, r.Algorithm, x.name, d.Remaining, base+x.hits)
+			}
+			t.Logf("%s (%s): refund of %s gave back %d", r.Key, r.Algorithm, x.name, d.Remaining-base)
+			base = d.Remaining
+		}
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -99,4 +102,60 @@ func runResetRefundTraces(t *testing.T, d *differential) {
 		}
 	}
 	t.Logf("%d resets, %d refunds naming earlier charges, %d of them gave back", resets, refunds, given)
+}
+
+// TestAtk18bResetFloodKeysExpire: resets of 1200 distinct live keys (200
+// of every algorithm, charged 3 of 10 an hour) each leave a mark in
+// Redis; every key so written carries a TTL no longer than the state it
+// cleared would have lasted (an hour, two for the sliding window
+// counter, whose window counts into the next), so Redis frees the marks on its
+// own, and a reset of a key never charged writes nothing.
+func TestAtk18bResetFloodKeysExpire(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	clock := &testClock{now: t0}
+	l := newTestLimiter(t, clock, srv.Addr())
+	const perAlgo = 200
+	for _, a := range limiter.Algorithms {
+		for i := range perAlgo {
+			r := limiter.Request{Name: "flood", Key: fmt.Sprintf("%s-%d", a, i), Hits: 3, Limit: 10, Period: time.Hour, Algorithm: a}
+			clock.now = t0
+			if _, err := l.Check(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			clock.now = t0.Add(time.Second)
+			r.Hits, r.Behavior = 0, limiter.Reset
+			if _, err := l.Check(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			fresh := r
+			fresh.Key = "never-" + r.Key
+			if _, err := l.Check(ctx, fresh); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	keys, err := rdb.Keys(ctx, l.cfg.Prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != perAlgo*len(limiter.Algorithms) {
+		t.Errorf("%d keys in Redis, want %d: one mark per reset of a live key, none for a key never charged", len(keys), perAlgo*len(limiter.Algorithms))
+	}
+	longest := time.Duration(0)
+	for _, k := range keys {
+		ttl := rdb.PTTL(ctx, k).Val()
+		bound := time.Hour
+		if strings.Contains(k, limiter.SlidingWindowCounter.String()) {
+			bound = 2 * time.Hour // its window counts into the next
+		}
+		if ttl <= 0 || ttl > bound {
+			t.Errorf("%s: TTL %v, want in (0, %v]", k, ttl, bound)
+		}
+		longest = max(longest, ttl)
+	}
+	t.Logf("%d marks, the longest TTL %v", len(keys), longest)
 }

@@ -583,3 +583,50 @@ func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 		})
 	}
 }
+
+// The owner restarts from its DataDir while cut off, under live traffic:
+// keys of every algorithm owned by each of three nodes, callers on every
+// node; {0}|{1,2}; node 0 stops hard and starts again from its DataDir,
+// still cut off, and callers check through it again; healed. Every key
+// counts every hit admitted, at most one check per caller more (in
+// flight at the cut), and node 0's callers' checks in flight when it
+// stopped (answered to no caller) may count too.
+func TestAtk19bOwnerRestartsWhileCutOffUnderTraffic(t *testing.T) {
+	noLeaksAfter(t)
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.Replicas, cfg.DataDir = 2, dirs[i]
+	}))
+	reqs := wideKeys(t, c, "ownerrestart", []int{0, 1, 2}, 2)
+	tr := startAllTraffic([]*cluster.Node{c.Node(1), c.Node(2)}, reqs, sluice.PolicyLocal)
+	defer tr.finish()
+	tr0 := startAllTraffic([]*cluster.Node{c.Node(0)}, reqs, sluice.PolicyLocal)
+	defer tr0.finish()
+	tr.checkedMore(t, 100)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	tr.checkedMore(t, 300)
+	tr0.checkedMore(t, 300)
+	c.StopHard(0)
+	tr0.finish()
+	c.Restart(0)
+	tr0b := startAllTraffic([]*cluster.Node{c.Node(0)}, reqs, sluice.PolicyLocal)
+	defer tr0b.finish()
+	tr0b.checkedMore(t, 300)
+	c.Heal()
+	tr.checkedMore(t, 300)
+	tr0b.checkedMore(t, 300)
+	tr.finish()
+	tr0b.finish()
+	admitted := tr.counts()
+	for i, n := range tr0.counts() {
+		admitted[i] += n
+	}
+	for i, n := range tr0b.counts() {
+		admitted[i] += n
+	}
+	t.Logf("%d checks (%d errors) through nodes 1 and 2, %d (%d errors) through node 0 before its restart, %d (%d errors) after",
+		tr.checks.Load(), tr.errs.Load(), tr0.checks.Load(), tr0.errs.Load(), tr0b.checks.Load(), tr0b.errs.Load())
+	over, under := settledTo(t, c, reqs, admitted, 4)
+	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
+}

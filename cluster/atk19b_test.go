@@ -630,3 +630,42 @@ func TestAtk19bOwnerRestartsWhileCutOffUnderTraffic(t *testing.T) {
 	over, under := settledTo(t, c, reqs, admitted, 4)
 	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
 }
+
+// The owner is killed as the partition heals: keys of every heal
+// algorithm owned by node 1 (node 2 its replica), 50 hits before;
+// {0}|{1,2}; node 0 admits 30 standing in, node 1 10, which node 2's copy
+// holds before node 1 is killed; healed at once, node 0's stand-in state
+// meets node 2's copy, the key's new owner or replica. Every key counts
+// 90 once.
+func TestAtk19bOwnerKilledAsThePartitionHeals(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	// Node 2's copies hold the owner's 60: the kill forgets nothing.
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range withHits(reqs, 0) {
+			d, err := c.Node(2).Store().CheckAt(r, time.Now())
+			if err != nil || d.Remaining > 40 {
+				return fmt.Errorf("node 2's copy of %s: %d remaining (%v)", r.Key, d.Remaining, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.StopHard(1)
+	c.Heal()
+	c.WaitConverged()
+	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
+	remainingAfter(t, c, reqs, 10)
+}

@@ -669,3 +669,49 @@ func TestAtk19bOwnerKilledAsThePartitionHeals(t *testing.T) {
 	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
 	remainingAfter(t, c, reqs, 10)
 }
+
+// A limit raised on one side of a partition under live traffic (a rules
+// rollout that reached node 0 first): keys of every algorithm owned by
+// each of three nodes, callers on every node; {0}|{1,2}; node 0's
+// callers check the keys under twice the limit, the others under the
+// limit; healed, node 0's callers back on the limit. Counted under the
+// limit, every key counts every hit admitted on both sides, at most one
+// check per caller more (in flight at the cut).
+func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	reqs := wideKeys(t, c, "limitside", []int{0, 1, 2}, 2)
+	raised := slices.Clone(reqs)
+	for i := range raised {
+		raised[i].Limit *= 2
+	}
+	tr := startAllTraffic([]*cluster.Node{c.Node(1), c.Node(2)}, reqs, sluice.PolicyLocal)
+	defer tr.finish()
+	tr0 := startAllTraffic([]*cluster.Node{c.Node(0)}, reqs, sluice.PolicyLocal)
+	defer tr0.finish()
+	tr.checkedMore(t, 100)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	tr0.finish()
+	tr0r := startAllTraffic([]*cluster.Node{c.Node(0)}, raised, sluice.PolicyLocal)
+	defer tr0r.finish()
+	tr.checkedMore(t, 300)
+	tr0r.checkedMore(t, 300)
+	tr0r.finish()
+	tr0b := startAllTraffic([]*cluster.Node{c.Node(0)}, reqs, sluice.PolicyLocal)
+	defer tr0b.finish()
+	c.Heal()
+	tr.checkedMore(t, 300)
+	tr0b.checkedMore(t, 300)
+	tr.finish()
+	tr0b.finish()
+	admitted := tr.counts()
+	for _, more := range [][]int64{tr0.counts(), tr0r.counts(), tr0b.counts()} {
+		for i, n := range more {
+			admitted[i] += n
+		}
+	}
+	t.Logf("%d checks through nodes 1 and 2, %d through node 0 under twice the limit", tr.checks.Load(), tr0r.checks.Load())
+	over, under := settledTo(t, c, reqs, admitted, 3)
+	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
+}

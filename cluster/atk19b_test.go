@@ -715,3 +715,33 @@ func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
 	over, under := settledTo(t, c, reqs, admitted, 3)
 	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
 }
+
+// Five nodes healed a side at a time under live traffic through every
+// node, on keys of every algorithm owned by each: {0}|{1}|{2,3,4}, then
+// {0,1}|{2,3,4}, then {0,1,2}|{3,4}, then whole. Every key counts every hit
+// admitted, at most one check per caller per cut more.
+func TestAtk19bFiveNodesHealedASideAtATime(t *testing.T) {
+	noLeaksAfter(t)
+	c := testcluster.New(t, 5, withReplicas(2), testcluster.WithWait(time.Minute))
+	reqs := wideKeys(t, c, "five-staged", []int{0, 1, 2, 3, 4}, 1)
+	tr := startAllTraffic(c.Nodes(), reqs, sluice.PolicyLocal)
+	defer tr.finish()
+	tr.checkedMore(t, 100)
+	stages := [][][]int{
+		{{0}, {1}, {2, 3, 4}},
+		{{0, 1}, {2, 3, 4}},
+		{{0, 1, 2}, {3, 4}},
+	}
+	for _, groups := range stages {
+		c.Partition(groups...)
+		c.WaitConverged()
+		tr.checkedMore(t, 300)
+	}
+	c.Heal()
+	tr.checkedMore(t, 300)
+	tr.finish()
+	admitted := tr.counts()
+	t.Logf("%d checks, %d errors, %d without the owner", tr.checks.Load(), tr.errs.Load(), tr.without.Load())
+	over, under := settledTo(t, c, reqs, admitted, int64(5*len(stages)))
+	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
+}

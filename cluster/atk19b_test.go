@@ -16,9 +16,10 @@ import (
 	"github.com/sluicehq/sluice/testcluster"
 )
 
-// More attacks on issue 19: heals that come back a side at a time,
-// flaps, the owner restarting while cut off, a node
-// killed as the partition heals. Counted from the callers' side.
+// More attacks on issue 19, on real nodes, counted from the callers'
+// side: heals that come back a side at a time, flaps, the owner
+// restarting or killed, a node joining or leaving around the heal,
+// refunds and limits changed during the cut.
 
 // wideLimit is a limit that the traffic of these tests never reaches, on
 // a period so long (limiter.MaxPeriod) that a bucket refills less than a

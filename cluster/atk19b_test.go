@@ -746,3 +746,19 @@ func TestAtk19bFiveNodesHealedASideAtATime(t *testing.T) {
 	over, under := settledTo(t, c, reqs, admitted, int64(5*len(stages)))
 	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
 }
+
+// The stand-in leaves gracefully as soon as the partition has healed,
+// while the heal's hand-offs may be on their way: keys of every heal
+// algorithm owned by node 1 (node 2 its replica) or by node 0 (node 1
+// its replica), 50 before, {0}|{1,2}, 30 through node 0 and 10 through
+// node 1; healed; node 0 leaves. Every key counts 90 once.
+func TestAtk19bStandinLeavesAsThePartitionHeals(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c, reqs := partitionedAfterFifty(t)
+	c.Heal()
+	c.Leave(0)
+	c.WaitConverged()
+	exactly(t, c, reqs, 10)
+	remainingAfter(t, c, reqs, 10)
+}

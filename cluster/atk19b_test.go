@@ -568,6 +568,9 @@ func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
 func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 	for _, change := range []string{"join", "leave"} {
 		t.Run(change, func(t *testing.T) {
+			if change == "leave" {
+				attackOpen(t, "over-admission in some runs: node 2 leaving as the partition heals, under traffic, gave up 97 key states (ErrHandoff) after 264 s in 1 of 5 -race runs: 8280 admitted hits not counted, up to 1417 on one key")
+			}
 			noLeaksAfter(t)
 			c := testcluster.New(t, 3, withReplicas(2))
 			reqs := wideKeys(t, c, "healchange-"+change, []int{0, 1, 2}, 2)

@@ -53,8 +53,21 @@ func (n *Node) check(ctx context.Context, reqp *limiter.Request, opts []sluice.C
 	if ctx == nil {
 		return sluice.Decision{}, ErrNilContext
 	}
-	return n.route(ctx, reqp, n.policy(opts))
+	d, err := n.route(ctx, reqp, n.policy(opts))
+	if err == nil && n.closedWhileDeciding() {
+		return sluice.Decision{}, ErrClosed
+	}
+	return d, err
 }
+
+// closedWhileDeciding reports whether a check that was under way as Close
+// began is answered ErrClosed rather than with its decision: with
+// Config.DataDir, Close writes the store once the node's loops stop, and
+// a decision made meanwhile may come after that write, so that the node
+// restarted from its directory would not count a hit its caller was
+// told was admitted. Read after the decision: one that Close's write
+// does not hold reads the node closed (more counted, never less).
+func (n *Node) closedWhileDeciding() bool { return n.persist != nil && n.closed.Load() }
 
 // route is the one path every check takes, alone or in a batch: decide it
 // here as the key's settled owner, admit it from a lease, forward it to
@@ -468,6 +481,13 @@ func (n *Node) checkMany(ctx context.Context, reqs []limiter.Request, policy slu
 	}
 	if len(groups) > 0 || len(slow) > 0 {
 		n.sendMany(ctx, reqs, pols, out, groups, slow)
+	}
+	if n.closedWhileDeciding() {
+		for i := range out {
+			if out[i].Err == nil {
+				out[i] = sluice.Result{Err: ErrClosed}
+			}
+		}
 	}
 	return out
 }

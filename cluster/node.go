@@ -506,8 +506,10 @@ func (n *Node) Leave() error {
 
 // Close stops the node at once: inbound gRPC first, then serf, then the
 // node's loops and peer clients, and waits for all of them; with
-// Config.DataDir it then writes every live key state there. Other members
-// see it fail. Safe to call more than once.
+// Config.DataDir it then writes every live key state there, and a check
+// under way as it began is answered ErrClosed, not with a decision that
+// write may not hold. Other members see it fail. Safe to call more than
+// once.
 func (n *Node) Close() error {
 	var err error
 	n.closeOnce.Do(func() {

@@ -241,8 +241,13 @@ func FuzzParse(f *testing.F) {
 			if n.Kind == yaml.MappingNode {
 				seen := map[string]bool{}
 				for i := 0; i+1 < len(n.Content); i += 2 {
+					// Scalar keys only: a sequence or mapping key has
+					// no Value, and is no scalar key "" given before.
 					k := Deref(n.Content[i])
-					if k.Kind == yaml.ScalarNode && seen[k.Value] {
+					if k.Kind != yaml.ScalarNode {
+						continue
+					}
+					if seen[k.Value] {
 						t.Fatalf("accepted the key %q twice", k.Value)
 					}
 					seen[k.Value] = true

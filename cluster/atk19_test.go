@@ -27,6 +27,18 @@ func attackOpen(t *testing.T, why string) {
 	}
 }
 
+// openGap reports a break of an open gap docs/design.md lists (one that
+// never admits more than the limit): an error with SLUICE_ATTACK=1, a log
+// line otherwise.
+func openGap(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("SLUICE_ATTACK") == "1" {
+		t.Errorf(format, args...)
+		return
+	}
+	t.Logf("open (SLUICE_ATTACK=1 fails on it): "+format, args...)
+}
+
 // keyOfAll returns a request of 100 a day of algorithm a whose owner and
 // replica in c's ring are nodes owner and replica, named name.
 func keyOfAll(t *testing.T, c *testcluster.Cluster, name string, a limiter.Algorithm, owner, replica int) limiter.Request {

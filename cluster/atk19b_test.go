@@ -480,14 +480,17 @@ func TestAtk19bRefundOfHitsFromBeforeTheCut(t *testing.T) {
 // A stand-in that leaves gracefully while it is cut off alone: keys of
 // every heal algorithm owned by node 1 (node 2 its replica), 50 hits
 // before; {0}|{1,2}; node 0 admits 30 of each standing in, node 1 10;
-// node 0 leaves, with no member on its side to hand its keys to; then the
-// partition heals without it. The 30 it admitted were told to callers:
-// every key should count 90, its owner admit 10 more.
+// node 0 leaves, with no member on its side to hand its keys to, and the
+// partition heals while it leaves. Its ring holds itself alone while
+// members are cut off, so it is no last member: its leave waits for them
+// (within LeaveTimeout) and hands them its states. The 30 it admitted were
+// told to callers: every key counts 90, its owner admits 10 more.
 func TestAtk19bStandinLeavesWhileCutOffAlone(t *testing.T) {
 	skipNearDayEnd(t)
-	attackOpen(t, "over-admission: a stand-in cut off alone that leaves gracefully sees itself as the last member and drops its states (Leave returns ErrHandoff, 5 key states not delivered): the 30 hits of every key it admitted are never charged, the owner admits 40 where 10 are left, every heal algorithm")
 	noLeaksAfter(t)
-	c := testcluster.New(t, 3, withReplicas(2))
+	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.LeaveTimeout = testcluster.DefaultWait // Heal's wait: it ends once healed
+	}))
 	var reqs []limiter.Request
 	for _, a := range healAlgorithms {
 		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
@@ -498,11 +501,30 @@ func TestAtk19bStandinLeavesWhileCutOffAlone(t *testing.T) {
 	c.WaitConverged()
 	consume(t, c.Node(0), withHits(reqs, 30))
 	consume(t, c.Node(1), withHits(reqs, 10))
-	c.Leave(0)
-	t.Logf("node 0 left: %+v", c.Node(0).Stats().Settle)
+	leaver := c.Node(0)
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		c.Leave(0) // reports its error
+	}()
+	if err := testcluster.WaitFor(10*time.Second, func() error {
+		if slices.Contains(c.Nodes(), leaver) {
+			return fmt.Errorf("node 0 has not begun to leave")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-left:
+		t.Fatalf("node 0 left while cut off, with no member to hand its states to: %+v", leaver.Stats().Settle)
+	default:
+	}
 	c.Heal()
+	<-left
+	t.Logf("node 0 left: %+v", leaver.Stats().Transfers)
 	c.WaitConverged()
-	_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 10) })
+	exactly(t, c, reqs, 10)
 	remainingAfter(t, c, reqs, 10)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -632,14 +633,24 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack 
 // it passes on last, and once it has none left it refuses more, so that
 // their senders send them to the owners without it.
 //
+// A node whose ring holds itself alone while members it routed to are cut
+// off (a partition, or members killed hard) is not the cluster's last
+// member: its states, and the stand-in parts they carry, belong to those
+// members. It first waits, serving as before, until one of them is a
+// member of its ring again (awaitCutOff), and then hands off as any node
+// does; all of it within LeaveTimeout.
+//
 // What may still be lost: states whose transfer failed or did not finish
 // within LeaveTimeout (the error wraps ErrHandoff), states with no member
-// left to go to unless Config.DataDir keeps them, and checks that reach
-// this node after its gRPC server stopped, which their senders decide
-// under their unreachable policy.
+// left to go to unless Config.DataDir keeps them (with members cut off
+// until LeaveTimeout ended, the error wraps ErrHandoff and names them, with
+// DataDir or without), and checks that reach this node after its gRPC
+// server stopped, which their senders decide under their unreachable
+// policy.
 func (n *Node) leaveHandoff() error {
 	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, n.cfg.LeaveTimeout)
 	defer cancel()
+	n.awaitCutOff(ctx)
 	track := n.cfg.Replicas > 1
 	n.transfers.changedMu.Lock()
 	n.transfers.leaving.Store(true)
@@ -653,6 +664,7 @@ func (n *Node) leaveHandoff() error {
 	// Each pass sends to the owners on the ring of the members other than
 	// this node at that time: one that left meanwhile gets nothing.
 	var unrouted int // states with no member to go to
+	var cut []string // the members cut off when states had none
 	// sentTo is the members of the last pass's target ring, and one
 	// whether every pass since the last of all states had that target.
 	var sentTo []ring.Member
@@ -672,7 +684,11 @@ func (n *Node) leaveHandoff() error {
 			}
 		}
 		if target == nil {
+			before := unrouted
 			collect(func(limiter.Snapshot, string) { unrouted++ })
+			if unrouted > before {
+				cut = n.cutOff(n.ring.Members())
+			}
 			return
 		}
 		batches := map[string][]limiter.Snapshot{}
@@ -764,9 +780,21 @@ func (n *Node) leaveHandoff() error {
 	if sole && one && lost == 0 && ctx.Err() == nil && !n.ringChangedSince(sentTo) {
 		n.confirmDeparture(ctx, sentTo)
 	}
-	if n.persist == nil {
+	var cutErr error
+	switch {
+	case unrouted > 0 && len(cut) > 0:
+		// Not the last member: the members cut off own these states.
+		kept := ", lost"
+		if n.persist != nil {
+			kept = ", kept in the data directory" // Close writes them
+		}
+		cutErr = fmt.Errorf("%w: %d key states not delivered to members cut off until the leave timeout: %s%s",
+			ErrHandoff, unrouted, strings.Join(cut, ", "), kept)
+		n.logger.Warn("cluster: leave: members cut off until the leave timeout; key states not delivered",
+			"states", unrouted, "members", cut, "data_dir", n.persist != nil)
+	case n.persist == nil:
 		lost += unrouted
-	} else if unrouted > 0 {
+	case unrouted > 0:
 		// The last member: Close writes them to the data directory.
 		n.logger.Info("cluster: no member left to hand key states to; they stay in the data directory", "states", unrouted)
 	}
@@ -775,7 +803,46 @@ func (n *Node) leaveHandoff() error {
 	if lost > 0 {
 		err = errors.Join(err, fmt.Errorf("%w: %d key states not delivered", ErrHandoff, lost))
 	}
-	return err
+	return errors.Join(err, cutErr)
+}
+
+// awaitCutOff waits, until ctx ends, while this node's ring holds no
+// other member and members it routed to are cut off from it (standins):
+// it is then no last member, and the states it holds, with the hits it
+// admitted standing in for those members, are theirs. The node serves as
+// before meanwhile, and joins the members it remembers (rejoinLoop): once
+// one of them is back in its ring, the hand-off pass of that ring and
+// the leave's own passes deliver the states.
+func (n *Node) awaitCutOff(ctx context.Context) {
+	logged := false
+	for {
+		ringChanged, cutChanged := n.handover.wake(), n.standins.cutWake()
+		members := n.ring.Members()
+		if slices.ContainsFunc(members, func(m ring.Member) bool { return m.Name != n.cfg.NodeName }) {
+			return
+		}
+		cut := n.cutOff(members)
+		if len(cut) == 0 {
+			return // the last member
+		}
+		if !logged {
+			logged = true
+			n.logger.Info("cluster: leave: alone while members are cut off; waiting for one of them to hand key states to", "members", cut)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ringChanged:
+		case <-cutChanged:
+		}
+	}
+}
+
+// cutOff returns the members cut off from this node that are not among
+// members, less those that confirmed their departure (serf may not have
+// told their leave yet).
+func (n *Node) cutOff(members []ring.Member) []string {
+	return slices.DeleteFunc(n.standins.cutOff(members), n.departures.has)
 }
 
 // ringChangedSince reports whether the ring's members other than this

@@ -111,6 +111,10 @@ type standins struct {
 	full atomic.Pointer[ring.Ring]
 	// failed is the failed members full adds; rebuild alone touches it.
 	failed map[string]ring.Member
+	// cutMu guards cutChanged, which is closed and replaced whenever full
+	// is published: a wait for the members cut off looks again.
+	cutMu      sync.Mutex
+	cutChanged chan struct{}
 
 	// mu guards the fields below. It is taken before a store shard's
 	// lock, never after.
@@ -141,7 +145,7 @@ type standins struct {
 func newStandins(self string, now time.Time) *standins {
 	// Generations start at the node's start time, so that a node
 	// restarted under its name starts new ones.
-	return &standins{self: self, m: map[debtKey]*standinRec{}, nextGen: uint64(now.UnixNano())}
+	return &standins{self: self, m: map[debtKey]*standinRec{}, nextGen: uint64(now.UnixNano()), cutChanged: make(chan struct{})}
 }
 
 // update records the members of ms that are cut off from the ring, serf
@@ -205,6 +209,7 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, fail
 		}
 	}
 	defer t.roomEpoch.Add(1)
+	defer t.signalCut()
 	if len(all) == len(members) && !keep {
 		t.full.Store(nil)
 		return
@@ -228,6 +233,38 @@ func (t *standins) standingIn(hash uint64) bool {
 	}
 	m, ok := r.OwnerOfHash(hash)
 	return ok && m.Name != t.self
+}
+
+// signalCut wakes the waits for the members cut off (cutWake).
+func (t *standins) signalCut() {
+	t.cutMu.Lock()
+	defer t.cutMu.Unlock()
+	close(t.cutChanged)
+	t.cutChanged = make(chan struct{})
+}
+
+// cutWake returns a channel closed when the ring with the members cut off
+// is next published.
+func (t *standins) cutWake() <-chan struct{} {
+	t.cutMu.Lock()
+	defer t.cutMu.Unlock()
+	return t.cutChanged
+}
+
+// cutOff returns the names, sorted, of the members cut off from this node
+// (update) that are not among members; nil when there are none.
+func (t *standins) cutOff(members []ring.Member) []string {
+	r := t.full.Load()
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, m := range r.Members() {
+		if m.Name != t.self && !hasMember(members, m.Name) {
+			out = append(out, m.Name)
+		}
+	}
+	return out
 }
 
 // entrySize is what an entry of the key of req with no parts costs.

@@ -1,0 +1,170 @@
+package cluster_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// A stand-in that leaves while it is cut off is no last member: the
+// states it holds, with the hits it admitted standing in, are the cut-off
+// members'. These tests leave it in the ways a deployment does: beside a
+// neighbour on its side, alone until the partition outlasts its leave
+// (with a data directory: a rolling restart while it is cut off).
+
+// leaveWhileCutOff starts 3 nodes of 2 replicas, node i edited by edit,
+// and keys of every heal algorithm owned by node 1 and copied to node 2:
+// 50 hits through node 1, replicated, then {0}|{1,2}, 30 hits through
+// node 0 standing in and 10 through node 1. Every key should count 90.
+func leaveWhileCutOff(t *testing.T, edit func(i int, cfg *cluster.Config)) (*testcluster.Cluster, []limiter.Request) {
+	t.Helper()
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.Replicas = 2
+		if edit != nil {
+			edit(i, cfg)
+		}
+	}))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	if s := c.Node(0).Stats().Settle.StandIn; s != int64(30*len(reqs)) {
+		t.Fatalf("node 0 recorded %d hits standing in, want %d", s, 30*len(reqs))
+	}
+	return c, reqs
+}
+
+// leaveCutOff makes node 0 leave and returns Leave's error; node 0 counts
+// as stopped for c from then on.
+func leaveCutOff(c *testcluster.Cluster) error {
+	err := c.Node(0).Leave()
+	c.StopHard(0) // Close again (a no-op): c stops routing to it
+	return err
+}
+
+// cutOffError checks that err says which members the states were not
+// delivered to, and whether they were kept.
+func cutOffError(t *testing.T, err error, kept string) {
+	t.Helper()
+	if !errors.Is(err, cluster.ErrHandoff) {
+		t.Fatalf("Leave: %v, want ErrHandoff", err)
+	}
+	for _, want := range []string{"node-1", "node-2", kept} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Leave: %v, want it to name %q", err, want)
+		}
+	}
+}
+
+// The partition outlasts the stand-in's leave: Leave waits LeaveTimeout
+// for a member cut off to come back, then says which members its states
+// did not reach. Without a data directory they are lost with it, and the
+// owner admits again what node 0 admitted (40 of each key, where 10 are
+// due): the error is all there is to say so. With one they stay there, and
+// node 0 restarted from it while still cut off (a rolling restart) hands
+// them, and their parts, to the owner once healed: every key counts 90.
+func TestStandinLeaveOutlastedByThePartition(t *testing.T) {
+	skipNearDayEnd(t)
+	t.Run("without data directory", func(t *testing.T) {
+		noLeaksAfter(t)
+		c, reqs := leaveWhileCutOff(t, func(_ int, cfg *cluster.Config) { cfg.LeaveTimeout = time.Second })
+		cutOffError(t, leaveCutOff(c), "lost")
+		c.Heal()
+		c.WaitConverged()
+		for _, r := range reqs[:1] {
+			owner := c.Owner(r.Name, r.Key)
+			t.Logf("%s: the owner admits %d more after node 0's leave took its 30 (10 are due)", r.Algorithm, admitUntilDenied(t, owner, r, 100))
+		}
+	})
+	t.Run("restarted from its data directory", func(t *testing.T) {
+		noLeaksAfter(t)
+		dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+		c, reqs := leaveWhileCutOff(t, func(i int, cfg *cluster.Config) {
+			cfg.DataDir, cfg.LeaveTimeout = dirs[i], time.Second
+		})
+		cutOffError(t, leaveCutOff(c), "kept in the data directory")
+		c.Restart(0) // still cut off: the partition holds node 0
+		c.Heal()
+		c.WaitConverged()
+		exactly(t, c, reqs, 10)
+		remainingAfter(t, c, reqs, 10)
+	})
+}
+
+// keysStoodInBy returns, per heal algorithm, a key owned by node 3 with
+// node 2 its replica, whose owner on the ring over nodes 0 and 1 is node
+// standIn: the node of {0,1} that stands in for node 3 while {0,1}|{2,3}.
+func keysStoodInBy(t *testing.T, c *testcluster.Cluster, standIn int) []limiter.Request {
+	t.Helper()
+	side, err := ring.New(cluster.TestConfig("x").Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []ring.Member
+	for _, m := range c.Node(0).RingMembers() {
+		if m.Name == c.Node(0).Name() || m.Name == c.Node(1).Name() {
+			ms = append(ms, m)
+		}
+	}
+	if err := side.SetMembers(ms); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		found := false
+		for i := 0; i < 10_000 && !found; i++ {
+			req := limiter.Request{Name: fmt.Sprintf("nb%d-%s", standIn, a), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			rs := c.Node(0).Replicas(req.Name, req.Key)
+			o, ok := side.Owner(req.Name, req.Key)
+			if found = ok && o.Name == c.Node(standIn).Name() && len(rs) == 2 &&
+				rs[0].Name == c.Node(3).Name() && rs[1].Name == c.Node(2).Name(); found {
+				reqs = append(reqs, req)
+			}
+		}
+		if !found {
+			t.Fatalf("no %s key of nodes 3 and 2 that node %d stands in for", a, standIn)
+		}
+	}
+	return reqs
+}
+
+// A stand-in cut off beside a neighbour leaves: {0,1}|{2,3}, keys of
+// every heal algorithm owned by node 3 (node 2 its replica), node 0 or
+// node 1 standing in for it; 50 hits before through node 3, 30 through
+// node 0 and 10 through node 3 during the cut; node 0 leaves. Its states
+// and their parts go to node 1 at once, which stands in for node 3 from
+// then on, and 5 more through node 1; once healed every key counts 95.
+func TestStandinLeavesBesideANeighbour(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 4, withReplicas(2))
+	reqs := append(keysStoodInBy(t, c, 0), keysStoodInBy(t, c, 1)...)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	if err := leaveCutOff(c); err != nil {
+		t.Fatalf("Leave beside node 1: %v", err)
+	}
+	c.WaitConverged()
+	consume(t, c.Node(1), withHits(reqs, 5))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}

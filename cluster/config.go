@@ -96,7 +96,9 @@ type Config struct {
 	// most MaxReplicas. With more than 1, Store.TrackChanges is turned on.
 	Replicas          int
 	ReplicateInterval time.Duration
-	// LeaveTimeout bounds the hand-off of a graceful Leave, both passes.
+	// LeaveTimeout bounds the hand-off of a graceful Leave, both passes,
+	// and, for a node alone in its ring while members are cut off, its
+	// wait for one of them to come back first.
 	LeaveTimeout time.Duration
 	// DataDir, when set, is the directory where the node keeps the key
 	// states it holds, owned and replicated, so that they outlive its

@@ -489,7 +489,11 @@ func (n *Node) Stats() Stats {
 // Leave leaves the cluster gracefully, telling the other members, then
 // closes the node. Before it goes, it hands every key it holds to the key's
 // owner on the ring without this node, in two passes within
-// Config.LeaveTimeout (see leaveHandoff for what may still be lost).
+// Config.LeaveTimeout (see leaveHandoff for what may still be lost). A
+// node alone in its ring while members it routed to are cut off first
+// waits, within the same bound, for one of them to come back: it is no
+// last member, and its states are theirs; if none comes back the error
+// wraps ErrHandoff and names them.
 func (n *Node) Leave() error {
 	if n.closed.Load() {
 		return ErrClosed

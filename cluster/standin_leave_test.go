@@ -168,3 +168,20 @@ func TestStandinLeavesBesideANeighbour(t *testing.T) {
 	exactly(t, c, reqs, 5)
 	remainingAfter(t, c, reqs, 5)
 }
+
+// A stand-in killed hard while cut off alone, without a data directory:
+// no Leave hands its states on, and no member of its side holds a copy,
+// so the 30 hits of each key it admitted standing in are lost with it;
+// once healed the owner admits them again (40 where 10 are due). No node
+// can do better without the states on disk: the test shows the bound the
+// design states.
+func TestAtk19bStandinKilledWhileCutOffAlone(t *testing.T) {
+	skipNearDayEnd(t)
+	attackOpen(t, "over-admission by design: a stand-in killed hard while cut off alone, without DataDir, takes the 30 hits of every key it admitted with it; the owner admits 40 where 10 are left, every heal algorithm")
+	noLeaksAfter(t)
+	c, reqs := leaveWhileCutOff(t, nil)
+	c.StopHard(0)
+	c.Heal()
+	c.WaitConverged()
+	remainingAfter(t, c, reqs, 10)
+}

@@ -311,14 +311,27 @@ func TestStepMarkOutlastsGCRAReach(t *testing.T) {
 // TestRefundAfterAClockAheadSweep: a key charged 3, then swept with the
 // clock two hours ahead (its state fresh on that clock), then charged 4
 // by others with the clock set right: the refund of the 3 gives nothing
-// back, as after TestClockAheadChargeWithoutAReset's charge ahead.
+// back, as after TestClockAheadChargeWithoutAReset's charge ahead, and
+// the others' refund gives their 4 back. The shard remembers the reading
+// it dropped a key at, and a decision before it that writes a key with no
+// live state marks the key as a reset at that reading would.
 func TestRefundAfterAClockAheadSweep(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open: a Sweep with the clock 2h ahead drops the key (redislimit's TTL does the same on a server " +
-			"clock ahead); with the clock set right nothing tells the others' charge from the first, and the refund of 3 " +
-			"takes 3 of their 4 (remaining 9, not 6) for the fixed window and sliding window counter, 2 for the buckets " +
-			"and GCRA (8); the log holds; set SLUICE_ATTACK=1 to run")
-	}
+	sweepTrace(t, time.Second, 2*time.Hour, 3*time.Second)
+}
+
+// TestRefundAfterAClockAheadSweepOfAChargeAhead: as
+// TestRefundAfterAClockAheadSweep with the first charge also made on the
+// clock ahead (30 minutes), before the sweep at two hours: its instant or
+// window lies after the others' now, and its refund gives nothing back.
+func TestRefundAfterAClockAheadSweepOfAChargeAhead(t *testing.T) {
+	sweepTrace(t, 30*time.Minute, 2*time.Hour, 3*time.Second)
+}
+
+// TestRefundAfterAClockBehindThenAheadSweep: the key charged 3 with the
+// clock right, charged 1 with it two hours behind (a step back, which
+// marks the key), swept with it two hours ahead, then charged 4 by others
+// with the clock set right: the refund of the 3 gives nothing back.
+func TestRefundAfterAClockBehindThenAheadSweep(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for _, a := range Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -328,12 +341,104 @@ func TestRefundAfterAClockAheadSweep(t *testing.T) {
 			}
 			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
 			mine := attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
-			if n := s.Sweep(t0.Add(2 * time.Hour)); n != 1 {
+			attackCheck(t, s, base, t0, -2*time.Hour, 1, 0, Window{})
+			if n := s.Sweep(t0.Add(4 * time.Hour)); n != 1 {
 				t.Fatalf("the sweep ahead dropped %d keys", n)
 			}
 			theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
 			if d := attackCheck(t, s, base, t0, 4*time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
 				t.Errorf("the refund of the charge before the sweep ahead: remaining %d, want %d", d.Remaining, theirs.Remaining)
+			}
+			if d := attackCheck(t, s, base, t0, 4*time.Second, 4, Refund, theirs.Window); d.Remaining != theirs.Remaining+4 {
+				t.Errorf("the others' refund (%v): remaining %d, want %d", theirs.Window, d.Remaining, theirs.Remaining+4)
+			}
+		})
+	}
+}
+
+// TestRefundAfterAClockAheadEviction: as TestRefundAfterAClockAheadSweep
+// with the key evicted (MaxEntries 1) by another key's charge on the clock
+// ahead rather than swept.
+func TestRefundAfterAClockAheadEviction(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, err := NewStore(StoreConfig{Shards: 1, MaxEntries: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+			other := base
+			other.Key = "other"
+			mine := attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+			attackCheck(t, s, other, t0, 2*time.Hour, 1, 0, Window{})
+			theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
+			if d := attackCheck(t, s, base, t0, 4*time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
+				t.Errorf("the refund of the charge before the eviction ahead: remaining %d, want %d", d.Remaining, theirs.Remaining)
+			}
+			if d := attackCheck(t, s, base, t0, 4*time.Second, 4, Refund, theirs.Window); d.Remaining != theirs.Remaining+4 {
+				t.Errorf("the others' refund (%v): remaining %d, want %d", theirs.Window, d.Remaining, theirs.Remaining+4)
+			}
+		})
+	}
+}
+
+// TestRefundAfterASweepWithTheClockRight: a sweep at the clock's own
+// reading marks nothing: a key charged after it, and refunded, gives its
+// hits back with the window or instant the charge named unchanged.
+func TestRefundAfterASweepWithTheClockRight(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, err := NewStore(DefaultStoreConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+			attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+			if n := s.Sweep(t0.Add(2 * time.Hour)); n != 1 {
+				t.Fatalf("the sweep dropped %d keys", n)
+			}
+			theirs := attackCheck(t, s, base, t0, 2*time.Hour+time.Second, 4, 0, Window{})
+			if theirs.Window.Start != theirs.Window.End && theirs.Window.Start != t0.Add(2*time.Hour).UnixNano() {
+				t.Errorf("the charge after the sweep names %v", theirs.Window)
+			}
+			if d := attackCheck(t, s, base, t0, 2*time.Hour+2*time.Second, 4, Refund, theirs.Window); d.Remaining != 10 {
+				t.Errorf("the refund after the sweep (%v): remaining %d, want 10", theirs.Window, d.Remaining)
+			}
+			if len(s.shards[0].resets) != 0 {
+				t.Errorf("the sweep at the clock's reading left marks: %v", s.shards[0].resets)
+			}
+		})
+	}
+}
+
+// sweepTrace: a key charged 3 at first, swept at sweep (its state fresh
+// then), charged 4 by others at then: the refund of the 3 gives nothing
+// back, the others' gives their 4 back.
+func sweepTrace(t *testing.T, first, sweep, then time.Duration) {
+	t.Helper()
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, err := NewStore(DefaultStoreConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+			mine := attackCheck(t, s, base, t0, first, 3, 0, Window{})
+			if n := s.Sweep(t0.Add(sweep)); n != 1 {
+				t.Fatalf("the sweep ahead dropped %d keys", n)
+			}
+			theirs := attackCheck(t, s, base, t0, then, 4, 0, Window{})
+			if !theirs.Allowed || theirs.Remaining != 6 {
+				t.Fatalf("the others' charge: %+v", theirs)
+			}
+			if d := attackCheck(t, s, base, t0, then+time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
+				t.Errorf("the refund of the charge before the sweep ahead (%v): remaining %d, want %d", mine.Window, d.Remaining, theirs.Remaining)
+			}
+			if d := attackCheck(t, s, base, t0, then+time.Second, 4, Refund, theirs.Window); d.Remaining != theirs.Remaining+4 {
+				t.Errorf("the others' refund (%v): remaining %d, want %d", theirs.Window, d.Remaining, theirs.Remaining+4)
 			}
 		})
 	}

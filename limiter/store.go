@@ -200,7 +200,11 @@ type shard struct {
 	// latest is the latest clock reading a decision in the shard was
 	// made at (see readingLocked).
 	latest int64
-	_      [64]byte // keep shards on separate cache lines
+	// dropped is the latest reading at which Sweep or an eviction
+	// removed a key of the shard, 0 for none (nor any before 1970; see
+	// droppedMark).
+	dropped int64
+	_       [64]byte // keep shards on separate cache lines
 }
 
 // NewStore returns an empty store.
@@ -311,8 +315,11 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	// ahead, or a reset cleared them). Such a decision marks the key as a
 	// reset at now does (see resetMark).
 	var step *resetMark
-	if found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now) {
+	switch {
+	case found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now):
 		step = &resetMark{at: now, until: stepMarkUntil(req, now)}
+	case now < sh.dropped && sh.dropped > 0 && (!found || e.expireAt <= now):
+		step = droppedMark(sh, req)
 	}
 	if found && req.chargedRefund() {
 		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); ok && w != req.Charged && req.chargedAt() && lg != nil && !lg.holds(w.Start) {
@@ -400,8 +407,25 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		e := s.insertLocked(sh, string(k), st, lg, now)
 		sh.chargeLocked(e, req)
 		s.markChangedLocked(sh, e)
+		if step != nil {
+			s.markStepLocked(sh, e, now, *step)
+			sh.epochLocked(e, &d.Window, now)
+		}
 	}
 	return took
+}
+
+// droppedMark is the mark of a decision of req at now, before the
+// shard's dropped reading, on a key whose state is not live: Sweep or an
+// eviction may have dropped its state at that later reading (a clock
+// that has since stepped back), and nothing left on the key tells the
+// charges it counted from those made since. So the key is marked as a
+// reset at that reading would mark it: a refund of a charge named at or
+// before it gives nothing back, for as long as one could find hits. A
+// key that held no state loses nothing by it: no charge before the mark
+// is counted. sh.mu must be held.
+func droppedMark(sh *shard, req *Request) *resetMark {
+	return &resetMark{at: sh.dropped, until: stepMarkUntil(req, sh.dropped)}
 }
 
 // resetMark is what a Reset leaves of the live state it cleared: the
@@ -665,6 +689,7 @@ func (s *Store) resizeLocked(sh *shard, e *entry, delta, now int64) {
 // evictLocked drops victim from sh to make room, counting it as evicted if
 // its state was live at now and as expired otherwise. sh.mu must be held.
 func (s *Store) evictLocked(sh *shard, victim *entry, now int64) {
+	sh.dropped = max(sh.dropped, now)
 	if victim.expireAt > now {
 		s.evictions.Add(1)
 	} else {
@@ -739,12 +764,16 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		at := sh.readingLocked(n)
 		d, freed := 0, int64(0)
 		for _, e := range sh.m {
-			if !sh.liveLocked(e, n) {
+			if !sh.liveLocked(e, at) {
 				freed += sh.removeLocked(e)
 				d++
 			}
+		}
+		if d > 0 {
+			sh.dropped = max(sh.dropped, at)
 		}
 		// Counted under the lock, as inserts are, so that Entries never
 		// runs ahead of the maps (nor past MaxEntries) during a sweep.

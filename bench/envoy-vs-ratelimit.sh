@@ -30,6 +30,7 @@
 #                   the servers more of the machine) or grpc (grpc-go's
 #                   client with go-control-plane's stubs)
 #   CALLERS (64) KEYS (10000) DURATION (10s) ROUNDS (2) CONNS (1)
+#   BENCH_FLAGS     more flags of sluice-bench (e.g. -cpuprofile FILE)
 # Every process it starts listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
 
@@ -159,6 +160,7 @@ if [[ ${SKIP_RATELIMIT:-} != 1 ]]; then
 fi
 
 echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$REDIS_SERVER" --version | cut -d' ' -f1-3); LOADGEN=$LOADGEN"
+read -r -a extra <<<"${BENCH_FLAGS:-}"
 IFS=,
 "$work/sluice-bench" -scenario rls -api "$API" -client "$LOADGEN" -targets "${targets[*]}" -callers "$CALLERS" -keys "$KEYS" \
-	-duration "$DURATION" -rounds "$ROUNDS" -conns "$CONNS"
+	-duration "$DURATION" -rounds "$ROUNDS" -conns "$CONNS" "${extra[@]}"

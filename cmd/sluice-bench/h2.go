@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -331,6 +332,12 @@ func (c *h2Conn) roundTrip(body []byte) (rlsv3.RateLimitResponse_Code, error) {
 		c.sendWindow -= n
 		s.sendWindow -= n
 		rest = rest[n:]
+	}
+	if !c.writing {
+		// Let the callers ready to run add their frames to this write.
+		c.mu.Unlock()
+		runtime.Gosched()
+		c.mu.Lock()
 	}
 	c.flushLocked()
 	c.mu.Unlock()

@@ -156,6 +156,17 @@ func main() {
 			fmt.Fprintln(os.Stderr, "sluice-bench: -callers, -keys, -conns, -rounds, -duration and -max-checks must be positive")
 			os.Exit(2)
 		}
+		if *cpuprofile != "" {
+			f, err := os.Create(*cpuprofile)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				log.Fatal(err)
+			}
+			defer pprof.StopCPUProfile()
+		}
 		if err := rlsBench(targets, *rlsAPI, *rlsClient, *rlsDomain, *rlsKey, *callers, *rlsConns, *keys, *rlsRounds, *duration, *warmup, *maxChecks); err != nil {
 			log.Fatal(err)
 		}

@@ -4,9 +4,10 @@
 # redis-server, on the same domain file (one descriptor key, `user`, at a
 # million per second), driven in turns by cmd/sluice-bench -scenario rls:
 # CALLERS callers of unary ShouldRateLimit with KEYS values, for DURATION a
-# run, ROUNDS runs of each. It prints checks/s, latencies and the server
-# CPU per check (utime+stime from /proc of the daemon, or of ratelimit
-# plus redis-server) of each.
+# run, ROUNDS runs of each, the same load generator for both. It prints
+# checks/s, latencies, the server CPU per check (utime+stime from /proc of
+# the daemon, or of ratelimit plus redis-server) of each, and the load
+# generator's own CPU per check (getrusage of sluice-bench).
 #
 #   bench/envoy-vs-ratelimit.sh
 #   SLUICE_BASE=/tmp/sluice-main bench/envoy-vs-ratelimit.sh   # also a second sluice binary
@@ -23,7 +24,13 @@
 #                   http (POST /v1/check, keep-alive connections) with the
 #                   domain file's limit; with grpc or http, sluice binaries
 #                   only
+#   LOADGEN         the load generator of API=envoy: h2 (the default:
+#                   sluice-bench's own gRPC on HTTP/2 frames, which takes
+#                   a fraction of grpc-go's CPU per call and so leaves
+#                   the servers more of the machine) or grpc (grpc-go's
+#                   client with go-control-plane's stubs)
 #   CALLERS (64) KEYS (10000) DURATION (10s) ROUNDS (2) CONNS (1)
+#   BENCH_FLAGS     more flags of sluice-bench (e.g. -cpuprofile FILE)
 # Every process it starts listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
 
@@ -34,6 +41,7 @@ DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-2}
 CONNS=${CONNS:-1}
 API=${API:-envoy}
+LOADGEN=${LOADGEN:-h2}
 if [[ $API != envoy ]]; then SKIP_RATELIMIT=1; fi
 RATELIMIT_VERSION=${RATELIMIT_VERSION:-v0.0.0-20260706065234-f2fb15770f7f}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
@@ -151,7 +159,8 @@ if [[ ${SKIP_RATELIMIT:-} != 1 ]]; then
 	targets+=("ratelimit=127.0.0.1:$rl_grpc@$rl_pid+$redis_pid")
 fi
 
-echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$REDIS_SERVER" --version | cut -d' ' -f1-3)"
+echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$REDIS_SERVER" --version | cut -d' ' -f1-3); LOADGEN=$LOADGEN"
+read -r -a extra <<<"${BENCH_FLAGS:-}"
 IFS=,
-"$work/sluice-bench" -scenario rls -api "$API" -targets "${targets[*]}" -callers "$CALLERS" -keys "$KEYS" \
-	-duration "$DURATION" -rounds "$ROUNDS" -conns "$CONNS"
+"$work/sluice-bench" -scenario rls -api "$API" -client "$LOADGEN" -targets "${targets[*]}" -callers "$CALLERS" -keys "$KEYS" \
+	-duration "$DURATION" -rounds "$ROUNDS" -conns "$CONNS" "${extra[@]}"

@@ -99,6 +99,7 @@ func main() {
 	rlsKey := flag.String("descriptor-key", "user", "rls: the key of the requests' one descriptor entry")
 	rlsConns := flag.Int("conns", 1, "rls: gRPC connections per target")
 	rlsRounds := flag.Int("rounds", 2, "rls: runs of each target, alternating")
+	rlsClient := flag.String("client", "grpc", "rls: the load generator of -api envoy: grpc (grpc-go's client) or h2 (gRPC on HTTP/2 frames written by sluice-bench itself, for less CPU)")
 	rlsAPI := flag.String("api", "envoy", "rls: the API called: envoy (ShouldRateLimit), grpc (sluice's Check) or http (POST /v1/check, at the targets' HTTP addresses)")
 	warmup := flag.Duration("warmup", time.Second, "rls: unmeasured calls before each run")
 	cost := flag.Bool("cost", false, "also print the CPU time and heap allocated per check, and the GCs, in each run")
@@ -155,7 +156,18 @@ func main() {
 			fmt.Fprintln(os.Stderr, "sluice-bench: -callers, -keys, -conns, -rounds, -duration and -max-checks must be positive")
 			os.Exit(2)
 		}
-		if err := rlsBench(targets, *rlsAPI, *rlsDomain, *rlsKey, *callers, *rlsConns, *keys, *rlsRounds, *duration, *warmup, *maxChecks); err != nil {
+		if *cpuprofile != "" {
+			f, err := os.Create(*cpuprofile)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				log.Fatal(err)
+			}
+			defer pprof.StopCPUProfile()
+		}
+		if err := rlsBench(targets, *rlsAPI, *rlsClient, *rlsDomain, *rlsKey, *callers, *rlsConns, *keys, *rlsRounds, *duration, *warmup, *maxChecks); err != nil {
 			log.Fatal(err)
 		}
 		return

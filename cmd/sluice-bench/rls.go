@@ -124,13 +124,14 @@ type rlsRequest struct {
 
 var rlsRequests = sync.Pool{New: func() any { return new(rlsRequest) }}
 
-// set makes r the request of descriptor key=value in domain.
+// set makes r the request of descriptor key=value in domain, the one
+// rlsRequestOf builds.
 func (r *rlsRequest) set(domain, key, value string) *rlsv3.RateLimitRequest {
 	r.entry.Key, r.entry.Value = key, value
 	r.entries[0] = &r.entry
 	r.desc.Entries = r.entries[:]
 	r.descs[0] = &r.desc
-	r.req.Domain, r.req.Descriptors = domain, r.descs[:]
+	r.req.Domain, r.req.Descriptors, r.req.HitsAddend = domain, r.descs[:], 1
 	return &r.req
 }
 
@@ -146,26 +147,31 @@ func (r *rlsRequest) set(domain, key, value string) *rlsv3.RateLimitRequest {
 // /v1/check on keep-alive connections (t.addr is then the HTTP address).
 // The native checks carry the limit of the domain file the script
 // serves: a fixed window of a second, 1,000,000 hits, never reached.
-func rlsBench(targets []rlsTarget, api, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
+//
+// loadgen chooses the client of the envoy API: "grpc", grpc-go's (with
+// go-control-plane's stubs); "h2", the client of h2.go on HTTP/2 frames,
+// which sends the same requests for less of the machine's CPU.
+func rlsBench(targets []rlsTarget, api, loadgen, domain, key string, callers, conns, keys, rounds int, d, warm time.Duration, maxChecks int) error {
 	values := make([]string, keys)
 	for i := range values {
 		values[i] = "u" + strconv.Itoa(i)
 	}
-	fmt.Printf("%d callers of API %s on %d connection(s), domain %q, descriptor key %q with %d values, %v per run after %v of warm-up\n",
-		callers, api, conns, domain, key, keys, d, warm)
+	if api != "envoy" {
+		loadgen = "grpc"
+	}
+	fmt.Printf("%d callers of API %s (load generator %s) on %d connection(s), domain %q, descriptor key %q with %d values, %v per run after %v of warm-up\n",
+		callers, api, loadgen, conns, domain, key, keys, d, warm)
 	fmt.Printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "target", "checks/s", "p50", "p99", "p99.9", "server µs/ck", "client µs/ck", "errors")
 	for n := range rounds {
 		for _, t := range targets {
-			call, closeAll, err := newAPICaller(api, t.addr, domain, key, conns, callers)
+			call, closeAll, err := newAPICaller(api, loadgen, t.addr, domain, key, values, conns, callers)
 			if err != nil {
 				return err
 			}
 			var firstErr atomic.Pointer[string]
 			var byCode [codes.Unauthenticated + 1]atomic.Int64
 			check := func(ctx context.Context, rng *rand.Rand) bool {
-				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				defer cancel()
-				err := call(ctx, rng, values[rng.IntN(keys)])
+				err := call(ctx, rng, rng.IntN(keys))
 				if err != nil {
 					msg := err.Error()
 					firstErr.CompareAndSwap(nil, &msg)
@@ -214,11 +220,29 @@ func rlsBench(targets []rlsTarget, api, domain, key string, callers, conns, keys
 	return nil
 }
 
-// newAPICaller returns the call of one check of value through api (see
-// rlsBench) at addr, and what closes its connections.
-func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(ctx context.Context, rng *rand.Rand, value string) error, closeAll func(), err error) {
-	switch api {
-	case "envoy":
+// newAPICaller returns the call of one check of values[i] through api
+// with loadgen (see rlsBench) at addr, and what closes its connections.
+// Each call times out after rlsCallTimeout.
+func newAPICaller(api, loadgen, addr, domain, key string, values []string, conns, callers int) (call func(ctx context.Context, rng *rand.Rand, i int) error, closeAll func(), err error) {
+	switch {
+	case api == "envoy" && loadgen == "h2":
+		bodies, err := rlsBodies(domain, key, values)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := dialH2(addr, conns)
+		if err != nil {
+			return nil, nil, err
+		}
+		call = func(_ context.Context, rng *rand.Rand, i int) error {
+			code, err := c.call(rng.IntN(conns), bodies[i])
+			if err == nil && code != rlsv3.RateLimitResponse_OK {
+				err = fmt.Errorf("overall code %v", code)
+			}
+			return err
+		}
+		return call, c.Close, nil
+	case api == "envoy" && loadgen == "grpc":
 		ccs := make([]*grpc.ClientConn, conns)
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
 		for i := range ccs {
@@ -228,10 +252,12 @@ func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(
 			}
 			ccs[i], clients[i] = cc, rlsv3.NewRateLimitServiceClient(cc)
 		}
-		call = func(ctx context.Context, rng *rand.Rand, value string) error {
+		call = func(ctx context.Context, rng *rand.Rand, i int) error {
+			ctx, cancel := context.WithTimeout(ctx, rlsCallTimeout)
+			defer cancel()
 			req := rlsRequests.Get().(*rlsRequest)
 			defer rlsRequests.Put(req)
-			resp, err := clients[rng.IntN(conns)].ShouldRateLimit(ctx, req.set(domain, key, value))
+			resp, err := clients[rng.IntN(conns)].ShouldRateLimit(ctx, req.set(domain, key, values[i]))
 			if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
 				err = fmt.Errorf("overall code %v", resp.OverallCode)
 			}
@@ -242,7 +268,9 @@ func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(
 				cc.Close()
 			}
 		}, nil
-	case "grpc":
+	case api == "envoy":
+		return nil, nil, fmt.Errorf("unknown load generator %q: want grpc or h2", loadgen)
+	case api == "grpc":
 		cs := make([]*client.Client, conns)
 		for i := range cs {
 			c, err := client.New(addr)
@@ -251,9 +279,11 @@ func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(
 			}
 			cs[i] = c
 		}
-		call = func(ctx context.Context, rng *rand.Rand, value string) error {
+		call = func(ctx context.Context, rng *rand.Rand, i int) error {
+			ctx, cancel := context.WithTimeout(ctx, rlsCallTimeout)
+			defer cancel()
 			r := nativeRequest
-			r.Name, r.Key = domain, value
+			r.Name, r.Key = domain, values[i]
 			d, err := cs[rng.IntN(conns)].Check(ctx, r)
 			if err == nil && !d.Allowed {
 				err = errors.New("denied")
@@ -265,14 +295,16 @@ func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(
 				c.Close()
 			}
 		}, nil
-	case "http":
+	case api == "http":
 		tr := &http.Transport{MaxIdleConnsPerHost: callers}
 		hc := &http.Client{Transport: tr}
 		url := "http://" + addr + "/v1/check"
 		prefix := `{"name":` + strconv.Quote(domain) + `,"key":`
 		suffix := `,"limit":1000000,"period":"1s","algorithm":"fixed_window"}`
-		call = func(ctx context.Context, _ *rand.Rand, value string) error {
-			body := prefix + strconv.Quote(value) + suffix
+		call = func(ctx context.Context, _ *rand.Rand, i int) error {
+			ctx, cancel := context.WithTimeout(ctx, rlsCallTimeout)
+			defer cancel()
+			body := prefix + strconv.Quote(values[i]) + suffix
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 			if err != nil {
 				return err
@@ -298,6 +330,9 @@ func newAPICaller(api, addr, domain, key string, conns, callers int) (call func(
 	}
 	return nil, nil, fmt.Errorf("unknown api %q: want envoy, grpc or http", api)
 }
+
+// rlsCallTimeout bounds each call of the load generators.
+const rlsCallTimeout = h2CallTimeout
 
 // nativeRequest is the check of the native APIs: the limit of the domain
 // file of bench/envoy-vs-ratelimit.sh.

@@ -251,7 +251,7 @@ func (sh *shard) snapshotLocked(e *entry) Snapshot {
 			s.Log = lg.export()
 		}
 	}
-	if m, ok := sh.resets[e]; ok {
+	if m, ok := sh.resets[e]; ok && !m.drop() {
 		s.ResetAt, s.ResetUntil = m.at, m.until
 	}
 	return s
@@ -264,7 +264,7 @@ func (sh *shard) exportLocked(e *entry, now int64) (Snapshot, bool) {
 	if e.expireAt > now {
 		return sh.snapshotLocked(e), true
 	}
-	if m, ok := sh.resets[e]; ok && m.until > now {
+	if m, ok := sh.resets[e]; ok && m.until > now && !m.drop() {
 		name, key := splitStoreKey(e.key)
 		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: m.at, ResetUntil: m.until}, true
 	}

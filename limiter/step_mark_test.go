@@ -624,3 +624,47 @@ func TestDropMarkAfterItsInstant(t *testing.T) {
 		})
 	}
 }
+
+// TestHandOffOfAMarkAhead: a key whose mark lies after the clock's now by
+// more than MaxClockSkew (a sweep made with the clock two hours ahead, or
+// a reset ten minutes ahead, then the others' 4 with the clock set right) is handed off to a store whose clock
+// is right: the snapshot carries the mark's instant at most half of
+// MaxClockSkew after now, the new owner takes the state (it would refuse
+// a mark further ahead, and count none of the key's hits), counts the
+// others' 4, and gives nothing back to a refund of the charge made before.
+func TestHandOffOfAMarkAhead(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, how := range []string{"sweep", "reset"} {
+		for _, a := range Algorithms {
+			t.Run(how+"/"+a.String(), func(t *testing.T) {
+				old, _ := NewStore(DefaultStoreConfig())
+				nu, _ := NewStore(DefaultStoreConfig())
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+				mine := attackCheck(t, old, base, t0, time.Second, 3, 0, Window{})
+				if how == "sweep" {
+					old.Sweep(t0.Add(2 * time.Hour))
+				} else {
+					attackCheck(t, old, base, t0, 10*time.Minute, 0, Reset, Window{})
+				}
+				theirs := attackCheck(t, old, base, t0, 3*time.Second, 4, 0, Window{})
+				now := t0.Add(4 * time.Second)
+				sn, ok := old.Snapshot("n", "k", now)
+				if !ok || !sn.HasResetMark() {
+					t.Fatalf("no snapshot with a mark: %+v %v", sn, ok)
+				}
+				if bound := now.Add(MaxClockSkew / 2).UnixNano(); sn.ResetAt > bound {
+					t.Errorf("the mark's instant %v is more than %v after now", nsTime(sn.ResetAt), MaxClockSkew/2)
+				}
+				if _, err := nu.Merge([]Snapshot{sn}, now); err != nil {
+					t.Fatalf("the new owner refused the state: %v", err)
+				}
+				if d := attackCheck(t, nu, base, t0, 4*time.Second, 0, 0, Window{}); d.Remaining != theirs.Remaining {
+					t.Errorf("on the new owner: remaining %d, want %d", d.Remaining, theirs.Remaining)
+				}
+				if d := attackCheck(t, nu, base, t0, 5*time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
+					t.Errorf("on the new owner, the refund of the charge before the mark: remaining %d, want %d", d.Remaining, theirs.Remaining)
+				}
+			})
+		}
+	}
+}

@@ -542,6 +542,33 @@ func TestClockAheadResetOfAStateGoneFresh(t *testing.T) {
 	})
 }
 
+// TestClockAheadResetOfAStateGoneFreshThenASweep: as
+// TestClockAheadResetOfAStateGoneFresh with a sweep while the clock is
+// still ahead, which drops the entry the reset left: the decisions with
+// the clock set right come before the sweep's reading, and the refund of
+// the 3 gives nothing back.
+func TestClockAheadResetOfAStateGoneFreshThenASweep(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, err := NewStore(DefaultStoreConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a}
+			mine := attackCheck(t, s, base, t0, time.Second, 3, 0, Window{})
+			attackCheck(t, s, base, t0, 2*time.Hour, 0, Reset, Window{})
+			if n := s.Sweep(t0.Add(2*time.Hour + time.Second)); n != 1 {
+				t.Fatalf("the sweep ahead dropped %d keys", n)
+			}
+			theirs := attackCheck(t, s, base, t0, 3*time.Second, 4, 0, Window{})
+			if d := attackCheck(t, s, base, t0, 4*time.Second, 3, Refund, mine.Window); d.Remaining != theirs.Remaining {
+				t.Errorf("the refund of the charge before the reset ahead: remaining %d, want %d", d.Remaining, theirs.Remaining)
+			}
+		})
+	}
+}
+
 // TestClockAheadRefundAfterAReset: as TestResetMarkAcrossAClockAheadReset
 // with a refund of 1 that names no charge, rather than a reset, as the
 // write with the clock ahead that leaves the key fresh.

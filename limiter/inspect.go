@@ -77,8 +77,9 @@ func (s *Store) Forget(name, key string) (held bool) {
 func (s *Store) ResetMark(name, key string, now time.Time) (sn Snapshot, ok bool) {
 	n := now.UnixNano()
 	s.withEntry(name, key, func(sh *shard, e *entry) {
-		if m, has := sh.resets[e]; has && m.until > n {
-			sn = Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: m.at, ResetUntil: m.until}
+		if m, has := sh.resets[e]; has && m.until > n && !m.drop() {
+			at, until := m.exported(n)
+			sn = Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: at, ResetUntil: until}
 			ok = true
 		}
 	})

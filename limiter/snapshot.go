@@ -230,8 +230,8 @@ func (s *Snapshot) rateRequest() Request {
 	return r
 }
 
-// snapshotLocked exports e; its shard's lock must be held.
-func (sh *shard) snapshotLocked(e *entry) Snapshot {
+// snapshotLocked exports e at now; its shard's lock must be held.
+func (sh *shard) snapshotLocked(e *entry, now int64) Snapshot {
 	name, key := splitStoreKey(e.key)
 	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords()}
 	if c := sh.rates[e]; c.known() {
@@ -251,10 +251,22 @@ func (sh *shard) snapshotLocked(e *entry) Snapshot {
 			s.Log = lg.export()
 		}
 	}
-	if m, ok := sh.resets[e]; ok {
-		s.ResetAt, s.ResetUntil = m.at, m.until
+	if m, ok := sh.resets[e]; ok && !m.drop() {
+		s.ResetAt, s.ResetUntil = m.exported(now)
 	}
 	return s
+}
+
+// exported returns m's instant and end as a snapshot taken at now carries
+// them: the instant at most half of MaxClockSkew after now. A mark made
+// at a reading a clock has since stepped back from (a reset with the
+// clock ahead, a drop there: see droppedAtLocked) may lie further ahead,
+// and a node whose clock is right would refuse the state with it
+// (checkTimes): it takes the state with a mark at that bound, under which
+// a refund of a charge named between the bound and the instant may give
+// hits back, rather than count none of the key's hits.
+func (m resetMark) exported(now int64) (at, until int64) {
+	return min(m.at, addSat(now, int64(MaxClockSkew/2))), m.until
 }
 
 // exportLocked exports e if it must travel at now: its state as
@@ -262,11 +274,12 @@ func (sh *shard) snapshotLocked(e *entry) Snapshot {
 // (Snapshot.MarkOnly) while that lasts. sh.mu must be held.
 func (sh *shard) exportLocked(e *entry, now int64) (Snapshot, bool) {
 	if e.expireAt > now {
-		return sh.snapshotLocked(e), true
+		return sh.snapshotLocked(e, now), true
 	}
-	if m, ok := sh.resets[e]; ok && m.until > now {
+	if m, ok := sh.resets[e]; ok && m.until > now && !m.drop() {
 		name, key := splitStoreKey(e.key)
-		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: m.at, ResetUntil: m.until}, true
+		at, until := m.exported(now)
+		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: at, ResetUntil: until}, true
 	}
 	return Snapshot{}, false
 }
@@ -295,7 +308,7 @@ func splitStoreKey(k string) (name, key string) {
 func (s *Store) Snapshot(name, key string, now time.Time) (sn Snapshot, ok bool) {
 	s.withEntry(name, key, func(sh *shard, e *entry) {
 		if ok = e.expireAt > now.UnixNano(); ok {
-			sn = sh.snapshotLocked(e)
+			sn = sh.snapshotLocked(e, now.UnixNano())
 		}
 	})
 	return sn, ok

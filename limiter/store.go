@@ -81,7 +81,8 @@ const (
 	// bytes in a table at least 7/16 full.
 	RateOverhead = 96
 	// ResetMarkOverhead is what a key costs while a Reset's mark on it
-	// lasts (a reset of a live state leaves one; see Request.Charged):
+	// lasts (a reset of a live state leaves one, and so does a decision
+	// after a clock stepped back, or a drop mark; see Request.Charged):
 	// the mark's 16 bytes in a map by entry, whose slot with its 8-byte
 	// pointer and control byte takes at most 48 bytes in a table at
 	// least 7/16 full.
@@ -187,8 +188,8 @@ type shard struct {
 	// entry's state was last charged under.
 	rates map[*entry]charged
 	// resets holds what a Reset left of the live state it cleared, per
-	// entry, until that state would have gone fresh (see resetMark); nil
-	// until the shard's first such reset.
+	// entry, until that state would have gone fresh (see resetMark), and
+	// the drop marks (see dropMarkAtLocked); nil until the shard's first.
 	resets map[*entry]resetMark
 	// head is the most recently used entry, tail the least.
 	head, tail *entry
@@ -315,11 +316,18 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	// ahead, or a reset cleared them). Such a decision marks the key as a
 	// reset at now does (see resetMark).
 	var step *resetMark
-	switch {
-	case found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now):
+	if found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now) {
 		step = &resetMark{at: now, until: stepMarkUntil(req, now)}
-	case now < sh.dropped && sh.dropped > 0 && (!found || e.expireAt <= now):
-		step = droppedMark(sh, req)
+	} else if at := sh.droppedAtLocked(e, found, now); at > 0 && now < at {
+		step = &resetMark{at: at, until: dropMarkUntil(req, now, at)}
+	}
+	// A write that finds the key's state gone fresh and its reset's mark
+	// lapsed at now, and leaves it so, drops both but leaves a drop mark
+	// (see droppedAtLocked).
+	discarded := false
+	if found && e.expireAt <= now {
+		m, ok := sh.resets[e]
+		discarded = ok && !m.drop() && m.until <= now
 	}
 	if found && req.chargedRefund() {
 		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); ok && w != req.Charged && req.chargedAt() && lg != nil && !lg.holds(w.Start) {
@@ -392,6 +400,9 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			// redislimit deletes the key, so that a clock set back
 			// finds no state rather than this one's times after it.
 			e.expireAt = math.MinInt64
+			if discarded && now > 0 {
+				s.dropMarkAtLocked(sh, e, now)
+			}
 		}
 		sh.epochLocked(e, &d.Window, now)
 		return took
@@ -415,17 +426,65 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	return took
 }
 
-// droppedMark is the mark of a decision of req at now, before the
-// shard's dropped reading, on a key whose state is not live: Sweep or an
-// eviction may have dropped its state at that later reading (a clock
-// that has since stepped back), and nothing left on the key tells the
-// charges it counted from those made since. So the key is marked as a
-// reset at that reading would mark it: a refund of a charge named at or
-// before it gives nothing back, for as long as one could find hits. A
-// key that held no state loses nothing by it: no charge before the mark
-// is counted. sh.mu must be held.
-func droppedMark(sh *shard, req *Request) *resetMark {
-	return &resetMark{at: sh.dropped, until: stepMarkUntil(req, sh.dropped)}
+// droppedAtLocked returns the latest reading at which e's key (found, or
+// not) may have been dropped while it held a state that a decision at now
+// finds no longer: the shard's dropped reading, at which Sweep or an
+// eviction removed a key of it, or the drop mark e has, the reading of a
+// write that found e's state gone fresh and left it so (dropMarkAtLocked).
+// 0 when the key holds a live state, or none is known. A decision before
+// that reading (a clock that has since stepped back) finds nothing that
+// tells the charges the dropped state counted from those made since, so if
+// it writes it marks the key as a reset at that reading would
+// (dropMarkUntil): a refund of a charge named at or before it gives
+// nothing back. A key whose state is not live loses nothing by it: no
+// charge made before the mark is counted. sh.mu must be held.
+func (sh *shard) droppedAtLocked(e *entry, found bool, now int64) int64 {
+	if found && e.expireAt > now {
+		return 0
+	}
+	at := sh.dropped
+	if found {
+		if m, ok := sh.resets[e]; ok && m.drop() {
+			at = max(at, m.at)
+		}
+	}
+	return at
+}
+
+// dropMarkAtLocked leaves on e, whose state a write at now found gone
+// fresh and left so, the drop mark of now: a resetMark whose until is its
+// at, which no decision at or after now reads (it has lapsed) and which
+// keeps the entry, with no state, until then. A decision before now that
+// writes turns it into a reset's mark (droppedAtLocked). redislimit keeps
+// the key alike. sh.mu must be held.
+func (s *Store) dropMarkAtLocked(sh *shard, e *entry, now int64) {
+	_, had := sh.resets[e]
+	if sh.resets == nil {
+		sh.resets = make(map[*entry]resetMark)
+	}
+	sh.resets[e] = resetMark{at: now, until: now}
+	if !had {
+		s.resizeLocked(sh, e, ResetMarkOverhead, now)
+	}
+}
+
+// dropMarkUntil is how long the mark of a decision of req at now, on a key
+// that may have been dropped at the later reading at, lasts: as long as a
+// refund at req's rate of a charge made before at could find hits, had
+// the state counted it. For a fixed window or sliding window counter, 3
+// of now's periods after at, which holds the end of the window after
+// at's whatever the calendar (a month, a year or a day across a change of
+// time, against another); for the buckets and GCRA, at plus the drain
+// time of req's capacity. redislimit computes the same.
+func dropMarkUntil(req *Request, now, at int64) int64 {
+	switch req.Algorithm {
+	case FixedWindow, SlidingWindowCounter:
+		p := periodOf(req, now)
+		return addSat(addSat(addSat(at, p), p), p)
+	case GCRA:
+		return addSat(at, req.Capacity()*gcraInterval(req))
+	}
+	return addSat(at, drainTime(float64(req.Capacity()), float64(req.Limit), float64(periodOf(req, now))))
 }
 
 // resetMark is what a Reset leaves of the live state it cleared: the
@@ -440,6 +499,10 @@ func droppedMark(sh *shard, req *Request) *resetMark {
 // then. The mark keeps its entry (and its bytes, ResetMarkOverhead)
 // until then.
 type resetMark struct{ at, until int64 }
+
+// drop reports whether m is a drop mark (dropMarkAtLocked), which no
+// snapshot carries.
+func (m resetMark) drop() bool { return m.at == m.until }
 
 // markResetLocked records that a Reset at now clears e: the mark lasts
 // until e's state, if live, would have gone fresh, or until the mark e

@@ -155,6 +155,13 @@ local charged = nil -- {limit, capacity, period, zone}, version 2's rate
 -- (and the rate), before the log's entries; the key lives until it
 -- lapses, even with a fresh state.
 local mark = nil
+-- A drop mark, limiter's: the instant of a write that found the key's
+-- state gone fresh and its reset's mark lapsed and left it so, stored as a
+-- mark whose end is its instant; it keeps the key, with a fresh state, and
+-- no decision at or after it reads it. A decision before it (the clock has
+-- stepped back since) that writes marks the key as a reset at that
+-- instant would.
+local dropAt = nil
 
 local raw = redis.call('GET', key)
 if raw then
@@ -170,6 +177,8 @@ if raw then
     local at, untilT = struct.unpack('<dd', raw, head - 15)
     if at == at and untilT == untilT and at >= -HORIZON and untilT <= HORIZON and at < untilT then
       mark = {at, untilT}
+    elseif at == untilT and at > 0 and at <= HORIZON then
+      dropAt = at
     end
   end
   local _, a, exp, w0, w1, w2 = struct.unpack('<BBdddd', raw)
@@ -828,7 +837,10 @@ local function refundInstant()
   return true
 end
 
--- A reset's mark that has lapsed is none.
+-- A reset's mark that has lapsed is none. A write that finds the key's
+-- state gone fresh and its mark lapsed, and leaves it so, leaves a drop
+-- mark (limiter's dropMarkAtLocked).
+local discarded = st.exp <= now and mark ~= nil and mark[2] <= now
 if mark and mark[2] <= now then mark = nil end
 
 -- timesAfter reports whether boundTimes (below) moves times of the live
@@ -852,18 +864,32 @@ end
 -- by their instant or window from earlier ones it no longer counts: the
 -- decision marks the key as a reset at now does, for as long as a refund
 -- of a charge made before now could find hits (limiter's stepMarkUntil).
+-- A decision before the key's drop mark, on a state that is not live,
+-- marks the key as a reset at the drop would, for as long as a refund of a
+-- charge made before it could find hits (limiter's dropMarkUntil): a
+-- window algorithm's for 3 of now's periods after it.
+local function reach(t)
+  if algo == GCRA then return addsat(t, capacity * gcraInterval()) end
+  return math.min(addsat(t, math.ceil(capacity * periodOf() / limit)), HORIZON)
+end
 local step = nil
 if st.exp > now and not has(RESET) and timesAfter() then
   local untilT
   if algo == FIXED or algo == SCOUNTER then
     local _, e = windowBounds(now)
     untilT = addsat(e, periodOf())
-  elseif algo == GCRA then
-    untilT = addsat(now, capacity * gcraInterval())
   else
-    untilT = math.min(addsat(now, math.ceil(capacity * periodOf() / limit)), HORIZON)
+    untilT = reach(now)
   end
   step = {now, untilT}
+elseif st.exp <= now and dropAt and now < dropAt then
+  local untilT
+  if algo == FIXED or algo == SCOUNTER then
+    untilT = addsat(addsat(addsat(dropAt, periodOf()), periodOf()), periodOf())
+  else
+    untilT = reach(dropAt)
+  end
+  step = {dropAt, untilT}
 end
 
 -- mergeMark is the mark m (nil: none) with n, a mark at now, merged: the
@@ -1011,6 +1037,7 @@ if step and not reads then
   mark = mergeMark(mark, step)
   mark[2] = math.max(mark[2], st.exp)
 end
+local drop = discarded and not reads and st.exp <= now and not mark and now > 0
 
 -- A window that holds a reset whose mark lasts is named by its epoch
 -- since the reset, and so is a charge at the reset's instant (limiter's
@@ -1037,11 +1064,15 @@ end
 
 if reads then
   -- A peek keeps nothing: limiter decides it on a copy.
-elseif st.exp > now or mark then
+elseif st.exp > now or mark or drop then
   local value
+  local resetAt = st.exp
+  -- A drop mark keeps a fresh state, which no clock set back reads as
+  -- live (limiter's entry as good as dropped).
+  if drop then startFresh() end
   local version = VERSION
   if keepStrictest then version = VERSION_RATE end
-  if mark then version = version + MARKED end
+  if mark or drop then version = version + MARKED end
   if keepStrictest then
     value = struct.pack('<BBdddddddd', version, algo, st.exp, st.w[1], st.w[2], st.w[3],
       limit, capacity, ratePeriod(), zone)
@@ -1052,11 +1083,15 @@ elseif st.exp > now or mark then
   if mark then
     value = value .. struct.pack('<dd', mark[1], mark[2])
     lasts = math.max(lasts, mark[2])
+  elseif drop then
+    value = value .. struct.pack('<dd', now, now)
   end
   if algo == SLOG then value = value .. logBody end
   -- The key lives until its state is fresh again, and its mark has
-  -- lapsed, to the millisecond.
-  redis.call('SET', key, value, 'PX', math.max(math.ceil((lasts - now) / 1000), minTTL))
+  -- lapsed, to the millisecond; a drop mark a millisecond past its
+  -- instant on the server's clock, which a clock set back then finds.
+  redis.call('SET', key, value, 'PX', math.max(math.ceil((lasts - now) / 1000), minTTL, 1))
+  st.exp = resetAt
 elseif raw then
   redis.call('DEL', key)
 end

@@ -2,10 +2,12 @@ package redislimit
 
 import (
 	"context"
-	"os"
+	_ "embed"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/testredis"
 	"github.com/sluicehq/sluice/limiter"
@@ -212,11 +214,6 @@ func TestClockStepMarksOnRedis(t *testing.T) {
 // TestResetMarkAcrossAClockAheadResetOnRedis is limiter's
 // TestResetMarkAcrossAClockAheadReset on Redis.
 func TestResetMarkAcrossAClockAheadResetOnRedis(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open, as in limiter: a Reset with the clock 2h ahead finds the key fresh and its mark lapsed and " +
-			"deletes the key; with the clock set right a refund of a charge of 3 made before the first reset takes hits " +
-			"others charged since; set SLUICE_ATTACK=1 to run")
-	}
 	srv := testredis.Start(t)
 	markTrace(t, srv, []markStep{
 		{time.Second, 3, 0, noRefund},
@@ -229,4 +226,130 @@ func TestResetMarkAcrossAClockAheadResetOnRedis(t *testing.T) {
 			t.Errorf("the refund of a charge the first reset cleared: remaining %d, want %d", d[4].Remaining, d[3].Remaining)
 		}
 	})
+}
+
+// Neighbours of TestResetMarkAcrossAClockAheadResetOnRedis, limiter's on
+// Redis: a write that finds the key's state gone fresh and its reset's
+// mark lapsed, and leaves it so, keeps the key with a drop mark, which a
+// write with the callers' clock set right turns into a reset's mark.
+
+// TestResetMarkAcrossAClockAheadResetRefundFirstOnRedis is limiter's
+// TestResetMarkAcrossAClockAheadResetRefundFirst on Redis.
+func TestResetMarkAcrossAClockAheadResetRefundFirstOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{time.Second, 3, 0, noRefund},
+		{2 * time.Second, 0, limiter.Reset, noRefund},
+		{2 * time.Hour, 0, limiter.Reset, noRefund},
+		{3 * time.Second, 3, limiter.Refund, 0},
+		{3 * time.Second, 4, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+		{4 * time.Second, 4, limiter.Refund, 4},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if d[3].Remaining != 10 || !d[4].Allowed || d[4].Remaining != 6 {
+			t.Fatalf("the first refund and the others' charge: %+v, %+v", d[3], d[4])
+		}
+		if d[5].Remaining != 6 {
+			t.Errorf("the refund of a charge the first reset cleared: remaining %d, want 6", d[5].Remaining)
+		}
+		if d[6].Remaining != 10 {
+			t.Errorf("the others' refund (%v): remaining %d, want 10", d[4].Window, d[6].Remaining)
+		}
+	})
+}
+
+// TestClockAheadRefundAfterAResetOnRedis is limiter's
+// TestClockAheadRefundAfterAReset on Redis: a refund of 1 naming no charge
+// is the write ahead that leaves the key fresh.
+func TestClockAheadRefundAfterAResetOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{time.Second, 3, 0, noRefund},
+		{2 * time.Second, 0, limiter.Reset, noRefund},
+		{2 * time.Hour, 1, limiter.Refund, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if d[4].Remaining != d[3].Remaining {
+			t.Errorf("the refund of a charge the reset cleared: remaining %d, want %d", d[4].Remaining, d[3].Remaining)
+		}
+	})
+}
+
+// TestClockBehindThenAheadResetOnRedis is limiter's
+// TestClockBehindThenAheadReset on Redis.
+func TestClockBehindThenAheadResetOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{time.Second, 3, 0, noRefund},
+		{2 * time.Second, 0, limiter.Reset, noRefund},
+		{-2 * time.Hour, 1, 0, noRefund},
+		{3 * time.Hour, 0, limiter.Reset, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+		{4 * time.Second, 4, limiter.Refund, 4},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if !d[4].Allowed || d[4].Remaining != 6 {
+			t.Fatalf("the others' charge: %+v", d[4])
+		}
+		if d[5].Remaining != 6 {
+			t.Errorf("the refund of a charge the first reset cleared: remaining %d, want 6", d[5].Remaining)
+		}
+		if d[6].Remaining != 10 {
+			t.Errorf("the others' refund (%v): remaining %d, want 10", d[4].Window, d[6].Remaining)
+		}
+	})
+}
+
+// decideBeforeDropMarks is decide.lua as it was before drop marks: the
+// script a deployment upgrades from, or rolls back to.
+//
+//go:embed testdata/decide_before_drop_marks.lua
+var decideBeforeDropMarks string
+
+// TestDropMarkOnRedis: after a charge of 3, a reset, and a reset two hours
+// later (the mark lapsed), the key holds a drop mark: a charge of 4 a
+// second later names what it names on a key never charged, and its refund
+// gives the 4 back; the script before drop marks reads such a key as
+// fresh, as it reads the key it would have deleted.
+func TestDropMarkOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	for _, a := range limiter.Algorithms {
+		for _, old := range []bool{false, true} {
+			clock := &testClock{now: t0}
+			l := newTestLimiter(t, clock, srv.Addr())
+			fresh := newTestLimiter(t, clock, srv.Addr())
+			base := limiter.Request{Name: "drop", Key: a.String(), Limit: 10, Period: time.Hour, Algorithm: a}
+			check := func(l *Limiter, at time.Duration, hits int64, b limiter.Behavior, charged limiter.Window) limiter.Decision {
+				t.Helper()
+				clock.now = t0.Add(at)
+				r := base
+				r.Hits, r.Behavior, r.Charged = hits, b, charged
+				d, err := l.Check(ctx, r)
+				if err != nil || d.WithoutOwner {
+					t.Fatalf("%v: %+v %v", a, d, err)
+				}
+				return d.Decision
+			}
+			check(l, time.Second, 3, 0, limiter.Window{})
+			check(l, 2*time.Second, 0, limiter.Reset, limiter.Window{})
+			check(l, 2*time.Hour, 0, limiter.Reset, limiter.Window{})
+			if n := l.client.Exists(ctx, Key(l.cfg.Prefix, base.Name, base.Key)).Val(); n != 1 {
+				t.Fatalf("%v: the reset that found the mark lapsed left no key", a)
+			}
+			if old {
+				l.script = redis.NewScript(decideBeforeDropMarks)
+			}
+			mine := check(l, 2*time.Hour+time.Second, 4, 0, limiter.Window{})
+			want := check(fresh, 2*time.Hour+time.Second, 4, 0, limiter.Window{})
+			if mine != want {
+				t.Errorf("%v (old %v): the charge after the drop mark: %+v, on a key never charged %+v", a, old, mine, want)
+			}
+			if d := check(l, 2*time.Hour+2*time.Second, 4, limiter.Refund, mine.Window); d.Remaining != 10 {
+				t.Errorf("%v (old %v): the refund after the drop mark: remaining %d, want 10", a, old, d.Remaining)
+			}
+		}
+	}
 }

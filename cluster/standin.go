@@ -134,6 +134,7 @@ type standins struct {
 	noRoomAt  uint64 // guarded by mu
 
 	recorded, charged, dropped atomic.Int64 // hits
+	refundedHits               atomic.Int64 // hits given back off this node's parts
 	refused                    atomic.Int64 // checks
 	forgotten                  atomic.Int64 // entries forgotten to make room
 }
@@ -422,6 +423,38 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 	e.req = *req
 	e.req.Hits, e.req.Behavior = 0, 0
 	t.recorded.Add(hits)
+}
+
+// refunded lowers this node's own parts of the key of req, newest first,
+// by up to gave hits that a refund of req, decided by this node standing
+// in for the key's owner, gave back to the key's state: the state and
+// its parts then count the same stand-in hits, and the owner is charged
+// the hits kept, not those given back. Hits given back past this node's
+// parts (counted before the partition, or by another stand-in's part)
+// lower nothing: more counted, never less. A part sent before keeps its
+// larger count wherever it was sent.
+func (t *standins) refunded(req *limiter.Request, gave int64) {
+	if gave <= 0 || t.entries.Load() == 0 {
+		return
+	}
+	k := debtKey{req.Name, req.Key}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[k]
+	if !ok || e.req.Algorithm != req.Algorithm {
+		return
+	}
+	for i := len(e.parts) - 1; i >= 0 && gave > 0; i-- {
+		p := &e.parts[i]
+		if p.Origin != t.self || p.Hits <= 0 {
+			continue
+		}
+		back := min(p.Hits, gave)
+		p.Hits -= back
+		gave -= back
+		t.refundedHits.Add(back)
+		t.markDirtyLocked(k)
+	}
 }
 
 // attach sets the settlement of every state of ss whose key has parts,

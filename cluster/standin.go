@@ -135,8 +135,11 @@ type standins struct {
 
 	recorded, charged, dropped atomic.Int64 // hits
 	refundedHits               atomic.Int64 // hits given back off this node's parts
-	refused                    atomic.Int64 // checks
-	forgotten                  atomic.Int64 // entries forgotten to make room
+	// leasedStandingIn is set once this node grants a lease of a key it
+	// stands in for: refunds lower no part from then on (refunded).
+	leasedStandingIn atomic.Bool
+	refused          atomic.Int64 // checks
+	forgotten        atomic.Int64 // entries forgotten to make room
 }
 
 func newStandins(self string, now time.Time) *standins {
@@ -425,35 +428,38 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 	t.recorded.Add(hits)
 }
 
-// refunded lowers this node's own parts of the key of req, newest first,
-// by up to gave hits that a refund of req, decided by this node standing
-// in for the key's owner, gave back to the key's state: the state and
-// its parts then count the same stand-in hits, and the owner is charged
-// the hits kept, not those given back. Hits given back past this node's
-// parts (counted before the partition, or by another stand-in's part)
-// lower nothing: more counted, never less. A part sent before keeps its
-// larger count wherever it was sent.
+// refunded lowers this node's open part of the key of req (its own part
+// of the current period of standing in) by up to gave hits that a refund
+// of req, decided by this node standing in for the key's owner, gave back
+// to the key's state: the state and its part then count the same
+// stand-in hits, and the owner is charged the hits kept, not those given
+// back. Hits given back past the part (counted before the partition, by
+// another stand-in's part, or by a part restored from before a restart)
+// lower nothing: more counted, never less. Once this node has granted a
+// lease standing in (leasedStandingIn), whose hits its state counts with
+// no part, no refund lowers a part: the hits given back may be those. A
+// part sent before keeps its larger count wherever it was sent.
 func (t *standins) refunded(req *limiter.Request, gave int64) {
-	if gave <= 0 || t.entries.Load() == 0 {
+	if gave <= 0 || t.entries.Load() == 0 || t.leasedStandingIn.Load() {
 		return
 	}
 	k := debtKey{req.Name, req.Key}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.m[k]
-	if !ok || e.req.Algorithm != req.Algorithm {
+	if !ok || e.gen == 0 || e.req.Algorithm != req.Algorithm {
 		return
 	}
-	for i := len(e.parts) - 1; i >= 0 && gave > 0; i-- {
+	for i := range e.parts {
 		p := &e.parts[i]
-		if p.Origin != t.self || p.Hits <= 0 {
+		if p.Origin != t.self || p.Gen != e.gen || p.Hits <= 0 {
 			continue
 		}
 		back := min(p.Hits, gave)
 		p.Hits -= back
-		gave -= back
 		t.refundedHits.Add(back)
 		t.markDirtyLocked(k)
+		return
 	}
 }
 

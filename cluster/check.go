@@ -317,11 +317,19 @@ func (n *Node) decideAsOwner(req *limiter.Request, hash uint64) (d sluice.Decisi
 		now := n.now()
 		return sluice.Decision{Decision: limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: now.Add(n.cfg.DenyRetryAfter)}, Owner: n.cfg.NodeName}, nil, refusedNoRoom
 	}
+	// A stand-in's refund lowers its part by what it gave back of the
+	// key's state (standins.refunded).
+	refunds := standingIn && req.Hits > 0 && req.Behavior&(limiter.Reset|limiter.Refund) == limiter.Refund && req.Charged.IsZero()
 	held := false
 	if n.grants.active() {
 		d, err, held = n.decideLeased(req, hash)
 	}
-	if !held {
+	if !held && refunds {
+		var gave int64
+		if d, gave, err = n.decideRefund(req); err == nil && gave > 0 {
+			n.standins.refunded(req, gave)
+		}
+	} else if !held {
 		d, err = n.decideLocal(req)
 	}
 	if counted {
@@ -596,6 +604,18 @@ func (n *Node) decideLocal(req *limiter.Request) (sluice.Decision, error) {
 	}
 	n.local.Add(1)
 	return sluice.Decision{Decision: d, Owner: n.cfg.NodeName}, nil
+}
+
+// decideRefund is decideLocal for a refund without Charged, returning
+// beside the decision the whole hits it gave back to the key's state
+// (limiter.Store.RefundAt).
+func (n *Node) decideRefund(req *limiter.Request) (sluice.Decision, int64, error) {
+	d, gave, err := n.store.RefundAt(*req, n.now())
+	if err != nil {
+		return sluice.Decision{}, 0, err
+	}
+	n.local.Add(1)
+	return sluice.Decision{Decision: d, Owner: n.cfg.NodeName}, gave, nil
 }
 
 // unreachable decides a valid request whose owner cannot be reached.

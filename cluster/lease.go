@@ -135,11 +135,14 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 	if ttl <= 0 || ttl > transport.MaxLeaseTTL {
 		return transport.Lease{}, fmt.Errorf("%w: ttl %v is outside (0, %v]", ErrLeaseRefused, ttl, transport.MaxLeaseTTL)
 	}
+	// Read before and after the ownership, as decideAsOwner reads it.
+	standingIn := n.standins.standingIn(ring.RouteHash(req.Name, req.Key))
 	hash, now, unlock, err := n.lockOwnedKey(&req)
 	if err != nil {
 		return transport.Lease{}, err
 	}
 	defer unlock()
+	standingIn = standingIn || n.standins.standingIn(hash)
 	if n.grants.fullLocked(hash) {
 		return transport.Lease{}, fmt.Errorf("%w: %s holds leases of too many keys", ErrLeaseRefused, n.cfg.NodeName)
 	}
@@ -160,6 +163,11 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		return transport.Lease{}, err
 	}
 	if took > 0 {
+		if standingIn {
+			// Its hits count in the key's state with no part: a refund
+			// may give them back, which must then lower no part.
+			n.standins.leasedStandingIn.Store(true)
+		}
 		var window int64 // a fixed window lease's hits count until it ends
 		if !deferred(req.Algorithm) {
 			window = d.ResetAt.UnixNano()

@@ -140,6 +140,10 @@ type SettleStats struct {
 	// hits that would go uncounted); StandInForgotten the record's
 	// entries forgotten to make room, whose parts were counted elsewhere.
 	StandInRefused, StandInForgotten int64
+	// StandInRefunded counts the hits that refunds through this node,
+	// standing in, gave back off its own stand-in parts: the owner is
+	// not charged them.
+	StandInRefunded int64
 }
 
 func (t *debts) stats() SettleStats {
@@ -152,6 +156,7 @@ func (n *Node) settleStats() SettleStats {
 	s := n.debts.stats()
 	s.StandIn, s.Charged, s.StandInDropped = n.standins.counts()
 	s.StandInRefused, s.StandInForgotten = n.standins.refusals()
+	s.StandInRefunded = n.standins.refundedHits.Load()
 	return s
 }
 

@@ -138,8 +138,12 @@ type standins struct {
 	noRoomAt  uint64 // guarded by mu
 
 	recorded, charged, dropped atomic.Int64 // hits
-	refused                    atomic.Int64 // checks
-	forgotten                  atomic.Int64 // entries forgotten to make room
+	refundedHits               atomic.Int64 // hits given back off this node's parts
+	// leasedStandingIn is set once this node grants a lease of a key it
+	// stands in for: refunds lower no part from then on (refunded).
+	leasedStandingIn atomic.Bool
+	refused          atomic.Int64 // checks
+	forgotten        atomic.Int64 // entries forgotten to make room
 }
 
 func newStandins(self string, now time.Time) *standins {
@@ -459,6 +463,41 @@ func (t *standins) record(req *limiter.Request, hits int64) {
 	e.req = *req
 	e.req.Hits, e.req.Behavior = 0, 0
 	t.recorded.Add(hits)
+}
+
+// refunded lowers this node's open part of the key of req (its own part
+// of the current period of standing in) by up to gave hits that a refund
+// of req, decided by this node standing in for the key's owner, gave back
+// to the key's state: the state and its part then count the same
+// stand-in hits, and the owner is charged the hits kept, not those given
+// back. Hits given back past the part (counted before the partition, by
+// another stand-in's part, or by a part restored from before a restart)
+// lower nothing: more counted, never less. Once this node has granted a
+// lease standing in (leasedStandingIn), whose hits its state counts with
+// no part, no refund lowers a part: the hits given back may be those. A
+// part sent before keeps its larger count wherever it was sent.
+func (t *standins) refunded(req *limiter.Request, gave int64) {
+	if gave <= 0 || t.entries.Load() == 0 || t.leasedStandingIn.Load() {
+		return
+	}
+	k := debtKey{req.Name, req.Key}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[k]
+	if !ok || e.gen == 0 || e.req.Algorithm != req.Algorithm {
+		return
+	}
+	for i := range e.parts {
+		p := &e.parts[i]
+		if p.Origin != t.self || p.Gen != e.gen || p.Hits <= 0 {
+			continue
+		}
+		back := min(p.Hits, gave)
+		p.Hits -= back
+		t.refundedHits.Add(back)
+		t.markDirtyLocked(k)
+		return
+	}
 }
 
 // attach sets the settlement of every state of ss whose key has parts,

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -9,16 +10,20 @@ import (
 // state was stale, for a refund without Charged (see refundWindow). Only
 // what is still counted can be given back: a bucket level, the count of
 // the window the hits went into, the TAT, the newest log entries; nothing
-// goes below fresh.
-func refund(st *state, lg *windowLog, req *Request, now int64) {
+// goes below fresh. It returns the whole hits given back: a bucket's or
+// GCRA's fraction of a hit is not counted, so that what it returns is
+// never more than the state counts fewer.
+func refund(st *state, lg *windowLog, req *Request, now int64) (gave int64) {
 	h := req.Hits
 	switch req.Algorithm {
 	case TokenBucket, LeakyBucket:
 		last := st.levelTime()
 		level := bucketLevelAt(st.level(), last, now, float64(req.Limit), float64(req.Period))
 		st.setLevel(max(level-float64(h), 0), max(last, now))
+		gave = int64(math.Floor(min(max(level, 0), float64(h))))
 	case FixedWindow:
 		if start, _ := windowBounds(req, now); st.windowStart() >= start {
+			gave = min(st.windowHits(), h)
 			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
 		}
 	case SlidingWindowCounter:
@@ -27,18 +32,24 @@ func refund(st *state, lg *windowLog, req *Request, now int64) {
 		// Period of the counts (see counterPeriod), so it follows them.
 		if st.windowHits() > 0 {
 			q := counterPeriod(st, int64(req.Period))
+			gave = min(st.windowHits(), h)
 			st.setWindow(st.windowStart(), max(st.windowHits()-h, 0))
 			st.expireAt = counterExpiry(st.windowStart(), st.windowHits(), st.prevWindowHits(), q, st.expireAt)
 		}
 	case GCRA:
 		if t := st.interval(); t != 0 && st.tat() > now {
-			st.setTAT(max(st.tat()-h*t, now), t)
+			tat := st.tat()
+			st.setTAT(max(tat-h*t, now), t)
+			gave = (tat - st.tat()) / t
 		}
 	case SlidingWindowLog:
 		if lg != nil {
+			before := lg.total()
 			lg.removeNewest(h)
+			gave = before - lg.total()
 		}
 	}
+	return max(gave, 0)
 }
 
 // removeNewest takes up to h hits off the newest entries.

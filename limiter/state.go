@@ -119,8 +119,15 @@ func (st *state) setPrevWindowHits(hits int64) {
 // sliding window log, used and allocated only by SlidingWindowLog. A live
 // state of another algorithm is converted first (see convert).
 func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
+	d, _ := decideGave(st, lg, req, now)
+	return d
+}
+
+// decideGave is decide, returning beside the decision the whole hits a
+// refund without Charged gave back (see refund); 0 for any other request.
+func decideGave(st *state, lg **windowLog, req *Request, now int64) (Decision, int64) {
 	if req.chargedRefund() {
-		return decideChargedRefund(st, lg, req, now)
+		return decideChargedRefund(st, lg, req, now), 0
 	}
 	switch {
 	case st.expireAt <= now || req.Behavior&Reset != 0:
@@ -142,13 +149,14 @@ func decide(st *state, lg **windowLog, req *Request, now int64) Decision {
 			convert(st, lg, req, now)
 		}
 	}
+	var gave int64
 	if req.Behavior&Refund != 0 {
-		refund(st, *lg, req, now)
+		gave = refund(st, *lg, req, now)
 		peek := *req
 		peek.Hits, peek.Behavior = 0, 0
 		req = &peek
 	}
-	return decideAlgorithm(st, lg, req, now)
+	return decideAlgorithm(st, lg, req, now), gave
 }
 
 // ownRequest is req as st's own algorithm reads st: req itself, or with

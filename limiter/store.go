@@ -261,12 +261,28 @@ func (s *Store) CheckAt(req Request, now time.Time) (Decision, error) {
 	return d, nil
 }
 
+// RefundAt decides req at now as CheckAt does and returns, beside the
+// decision, the whole hits that req, a Refund without Charged, gave back
+// to the key's state: never more than the state counts fewer for it (a
+// bucket's or GCRA's fraction of a hit is not counted), 0 when it gave
+// nothing back or req is another request. A node that records the hits it
+// admits apart from the key's state lowers that record by them.
+func (s *Store) RefundAt(req Request, now time.Time) (Decision, int64, error) {
+	if err := req.Validate(); err != nil {
+		return Decision{}, 0, err
+	}
+	var d Decision
+	gave := s.decideKey(&req, now.UnixNano(), 0, &d)
+	return d, gave, nil
+}
+
 // decideKey decides req (want 0) or takes up to want hits (see TakeAt) on
 // the state of req's key, under its shard's lock, and keeps the result:
 // the entry is updated, or inserted when its state is not fresh, and
 // marked changed unless nothing was consumed or given back. A request that
 // only reads (Request.reads) is decided on a copy and keeps nothing. The
-// decision is written to d, in place, as decideKeyLocked's is.
+// decision is written to d, in place, as decideKeyLocked's is. It returns
+// the hits taken, or given back by a refund without Charged (want 0).
 func (s *Store) decideKey(req *Request, now, want int64, d *Decision) int64 {
 	var buf [96]byte // most keys fit on the stack; longer ones allocate
 	k := appendStoreKey(buf[:0], req.Name, req.Key)
@@ -290,7 +306,8 @@ func (s *Store) decideKey(req *Request, now, want int64, d *Decision) int64 {
 
 // decideKeyLocked is decideKey's work on k, the key of req, in sh, at now:
 // it writes the decision to d (in place: a Decision returned goes
-// through every frame) and returns the hits taken. sh.mu must be held.
+// through every frame) and returns the hits taken, or given back by a
+// refund without Charged (want 0, see decideGave). sh.mu must be held.
 func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int64, d *Decision) int64 {
 	e, found := sh.m[string(k)]
 	var lg *windowLog
@@ -374,7 +391,7 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		had, before := lg != nil, logBytes(lg)
 		var took int64
 		if want == 0 {
-			*d = decide(&e.state, &lg, req, now)
+			*d, took = decideGave(&e.state, &lg, req, now)
 		} else {
 			took, *d = take(&e.state, &lg, req, now, want)
 		}

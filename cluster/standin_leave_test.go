@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -184,4 +185,31 @@ func TestAtk19bStandinKilledWhileCutOffAlone(t *testing.T) {
 	c.Heal()
 	c.WaitConverged()
 	remainingAfter(t, c, reqs, 10)
+}
+
+// A rolling restart while cut off, with traffic after it: node 0 leaves
+// while cut off alone (its states stay in its data directory) and starts
+// again still cut off, where it has not joined and decides no key as
+// owner: 5 more of each key through it are decided by the unreachable
+// policy (local), whose hits settlement charges to the owner. Once healed
+// every key counts 95.
+func TestStandinRestartedWhileCutOffAdmitsMore(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	c, reqs := leaveWhileCutOff(t, func(i int, cfg *cluster.Config) {
+		cfg.DataDir, cfg.LeaveTimeout = dirs[i], time.Second
+	})
+	cutOffError(t, leaveCutOff(c), "kept in the data directory")
+	nd := c.Restart(0)
+	for i, r := range nd.CheckMany(context.Background(), withHits(reqs, 5)) {
+		if r.Err != nil || !r.Allowed {
+			t.Fatalf("%s through the restarted node 0: %+v", reqs[i].Key, r)
+		}
+	}
+	t.Logf("node 0 restarted: %+v", nd.Stats().Settle)
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
 }

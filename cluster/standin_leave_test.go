@@ -213,3 +213,42 @@ func TestStandinRestartedWhileCutOffAdmitsMore(t *testing.T) {
 	exactly(t, c, reqs, 5)
 	remainingAfter(t, c, reqs, 5)
 }
+
+// A stand-in cut off beside a neighbour is killed hard: {0,1}|{2,3}, keys
+// of every heal algorithm owned by node 3 (node 2 its replica) that node 0
+// stands in for, node 1 its replica on their side; 50 hits before, 30
+// through node 0 and 10 through node 3 during the cut, node 0's copies on
+// node 1; node 0 is killed. Node 1 stands in from the copies, which carry
+// node 0's parts: 5 more through node 1, and once healed every key counts
+// 95.
+func TestStandinKilledBesideANeighbour(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 4, withReplicas(2))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	// Node 1 held no state of these keys: one is node 0's copy, with
+	// the 30 (one check of 30 hits each).
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range reqs {
+			if _, ok := c.Node(1).Store().Snapshot(r.Name, r.Key, time.Now()); !ok {
+				return fmt.Errorf("node 1 holds no copy of %s", r.Key)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.StopHard(0)
+	c.WaitConverged()
+	consume(t, c.Node(1), withHits(reqs, 5))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,6 +244,63 @@ func TestStandinKilledBesideANeighbour(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	c.StopHard(0)
+	c.WaitConverged()
+	consume(t, c.Node(1), withHits(reqs, 5))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}
+
+// A stand-in's copy read between its decision and its record: as in
+// TestStandinKilledBesideANeighbour, but node 0's record of each key's 30
+// is held back until a copy of the key goes to node 1 (for at most a
+// second: a copy that must carry the record waits for it). Node 0 is
+// killed once node 1 took its parts with the copies; node 1 stands in, 5
+// more through it; once healed every key counts 95.
+func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var node0 atomic.Pointer[cluster.Node]
+	var sentFirst atomic.Int64 // copies sent before their record
+	c := testcluster.New(t, 4, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		if i != 0 {
+			return
+		}
+		cluster.SetBeforeStandinRecord(cfg, func() {
+			nd := node0.Load()
+			before := nd.Stats().Transfers.Replicated
+			if testcluster.WaitFor(time.Second, func() error {
+				if nd.Stats().Transfers.Replicated == before {
+					return fmt.Errorf("no copy sent")
+				}
+				return nil
+			}) == nil {
+				sentFirst.Add(1)
+			}
+		})
+	}))
+	node0.Store(c.Node(0))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	t.Logf("%d of %d copies went out before their record", sentFirst.Load(), len(reqs))
+	// Node 1 held no state of these keys: it is charged the parts of
+	// node 0's copies, 30 a key, once they carry them.
+	want := int64(30 * len(reqs))
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		if got := c.Node(1).Stats().Settle.Charged; got < want {
+			return fmt.Errorf("node 1 was charged %d hits of node 0's parts, want %d", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 	c.StopHard(0)
 	c.WaitConverged()

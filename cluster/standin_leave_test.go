@@ -264,7 +264,7 @@ func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	var node0 atomic.Pointer[cluster.Node]
-	var sentFirst atomic.Int64 // copies sent before their record
+	var sentFirst atomic.Int64 // records held back while a copy went out
 	c := testcluster.New(t, 4, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		if i != 0 {
 			return
@@ -290,7 +290,7 @@ func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
 	c.WaitConverged()
 	consume(t, c.Node(0), withHits(reqs, 30))
 	consume(t, c.Node(3), withHits(reqs, 10))
-	t.Logf("%d of %d copies went out before their record", sentFirst.Load(), len(reqs))
+	t.Logf("%d of %d records held back saw a copy go out meanwhile", sentFirst.Load(), len(reqs))
 	// Node 1 held no state of these keys: it is charged the parts of
 	// node 0's copies, 30 a key, once they carry them.
 	want := int64(30 * len(reqs))

@@ -310,3 +310,70 @@ func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
 	exactly(t, c, reqs, 5)
 	remainingAfter(t, c, reqs, 5)
 }
+
+// A stand-in leaves beside a neighbour with a decision in progress: as in
+// TestStandinLeavesBesideANeighbour (node 0 stands in for node 3, node 1
+// beside it), 50 before, 30 through node 0 and 10 through node 3; then a
+// check of 10 more through node 0, whose record is held back as node 0
+// begins to leave, until its first hand-off reached node 1 (for at most
+// two seconds: a hand-off that must carry the record waits for it). Once
+// healed every key counts 100: the held check's key too.
+func TestStandinLeavesWithADecisionInProgress(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var node0 atomic.Pointer[cluster.Node]
+	var hold atomic.Bool
+	heldCh := make(chan struct{})
+	c := testcluster.New(t, 4, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		if i != 0 {
+			return
+		}
+		cluster.SetBeforeStandinRecord(cfg, func() {
+			if !hold.CompareAndSwap(true, false) {
+				return
+			}
+			nd := node0.Load()
+			before := nd.Stats().Transfers.HandedOff
+			close(heldCh)
+			_ = testcluster.WaitFor(2*time.Second, func() error {
+				if nd.Stats().Transfers.HandedOff == before {
+					return fmt.Errorf("nothing handed off")
+				}
+				return nil
+			})
+		})
+	}))
+	node0.Store(c.Node(0))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	hold.Store(true)
+	checked := make(chan error, 1)
+	go func() {
+		req := reqs[0]
+		req.Hits = 10
+		d, err := c.Node(0).Check(context.Background(), req)
+		if err == nil && (!d.Allowed || d.WithoutOwner) {
+			err = fmt.Errorf("%+v", d)
+		}
+		checked <- err
+	}()
+	<-heldCh
+	if err := leaveCutOff(c); err != nil {
+		t.Fatalf("Leave beside node 1: %v", err)
+	}
+	if err := <-checked; err != nil {
+		t.Fatalf("the held check: %v", err)
+	}
+	c.WaitConverged()
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs[:1], 0)
+	exactly(t, c, reqs[1:], 10)
+	remainingAfter(t, c, reqs[:1], 0)
+	remainingAfter(t, c, reqs[1:], 10)
+}

@@ -336,6 +336,9 @@ func (n *Node) decideAsOwner(req *limiter.Request, hash uint64) (d sluice.Decisi
 		var hits int64
 		if err == nil && d.Allowed {
 			hits = req.Hits
+			if f := n.cfg.beforeStandinRecord; f != nil {
+				f()
+			}
 		}
 		n.standins.record(req, hits)
 	}

@@ -299,6 +299,10 @@ type Config struct {
 	// beforeHandoffPass, when set, is called by the hand-off loop before
 	// each pass reads the ring; tests use it to hold passes back.
 	beforeHandoffPass func()
+	// beforeStandinRecord, when set, is called by a stand-in decision
+	// that admitted hits, after its store counts them and before its
+	// record does; tests use it to hold the record back.
+	beforeStandinRecord func()
 }
 
 // protocolRange returns the range the node advertises.

@@ -22,6 +22,11 @@ func (n *Node) HeldHits(name, key string) int64 {
 // its hand-off passes reads the ring.
 func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
 
+// SetBeforeStandinRecord makes a node built from c call f in each
+// stand-in decision that admitted hits, between its store's count of them
+// and its record's.
+func SetBeforeStandinRecord(c *Config, f func()) { c.beforeStandinRecord = f }
+
 // LeaseInterval is how often a key's rate is measured: a key checked
 // ceil(Lease.Threshold × LeaseInterval) times in one is hot.
 const LeaseInterval = leaseInterval

@@ -658,6 +658,12 @@ func (n *Node) leaveHandoff() error {
 		n.store.Changed(n.now(), func(limiter.Snapshot) {}) // pass 1 covers these
 	}
 	n.transfers.changedMu.Unlock()
+	// A stand-in decision records its hits after its store counts them:
+	// one in progress now may have changed its key before the changes
+	// were taken above, and pass 2 would not send the key again. Pass 1
+	// reads the states once such decisions have ended, and their parts
+	// with them.
+	n.handover.barrier()
 
 	givenUp := n.transfers.givenUp.Load()
 	var lost int

@@ -79,6 +79,15 @@ func (n *Node) takeChanges(owners *ownersCache) {
 		}
 	})
 	n.transfers.changedMu.Unlock()
+	if len(batches) > 0 && n.standins.entries.Load() > 0 {
+		// A stand-in decision records its hits after its store counts
+		// them, under its key's decide lock: a copy read in between would
+		// carry the hits and not their part, and no later copy would
+		// unless the key changed again. Once the decisions in progress
+		// have ended, the parts attached below count every hit the copies
+		// do.
+		n.handover.barrier()
+	}
 	if replicate && n.grants.active() {
 		n.withHeldHits(batches, owners)
 	}

@@ -1,9 +1,11 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,4 +186,194 @@ func TestAtk19bStandinKilledWhileCutOffAlone(t *testing.T) {
 	c.Heal()
 	c.WaitConverged()
 	remainingAfter(t, c, reqs, 10)
+}
+
+// A rolling restart while cut off, with traffic after it: node 0 leaves
+// while cut off alone (its states stay in its data directory) and starts
+// again still cut off, where it has not joined and decides no key as
+// owner: 5 more of each key through it are decided by the unreachable
+// policy (local), whose hits settlement charges to the owner. Once healed
+// every key counts 95.
+func TestStandinRestartedWhileCutOffAdmitsMore(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	c, reqs := leaveWhileCutOff(t, func(i int, cfg *cluster.Config) {
+		cfg.DataDir, cfg.LeaveTimeout = dirs[i], time.Second
+	})
+	cutOffError(t, leaveCutOff(c), "kept in the data directory")
+	nd := c.Restart(0)
+	for i, r := range nd.CheckMany(context.Background(), withHits(reqs, 5)) {
+		if r.Err != nil || !r.Allowed {
+			t.Fatalf("%s through the restarted node 0: %+v", reqs[i].Key, r)
+		}
+	}
+	t.Logf("node 0 restarted: %+v", nd.Stats().Settle)
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}
+
+// A stand-in cut off beside a neighbour is killed hard: {0,1}|{2,3}, keys
+// of every heal algorithm owned by node 3 (node 2 its replica) that node 0
+// stands in for, node 1 its replica on their side; 50 hits before, 30
+// through node 0 and 10 through node 3 during the cut, node 0's copies on
+// node 1; node 0 is killed. Node 1 stands in from the copies, which carry
+// node 0's parts: 5 more through node 1, and once healed every key counts
+// 95.
+func TestStandinKilledBesideANeighbour(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 4, withReplicas(2))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	// Node 1 held no state of these keys: one is node 0's copy, with
+	// the 30 (one check of 30 hits each).
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range reqs {
+			if _, ok := c.Node(1).Store().Snapshot(r.Name, r.Key, time.Now()); !ok {
+				return fmt.Errorf("node 1 holds no copy of %s", r.Key)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.StopHard(0)
+	c.WaitConverged()
+	consume(t, c.Node(1), withHits(reqs, 5))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}
+
+// A stand-in's copy read between its decision and its record: as in
+// TestStandinKilledBesideANeighbour, but node 0's record of each key's 30
+// is held back until a copy of the key goes to node 1 (for at most a
+// second: a copy that must carry the record waits for it). Node 0 is
+// killed once node 1 took its parts with the copies; node 1 stands in, 5
+// more through it; once healed every key counts 95.
+func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var node0 atomic.Pointer[cluster.Node]
+	var sentFirst atomic.Int64 // records held back while a copy went out
+	c := testcluster.New(t, 4, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		if i != 0 {
+			return
+		}
+		cluster.SetBeforeStandinRecord(cfg, func() {
+			nd := node0.Load()
+			before := nd.Stats().Transfers.Replicated
+			if testcluster.WaitFor(time.Second, func() error {
+				if nd.Stats().Transfers.Replicated == before {
+					return fmt.Errorf("no copy sent")
+				}
+				return nil
+			}) == nil {
+				sentFirst.Add(1)
+			}
+		})
+	}))
+	node0.Store(c.Node(0))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	t.Logf("%d of %d records held back saw a copy go out meanwhile", sentFirst.Load(), len(reqs))
+	// Node 1 held no state of these keys: it is charged the parts of
+	// node 0's copies, 30 a key, once they carry them.
+	want := int64(30 * len(reqs))
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		if got := c.Node(1).Stats().Settle.Charged; got < want {
+			return fmt.Errorf("node 1 was charged %d hits of node 0's parts, want %d", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	c.StopHard(0)
+	c.WaitConverged()
+	consume(t, c.Node(1), withHits(reqs, 5))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 5)
+	remainingAfter(t, c, reqs, 5)
+}
+
+// A stand-in leaves beside a neighbour with a decision in progress: as in
+// TestStandinLeavesBesideANeighbour (node 0 stands in for node 3, node 1
+// beside it), 50 before, 30 through node 0 and 10 through node 3; then a
+// check of 10 more through node 0, whose record is held back as node 0
+// begins to leave, until its first hand-off reached node 1 (for at most
+// two seconds: a hand-off that must carry the record waits for it). Once
+// healed every key counts 100: the held check's key too.
+func TestStandinLeavesWithADecisionInProgress(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var node0 atomic.Pointer[cluster.Node]
+	var hold atomic.Bool
+	heldCh := make(chan struct{})
+	c := testcluster.New(t, 4, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		if i != 0 {
+			return
+		}
+		cluster.SetBeforeStandinRecord(cfg, func() {
+			if !hold.CompareAndSwap(true, false) {
+				return
+			}
+			nd := node0.Load()
+			before := nd.Stats().Transfers.HandedOff
+			close(heldCh)
+			_ = testcluster.WaitFor(2*time.Second, func() error {
+				if nd.Stats().Transfers.HandedOff == before {
+					return fmt.Errorf("nothing handed off")
+				}
+				return nil
+			})
+		})
+	}))
+	node0.Store(c.Node(0))
+	reqs := keysStoodInBy(t, c, 0)
+	consume(t, c.Node(3), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0, 1}, []int{2, 3})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(3), withHits(reqs, 10))
+	hold.Store(true)
+	checked := make(chan error, 1)
+	go func() {
+		req := reqs[0]
+		req.Hits = 10
+		d, err := c.Node(0).Check(context.Background(), req)
+		if err == nil && (!d.Allowed || d.WithoutOwner) {
+			err = fmt.Errorf("%+v", d)
+		}
+		checked <- err
+	}()
+	<-heldCh
+	if err := leaveCutOff(c); err != nil {
+		t.Fatalf("Leave beside node 1: %v", err)
+	}
+	if err := <-checked; err != nil {
+		t.Fatalf("the held check: %v", err)
+	}
+	c.WaitConverged()
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs[:1], 0)
+	exactly(t, c, reqs[1:], 10)
+	remainingAfter(t, c, reqs[:1], 0)
+	remainingAfter(t, c, reqs[1:], 10)
 }

@@ -54,6 +54,14 @@ type grant struct {
 	expires int64           // Unix ns, the owner's clock
 	window  int64           // a fixed window lease: the window's end
 	settled bool            // the hits entered the bucket, or expired
+	// entered is when a token bucket's or GCRA's hits entered the bucket
+	// (Unix ns, the owner's clock): at the expiry, earlier when the
+	// owner's decisions ended first (flush), or when another node's state
+	// counting them was taken (carried). 0 until they do.
+	entered int64
+	// carried is set on a grant that came with the key's state from
+	// another node (carry.go).
+	carried bool
 	// keep is when a settled grant is forgotten: grantReturnGrace after
 	// its expiry, or after its holder was last seen away (settleLocked).
 	keep int64
@@ -83,6 +91,7 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 	if !deferred(gr.req.Algorithm) || gr.hits <= 0 {
 		return
 	}
+	gr.entered = at.UnixNano()
 	r := gr.req
 	if cur != nil && deferred(cur.Algorithm) && sameKey(cur, &gr.req) {
 		r = *cur
@@ -99,6 +108,7 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 // grant's hits then count in now's window (see limiter.Request), so the
 // hits its holder gives back are no longer refunded.
 func (gr *grant) boundTimes(now int64) {
+	gr.entered = min(gr.entered, now)
 	if gr.granted <= now {
 		return
 	}
@@ -376,8 +386,10 @@ func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limit
 // earliest expiring first, and returns how many it took from grants that
 // had not settled and from grants that had (less what of them has drained
 // since: see drained), and of all those how many were of a fixed window
-// that has not ended at now.
-func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64) (open, settled, inWindow int64) {
+// that has not ended at now; took is every hit taken. With
+// skipCarried, grants carried here with the key's state (adoptLocked)
+// are left alone: a stand-in's copies of them are not the owner's.
+func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64, skipCarried bool) (open, settled, inWindow, took int64) {
 	gs := g.grantsLocked(hash)
 	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
 	for i := range gs {
@@ -385,12 +397,13 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		if hits == 0 {
 			break
 		}
-		if gr.from != from || !sameKey(&gr.req, req) {
+		if gr.from != from || !sameKey(&gr.req, req) || (skipCarried && gr.carried) {
 			continue
 		}
 		k := min(hits, gr.hits)
 		gr.hits -= k
 		hits -= k
+		took += k
 		if gr.settled {
 			settled += k - gr.drained(req, k, now)
 		} else {
@@ -401,7 +414,7 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		}
 	}
 	g.storeLocked(hash, slices.DeleteFunc(gs, func(gr grant) bool { return gr.hits == 0 }))
-	return open, settled, inWindow
+	return open, settled, inWindow, took
 }
 
 // sweep settles the grants of every key that expired by now, and forgets
@@ -446,12 +459,17 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 }
 
 // drained is how many of k hits that entered the bucket when gr expired
+// (or earlier: see grant.entered)
 // have drained by now, at the faster of the grant's and req's rates, at
 // most k. Refunding only the rest never gives back room that others have
 // taken since: the hits that entered raise the level by at most k less
 // what has drained since, whatever else was admitted.
 func (gr *grant) drained(req *limiter.Request, k, now int64) int64 {
-	elapsed := now - gr.expires
+	from := gr.expires
+	if gr.entered != 0 {
+		from = gr.entered
+	}
+	elapsed := now - from
 	if !deferred(gr.req.Algorithm) || elapsed <= 0 {
 		return 0
 	}

@@ -464,10 +464,12 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 			moved, replica := n.planHandoff(oldR, newR, viaR)
 			for to, states := range moved {
 				n.standins.attachHandOff(states)
+				n.attachGrants(states)
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
 				n.standins.attach(states)
+				n.attachGrants(states)
 				n.transfers.outbox.replicate(to, states)
 			}
 		}
@@ -699,6 +701,7 @@ func (n *Node) leaveHandoff() error {
 		})
 		for to, states := range batches {
 			n.standins.attachHandOff(states)
+			n.attachGrants(states)
 			n.transfers.outbox.handOff(to, states)
 		}
 		lost = n.transfers.outbox.waitHandedOff(ctx)
@@ -916,6 +919,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	var firstErr error
 	for i := range states {
 		k := 0
+		s.n.enterNamedHeld(&states[i], now)
 		changed, err := s.n.standins.merge(s.n.store, &states[i], now)
 		if changed {
 			k = 1
@@ -926,6 +930,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 			}
 			continue
 		}
+		s.n.adoptGrants(&states[i], now)
 		merged += k
 	}
 	s.n.transfers.merged.Add(int64(merged))

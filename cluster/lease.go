@@ -225,20 +225,29 @@ func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, no
 // ReturnLease takes back hits of req's key that the node named from was
 // granted and did not use: hits of a lease that has not expired are freed;
 // hits of one that expired and entered the bucket are refunded; a fixed
-// window's hits are refunded while their window lasts. Hits beyond what
-// from was granted, and returns that come later than grantReturnGrace
-// after the expiry, change nothing. Errors wrap ErrLeaseRefused or are
-// ErrClosed.
+// window's hits are refunded while their window lasts. The grants are
+// this node's own and those carried here with the key's state from the
+// owner that granted them (carry.go). Hits beyond what from was granted
+// change nothing; a return that finds no grant of from's is refused, and
+// so is every return while this node leaves (its states, and the grants
+// with them, are on their way to the keys' new owners, which take the
+// returns). Errors wrap ErrLeaseRefused or are ErrClosed.
 func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request, hits int64) error {
 	if n.closed.Load() {
 		return ErrClosed
+	}
+	if n.transfers.leaving.Load() {
+		return fmt.Errorf("%w: %s is leaving", ErrLeaseRefused, n.cfg.NodeName)
 	}
 	hash, now, unlock, err := n.lockOwnedKey(&req)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	_, settled, inWindow := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano())
+	_, settled, inWindow, took := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano(), n.standins.standingIn(hash))
+	if took == 0 {
+		return fmt.Errorf("%w: %s holds no lease of %s of the key", ErrLeaseRefused, n.cfg.NodeName, from)
+	}
 	refund := settled
 	if !deferred(req.Algorithm) {
 		refund = inWindow // a window's hits were counted when granted
@@ -949,7 +958,17 @@ func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request
 // owner cut off. Merged after the return, by the larger, it would take
 // back the hits the return freed; merged before, the return frees them
 // from the merged state.
+//
+// The hits go to the node that decides the key now in place of owner
+// (returnTo), which took owner's grants with the key's state.
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {
+	owner = c.n.returnTo(owner, &req)
+	if owner == c.n.cfg.NodeName {
+		if err := c.n.ReturnLease(ctx, owner, req, hits); err != nil {
+			return fmt.Errorf("%w: %w", errReturnNotSent, err)
+		}
+		return nil
+	}
 	cl, ok := c.n.peers.Get(owner)
 	if !ok || !c.n.inRing(owner) || !cl.Ready() {
 		return fmt.Errorf("%w: %w: %s", errReturnNotSent, transport.ErrUnavailable, owner)
@@ -963,4 +982,26 @@ func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Requ
 		return fmt.Errorf("%w: %w", errReturnNotSent, err)
 	}
 	return err
+}
+
+// returnTo returns the node that takes back hits of req's key that owner
+// granted: the key's owner on this node's ring with the members cut off
+// (standins), which is owner unless the key moved (a member joined, or
+// owner left or was reaped after it failed), its state and grants with
+// it. A stand-in is not one: an owner cut off takes its returns once
+// reachable again.
+func (n *Node) returnTo(owner string, req *limiter.Request) string {
+	var (
+		m  ring.Member
+		ok bool
+	)
+	if r := n.standins.full.Load(); r != nil {
+		m, ok = r.OwnerOfHash(ring.RouteHash(req.Name, req.Key))
+	} else {
+		m, ok = n.ring.Owner(req.Name, req.Key)
+	}
+	if !ok {
+		return owner
+	}
+	return m.Name
 }

@@ -120,6 +120,8 @@ func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *owner
 			}
 			if c.charged {
 				*s = c.s
+			} else {
+				n.attachGrants(states[i : i+1])
 			}
 		}
 	}
@@ -151,6 +153,10 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 	gm := n.grants.lock(hash)
 	gm.Lock()
 	gs, cur := n.grants.heldCopyLocked(hash)
+	var carried []limiter.LeaseGrant
+	if len(gs) > 0 {
+		carried = n.grants.carryLocked(hash, name, key, now.UnixNano(), now.UnixNano())
+	}
 	gm.Unlock()
 	mu.RUnlock()
 	if len(gs) == 0 {
@@ -173,5 +179,7 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 	for i := range gs {
 		gs[i].enter(scratch, now, &cur)
 	}
-	return scratch.Snapshot(name, key, now)
+	c, ok := scratch.Snapshot(name, key, now)
+	c.Grants = carried
+	return c, ok
 }

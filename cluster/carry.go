@@ -1,0 +1,234 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Lease grants carried with key states.
+//
+// The hits an owner leased and that their holders have not used stay
+// counted in the key's state: a fixed window's from the grant, a token
+// bucket's or GCRA's once they entered the bucket (grants.go). When the
+// state goes to another node, handed to a new owner or copied to a
+// replica, the grants whose hits it counts go with it
+// (limiter.Snapshot.Grants), their times as durations from the sending,
+// so that the node that decides the key next takes back what a holder
+// gives back, as the owner that granted them would have. The holder
+// sends its returns to the key's owner on its ring now (leaseTable's
+// sendReturns), which refuses a return it holds no grant for.
+//
+// A receiver keeps a carried grant as a settled one of its own: a return
+// frees its hits in the key's state, less what has drained since they
+// entered (grant.drained), a fixed window's while the window lasts. A
+// grant of one holder, key and limit that it holds already is merged with
+// the carried one by the larger, so that a state sent twice frees nothing
+// twice. The carried grants of a state free at most what the key counts
+// on the receiver once the state is merged: whatever a peer sends, its
+// grants never lower a count below what the merged states counted.
+//
+// A state whose grants name a holder this node holds hits apart for (an
+// open token bucket or GCRA grant of its own) counts them: a replica's
+// copy counts the held hits as entered (withHeldHits), and a replica that
+// stood in from that copy hands it back. Merged by the larger, it would
+// count them, and the grant's expiry would enter them again: the open
+// grants of that holder and key enter the bucket at once, before the
+// state is merged.
+
+// carryLocked returns the grants of (name, key), of hash, whose hits a
+// state of the key counts and that a return could still free at now: a
+// fixed window's until its window ends, a token bucket's or GCRA's once
+// they entered the bucket, and with heldAt set the open ones too, as
+// entered at heldAt (a replica's copy charges them then). At most
+// limiter.MaxLeaseGrants. The shard's grants must be held (see
+// grantTable).
+func (g *grantTable) carryLocked(hash uint64, name, key string, now, heldAt int64) []limiter.LeaseGrant {
+	k := g.shards[hash%decideShards][hash]
+	if k == nil {
+		return nil
+	}
+	var out []limiter.LeaseGrant
+	for i := range k.list {
+		gr := &k.list[i]
+		if gr.hits <= 0 || gr.req.Name != name || gr.req.Key != key || len(out) == limiter.MaxLeaseGrants {
+			continue
+		}
+		lg := limiter.LeaseGrant{Holder: gr.from, Hits: gr.hits, Request: gr.req, Expires: gr.expires, Window: gr.window}
+		switch {
+		case !deferred(gr.req.Algorithm):
+			if now >= gr.window {
+				continue
+			}
+			lg.Entered = gr.granted
+		case gr.settled && gr.entered != 0:
+			if !gr.worth(now) {
+				continue
+			}
+			lg.Entered = gr.entered
+		case !gr.settled && heldAt != 0:
+			lg.Entered = heldAt
+		default:
+			continue // held apart: the state does not count them
+		}
+		out = append(out, lg)
+	}
+	return out
+}
+
+// attachGrants sets on each of states, handed to the keys' new owners,
+// the grants of its key whose hits it counts (carryLocked).
+func (n *Node) attachGrants(states []limiter.Snapshot) {
+	if !n.grants.active() {
+		return
+	}
+	now := n.now().UnixNano()
+	for i := range states {
+		s := &states[i]
+		if !leasable(s.Algorithm) {
+			continue
+		}
+		hash := ring.RouteHash(s.Name, s.Key)
+		mu := n.handover.lock(hash)
+		mu.RLock()
+		gm := n.grants.lock(hash)
+		gm.Lock()
+		gs := n.grants.carryLocked(hash, s.Name, s.Key, now, 0)
+		gm.Unlock()
+		mu.RUnlock()
+		if len(gs) > 0 {
+			s.Grants = gs
+		}
+	}
+}
+
+// enterNamedHeld makes this node's open grants of sn's key to the holders
+// sn's grants name enter the bucket at now, before sn is merged: sn
+// counts their hits (see the comment above).
+func (n *Node) enterNamedHeld(sn *limiter.Snapshot, now time.Time) {
+	if len(sn.Grants) == 0 || !n.grants.active() || !deferred(sn.Algorithm) {
+		return
+	}
+	hash := ring.RouteHash(sn.Name, sn.Key)
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	k := n.grants.shards[hash%decideShards][hash]
+	if k == nil || k.held == 0 {
+		return
+	}
+	for i := range k.list {
+		gr := &k.list[i]
+		if gr.settled || gr.hits <= 0 || gr.req.Name != sn.Name || gr.req.Key != sn.Key || !namesHolder(sn.Grants, gr.from) {
+			continue
+		}
+		gr.enter(n.store, now, &k.cur)
+	}
+	k.update()
+}
+
+func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
+	for i := range gs {
+		if gs[i].Holder == holder {
+			return true
+		}
+	}
+	return false
+}
+
+// adoptGrants keeps the grants sn carries, once sn is merged, as settled
+// grants of this node's (see the comment above), within what the key
+// counts here now.
+func (n *Node) adoptGrants(sn *limiter.Snapshot, now time.Time) {
+	if len(sn.Grants) == 0 {
+		return
+	}
+	hash := ring.RouteHash(sn.Name, sn.Key)
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	if n.grants.fullLocked(hash) {
+		return
+	}
+	at := now.UnixNano()
+	n.grants.settleLocked(n.store, hash, at, nil)
+	var budget int64 = -1 // what the key counts here, once read
+	for _, lg := range sn.Grants {
+		r := lg.Request
+		r.Hits, r.Behavior = 0, 0
+		r.Charged = limiter.Window{}
+		d, err := n.store.CheckAt(r, now) // a peek: what the key counts
+		if err != nil {
+			continue
+		}
+		if budget < 0 {
+			budget = max(r.Capacity()-d.Remaining, 0)
+		}
+		hits := min(lg.Hits, budget)
+		if hits <= 0 {
+			return
+		}
+		window := lg.Window
+		if window != 0 {
+			window = min(window, d.ResetAt.UnixNano()) // the window's end here
+			if at >= window {
+				continue
+			}
+		}
+		n.grants.adoptLocked(hash, &lg, &r, hits, window, at)
+		budget -= hits
+	}
+}
+
+// adoptLocked keeps lg, carried with a state of req's key, as a settled
+// grant of hits (window: a fixed window's end here), merged by the larger
+// with the grant of its holder, key, limit and window this node holds.
+// The shard's grants must be held exclusively.
+func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limiter.Request, hits, window, now int64) {
+	keep := max(lg.Expires, now) + int64(grantLateGrace)
+	entered := min(lg.Entered, now)
+	gs := g.grantsLocked(hash)
+	for i := range gs {
+		gr := &gs[i]
+		if gr.from != lg.Holder || !sameKey(&gr.req, req) || !sameLimit(&gr.req, req) || !sameWindow(gr.window, window, req) {
+			continue
+		}
+		if deferred(req.Algorithm) && !gr.settled {
+			continue // held apart here: not counted in the state
+		}
+		gr.hits = max(gr.hits, hits)
+		gr.expires = max(gr.expires, lg.Expires)
+		if deferred(req.Algorithm) {
+			gr.entered = min(gr.entered, entered)
+		}
+		gr.keep = max(gr.keep, keep)
+		g.storeLocked(hash, gs)
+		return
+	}
+	gr := grant{from: lg.Holder, req: *req, hits: hits, granted: min(entered, now), expires: lg.Expires, window: window, keep: keep, carried: true}
+	if deferred(req.Algorithm) {
+		gr.settled, gr.entered = true, entered
+	} else {
+		gr.settled = now >= gr.expires
+	}
+	g.storeLocked(hash, append(gs, gr))
+	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
+		k.cur = *req
+	}
+}
+
+// sameWindow reports whether two fixed window ends, each read on one
+// node's clock, are of one window of req: within half a window (a
+// second for a calendar window) of each other. Both 0 for the other
+// algorithms.
+func sameWindow(a, b int64, req *limiter.Request) bool {
+	if a == 0 || b == 0 {
+		return a == b
+	}
+	half := int64(time.Second)
+	if req.Period > 0 {
+		half = min(half, int64(req.Period)/2)
+	}
+	return a-b < half && b-a < half
+}

@@ -229,8 +229,10 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 //
 // A settled grant is forgotten at its keep time, unless a return could
 // still free hits and it is its holder's latest grant of the key (kept
-// until grantLateGrace after its expiry) or its holder is away from the
-// ring (kept grantLateGrace more, and looked at again).
+// until grantLateGrace after its expiry), its holder is away from the
+// ring, or it was carried here with the key's state (kept grantLateGrace
+// more, and looked at again): a holder whose owner failed sends its
+// returns here only once that owner is reaped.
 //
 // req, when not nil, is the request being decided: its parameters become
 // the key's current ones (keyGrants.cur), those expired grants enter under.
@@ -264,7 +266,7 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 			continue
 		}
 		switch {
-		case g.away != nil && g.away(gr.from):
+		case gr.carried, g.away != nil && g.away(gr.from):
 			gr.keep = now + int64(grantLateGrace)
 		case now < gr.expires+int64(grantLateGrace) && latest(gs, gr):
 			gr.keep = gr.expires + int64(grantLateGrace)

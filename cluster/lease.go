@@ -228,10 +228,11 @@ func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, no
 // window's hits are refunded while their window lasts. The grants are
 // this node's own and those carried here with the key's state from the
 // owner that granted them (carry.go). Hits beyond what from was granted
-// change nothing; a return that finds no grant of from's is refused, and
-// so is every return while this node leaves (its states, and the grants
-// with them, are on their way to the keys' new owners, which take the
-// returns). Errors wrap ErrLeaseRefused or are ErrClosed.
+// change nothing. A stand-in that holds no grant of from's refuses the
+// return (the owner it stands in for takes it once reachable), and so
+// does a node that leaves (its states, and the grants with them, are on
+// their way to the keys' new owners, which take the returns). Errors wrap
+// ErrLeaseRefused or are ErrClosed.
 func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request, hits int64) error {
 	if n.closed.Load() {
 		return ErrClosed
@@ -244,9 +245,10 @@ func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request
 		return err
 	}
 	defer unlock()
-	_, settled, inWindow, took := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano(), n.standins.standingIn(hash))
-	if took == 0 {
-		return fmt.Errorf("%w: %s holds no lease of %s of the key", ErrLeaseRefused, n.cfg.NodeName, from)
+	standingIn := n.standins.standingIn(hash)
+	_, settled, inWindow, took := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano(), standingIn)
+	if took == 0 && standingIn {
+		return fmt.Errorf("%w: %s stands in for the key's owner, which takes its returns", ErrLeaseRefused, n.cfg.NodeName)
 	}
 	refund := settled
 	if !deferred(req.Algorithm) {

@@ -41,7 +41,8 @@ import (
 // state of the key counts and that a return could still free at now: a
 // fixed window's until its window ends, a token bucket's or GCRA's once
 // they entered the bucket, and with heldAt set the open ones too, as
-// entered at heldAt (a replica's copy charges them then). At most
+// entered at their expiry (a replica's copy charges them at heldAt, with
+// what drains until the expiry: grant.enterEarly). At most
 // limiter.MaxLeaseGrants. The shard's grants must be held (see
 // grantTable).
 func (g *grantTable) carryLocked(hash uint64, name, key string, now, heldAt int64) []limiter.LeaseGrant {
@@ -68,7 +69,7 @@ func (g *grantTable) carryLocked(hash uint64, name, key string, now, heldAt int6
 			}
 			lg.Entered = gr.entered
 		case !gr.settled && heldAt != 0:
-			lg.Entered = heldAt
+			lg.Entered = max(heldAt, gr.expires) // see grant.enterEarly
 		default:
 			continue // held apart: the state does not count them
 		}
@@ -123,7 +124,7 @@ func (n *Node) enterNamedHeld(sn *limiter.Snapshot, now time.Time) {
 		if gr.settled || gr.hits <= 0 || gr.req.Name != sn.Name || gr.req.Key != sn.Key || !namesHolder(sn.Grants, gr.from) {
 			continue
 		}
-		gr.enter(n.store, now, &k.cur)
+		gr.enterEarly(n.store, now, &k.cur)
 	}
 	k.update()
 }
@@ -187,7 +188,7 @@ func (n *Node) adoptGrants(sn *limiter.Snapshot, now time.Time) {
 // The shard's grants must be held exclusively.
 func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limiter.Request, hits, window, now int64) {
 	keep := max(lg.Expires, now) + int64(grantLateGrace)
-	entered := min(lg.Entered, now)
+	entered := min(lg.Entered, max(lg.Expires, now))
 	gs := g.grantsLocked(hash)
 	for i := range gs {
 		gr := &gs[i]

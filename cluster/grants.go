@@ -92,12 +92,48 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 		return
 	}
 	gr.entered = at.UnixNano()
+	gr.charge(store, at, gr.entryRequest(cur), gr.hits)
+}
+
+// entryRequest is the request gr's hits enter the bucket with: cur's
+// parameters when cur is of the grant's key and deferred, else the
+// grant's.
+func (gr *grant) entryRequest(cur *limiter.Request) limiter.Request {
 	r := gr.req
 	if cur != nil && deferred(cur.Algorithm) && sameKey(cur, &gr.req) {
 		r = *cur
 	}
+	return r
+}
+
+// enterEarly settles gr at at, before its expiry, as enter does, with as
+// many more hits as drain at the key's rate from at to the expiry
+// (rounded down): the bucket then holds, at the expiry and after, at
+// least what the held hits entering at the expiry would leave, while the
+// holder may use its lease until then. gr.entered is its expiry: a
+// return frees its hits in full until then, and less what drained after.
+// An expired grant enters as enter has it.
+func (gr *grant) enterEarly(store *limiter.Store, at time.Time, cur *limiter.Request) {
+	early := gr.expires - at.UnixNano()
+	if !deferred(gr.req.Algorithm) || gr.hits <= 0 || early <= 0 {
+		gr.enter(store, at, cur)
+		return
+	}
+	gr.settled = true
+	gr.entered = gr.expires
+	r := gr.entryRequest(cur)
+	extra := int64(0)
+	if r.Period > 0 {
+		extra = int64(float64(early) * float64(r.Limit) / float64(r.Period))
+	}
+	gr.charge(store, at, r, gr.hits+min(max(extra, 0), limiter.MaxLimit))
+}
+
+// charge adds hits to r's key at at, whatever its bucket holds
+// (limiter.Charge).
+func (gr *grant) charge(store *limiter.Store, at time.Time, r limiter.Request, hits int64) {
 	r.Behavior, r.Charged = limiter.Charge, limiter.Window{}
-	for left := gr.hits; left > 0; left -= r.Hits {
+	for left := hits; left > 0; left -= r.Hits {
 		r.Hits = min(left, r.Capacity()) // Validate's bound on one request
 		store.CheckAt(r, at)             //nolint:errcheck // valid: the key's parameters
 	}
@@ -108,9 +144,11 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 // grant's hits then count in now's window (see limiter.Request), so the
 // hits its holder gives back are no longer refunded.
 func (gr *grant) boundTimes(now int64) {
-	gr.entered = min(gr.entered, now)
 	if gr.granted <= now {
 		return
+	}
+	if gr.entered != 0 {
+		gr.entered -= gr.granted - now
 	}
 	gr.expires -= gr.granted - now
 	gr.keep -= gr.granted - now
@@ -435,10 +473,11 @@ func (g *grantTable) sweep(h *handover, store *limiter.Store, now int64) {
 }
 
 // flush makes the grants of every key this node no longer decides as its
-// settled owner enter the store now, before their expiry. The hand-off
-// pass and Leave call it after the ring changed (or the node stopped
-// deciding), under every decide lock in turn, before they read the store:
-// the states they send then hold the leased hits.
+// settled owner enter the store now, before their expiry, with what
+// drains until then (grant.enterEarly). The hand-off pass and Leave call
+// it after the ring changed (or the node stopped deciding), under every
+// decide lock in turn, before they read the store: the states they send
+// then hold the leased hits, and name their grants (carry.go).
 func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 	if !g.active() {
 		return
@@ -451,7 +490,7 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 			}
 			for j := range k.list {
 				if !k.list[j].settled {
-					k.list[j].enter(store, now, &k.cur)
+					k.list[j].enterEarly(store, now, &k.cur)
 				}
 			}
 			k.update()

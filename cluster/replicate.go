@@ -96,10 +96,11 @@ func (n *Node) takeChanges(owners *ownersCache) {
 // leased such hits since the last copies: a replica that takes over from
 // an owner killed hard then counts the hits the holders may have used,
 // which the owner's bucket does not hold until the leases expire. They are
-// charged as if used now: a copy that lets them drain up to a TTL earlier
-// than the owner would. Hits given back later are not taken off the copy
-// (replicas merge by the larger): fewer admitted after a failover, never
-// more.
+// charged now with what drains until their expiry (grant.enterEarly), and
+// the copy names their grants (carry.go), for the replica that takes over
+// to take the holders' returns. Hits given back to the owner are not
+// taken off the copy (replicas merge by the larger): fewer admitted after
+// a failover, never more.
 func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *ownersCache) {
 	now := n.now()
 	pending := n.grants.takeChanged()
@@ -177,7 +178,7 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 		}
 	}
 	for i := range gs {
-		gs[i].enter(scratch, now, &cur)
+		gs[i].enterEarly(scratch, now, &cur)
 	}
 	c, ok := scratch.Snapshot(name, key, now)
 	c.Grants = carried

@@ -50,7 +50,7 @@ func StampLeaseGrants(in *pb.TransferRequest, states []limiter.Snapshot, sent in
 func grantTimesOK(w *pb.LeaseGrant, window bool) bool {
 	age := int64(maxGrantAge)
 	switch {
-	case w.EnteredAgoNanos < 0 || w.EnteredAgoNanos > age:
+	case w.EnteredAgoNanos < -int64(MaxLeaseTTL) || w.EnteredAgoNanos > age:
 		return false
 	case w.ExpiresInNanos < -age || w.ExpiresInNanos > int64(MaxLeaseTTL):
 		return false

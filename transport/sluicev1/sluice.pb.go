@@ -1158,7 +1158,9 @@ type LeaseGrant struct {
 	Request *RateLimitRequest `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
 	// Durations from the Transfer's sent_unix_nano, on the sender's clock;
 	// the receiver reads them from its own clock at receipt. How long
-	// before the hits entered the state, in [0, 24 h].
+	// before the hits entered the state, in [-1 min, 24 h]: negative when
+	// the state counts them as entering later, at the lease's end (they
+	// were charged early with what drains until then).
 	EnteredAgoNanos int64 `protobuf:"varint,4,opt,name=entered_ago_nanos,json=enteredAgoNanos,proto3" json:"entered_ago_nanos,omitempty"`
 	// Until the lease ends, in [-24 h, 1 min] (negative: it ended that
 	// long ago).

@@ -492,26 +492,30 @@ func TestAtk19HealUnderTrafficSkewLeases(t *testing.T) {
 	}
 }
 
-// A token bucket holder that is also its key's replica, cut off from the
-// owner while its lease of 10 s lasts, healed before the lease expires:
-// its copy of the owner's state counts the held hits as entered, and
-// names the grant; the owner makes the grant's hits enter before it
+// A token bucket or GCRA holder that is also its key's replica, cut off
+// from the owner while its lease of 10 s lasts, healed before the lease
+// expires: its copy of the owner's state counts the held hits as entered,
+// and names the grant; the owner makes the grant's hits enter before it
 // merges the stand-in state it is handed back, so that they count once,
 // and the return refunds them. The owner admits the rest of the limit.
 func TestAtk19LeaseHeldCopyMergedBack(t *testing.T) {
 	skipNearDayEnd(t)
-	noLeaksAfter(t)
-	c := leaseEndCluster(t, 3, 10*time.Second, 0.5, 2)
-	req := keyCutOffFrom(t, c, "heldcopy", limiter.TokenBucket, 1000, 2, 0)
-	holder, owner := c.Node(0), c.Node(2)
-	admitted := checkUntilLeased(t, holder, req)
-	admitted += replicated(t, owner, req)
-	admitted += checkN(holder, req, 20)
-	c.Partition([]int{0}, []int{1, 2})
-	c.WaitConverged()
-	admitted += checkN(holder, req, 30)
-	admitted += checkN(owner, req, 20)
-	c.Heal()
-	c.WaitConverged()
-	leaseSettled(t, c, req, admitted)
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			noLeaksAfter(t)
+			c := leaseEndCluster(t, 3, 10*time.Second, 0.5, 2)
+			req := keyCutOffFrom(t, c, "heldcopy", a, 1000, 2, 0)
+			holder, owner := c.Node(0), c.Node(2)
+			admitted := checkUntilLeased(t, holder, req)
+			admitted += replicated(t, owner, req)
+			admitted += checkN(holder, req, 20)
+			c.Partition([]int{0}, []int{1, 2})
+			c.WaitConverged()
+			admitted += checkN(holder, req, 30)
+			admitted += checkN(owner, req, 20)
+			c.Heal()
+			c.WaitConverged()
+			leaseSettled(t, c, req, admitted)
+		})
+	}
 }

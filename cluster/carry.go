@@ -25,9 +25,10 @@ import (
 // entered (grant.drained), a fixed window's while the window lasts. A
 // grant of one holder, key and limit that it holds already is merged with
 // the carried one by the larger, so that a state sent twice frees nothing
-// twice. The carried grants of a state free at most what the key counts
-// on the receiver once the state is merged: whatever a peer sends, its
-// grants never lower a count below what the merged states counted.
+// twice. The carried grants of a state free at most what merging the
+// state added to the key's count: whatever a peer sends, its grants and
+// the returns against them never leave a key counting less than it did
+// before the state came.
 //
 // A state whose grants name a holder this node holds hits apart for (an
 // open token bucket or GCRA grant of its own) counts them: a replica's
@@ -104,29 +105,64 @@ func (n *Node) attachGrants(states []limiter.Snapshot) {
 	}
 }
 
-// enterNamedHeld makes this node's open grants of sn's key to the holders
-// sn's grants name enter the bucket at now, before sn is merged: sn
-// counts their hits (see the comment above).
-func (n *Node) enterNamedHeld(sn *limiter.Snapshot, now time.Time) {
-	if len(sn.Grants) == 0 || !n.grants.active() || !deferred(sn.Algorithm) {
-		return
-	}
+// mergeWithGrants merges sn, which carries grants, into the store at now
+// under its key's decide lock, held exclusively (see the comment above):
+// first this node's open grants of the key to the holders sn's grants
+// name enter the bucket (sn counts their hits), then sn is merged, then
+// its grants are kept as settled grants of this node's. They free at most
+// what the merge added to the key's count (budget), so that neither
+// taking them nor the returns against them leave the key counting less
+// than it did before sn came, and only while the keys with grants leave
+// room for the leases this node grants (crowdedLocked): beyond, the
+// holders' returns free nothing here, fewer admitted, never more.
+func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error) {
 	hash := ring.RouteHash(sn.Name, sn.Key)
 	mu := n.handover.lock(hash)
 	mu.Lock()
 	defer mu.Unlock()
-	k := n.grants.shards[hash%decideShards][hash]
-	if k == nil || k.held == 0 {
-		return
-	}
-	for i := range k.list {
-		gr := &k.list[i]
-		if gr.settled || gr.hits <= 0 || gr.req.Name != sn.Name || gr.req.Key != sn.Key || !namesHolder(sn.Grants, gr.from) {
-			continue
+	at := now.UnixNano()
+	n.grants.settleLocked(n.store, hash, at, nil)
+	if k := n.grants.shards[hash%decideShards][hash]; k != nil && k.held > 0 {
+		for i := range k.list {
+			gr := &k.list[i]
+			if !gr.settled && gr.hits > 0 && gr.req.Name == sn.Name && gr.req.Key == sn.Key && namesHolder(sn.Grants, gr.from) {
+				gr.enterEarly(n.store, now, &k.cur)
+			}
 		}
-		gr.enterEarly(n.store, now, &k.cur)
+		k.update()
 	}
-	k.update()
+	r := sn.Grants[0].Request
+	r.Hits, r.Behavior = 0, 0
+	r.Charged = limiter.Window{}
+	before, _ := n.store.CheckAt(r, now) // a peek: what the key counts
+	changed, err := n.standins.merge(n.store, sn, now)
+	if err != nil || n.grants.crowdedLocked(hash) {
+		return changed, err
+	}
+	after, err := n.store.CheckAt(r, now)
+	if err != nil {
+		return changed, nil
+	}
+	budget := before.Remaining - after.Remaining
+	for _, lg := range sn.Grants {
+		hits := min(lg.Hits, budget)
+		if hits <= 0 {
+			break
+		}
+		window := lg.Window
+		if window != 0 {
+			window = min(window, after.ResetAt.UnixNano()) // the window's end here
+			if at >= window {
+				continue
+			}
+		}
+		g := lg.Request
+		g.Hits, g.Behavior = 0, 0
+		g.Charged = limiter.Window{}
+		n.grants.adoptLocked(hash, &lg, &g, hits, window, at)
+		budget -= hits
+	}
+	return changed, nil
 }
 
 func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
@@ -136,50 +172,6 @@ func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
 		}
 	}
 	return false
-}
-
-// adoptGrants keeps the grants sn carries, once sn is merged, as settled
-// grants of this node's (see the comment above), within what the key
-// counts here now.
-func (n *Node) adoptGrants(sn *limiter.Snapshot, now time.Time) {
-	if len(sn.Grants) == 0 {
-		return
-	}
-	hash := ring.RouteHash(sn.Name, sn.Key)
-	mu := n.handover.lock(hash)
-	mu.Lock()
-	defer mu.Unlock()
-	if n.grants.fullLocked(hash) {
-		return
-	}
-	at := now.UnixNano()
-	n.grants.settleLocked(n.store, hash, at, nil)
-	var budget int64 = -1 // what the key counts here, once read
-	for _, lg := range sn.Grants {
-		r := lg.Request
-		r.Hits, r.Behavior = 0, 0
-		r.Charged = limiter.Window{}
-		d, err := n.store.CheckAt(r, now) // a peek: what the key counts
-		if err != nil {
-			continue
-		}
-		if budget < 0 {
-			budget = max(r.Capacity()-d.Remaining, 0)
-		}
-		hits := min(lg.Hits, budget)
-		if hits <= 0 {
-			return
-		}
-		window := lg.Window
-		if window != 0 {
-			window = min(window, d.ResetAt.UnixNano()) // the window's end here
-			if at >= window {
-				continue
-			}
-		}
-		n.grants.adoptLocked(hash, &lg, &r, hits, window, at)
-		budget -= hits
-	}
 }
 
 // adoptLocked keeps lg, carried with a state of req's key, as a settled
@@ -232,4 +224,12 @@ func sameWindow(a, b int64, req *limiter.Request) bool {
 		half = min(half, int64(req.Period)/2)
 	}
 	return a-b < half && b-a < half
+}
+
+// crowdedLocked reports whether the shard of hash holds no new key's
+// carried grants: half of maxGrantKeys is left to this node's own.
+func (g *grantTable) crowdedLocked(hash uint64) bool {
+	m := g.shards[hash%decideShards]
+	_, ok := m[hash]
+	return !ok && len(m) >= maxGrantKeys/2
 }

@@ -919,8 +919,15 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	var firstErr error
 	for i := range states {
 		k := 0
-		s.n.enterNamedHeld(&states[i], now)
-		changed, err := s.n.standins.merge(s.n.store, &states[i], now)
+		var (
+			changed bool
+			err     error
+		)
+		if len(states[i].Grants) > 0 {
+			changed, err = s.n.mergeWithGrants(&states[i], now)
+		} else {
+			changed, err = s.n.standins.merge(s.n.store, &states[i], now)
+		}
 		if changed {
 			k = 1
 		}
@@ -930,7 +937,6 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 			}
 			continue
 		}
-		s.n.adoptGrants(&states[i], now)
 		merged += k
 	}
 	s.n.transfers.merged.Add(int64(merged))

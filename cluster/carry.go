@@ -17,8 +17,10 @@ import (
 // (limiter.Snapshot.Grants), their times as durations from the sending,
 // so that the node that decides the key next takes back what a holder
 // gives back, as the owner that granted them would have. The holder
-// sends its returns to the key's owner on its ring now (leaseTable's
-// sendReturns), which refuses a return it holds no grant for.
+// sends its returns to the key's owner on its ring with the members cut
+// off (Node.returnTo): a new owner after a join or a leave, the owner
+// that granted them otherwise. A stand-in refuses a return it holds no
+// grant of its own for, and a leaving node every return.
 //
 // A receiver keeps a carried grant as a settled one of its own: a return
 // frees its hits in the key's state, less what has drained since they

@@ -589,7 +589,8 @@ func (t *leaseTable) boundLocked(h *hotKey, now int64) {
 
 // retireLocked ends h's lease, whatever ends it (its expiry, disuse, a
 // new owner or limit of its key, the node closing), queueing its unused
-// hits for return to the owner that granted them while they still count:
+// hits for return to the owner that granted them (sent to the key's new
+// owner when the key moved: leaseCalls.giveBack) while they still count:
 // for a fixed window, only within the window they were taken in (as far
 // as MaxClockSkew lets this node tell). The owner frees only hits it
 // granted this node and has not taken back (grants.go), so a return sent

@@ -127,13 +127,13 @@ func TestLeaseReturnAfterOwnerKilled(t *testing.T) {
 				admitted += replicated(t, c.Node(1), req)
 				c.StopHard(1)
 				c.WaitConverged()
-				admitted = admitAll(t, c, req, admitted, 10*time.Second, c.Node(0))
+				admitted = admitAll(t, c, req, admitted, 5*time.Second, c.Node(0))
 				t.Logf("callers admitted %d of %d; %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
 				switch {
 				case admitted > req.Limit:
 					t.Errorf("admitted %d of %d: over the limit", admitted, req.Limit)
 				case admitted < req.Limit:
-					openGap(t, "admitted %d of %d within 10 s of the kill: the holder's return waits for the failed owner to be reaped", admitted, req.Limit)
+					openGap(t, "admitted %d of %d within 5 s of the kill: the holder's return waits for the failed owner to be reaped", admitted, req.Limit)
 				}
 			})
 		}

@@ -54,6 +54,14 @@ type grant struct {
 	expires int64           // Unix ns, the owner's clock
 	window  int64           // a fixed window lease: the window's end
 	settled bool            // the hits entered the bucket, or expired
+	// entered is when a token bucket's or GCRA's hits entered the bucket
+	// (Unix ns, the owner's clock): at the expiry, earlier when the
+	// owner's decisions ended first (flush), or when another node's state
+	// counting them was taken (carried). 0 until they do.
+	entered int64
+	// carried is set on a grant that came with the key's state from
+	// another node (carry.go).
+	carried bool
 	// keep is when a settled grant is forgotten: grantReturnGrace after
 	// its expiry, or after its holder was last seen away (settleLocked).
 	keep int64
@@ -83,12 +91,49 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 	if !deferred(gr.req.Algorithm) || gr.hits <= 0 {
 		return
 	}
+	gr.entered = at.UnixNano()
+	gr.charge(store, at, gr.entryRequest(cur), gr.hits)
+}
+
+// entryRequest is the request gr's hits enter the bucket with: cur's
+// parameters when cur is of the grant's key and deferred, else the
+// grant's.
+func (gr *grant) entryRequest(cur *limiter.Request) limiter.Request {
 	r := gr.req
 	if cur != nil && deferred(cur.Algorithm) && sameKey(cur, &gr.req) {
 		r = *cur
 	}
+	return r
+}
+
+// enterEarly settles gr at at, before its expiry, as enter does, with as
+// many more hits as drain at the key's rate from at to the expiry
+// (rounded down): the bucket then holds, at the expiry and after, at
+// least what the held hits entering at the expiry would leave, while the
+// holder may use its lease until then. gr.entered is its expiry: a
+// return frees its hits in full until then, and less what drained after.
+// An expired grant enters as enter has it.
+func (gr *grant) enterEarly(store *limiter.Store, at time.Time, cur *limiter.Request) {
+	early := gr.expires - at.UnixNano()
+	if !deferred(gr.req.Algorithm) || gr.hits <= 0 || early <= 0 {
+		gr.enter(store, at, cur)
+		return
+	}
+	gr.settled = true
+	gr.entered = gr.expires
+	r := gr.entryRequest(cur)
+	extra := int64(0)
+	if r.Period > 0 {
+		extra = int64(float64(early) * float64(r.Limit) / float64(r.Period))
+	}
+	gr.charge(store, at, r, gr.hits+min(max(extra, 0), limiter.MaxLimit))
+}
+
+// charge adds hits to r's key at at, whatever its bucket holds
+// (limiter.Charge).
+func (gr *grant) charge(store *limiter.Store, at time.Time, r limiter.Request, hits int64) {
 	r.Behavior, r.Charged = limiter.Charge, limiter.Window{}
-	for left := gr.hits; left > 0; left -= r.Hits {
+	for left := hits; left > 0; left -= r.Hits {
 		r.Hits = min(left, r.Capacity()) // Validate's bound on one request
 		store.CheckAt(r, at)             //nolint:errcheck // valid: the key's parameters
 	}
@@ -101,6 +146,9 @@ func (gr *grant) enter(store *limiter.Store, at time.Time, cur *limiter.Request)
 func (gr *grant) boundTimes(now int64) {
 	if gr.granted <= now {
 		return
+	}
+	if gr.entered != 0 {
+		gr.entered -= gr.granted - now
 	}
 	gr.expires -= gr.granted - now
 	gr.keep -= gr.granted - now
@@ -219,8 +267,10 @@ func sameKey(a, b *limiter.Request) bool { return a.Name == b.Name && a.Key == b
 //
 // A settled grant is forgotten at its keep time, unless a return could
 // still free hits and it is its holder's latest grant of the key (kept
-// until grantLateGrace after its expiry) or its holder is away from the
-// ring (kept grantLateGrace more, and looked at again).
+// until grantLateGrace after its expiry), its holder is away from the
+// ring, or it was carried here with the key's state (kept grantLateGrace
+// more, and looked at again): a holder whose owner failed sends its
+// returns here only once that owner is reaped.
 //
 // req, when not nil, is the request being decided: its parameters become
 // the key's current ones (keyGrants.cur), those expired grants enter under.
@@ -254,7 +304,7 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 			continue
 		}
 		switch {
-		case g.away != nil && g.away(gr.from):
+		case gr.carried, g.away != nil && g.away(gr.from):
 			gr.keep = now + int64(grantLateGrace)
 		case now < gr.expires+int64(grantLateGrace) && latest(gs, gr):
 			gr.keep = gr.expires + int64(grantLateGrace)
@@ -376,8 +426,10 @@ func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limit
 // earliest expiring first, and returns how many it took from grants that
 // had not settled and from grants that had (less what of them has drained
 // since: see drained), and of all those how many were of a fixed window
-// that has not ended at now.
-func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64) (open, settled, inWindow int64) {
+// that has not ended at now; took is every hit taken. With
+// skipCarried, grants carried here with the key's state (adoptLocked)
+// are left alone: a stand-in's copies of them are not the owner's.
+func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64, skipCarried bool) (open, settled, inWindow, took int64) {
 	gs := g.grantsLocked(hash)
 	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
 	for i := range gs {
@@ -385,12 +437,13 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		if hits == 0 {
 			break
 		}
-		if gr.from != from || !sameKey(&gr.req, req) {
+		if gr.from != from || !sameKey(&gr.req, req) || (skipCarried && gr.carried) {
 			continue
 		}
 		k := min(hits, gr.hits)
 		gr.hits -= k
 		hits -= k
+		took += k
 		if gr.settled {
 			settled += k - gr.drained(req, k, now)
 		} else {
@@ -401,7 +454,7 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		}
 	}
 	g.storeLocked(hash, slices.DeleteFunc(gs, func(gr grant) bool { return gr.hits == 0 }))
-	return open, settled, inWindow
+	return open, settled, inWindow, took
 }
 
 // sweep settles the grants of every key that expired by now, and forgets
@@ -420,10 +473,11 @@ func (g *grantTable) sweep(h *handover, store *limiter.Store, now int64) {
 }
 
 // flush makes the grants of every key this node no longer decides as its
-// settled owner enter the store now, before their expiry. The hand-off
-// pass and Leave call it after the ring changed (or the node stopped
-// deciding), under every decide lock in turn, before they read the store:
-// the states they send then hold the leased hits.
+// settled owner enter the store now, before their expiry, with what
+// drains until then (grant.enterEarly). The hand-off pass and Leave call
+// it after the ring changed (or the node stopped deciding), under every
+// decide lock in turn, before they read the store: the states they send
+// then hold the leased hits, and name their grants (carry.go).
 func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 	if !g.active() {
 		return
@@ -436,7 +490,7 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 			}
 			for j := range k.list {
 				if !k.list[j].settled {
-					k.list[j].enter(store, now, &k.cur)
+					k.list[j].enterEarly(store, now, &k.cur)
 				}
 			}
 			k.update()
@@ -446,12 +500,17 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 }
 
 // drained is how many of k hits that entered the bucket when gr expired
+// (or earlier: see grant.entered)
 // have drained by now, at the faster of the grant's and req's rates, at
 // most k. Refunding only the rest never gives back room that others have
 // taken since: the hits that entered raise the level by at most k less
 // what has drained since, whatever else was admitted.
 func (gr *grant) drained(req *limiter.Request, k, now int64) int64 {
-	elapsed := now - gr.expires
+	from := gr.expires
+	if gr.entered != 0 {
+		from = gr.entered
+	}
+	elapsed := now - from
 	if !deferred(gr.req.Algorithm) || elapsed <= 0 {
 		return 0
 	}

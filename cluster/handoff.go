@@ -465,10 +465,12 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 			moved, replica := n.planHandoff(oldR, newR, viaR)
 			for to, states := range moved {
 				n.standins.attachHandOff(states)
+				n.attachGrants(states)
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
 				n.standins.attach(states)
+				n.attachGrants(states)
 				n.transfers.outbox.replicate(to, states)
 			}
 		}
@@ -721,6 +723,7 @@ func (n *Node) leaveHandoff() error {
 		})
 		for to, states := range batches {
 			n.standins.attachHandOff(states)
+			n.attachGrants(states)
 			n.transfers.outbox.handOff(to, states)
 		}
 		lost = n.transfers.outbox.waitHandedOff(ctx)
@@ -989,7 +992,15 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 	var firstErr error
 	for i := range states {
 		k := 0
-		changed, err := s.n.standins.merge(s.n.store, &states[i], now)
+		var (
+			changed bool
+			err     error
+		)
+		if len(states[i].Grants) > 0 {
+			changed, err = s.n.mergeWithGrants(&states[i], now)
+		} else {
+			changed, err = s.n.standins.merge(s.n.store, &states[i], now)
+		}
 		if changed {
 			k = 1
 		}

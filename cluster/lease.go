@@ -233,20 +233,31 @@ func (n *Node) grantHeldLocked(req *limiter.Request, hash uint64, want int64, no
 // ReturnLease takes back hits of req's key that the node named from was
 // granted and did not use: hits of a lease that has not expired are freed;
 // hits of one that expired and entered the bucket are refunded; a fixed
-// window's hits are refunded while their window lasts. Hits beyond what
-// from was granted, and returns that come later than grantReturnGrace
-// after the expiry, change nothing. Errors wrap ErrLeaseRefused or are
-// ErrClosed.
+// window's hits are refunded while their window lasts. The grants are
+// this node's own and those carried here with the key's state from the
+// owner that granted them (carry.go). Hits beyond what from was granted
+// change nothing. A stand-in that holds no grant of from's refuses the
+// return (the owner it stands in for takes it once reachable), and so
+// does a node that leaves (its states, and the grants with them, are on
+// their way to the keys' new owners, which take the returns). Errors wrap
+// ErrLeaseRefused or are ErrClosed.
 func (n *Node) ReturnLease(ctx context.Context, from string, req limiter.Request, hits int64) error {
 	if n.closed.Load() {
 		return ErrClosed
+	}
+	if n.transfers.leaving.Load() {
+		return fmt.Errorf("%w: %s is leaving", ErrLeaseRefused, n.cfg.NodeName)
 	}
 	hash, now, unlock, err := n.lockOwnedKey(&req)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	_, settled, inWindow := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano())
+	standingIn := n.standins.standingIn(hash)
+	_, settled, inWindow, took := n.grants.giveBackLocked(hash, from, &req, hits, now.UnixNano(), standingIn)
+	if took == 0 && standingIn {
+		return fmt.Errorf("%w: %s stands in for the key's owner, which takes its returns", ErrLeaseRefused, n.cfg.NodeName)
+	}
 	refund := settled
 	if !deferred(req.Algorithm) {
 		refund = inWindow // a window's hits were counted when granted
@@ -586,7 +597,8 @@ func (t *leaseTable) boundLocked(h *hotKey, now int64) {
 
 // retireLocked ends h's lease, whatever ends it (its expiry, disuse, a
 // new owner or limit of its key, the node closing), queueing its unused
-// hits for return to the owner that granted them while they still count:
+// hits for return to the owner that granted them (sent to the key's new
+// owner when the key moved: leaseCalls.giveBack) while they still count:
 // for a fixed window, only within the window they were taken in (as far
 // as MaxClockSkew lets this node tell). The owner frees only hits it
 // granted this node and has not taken back (grants.go), so a return sent
@@ -957,7 +969,17 @@ func (c leaseCalls) lease(ctx context.Context, owner string, req limiter.Request
 // owner cut off. Merged after the return, by the larger, it would take
 // back the hits the return freed; merged before, the return frees them
 // from the merged state.
+//
+// The hits go to the node that decides the key now in place of owner
+// (returnTo), which took owner's grants with the key's state.
 func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Request, hits int64) error {
+	owner = c.n.returnTo(owner, &req)
+	if owner == c.n.cfg.NodeName {
+		if err := c.n.ReturnLease(ctx, owner, req, hits); err != nil {
+			return fmt.Errorf("%w: %w", errReturnNotSent, err)
+		}
+		return nil
+	}
 	cl, ok := c.n.peers.Get(owner)
 	if !ok || !c.n.inRing(owner) || !cl.Ready() {
 		return fmt.Errorf("%w: %w: %s", errReturnNotSent, transport.ErrUnavailable, owner)
@@ -971,4 +993,26 @@ func (c leaseCalls) giveBack(ctx context.Context, owner string, req limiter.Requ
 		return fmt.Errorf("%w: %w", errReturnNotSent, err)
 	}
 	return err
+}
+
+// returnTo returns the node that takes back hits of req's key that owner
+// granted: the key's owner on this node's ring with the members cut off
+// (standins), which is owner unless the key moved (a member joined, or
+// owner left or was reaped after it failed), its state and grants with
+// it. A stand-in is not one: an owner cut off takes its returns once
+// reachable again.
+func (n *Node) returnTo(owner string, req *limiter.Request) string {
+	var (
+		m  ring.Member
+		ok bool
+	)
+	if r := n.standins.full.Load(); r != nil {
+		m, ok = r.OwnerOfHash(ring.RouteHash(req.Name, req.Key))
+	} else {
+		m, ok = n.ring.Owner(req.Name, req.Key)
+	}
+	if !ok {
+		return owner
+	}
+	return m.Name
 }

@@ -105,10 +105,11 @@ func (n *Node) takeChanges(owners *ownersCache) {
 // leased such hits since the last copies: a replica that takes over from
 // an owner killed hard then counts the hits the holders may have used,
 // which the owner's bucket does not hold until the leases expire. They are
-// charged as if used now: a copy that lets them drain up to a TTL earlier
-// than the owner would. Hits given back later are not taken off the copy
-// (replicas merge by the larger): fewer admitted after a failover, never
-// more.
+// charged now with what drains until their expiry (grant.enterEarly), and
+// the copy names their grants (carry.go), for the replica that takes over
+// to take the holders' returns. Hits given back to the owner are not
+// taken off the copy (replicas merge by the larger): fewer admitted after
+// a failover, never more.
 func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *ownersCache) {
 	now := n.now()
 	pending := n.grants.takeChanged()
@@ -129,6 +130,8 @@ func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *owner
 			}
 			if c.charged {
 				*s = c.s
+			} else {
+				n.attachGrants(states[i : i+1])
 			}
 		}
 	}
@@ -160,6 +163,10 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 	gm := n.grants.lock(hash)
 	gm.Lock()
 	gs, cur := n.grants.heldCopyLocked(hash)
+	var carried []limiter.LeaseGrant
+	if len(gs) > 0 {
+		carried = n.grants.carryLocked(hash, name, key, now.UnixNano(), now.UnixNano())
+	}
 	gm.Unlock()
 	mu.RUnlock()
 	if len(gs) == 0 {
@@ -180,7 +187,9 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 		}
 	}
 	for i := range gs {
-		gs[i].enter(scratch, now, &cur)
+		gs[i].enterEarly(scratch, now, &cur)
 	}
-	return scratch.Snapshot(name, key, now)
+	c, ok := scratch.Snapshot(name, key, now)
+	c.Grants = carried
+	return c, ok
 }

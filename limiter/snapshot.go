@@ -49,6 +49,11 @@ type Snapshot struct {
 	// Store.MergeCharged charges them. Nil in the snapshots a store
 	// returns.
 	Settle *Settlement
+	// Grants, when set, are the key's lease grants whose hits the state
+	// counts and that their holders may still give back (see
+	// LeaseGrant), at most MaxLeaseGrants; stores ignore them. Nil in the
+	// snapshots a store returns.
+	Grants []LeaseGrant
 }
 
 // ShiftTimes moves the instants s carries by d, as another node's clock

@@ -31,6 +31,7 @@ func (c *Client) Transfer(ctx context.Context, reason transport.TransferReason, 
 		var out *pb.TransferResponse
 		err := c.unary(ctx, func(ctx context.Context) (err error) {
 			in.SentUnixNano = c.sendClock().UnixNano() // at each attempt
+			transport.StampLeaseGrants(in, states[:n], in.SentUnixNano)
 			out, err = c.rpc.Transfer(ctx, in, transport.CallOptions()...)
 			return err
 		})

@@ -54,6 +54,7 @@ var (
 		{name: "KeyState.words", num: 5, typ: protowire.VarintType, max: 3},
 		{name: "KeyState.log", num: 6, typ: protowire.BytesType, max: limiter.MaxSnapshotLog, total: MaxTransferLogEntries},
 		{name: "KeyState.settle_parts", num: 13, typ: protowire.BytesType, max: limiter.MaxSettleParts},
+		{name: "KeyState.lease_grants", num: 17, typ: protowire.BytesType, max: limiter.MaxLeaseGrants},
 	}
 	transferRequestLimits = []countLimit{{name: "TransferRequest.states", num: 3, typ: protowire.BytesType, max: MaxTransferStates, each: keyStateLimits}}
 	inspectResponseLimits = []countLimit{

@@ -82,7 +82,8 @@ func stateSize(s *limiter.Snapshot) int {
 		lenField + len(s.Words)*binary.MaxVarintLen64 + // words, packed
 		len(s.Log)*maxLogEntry +
 		stateFieldSize(s) +
-		settleSize(s.Settle)
+		settleSize(s.Settle) +
+		grantsSize(s.Grants)
 	if s.RateLocation != nil {
 		n += lenField + len(s.RateLocation.String()) // rate_time_zone
 	}
@@ -98,6 +99,16 @@ func settleSize(st *limiter.Settlement) int {
 	n := lenField + maxRequestItem
 	for _, p := range st.Parts {
 		n += lenField + 1 + protowire.SizeBytes(len(p.Origin)) + 2*varintField
+	}
+	return n
+}
+
+// grantsSize bounds the size of a KeyState's lease grants (field 17, a
+// 2-byte tag): per grant its holder, request and four integers.
+func grantsSize(gs []limiter.LeaseGrant) int {
+	n := 0
+	for _, g := range gs {
+		n += 2 + 2 + 1 + protowire.SizeBytes(len(g.Holder)) + lenField + maxRequestItem + 4*varintField
 	}
 	return n
 }

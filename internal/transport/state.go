@@ -416,6 +416,11 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 			if err == nil && shifted {
 				s.ShiftTimes(shift)
 			}
+			if err == nil && in.SentUnixNano > 0 {
+				if p.cfg.codec.leaseGrantsFromProto(m, &s, p.clock().UnixNano()) != nil {
+					s.Grants = nil // the state without them: fewer hits freed, never more
+				}
+			}
 		}
 		if err != nil {
 			rejected++

@@ -984,8 +984,16 @@ type KeyState struct {
 	// mark, and refuse a mark alone of GCRA (interval 0) or skip it (fresh).
 	ResetAtUnixNano    int64 `protobuf:"varint,15,opt,name=reset_at_unix_nano,json=resetAtUnixNano,proto3" json:"reset_at_unix_nano,omitempty"`
 	ResetUntilUnixNano int64 `protobuf:"varint,16,opt,name=reset_until_unix_nano,json=resetUntilUnixNano,proto3" json:"reset_until_unix_nano,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The key's lease grants whose hits this state counts and that their
+	// holders may still give back (limiter.LeaseGrant), at most 16, for
+	// the key's new owner to take the holders' returns. Read only from a
+	// Transfer that carries sent_unix_nano: their times are durations from
+	// it. A receiver drops the grants of a state (and merges the state)
+	// when one is invalid. Nodes that predate them ignore them, and the
+	// holders' returns then free nothing there.
+	LeaseGrants   []*LeaseGrant `protobuf:"bytes,17,rep,name=lease_grants,json=leaseGrants,proto3" json:"lease_grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
@@ -1130,6 +1138,113 @@ func (x *KeyState) GetResetUntilUnixNano() int64 {
 	return 0
 }
 
+func (x *KeyState) GetLeaseGrants() []*LeaseGrant {
+	if x != nil {
+		return x.LeaseGrants
+	}
+	return nil
+}
+
+// LeaseGrant is hits of a key leased to the node named holder, unused and
+// not given back, that the state they travel with counts.
+type LeaseGrant struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Holder string                 `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`
+	// In [1, the capacity of request].
+	Hits int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	// The rate the hits were leased at: its hits and behavior flags are
+	// ignored, its name, key and algorithm are the state's (token_bucket,
+	// gcra or fixed_window).
+	Request *RateLimitRequest `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
+	// Durations from the Transfer's sent_unix_nano, on the sender's clock;
+	// the receiver reads them from its own clock at receipt. How long
+	// before the hits entered the state, in [-1 min, 24 h]: negative when
+	// the state counts them as entering later, at the lease's end (they
+	// were charged early with what drains until then).
+	EnteredAgoNanos int64 `protobuf:"varint,4,opt,name=entered_ago_nanos,json=enteredAgoNanos,proto3" json:"entered_ago_nanos,omitempty"`
+	// Until the lease ends, in [-24 h, 1 min] (negative: it ended that
+	// long ago).
+	ExpiresInNanos int64 `protobuf:"varint,5,opt,name=expires_in_nanos,json=expiresInNanos,proto3" json:"expires_in_nanos,omitempty"`
+	// A fixed window's: until the window the hits count in ends, in
+	// (0, 24 h] (grants of a window that ended are not sent); 0 for the
+	// other algorithms.
+	WindowEndsInNanos int64 `protobuf:"varint,6,opt,name=window_ends_in_nanos,json=windowEndsInNanos,proto3" json:"window_ends_in_nanos,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *LeaseGrant) Reset() {
+	*x = LeaseGrant{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseGrant) ProtoMessage() {}
+
+func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
+func (*LeaseGrant) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LeaseGrant) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *LeaseGrant) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetRequest() *RateLimitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *LeaseGrant) GetEnteredAgoNanos() int64 {
+	if x != nil {
+		return x.EnteredAgoNanos
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetExpiresInNanos() int64 {
+	if x != nil {
+		return x.ExpiresInNanos
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetWindowEndsInNanos() int64 {
+	if x != nil {
+		return x.WindowEndsInNanos
+	}
+	return 0
+}
+
 // SettlePart is the hits one stand-in owner (origin, a node name) admitted
 // in one period of standing in (gen), at least 1.
 type SettlePart struct {
@@ -1143,7 +1258,7 @@ type SettlePart struct {
 
 func (x *SettlePart) Reset() {
 	*x = SettlePart{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1270,7 @@ func (x *SettlePart) String() string {
 func (*SettlePart) ProtoMessage() {}
 
 func (x *SettlePart) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1283,7 @@ func (x *SettlePart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettlePart.ProtoReflect.Descriptor instead.
 func (*SettlePart) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SettlePart) GetOrigin() string {
@@ -1203,7 +1318,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1330,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1343,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LogEntry) GetAtUnixNano() int64 {
@@ -1275,7 +1390,7 @@ type TransferRequest struct {
 
 func (x *TransferRequest) Reset() {
 	*x = TransferRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1402,7 @@ func (x *TransferRequest) String() string {
 func (*TransferRequest) ProtoMessage() {}
 
 func (x *TransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1415,7 @@ func (x *TransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
 func (*TransferRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TransferRequest) GetFrom() string {
@@ -1358,7 +1473,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1485,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1498,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TransferResponse) GetMerged() int32 {
@@ -1423,7 +1538,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1550,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1563,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LeaseRequest) GetFrom() string {
@@ -1511,7 +1626,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1638,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1651,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaseResponse) GetGranted() int64 {
@@ -1581,7 +1696,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1708,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1721,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InspectRequest) GetFrom() string {
@@ -1655,7 +1770,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1782,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1795,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InspectResponse) GetStates() []*KeyState {
@@ -1735,7 +1850,7 @@ type ProveRequest struct {
 
 func (x *ProveRequest) Reset() {
 	*x = ProveRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +1862,7 @@ func (x *ProveRequest) String() string {
 func (*ProveRequest) ProtoMessage() {}
 
 func (x *ProveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +1875,7 @@ func (x *ProveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveRequest.ProtoReflect.Descriptor instead.
 func (*ProveRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProveRequest) GetVersion() uint32 {
@@ -1815,7 +1930,7 @@ type ProveResponse struct {
 
 func (x *ProveResponse) Reset() {
 	*x = ProveResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +1942,7 @@ func (x *ProveResponse) String() string {
 func (*ProveResponse) ProtoMessage() {}
 
 func (x *ProveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +1955,7 @@ func (x *ProveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveResponse.ProtoReflect.Descriptor instead.
 func (*ProveResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProveResponse) GetVersion() uint32 {
@@ -1887,7 +2002,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2014,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2027,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -1931,7 +2046,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2058,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2071,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -1976,7 +2091,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2103,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2116,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -2021,7 +2136,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2148,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2161,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -2064,7 +2179,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2191,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2204,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 type HealthResponse struct {
@@ -2106,7 +2221,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2233,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2246,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -2166,7 +2281,7 @@ type RulesEntry struct {
 
 func (x *RulesEntry) Reset() {
 	*x = RulesEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2293,7 @@ func (x *RulesEntry) String() string {
 func (*RulesEntry) ProtoMessage() {}
 
 func (x *RulesEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2306,7 @@ func (x *RulesEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesEntry.ProtoReflect.Descriptor instead.
 func (*RulesEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RulesEntry) GetName() string {
@@ -2229,7 +2344,7 @@ type RulesCheckRequest struct {
 
 func (x *RulesCheckRequest) Reset() {
 	*x = RulesCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2356,7 @@ func (x *RulesCheckRequest) String() string {
 func (*RulesCheckRequest) ProtoMessage() {}
 
 func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2369,7 @@ func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckRequest.ProtoReflect.Descriptor instead.
 func (*RulesCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RulesCheckRequest) GetRoute() string {
@@ -2334,7 +2449,7 @@ type RuleResult struct {
 
 func (x *RuleResult) Reset() {
 	*x = RuleResult{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2461,7 @@ func (x *RuleResult) String() string {
 func (*RuleResult) ProtoMessage() {}
 
 func (x *RuleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2474,7 @@ func (x *RuleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleResult.ProtoReflect.Descriptor instead.
 func (*RuleResult) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RuleResult) GetName() string {
@@ -2462,7 +2577,7 @@ type RulesCheckResponse struct {
 
 func (x *RulesCheckResponse) Reset() {
 	*x = RulesCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2589,7 @@ func (x *RulesCheckResponse) String() string {
 func (*RulesCheckResponse) ProtoMessage() {}
 
 func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2602,7 @@ func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckResponse.ProtoReflect.Descriptor instead.
 func (*RulesCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RulesCheckResponse) GetAllowed() bool {
@@ -2577,7 +2692,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\x8e\x05\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xc8\x05\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2597,7 +2712,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\fsettle_parts\x18\r \x03(\v2\x15.sluice.v1.SettlePartR\vsettleParts\x12B\n" +
 	"\x0esettle_request\x18\x0e \x01(\v2\x1b.sluice.v1.RateLimitRequestR\rsettleRequest\x12+\n" +
 	"\x12reset_at_unix_nano\x18\x0f \x01(\x03R\x0fresetAtUnixNano\x121\n" +
-	"\x15reset_until_unix_nano\x18\x10 \x01(\x03R\x12resetUntilUnixNano\"J\n" +
+	"\x15reset_until_unix_nano\x18\x10 \x01(\x03R\x12resetUntilUnixNano\x128\n" +
+	"\flease_grants\x18\x11 \x03(\v2\x15.sluice.v1.LeaseGrantR\vleaseGrants\"\xf6\x01\n" +
+	"\n" +
+	"LeaseGrant\x12\x16\n" +
+	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x12\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\x125\n" +
+	"\arequest\x18\x03 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12*\n" +
+	"\x11entered_ago_nanos\x18\x04 \x01(\x03R\x0fenteredAgoNanos\x12(\n" +
+	"\x10expires_in_nanos\x18\x05 \x01(\x03R\x0eexpiresInNanos\x12/\n" +
+	"\x14window_ends_in_nanos\x18\x06 \x01(\x03R\x11windowEndsInNanos\"J\n" +
 	"\n" +
 	"SettlePart\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x10\n" +
@@ -2774,7 +2898,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -2786,26 +2910,27 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*PeerCheckRequest)(nil),   // 7: sluice.v1.PeerCheckRequest
 	(*PeerCheckResponse)(nil),  // 8: sluice.v1.PeerCheckResponse
 	(*KeyState)(nil),           // 9: sluice.v1.KeyState
-	(*SettlePart)(nil),         // 10: sluice.v1.SettlePart
-	(*LogEntry)(nil),           // 11: sluice.v1.LogEntry
-	(*TransferRequest)(nil),    // 12: sluice.v1.TransferRequest
-	(*TransferResponse)(nil),   // 13: sluice.v1.TransferResponse
-	(*LeaseRequest)(nil),       // 14: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),      // 15: sluice.v1.LeaseResponse
-	(*InspectRequest)(nil),     // 16: sluice.v1.InspectRequest
-	(*InspectResponse)(nil),    // 17: sluice.v1.InspectResponse
-	(*ProveRequest)(nil),       // 18: sluice.v1.ProveRequest
-	(*ProveResponse)(nil),      // 19: sluice.v1.ProveResponse
-	(*CheckRequest)(nil),       // 20: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 21: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 22: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 23: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 24: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 25: sluice.v1.HealthResponse
-	(*RulesEntry)(nil),         // 26: sluice.v1.RulesEntry
-	(*RulesCheckRequest)(nil),  // 27: sluice.v1.RulesCheckRequest
-	(*RuleResult)(nil),         // 28: sluice.v1.RuleResult
-	(*RulesCheckResponse)(nil), // 29: sluice.v1.RulesCheckResponse
+	(*LeaseGrant)(nil),         // 10: sluice.v1.LeaseGrant
+	(*SettlePart)(nil),         // 11: sluice.v1.SettlePart
+	(*LogEntry)(nil),           // 12: sluice.v1.LogEntry
+	(*TransferRequest)(nil),    // 13: sluice.v1.TransferRequest
+	(*TransferResponse)(nil),   // 14: sluice.v1.TransferResponse
+	(*LeaseRequest)(nil),       // 15: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),      // 16: sluice.v1.LeaseResponse
+	(*InspectRequest)(nil),     // 17: sluice.v1.InspectRequest
+	(*InspectResponse)(nil),    // 18: sluice.v1.InspectResponse
+	(*ProveRequest)(nil),       // 19: sluice.v1.ProveRequest
+	(*ProveResponse)(nil),      // 20: sluice.v1.ProveResponse
+	(*CheckRequest)(nil),       // 21: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 22: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 23: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 24: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 25: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 26: sluice.v1.HealthResponse
+	(*RulesEntry)(nil),         // 27: sluice.v1.RulesEntry
+	(*RulesCheckRequest)(nil),  // 28: sluice.v1.RulesCheckRequest
+	(*RuleResult)(nil),         // 29: sluice.v1.RuleResult
+	(*RulesCheckResponse)(nil), // 30: sluice.v1.RulesCheckResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -2815,49 +2940,51 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	5,  // 4: sluice.v1.PeerCheckRequest.items:type_name -> sluice.v1.RateLimitRequest
 	6,  // 5: sluice.v1.PeerCheckResponse.items:type_name -> sluice.v1.RateLimitResponse
 	0,  // 6: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	11, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
+	12, // 7: sluice.v1.KeyState.log:type_name -> sluice.v1.LogEntry
 	1,  // 8: sluice.v1.KeyState.rate_calendar:type_name -> sluice.v1.Calendar
-	10, // 9: sluice.v1.KeyState.settle_parts:type_name -> sluice.v1.SettlePart
+	11, // 9: sluice.v1.KeyState.settle_parts:type_name -> sluice.v1.SettlePart
 	5,  // 10: sluice.v1.KeyState.settle_request:type_name -> sluice.v1.RateLimitRequest
-	4,  // 11: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
-	9,  // 12: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
-	5,  // 13: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 14: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
-	9,  // 15: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
-	5,  // 16: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 17: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	5,  // 18: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 19: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	26, // 20: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
-	26, // 21: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
-	28, // 22: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
-	7,  // 23: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 24: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	12, // 25: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	14, // 26: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	16, // 27: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	18, // 28: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
-	20, // 29: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	22, // 30: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	24, // 31: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	16, // 32: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	27, // 33: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
-	8,  // 34: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 35: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	13, // 36: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	15, // 37: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	17, // 38: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	19, // 39: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
-	21, // 40: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	23, // 41: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	25, // 42: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	17, // 43: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	29, // 44: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	10, // 11: sluice.v1.KeyState.lease_grants:type_name -> sluice.v1.LeaseGrant
+	5,  // 12: sluice.v1.LeaseGrant.request:type_name -> sluice.v1.RateLimitRequest
+	4,  // 13: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
+	9,  // 14: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
+	5,  // 15: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 16: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
+	9,  // 17: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
+	5,  // 18: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 19: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 20: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 21: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	27, // 22: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	27, // 23: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	29, // 24: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	7,  // 25: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 26: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	13, // 27: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	15, // 28: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	17, // 29: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	19, // 30: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
+	21, // 31: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	23, // 32: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	25, // 33: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	17, // 34: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	28, // 35: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 36: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 37: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	14, // 38: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	16, // 39: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	18, // 40: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	20, // 41: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
+	22, // 42: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	24, // 43: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	26, // 44: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	18, // 45: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	30, // 46: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2866,14 +2993,14 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[22].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1,0 +1,237 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// Lease grants carried with key states.
+//
+// The hits an owner leased and that their holders have not used stay
+// counted in the key's state: a fixed window's from the grant, a token
+// bucket's or GCRA's once they entered the bucket (grants.go). When the
+// state goes to another node, handed to a new owner or copied to a
+// replica, the grants whose hits it counts go with it
+// (limiter.Snapshot.Grants), their times as durations from the sending,
+// so that the node that decides the key next takes back what a holder
+// gives back, as the owner that granted them would have. The holder
+// sends its returns to the key's owner on its ring with the members cut
+// off (Node.returnTo): a new owner after a join or a leave, the owner
+// that granted them otherwise. A stand-in refuses a return it holds no
+// grant of its own for, and a leaving node every return.
+//
+// A receiver keeps a carried grant as a settled one of its own: a return
+// frees its hits in the key's state, less what has drained since they
+// entered (grant.drained), a fixed window's while the window lasts. A
+// grant of one holder, key and limit that it holds already is merged with
+// the carried one by the larger, so that a state sent twice frees nothing
+// twice. The carried grants of a state free at most what merging the
+// state added to the key's count: whatever a peer sends, its grants and
+// the returns against them never leave a key counting less than it did
+// before the state came.
+//
+// A state whose grants name a holder this node holds hits apart for (an
+// open token bucket or GCRA grant of its own) counts them: a replica's
+// copy counts the held hits as entered (withHeldHits), and a replica that
+// stood in from that copy hands it back. Merged by the larger, it would
+// count them, and the grant's expiry would enter them again: the open
+// grants of that holder and key enter the bucket at once, before the
+// state is merged.
+
+// carryLocked returns the grants of (name, key), of hash, whose hits a
+// state of the key counts and that a return could still free at now: a
+// fixed window's until its window ends, a token bucket's or GCRA's once
+// they entered the bucket, and with heldAt set the open ones too, as
+// entered at their expiry (a replica's copy charges them at heldAt, with
+// what drains until the expiry: grant.enterEarly). At most
+// limiter.MaxLeaseGrants. The shard's grants must be held (see
+// grantTable).
+func (g *grantTable) carryLocked(hash uint64, name, key string, now, heldAt int64) []limiter.LeaseGrant {
+	k := g.shards[hash%decideShards][hash]
+	if k == nil {
+		return nil
+	}
+	var out []limiter.LeaseGrant
+	for i := range k.list {
+		gr := &k.list[i]
+		if gr.hits <= 0 || gr.req.Name != name || gr.req.Key != key || len(out) == limiter.MaxLeaseGrants {
+			continue
+		}
+		lg := limiter.LeaseGrant{Holder: gr.from, Hits: gr.hits, Request: gr.req, Expires: gr.expires, Window: gr.window}
+		switch {
+		case !deferred(gr.req.Algorithm):
+			if now >= gr.window {
+				continue
+			}
+			lg.Entered = gr.granted
+		case gr.settled && gr.entered != 0:
+			if !gr.worth(now) {
+				continue
+			}
+			lg.Entered = gr.entered
+		case !gr.settled && heldAt != 0:
+			lg.Entered = max(heldAt, gr.expires) // see grant.enterEarly
+		default:
+			continue // held apart: the state does not count them
+		}
+		out = append(out, lg)
+	}
+	return out
+}
+
+// attachGrants sets on each of states, handed to the keys' new owners,
+// the grants of its key whose hits it counts (carryLocked).
+func (n *Node) attachGrants(states []limiter.Snapshot) {
+	if !n.grants.active() {
+		return
+	}
+	now := n.now().UnixNano()
+	for i := range states {
+		s := &states[i]
+		if !leasable(s.Algorithm) {
+			continue
+		}
+		hash := ring.RouteHash(s.Name, s.Key)
+		mu := n.handover.lock(hash)
+		mu.RLock()
+		gm := n.grants.lock(hash)
+		gm.Lock()
+		gs := n.grants.carryLocked(hash, s.Name, s.Key, now, 0)
+		gm.Unlock()
+		mu.RUnlock()
+		if len(gs) > 0 {
+			s.Grants = gs
+		}
+	}
+}
+
+// mergeWithGrants merges sn, which carries grants, into the store at now
+// under its key's decide lock, held exclusively (see the comment above):
+// first this node's open grants of the key to the holders sn's grants
+// name enter the bucket (sn counts their hits), then sn is merged, then
+// its grants are kept as settled grants of this node's. They free at most
+// what the merge added to the key's count (budget), so that neither
+// taking them nor the returns against them leave the key counting less
+// than it did before sn came, and only while the keys with grants leave
+// room for the leases this node grants (crowdedLocked): beyond, the
+// holders' returns free nothing here, fewer admitted, never more.
+func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error) {
+	hash := ring.RouteHash(sn.Name, sn.Key)
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	at := now.UnixNano()
+	n.grants.settleLocked(n.store, hash, at, nil)
+	if k := n.grants.shards[hash%decideShards][hash]; k != nil && k.held > 0 {
+		for i := range k.list {
+			gr := &k.list[i]
+			if !gr.settled && gr.hits > 0 && gr.req.Name == sn.Name && gr.req.Key == sn.Key && namesHolder(sn.Grants, gr.from) {
+				gr.enterEarly(n.store, now, &k.cur)
+			}
+		}
+		k.update()
+	}
+	r := sn.Grants[0].Request
+	r.Hits, r.Behavior = 0, 0
+	r.Charged = limiter.Window{}
+	before, _ := n.store.CheckAt(r, now) // a peek: what the key counts
+	changed, err := n.standins.merge(n.store, sn, now)
+	if err != nil || n.grants.crowdedLocked(hash) {
+		return changed, err
+	}
+	after, err := n.store.CheckAt(r, now)
+	if err != nil {
+		return changed, nil
+	}
+	budget := before.Remaining - after.Remaining
+	for _, lg := range sn.Grants {
+		hits := min(lg.Hits, budget)
+		if hits <= 0 {
+			break
+		}
+		window := lg.Window
+		if window != 0 {
+			window = min(window, after.ResetAt.UnixNano()) // the window's end here
+			if at >= window {
+				continue
+			}
+		}
+		g := lg.Request
+		g.Hits, g.Behavior = 0, 0
+		g.Charged = limiter.Window{}
+		n.grants.adoptLocked(hash, &lg, &g, hits, window, at)
+		budget -= hits
+	}
+	return changed, nil
+}
+
+func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
+	for i := range gs {
+		if gs[i].Holder == holder {
+			return true
+		}
+	}
+	return false
+}
+
+// adoptLocked keeps lg, carried with a state of req's key, as a settled
+// grant of hits (window: a fixed window's end here), merged by the larger
+// with the grant of its holder, key, limit and window this node holds.
+// The shard's grants must be held exclusively.
+func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limiter.Request, hits, window, now int64) {
+	keep := max(lg.Expires, now) + int64(grantLateGrace)
+	entered := min(lg.Entered, max(lg.Expires, now))
+	gs := g.grantsLocked(hash)
+	for i := range gs {
+		gr := &gs[i]
+		if gr.from != lg.Holder || !sameKey(&gr.req, req) || !sameLimit(&gr.req, req) || !sameWindow(gr.window, window, req) {
+			continue
+		}
+		if deferred(req.Algorithm) && !gr.settled {
+			continue // held apart here: not counted in the state
+		}
+		gr.hits = max(gr.hits, hits)
+		gr.expires = max(gr.expires, lg.Expires)
+		if deferred(req.Algorithm) {
+			gr.entered = min(gr.entered, entered)
+		}
+		gr.keep = max(gr.keep, keep)
+		g.storeLocked(hash, gs)
+		return
+	}
+	gr := grant{from: lg.Holder, req: *req, hits: hits, granted: min(entered, now), expires: lg.Expires, window: window, keep: keep, carried: true}
+	if deferred(req.Algorithm) {
+		gr.settled, gr.entered = true, entered
+	} else {
+		gr.settled = now >= gr.expires
+	}
+	g.storeLocked(hash, append(gs, gr))
+	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
+		k.cur = *req
+	}
+}
+
+// sameWindow reports whether two fixed window ends, each read on one
+// node's clock, are of one window of req: within half a window (a
+// second for a calendar window) of each other. Both 0 for the other
+// algorithms.
+func sameWindow(a, b int64, req *limiter.Request) bool {
+	if a == 0 || b == 0 {
+		return a == b
+	}
+	half := int64(time.Second)
+	if req.Period > 0 {
+		half = min(half, int64(req.Period)/2)
+	}
+	return a-b < half && b-a < half
+}
+
+// crowdedLocked reports whether the shard of hash holds no new key's
+// carried grants: half of maxGrantKeys is left to this node's own.
+func (g *grantTable) crowdedLocked(hash uint64) bool {
+	m := g.shards[hash%decideShards]
+	_, ok := m[hash]
+	return !ok && len(m) >= maxGrantKeys/2
+}

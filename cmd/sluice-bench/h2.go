@@ -641,7 +641,7 @@ func (c *h2Conn) headerFragment(frag []byte, end bool) error {
 			c.endLocked(s, 0, status.Errorf(codes.Internal, "h2: grpc-status %q", b.grpcStatus))
 			return nil
 		}
-		c.endLocked(s, 0, status.Error(codes.Code(n), b.grpcMsg))
+		c.endLocked(s, 0, status.Error(codes.Code(n), grpcMessage(b.grpcMsg)))
 	default:
 		code, err := rlsAnswer(s.body)
 		c.endLocked(s, code, err)
@@ -663,4 +663,24 @@ func rlsAnswer(body []byte) (rlsv3.RateLimitResponse_Code, error) {
 		return 0, status.Errorf(codes.Internal, "h2: overall code %v", code)
 	}
 	return code, nil
+}
+
+// grpcMessage decodes a grpc-message, percent-encoded as gRPC's HTTP/2
+// protocol says; an escape that is not one is kept as it is.
+func grpcMessage(m string) string {
+	if !strings.Contains(m, "%") {
+		return m
+	}
+	var b strings.Builder
+	for i := 0; i < len(m); i++ {
+		if m[i] == '%' && i+2 < len(m) {
+			if v, err := strconv.ParseUint(m[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(m[i])
+	}
+	return b.String()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -176,7 +177,7 @@ type h2Conn struct {
 	fr      *http2.Framer // writes under mu, reads by the reader
 	dec     *hpack.Decoder
 	block   h2Block // what dec emits into: the reader's
-	first   []byte  // the request header block with the table size update, for the first request
+	first   []byte  // the request header block that fills the dynamic table, for the first request
 	headers []byte  // the request header block of the others
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -192,11 +193,14 @@ type h2Conn struct {
 	maxStreams uint32
 	peerWindow int64 // the server's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame   int   // the server's SETTINGS_MAX_FRAME_SIZE
-	sendWindow int64 // the connection's send window
-	recvUsed   int   // connection receive window used and not given back
-	lastID     uint32
-	err        error // once set, every call fails with it
-	closed     bool
+	// headerTable is the server's SETTINGS_HEADER_TABLE_SIZE, the
+	// most the request header blocks may keep in its dynamic table.
+	headerTable uint32
+	sendWindow  int64 // the connection's send window
+	recvUsed    int   // connection receive window used and not given back
+	lastID      uint32
+	err         error // once set, every call fails with it
+	closed      bool
 }
 
 // pendingWriter is the Framer's writer: frames accumulate in pending,
@@ -216,14 +220,13 @@ func dialH2Conn(addr string) (*h2Conn, error) {
 		return nil, err
 	}
 	c := &h2Conn{nc: nc, stop: make(chan struct{}), nextID: 1, streams: make(map[uint32]*h2Stream),
-		maxStreams: ^uint32(0), peerWindow: h2StreamWindow, maxFrame: 16384, sendWindow: 65535, lastID: ^uint32(0)}
+		maxStreams: ^uint32(0), peerWindow: h2StreamWindow, maxFrame: 16384, headerTable: 4096, sendWindow: 65535, lastID: ^uint32(0)}
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer(pendingWriter{c}, bufio.NewReaderSize(nc, 64<<10))
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384)
 	c.dec = hpack.NewDecoder(4096, c.emit)
 	c.dec.SetMaxStringLength(16 << 10)
-	c.first, c.headers = requestHeaderBlocks(addr)
 	fail := func(err error) (*h2Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("h2 %s: %w", addr, err)
@@ -253,23 +256,27 @@ func dialH2Conn(addr string) (*h2Conn, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if c.first, c.headers, err = requestHeaderBlocks(addr, c.headerTable); err != nil {
+		return fail(err)
+	}
 	c.wg.Add(2)
 	go c.read()
 	go c.watch()
 	return c, nil
 }
 
-// requestHeaderBlocks returns the HPACK block of the request headers,
-// without the dynamic table (whose size the first block sets to 0, so
-// that the one block can be sent again and again), and the same without
-// that size update.
-func requestHeaderBlocks(authority string) (first, rest []byte) {
+// requestHeaderBlocks returns the HPACK blocks of the request headers:
+// the first adds every field to the dynamic table (of the server's
+// tableSize at most), and the rest, the same for every request after it,
+// refers to them, as the encoders of Envoy and grpc-go do. A field too
+// big for the table is sent as a literal each time.
+func requestHeaderBlocks(authority string, tableSize uint32) (first, rest []byte, err error) {
 	var buf []byte
 	enc := hpack.NewEncoder(writerFunc(func(p []byte) (int, error) {
 		buf = append(buf, p...)
 		return len(p), nil
 	}))
-	enc.SetMaxDynamicTableSizeLimit(0)
+	enc.SetMaxDynamicTableSizeLimit(tableSize)
 	encode := func() []byte {
 		buf = nil
 		for _, f := range []hpack.HeaderField{
@@ -286,7 +293,11 @@ func requestHeaderBlocks(authority string) (first, rest []byte) {
 		}
 		return buf
 	}
-	return encode(), encode()
+	first, rest = encode(), encode()
+	if !bytes.Equal(rest, encode()) {
+		return nil, nil, errors.New("the request header block changes from request to request")
+	}
+	return first, rest, nil
 }
 
 type writerFunc func(p []byte) (int, error)
@@ -547,6 +558,15 @@ func (c *h2Conn) settingsLocked(f *http2.SettingsFrame) error {
 			c.peerWindow = int64(s.Val)
 		case http2.SettingMaxFrameSize:
 			c.maxFrame = int(s.Val)
+		case http2.SettingHeaderTableSize:
+			// The blocks are encoded under the first SETTINGS; a
+			// smaller table later would need them encoded again.
+			if c.first != nil && s.Val < c.headerTable {
+				return fmt.Errorf("the server's header table shrank from %d to %d bytes", c.headerTable, s.Val)
+			}
+			if c.first == nil {
+				c.headerTable = s.Val
+			}
 		}
 		return nil
 	})
@@ -621,7 +641,7 @@ func (c *h2Conn) headerFragment(frag []byte, end bool) error {
 			c.endLocked(s, 0, status.Errorf(codes.Internal, "h2: grpc-status %q", b.grpcStatus))
 			return nil
 		}
-		c.endLocked(s, 0, status.Error(codes.Code(n), b.grpcMsg))
+		c.endLocked(s, 0, status.Error(codes.Code(n), grpcMessage(b.grpcMsg)))
 	default:
 		code, err := rlsAnswer(s.body)
 		c.endLocked(s, code, err)
@@ -643,4 +663,24 @@ func rlsAnswer(body []byte) (rlsv3.RateLimitResponse_Code, error) {
 		return 0, status.Errorf(codes.Internal, "h2: overall code %v", code)
 	}
 	return code, nil
+}
+
+// grpcMessage decodes a grpc-message, percent-encoded as gRPC's HTTP/2
+// protocol says; an escape that is not one is kept as it is.
+func grpcMessage(m string) string {
+	if !strings.Contains(m, "%") {
+		return m
+	}
+	var b strings.Builder
+	for i := 0; i < len(m); i++ {
+		if m[i] == '%' && i+2 < len(m) {
+			if v, err := strconv.ParseUint(m[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(m[i])
+	}
+	return b.String()
 }

@@ -179,7 +179,7 @@ func TestH2ErrorStatus(t *testing.T) {
 		wantCode codes.Code
 		wantMsg  string
 	}{
-		{"resource exhausted", &errorRLS{err: status.Error(codes.ResourceExhausted, "no room")}, codes.ResourceExhausted, "no room"},
+		{"resource exhausted", &errorRLS{err: status.Error(codes.ResourceExhausted, "no room: 100% — full")}, codes.ResourceExhausted, "no room: 100% — full"},
 		{"unavailable", &errorRLS{err: status.Error(codes.Unavailable, "going away")}, codes.Unavailable, "going away"},
 		{"unknown overall code", &errorRLS{resp: &rlsv3.RateLimitResponse{}}, codes.Internal, "h2: overall code UNKNOWN"},
 	} {

@@ -199,10 +199,10 @@ func rlsBench(targets []rlsTarget, api, loadgen, domain, key string, callers, co
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			q := func(p float64) time.Duration { return round(r.lat.quantile(p)) }
-			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %14.1f %8d   (round %d)\n", t.name,
+			fmt.Printf("%-12s %10.0f %9v %9v %9v %14.1f %14.1f %8d   (round %d, load average %s)\n", t.name,
 				float64(r.checks)/r.elapsed.Seconds(), q(0.5), q(0.99), q(0.999),
 				float64((cpu1-cpu0).Microseconds())/float64(max(r.checks, 1)),
-				float64(r.cpu.Microseconds())/float64(max(r.checks, 1)), r.errors, n+1)
+				float64(r.cpu.Microseconds())/float64(max(r.checks, 1)), r.errors, n+1, loadAverage())
 			if e := firstErr.Swap(nil); e != nil && r.errors > 0 {
 				fmt.Printf("%-12s first error: %s\n", "", *e)
 				var counts []string
@@ -337,3 +337,16 @@ const rlsCallTimeout = h2CallTimeout
 // nativeRequest is the check of the native APIs: the limit of the domain
 // file of bench/envoy-vs-ratelimit.sh.
 var nativeRequest = limiter.Request{Hits: 1, Limit: 1_000_000, Period: time.Second, Algorithm: limiter.FixedWindow}
+
+// loadAverage returns the one-minute load average of /proc/loadavg, or
+// "?" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}

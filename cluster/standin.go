@@ -326,27 +326,36 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 }
 
 // learn keeps cut, what the member from holds cut off (its hand-over
-// confirmation's), and reports whether it differs from the last it kept:
-// the caller then rebuilds the ring, before it takes the confirmation.
+// confirmation's), and reports whether it names a member cut off or a
+// newcomer that this node does not hold so: the caller then rebuilds the
+// ring, before it takes the confirmation. The rest waits for the next
+// rebuild.
 func (t *standins) learn(from string, cut transport.CutOff) bool {
 	t.reportMu.Lock()
 	defer t.reportMu.Unlock()
-	prev, had := t.reports[from]
 	if len(cut.Members) == 0 && len(cut.Newcomers) == 0 {
 		delete(t.reports, from)
-		return had
+		return false
 	}
-	if had && slices.Equal(prev.Members, cut.Members) && slices.Equal(prev.Newcomers, cut.Newcomers) {
+	if _, had := t.reports[from]; !had && len(t.reports) >= maxConfirmations {
 		return false
 	}
 	if t.reports == nil {
 		t.reports = map[string]transport.CutOff{}
 	}
-	if !had && len(t.reports) >= maxConfirmations {
-		return false
-	}
 	t.reports[from] = cut
-	return true
+	held := t.cutReport()
+	for _, m := range cut.Members {
+		if m.Name != t.self && !slices.ContainsFunc(held.Members, func(h transport.CutOffMember) bool { return h.Name == m.Name }) {
+			return true
+		}
+	}
+	for _, name := range cut.Newcomers {
+		if !slices.Contains(held.Newcomers, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // cutReport returns what this node holds cut off, for its hand-over

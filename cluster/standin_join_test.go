@@ -97,10 +97,10 @@ func TestStandinJoinerSteps(t *testing.T) {
 	if !d.learn("a", rep) {
 		t.Fatal("a's first report is not news to d")
 	}
+	rebuild(d, dMs, rm("a", "d"), rm("a", "d"))
 	if d.learn("a", rep) {
 		t.Fatal("a's report again is news to d")
 	}
-	rebuild(d, dMs, rm("a", "d"), rm("a", "d"))
 	cutOff := func(o string) bool { return o == "b" || o == "c" }
 	want("d told by a", d, abc, cutOff)
 	if got := d.cutReport(); fmt.Sprint(got) != fmt.Sprint(rep) {

@@ -614,7 +614,7 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack 
 	if !ok {
 		return fmt.Errorf("%w: no client for member %s", transport.ErrUnavailable, to)
 	}
-	if err := c.HandoffDone(ctx, fp, wantBack); err != nil {
+	if err := c.HandoffDone(ctx, fp, wantBack, o.n.standins.cutReport()); err != nil {
 		o.n.logger.Warn("cluster: hand-over confirmation failed", "to", to, "err", err)
 		return err
 	}
@@ -893,8 +893,14 @@ var (
 // HandoffDone records a member's hand-over confirmation (handover.go).
 // A sender that waits for this node's confirmation of the membership this
 // node routes over gets it again, if it was delivered before: the sender
-// set it aside when it adopted another membership meanwhile.
-func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64, wantBack bool) {
+// set it aside when it adopted another membership meanwhile. What the
+// sender holds cut off is learned first (standins.learn), so that this
+// node, if it joined while members were cut off, decides as a stand-in
+// once the confirmation settles the keys it took.
+func (s stateSink) HandoffDone(_ context.Context, from string, fp uint64, wantBack bool, cut transport.CutOff) {
+	if s.n.standins.learn(from, cut) {
+		s.n.rebuild(0)
+	}
 	if wantBack && fp == s.n.handover.fingerprint() {
 		s.n.transfers.outbox.reconfirm(from, fp, false)
 	}

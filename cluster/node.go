@@ -301,6 +301,9 @@ func New(cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// A member learned cut off is held as long as serf holds one it saw
+	// fail.
+	n.standins.learnedHold = sc.ReconnectTimeout
 	if cfg.GossipTransport != nil {
 		if n.gossip, err = wrapGossipTransport(sc.MemberlistConfig, cfg.GossipTransport); err != nil {
 			return nil, err
@@ -612,7 +615,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.router.breakers.forget(addrs)
 	// Stand-in decisions are told by the ring with the failed members:
 	// with both the old and the new ones while the ring changes.
-	n.standins.update(serfMembers, prev, members, n.ring.Config())
+	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now())
 	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	} else {

@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 )
@@ -16,7 +18,9 @@ import (
 // owns the key on the ring with the members cut off (gossip declared them
 // failed, or they are back from a partition and not admitted to the ring
 // again yet; they did not leave) is cut off, which is each side of a
-// partition and the new owner after a hard kill. Whether a decision is a
+// partition and the new owner after a hard kill. Members that joined
+// while members were cut off (newcomers) are not on that ring: it is the
+// one the members cut off decide by (update). Whether a decision is a
 // stand-in's is told with its ownership, under the key's decide lock, so
 // the hand-off pass after a heal (which waits for such decisions) sends
 // it with its part. It decides from what it
@@ -106,11 +110,29 @@ type standinRec struct {
 // a stand-in decision. Safe for concurrent use.
 type standins struct {
 	self string
-	// full is the ring over the members and the failed members that
-	// were in the ring; nil while none failed.
+	// full is the ring over the members (less the newcomers) and the
+	// members cut off; nil while none is.
 	full atomic.Pointer[ring.Ring]
-	// failed is the failed members full adds; rebuild alone touches it.
-	failed map[string]ring.Member
+	// joined is set, before full, while this node is itself a newcomer:
+	// it stands in for the keys full gives to a member cut off.
+	joined atomic.Pointer[joinedView]
+	// failed is the members cut off that full adds, and newcomers the
+	// members full leaves out; rebuild alone touches them.
+	failed    map[string]ring.Member
+	newcomers map[string]bool
+	// learned holds the members cut off that this node learned from
+	// reports, each until a time (learnedHold after a report last named
+	// it); rebuild alone touches it.
+	learned     map[string]learnedMember
+	learnedHold time.Duration
+	// cut is what this node holds cut off, for its hand-over
+	// confirmations (cutReport).
+	cut atomic.Pointer[transport.CutOff]
+
+	// reportMu guards reports: the latest CutOff each member's hand-over
+	// confirmation carried (learn).
+	reportMu sync.Mutex
+	reports  map[string]transport.CutOff
 	// cutMu guards cutChanged, which is closed and replaced whenever full
 	// is published: a wait for the members cut off looks again.
 	cutMu      sync.Mutex
@@ -146,6 +168,21 @@ type standins struct {
 	forgotten        atomic.Int64 // entries forgotten to make room
 }
 
+// learnedMember is a member cut off that a report named, held until
+// until; known is set when serf listed it when it was learned.
+type learnedMember struct {
+	m     ring.Member
+	until time.Time
+	known bool
+}
+
+// joinedView is what a newcomer tells its stand-in decisions by: the ring
+// full it was built with, and the members cut off.
+type joinedView struct {
+	full *ring.Ring
+	cut  map[string]bool
+}
+
 func newStandins(self string, now time.Time) *standins {
 	// Generations start at the node's start time, so that a node
 	// restarted under its name starts new ones.
@@ -159,7 +196,18 @@ func newStandins(self string, now time.Time) *standins {
 // old and new, for the ring change to come; publish then drops the
 // members no longer cut off. A member that left, or joins for the first
 // time, is not cut off. Called by rebuild, which serialises them.
-func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config) {
+//
+// A node that joins while members are cut off never knew them (memberlist
+// ignores the failed members it never knew), and they do not know it: it
+// learns them from the hand-over confirmations of the members it joins
+// (learn), and holds them cut off as serf holds a member it saw fail
+// (learnFrom). Members
+// that joined while members were cut off (newcomers: seen joining, told by
+// a confirmation, or this node itself when it never knew a member it
+// learns) are left out of the ring with the members cut off, which is the
+// ring those members decide by: a newcomer is no key's owner in it, and
+// decides as a stand-in the keys it gives to a member cut off.
+func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config, now time.Time) {
 	was := map[string]bool{}
 	for _, m := range prev {
 		was[m.Name] = true
@@ -168,8 +216,10 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	for _, m := range members {
 		in[m.Name] = true
 	}
+	status := make(map[string]serf.MemberStatus, len(ms))
 	failed := map[string]ring.Member{}
 	for _, m := range ms {
+		status[m.Name] = m.Status
 		if m.Status != serf.StatusFailed && m.Status != serf.StatusAlive || m.Name == t.self || in[m.Name] {
 			continue
 		}
@@ -183,38 +233,190 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 			}
 		}
 	}
-	old := t.failed
-	t.failed = failed
+	selfNew, told := t.learnFrom(status, in, failed, now)
+	old, oldNew := t.failed, t.newcomers
+	newcomers := map[string]bool{}
+	if len(failed) > 0 {
+		for _, m := range members {
+			switch {
+			case m.Name == t.self:
+			case oldNew[m.Name] || told[m.Name]:
+				newcomers[m.Name] = true
+			case len(old) > 0 && !was[m.Name]:
+				if _, back := old[m.Name]; !back {
+					newcomers[m.Name] = true // joined while members were cut off
+				}
+			}
+		}
+		if selfNew || oldNew[t.self] || told[t.self] {
+			newcomers[t.self] = true
+		}
+	}
+	t.failed, t.newcomers = failed, newcomers
 	// Members back from a partition are among members: the ring over
 	// members alone then tells the decisions still made under the ring in
 	// force, which routes around them, as stand-in decisions.
-	t.store(members, cfg, len(old) > 0 || len(failed) > 0, old, failed)
+	t.store(members, cfg, len(old) > 0 || len(failed) > 0, []map[string]bool{oldNew, newcomers}, old, failed)
+}
+
+// learnFrom adds to failed the members cut off that this node learned
+// from the reports of the members of ms (by name, their status) and does
+// not hold cut off itself: not in its ring (in), not gone from serf's list
+// after it knew them, not left. A member a report names is held for
+// learnedHold from then, as serf holds a failed member, so that it stays
+// cut off when the member that reported it leaves. selfNew is set when
+// this node did not know one of them (serf did not list it when it was
+// learned), told holds the newcomers the reports name. Reports of members
+// that left are dropped; those of members not in ms are passed over (a
+// confirmation may come before gossip tells of its sender).
+func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]bool, failed map[string]ring.Member, now time.Time) (selfNew bool, told map[string]bool) {
+	t.reportMu.Lock()
+	defer t.reportMu.Unlock()
+	for from, rep := range t.reports {
+		st, ok := status[from]
+		if ok && st != serf.StatusAlive && st != serf.StatusFailed {
+			delete(t.reports, from)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		for _, c := range rep.Members {
+			if c.Name == t.self {
+				continue
+			}
+			addr, err := checkGRPCTag(c.GRPCAddr)
+			if err != nil {
+				continue
+			}
+			l, had := t.learned[c.Name]
+			_, known := status[c.Name]
+			if !had {
+				if t.learned == nil {
+					t.learned = map[string]learnedMember{}
+				}
+				l = learnedMember{m: ring.Member{Name: c.Name, Addr: addr}, known: known}
+			}
+			l.until = now.Add(t.learnedHold)
+			t.learned[c.Name] = l
+		}
+		for _, name := range rep.Newcomers {
+			if told == nil {
+				told = map[string]bool{}
+			}
+			told[name] = true
+		}
+	}
+	for name, l := range t.learned {
+		st, listed := status[name]
+		switch {
+		case in[name], listed && st != serf.StatusFailed && st != serf.StatusAlive, l.known && !listed, now.After(l.until):
+			// Back in the ring, left, reaped, or held long enough.
+			delete(t.learned, name)
+			continue
+		}
+		if _, ok := failed[name]; !ok {
+			failed[name] = l.m
+		}
+		if !l.known {
+			selfNew = true
+		}
+	}
+	return selfNew, told
+}
+
+// learn keeps cut, what the member from holds cut off (its hand-over
+// confirmation's), and reports whether it names a member cut off or a
+// newcomer that this node does not hold so: the caller then rebuilds the
+// ring, before it takes the confirmation. The rest waits for the next
+// rebuild.
+func (t *standins) learn(from string, cut transport.CutOff) bool {
+	t.reportMu.Lock()
+	defer t.reportMu.Unlock()
+	if len(cut.Members) == 0 && len(cut.Newcomers) == 0 {
+		delete(t.reports, from)
+		return false
+	}
+	if _, had := t.reports[from]; !had && len(t.reports) >= maxConfirmations {
+		return false
+	}
+	if t.reports == nil {
+		t.reports = map[string]transport.CutOff{}
+	}
+	t.reports[from] = cut
+	held := t.cutReport()
+	for _, m := range cut.Members {
+		if m.Name != t.self && !slices.ContainsFunc(held.Members, func(h transport.CutOffMember) bool { return h.Name == m.Name }) {
+			return true
+		}
+	}
+	for _, name := range cut.Newcomers {
+		if !slices.Contains(held.Newcomers, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutReport returns what this node holds cut off, for its hand-over
+// confirmations.
+func (t *standins) cutReport() transport.CutOff {
+	if c := t.cut.Load(); c != nil {
+		return *c
+	}
+	return transport.CutOff{}
 }
 
 // publish publishes the ring over members and the failed members.
 func (t *standins) publish(members []ring.Member, cfg ring.Config) {
-	t.store(members, cfg, false, t.failed)
+	t.store(members, cfg, false, []map[string]bool{t.newcomers}, t.failed)
 }
 
-// store publishes the ring over members and the members of failed that
-// are not among them; nil when there are none, unless keep.
-func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, failed ...map[string]ring.Member) {
-	all := slices.Clone(members)
+// store publishes the ring over members, less the newcomers named in
+// leftOut, and the members of failed that are not among them; nil when
+// there are none, unless keep. The view of a newcomer (joined) holds every
+// member of failed.
+func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, leftOut []map[string]bool, failed ...map[string]ring.Member) {
+	out := func(name string) bool {
+		for _, l := range leftOut {
+			if l[name] {
+				return true
+			}
+		}
+		return false
+	}
+	all := make([]ring.Member, 0, len(members))
 	in := map[string]bool{}
 	for _, m := range members {
 		in[m.Name] = true
+		if !out(m.Name) {
+			all = append(all, m)
+		}
 	}
+	cut := map[string]bool{}
+	report := transport.CutOff{}
 	for _, f := range failed {
 		for name, m := range f {
+			cut[name] = true
 			if !in[name] {
 				in[name] = true
 				all = append(all, m)
 			}
 		}
 	}
+	for name, m := range t.failed {
+		report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+	}
+	for name := range t.newcomers {
+		report.Newcomers = append(report.Newcomers, name)
+	}
+	slices.SortFunc(report.Members, func(a, b transport.CutOffMember) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(report.Newcomers)
+	t.cut.Store(&report)
 	defer t.roomEpoch.Add(1)
 	defer t.signalCut()
-	if len(all) == len(members) && !keep {
+	if len(cut) == 0 && !keep {
+		t.joined.Store(nil)
 		t.full.Store(nil)
 		return
 	}
@@ -222,8 +424,13 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, fail
 	if err == nil {
 		err = r.SetMembers(all)
 	}
-	if err != nil {
+	if err != nil || len(all) == 0 {
 		r = nil
+	}
+	if out(t.self) && r != nil {
+		t.joined.Store(&joinedView{full: r, cut: cut})
+	} else {
+		t.joined.Store(nil)
 	}
 	t.full.Store(r)
 }
@@ -236,7 +443,16 @@ func (t *standins) standingIn(hash uint64) bool {
 		return false
 	}
 	m, ok := r.OwnerOfHash(hash)
-	return ok && m.Name != t.self
+	if !ok {
+		return false
+	}
+	if j := t.joined.Load(); j != nil && j.full == r {
+		// A newcomer, unknown to the members cut off: the key's history
+		// on this side is its owner's here unless the ring gives it to
+		// one of them.
+		return j.cut[m.Name]
+	}
+	return m.Name != t.self
 }
 
 // signalCut wakes the waits for the members cut off (cutWake).

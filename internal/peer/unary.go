@@ -58,9 +58,11 @@ func (c *Client) sendClock() time.Time {
 // HandoffDone tells the peer that this node has adopted the membership
 // whose fingerprint is fp and delivered every key state it owed the peer
 // under it (transport.HandoverSink); wantBack asks the peer for its own
-// confirmation of that membership again. Errors are Transfer's.
-func (c *Client) HandoffDone(ctx context.Context, fp uint64, wantBack bool) error {
+// confirmation of that membership again; cut is what this node holds cut
+// off. Errors are Transfer's.
+func (c *Client) HandoffDone(ctx context.Context, fp uint64, wantBack bool, cut transport.CutOff) error {
 	in := &pb.TransferRequest{From: c.cfg.Self, Reason: transport.ReasonToProto(transport.HandoffDone), RingFingerprint: fp, WantConfirmation: wantBack}
+	transport.CutOffToProto(cut, in)
 	return c.unary(ctx, func(ctx context.Context) error {
 		_, err := c.rpc.Transfer(ctx, in, transport.CallOptions()...)
 		return err

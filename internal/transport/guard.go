@@ -56,7 +56,11 @@ var (
 		{name: "KeyState.settle_parts", num: 13, typ: protowire.BytesType, max: limiter.MaxSettleParts},
 		{name: "KeyState.lease_grants", num: 17, typ: protowire.BytesType, max: limiter.MaxLeaseGrants},
 	}
-	transferRequestLimits = []countLimit{{name: "TransferRequest.states", num: 3, typ: protowire.BytesType, max: MaxTransferStates, each: keyStateLimits}}
+	transferRequestLimits = []countLimit{
+		{name: "TransferRequest.states", num: 3, typ: protowire.BytesType, max: MaxTransferStates, each: keyStateLimits},
+		{name: "TransferRequest.cut_off", num: 7, typ: protowire.BytesType, max: MaxCutOff},
+		{name: "TransferRequest.newcomers", num: 8, typ: protowire.BytesType, max: MaxCutOff},
+	}
 	inspectResponseLimits = []countLimit{
 		{name: "InspectResponse.states", num: 1, typ: protowire.BytesType, max: 1, each: keyStateLimits},
 		{name: "InspectResponse.replicas", num: 3, typ: protowire.BytesType, max: MaxInspectReplicas},

@@ -64,9 +64,66 @@ type StateSink interface {
 // has delivered every key state it owed this node under it; wantBack says
 // the sender still waits for this node's confirmation of that membership.
 // A StateSink without it answers HandoffDone transfers as Unimplemented.
+//
+// cut is what the sender holds cut off with it; entries the receiver could
+// not read (too long, or beyond MaxCutOff) are left out.
 type HandoverSink interface {
-	HandoffDone(ctx context.Context, from string, fingerprint uint64, wantBack bool)
+	HandoffDone(ctx context.Context, from string, fingerprint uint64, wantBack bool, cut CutOff)
 }
+
+// MaxCutOff bounds the members and the newcomers one CutOff carries.
+const MaxCutOff = 1024
+
+// CutOff is what a node sending a hand-over confirmation holds cut off: a
+// member it joined meanwhile never knew those members, and learns them so.
+type CutOff struct {
+	// Members are the members cut off, with their gRPC addresses.
+	Members []CutOffMember
+	// Newcomers are the members of the sender's ring that joined while
+	// members were cut off: those cut off do not know them.
+	Newcomers []string
+}
+
+// CutOffMember is a member cut off.
+type CutOffMember struct{ Name, GRPCAddr string }
+
+// CutOffToProto sets the cut-off members and newcomers of in, a hand-over
+// confirmation, to c's, at most MaxCutOff of each.
+func CutOffToProto(c CutOff, in *pb.TransferRequest) {
+	for _, m := range c.Members[:min(len(c.Members), MaxCutOff)] {
+		in.CutOff = append(in.CutOff, &pb.CutOffMember{Name: m.Name, GrpcAddr: m.GRPCAddr})
+	}
+	in.Newcomers = c.Newcomers[:min(len(c.Newcomers), MaxCutOff)]
+}
+
+// cutOffFromProto reads the cut-off members of in, leaving out names
+// empty or longer than limiter.MaxNameLen and addresses longer than 256
+// bytes, and everything past MaxCutOff.
+func cutOffFromProto(in *pb.TransferRequest) CutOff {
+	var c CutOff
+	for _, m := range in.CutOff {
+		if len(c.Members) >= MaxCutOff {
+			break
+		}
+		if m == nil || m.Name == "" || len(m.Name) > limiter.MaxNameLen || len(m.GrpcAddr) > maxAddrLen {
+			continue
+		}
+		c.Members = append(c.Members, CutOffMember{Name: m.Name, GRPCAddr: m.GrpcAddr})
+	}
+	for _, name := range in.Newcomers {
+		if len(c.Newcomers) >= MaxCutOff {
+			break
+		}
+		if name == "" || len(name) > limiter.MaxNameLen {
+			continue
+		}
+		c.Newcomers = append(c.Newcomers, name)
+	}
+	return c
+}
+
+// maxAddrLen bounds a cut-off member's address as read.
+const maxAddrLen = 256
 
 // Lease is a share of a key's remaining hits, granted by its owner.
 type Lease struct {
@@ -398,7 +455,7 @@ func (p *peerServer) Transfer(ctx context.Context, in *pb.TransferRequest) (*pb.
 		case len(in.States) > 0:
 			return nil, status.Errorf(codes.InvalidArgument, "transport: a hand-over confirmation carries %d states, want none", len(in.States))
 		}
-		hs.HandoffDone(ctx, cleanText(in.From, limiter.MaxNameLen), in.RingFingerprint, in.WantConfirmation)
+		hs.HandoffDone(ctx, cleanText(in.From, limiter.MaxNameLen), in.RingFingerprint, in.WantConfirmation, cutOffFromProto(in))
 		return &pb.TransferResponse{}, nil
 	}
 	states := make([]limiter.Snapshot, 0, len(in.States))

@@ -1384,8 +1384,20 @@ type TransferRequest struct {
 	// (the sender may have set it aside on adopting another membership
 	// meanwhile), without this flag. A build without it ignores it.
 	WantConfirmation bool `protobuf:"varint,6,opt,name=want_confirmation,json=wantConfirmation,proto3" json:"want_confirmation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// With TRANSFER_REASON_HANDOFF_DONE: the members the sender holds cut
+	// off (gossip declared them failed, or they are back from a partition
+	// and not admitted to its ring again yet; they did not leave), so that
+	// a receiver that never knew them (it joined the sender's side of a
+	// partition) records what it admits on their keys as a stand-in. At
+	// most 1024; a build without it ignores it.
+	CutOff []*CutOffMember `protobuf:"bytes,7,rep,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`
+	// With TRANSFER_REASON_HANDOFF_DONE and cut_off: the members of the
+	// sender's ring that joined while members were cut off (the receiver
+	// among them when it is new too), which those cut off do not know. At
+	// most 1024 names.
+	Newcomers     []string `protobuf:"bytes,8,rep,name=newcomers,proto3" json:"newcomers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransferRequest) Reset() {
@@ -1460,6 +1472,74 @@ func (x *TransferRequest) GetWantConfirmation() bool {
 	return false
 }
 
+func (x *TransferRequest) GetCutOff() []*CutOffMember {
+	if x != nil {
+		return x.CutOff
+	}
+	return nil
+}
+
+func (x *TransferRequest) GetNewcomers() []string {
+	if x != nil {
+		return x.Newcomers
+	}
+	return nil
+}
+
+// CutOffMember is a member a node holds cut off.
+type CutOffMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its gRPC address, as its membership tag gave it.
+	GrpcAddr      string `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CutOffMember) Reset() {
+	*x = CutOffMember{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CutOffMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CutOffMember) ProtoMessage() {}
+
+func (x *CutOffMember) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CutOffMember.ProtoReflect.Descriptor instead.
+func (*CutOffMember) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CutOffMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CutOffMember) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
 // TransferResponse says how the states were taken.
 type TransferResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1473,7 +1553,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1565,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1578,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TransferResponse) GetMerged() int32 {
@@ -1538,7 +1618,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1630,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1643,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaseRequest) GetFrom() string {
@@ -1626,7 +1706,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1718,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1731,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaseResponse) GetGranted() int64 {
@@ -1696,7 +1776,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1788,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1801,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InspectRequest) GetFrom() string {
@@ -1770,7 +1850,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1862,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1875,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InspectResponse) GetStates() []*KeyState {
@@ -1850,7 +1930,7 @@ type ProveRequest struct {
 
 func (x *ProveRequest) Reset() {
 	*x = ProveRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1942,7 @@ func (x *ProveRequest) String() string {
 func (*ProveRequest) ProtoMessage() {}
 
 func (x *ProveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1955,7 @@ func (x *ProveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveRequest.ProtoReflect.Descriptor instead.
 func (*ProveRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProveRequest) GetVersion() uint32 {
@@ -1930,7 +2010,7 @@ type ProveResponse struct {
 
 func (x *ProveResponse) Reset() {
 	*x = ProveResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2022,7 @@ func (x *ProveResponse) String() string {
 func (*ProveResponse) ProtoMessage() {}
 
 func (x *ProveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2035,7 @@ func (x *ProveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProveResponse.ProtoReflect.Descriptor instead.
 func (*ProveResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProveResponse) GetVersion() uint32 {
@@ -2002,7 +2082,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2094,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2107,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckRequest) GetRequest() *RateLimitRequest {
@@ -2046,7 +2126,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2058,7 +2138,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2071,7 +2151,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckResponse) GetResponse() *RateLimitResponse {
@@ -2091,7 +2171,7 @@ type BatchCheckRequest struct {
 
 func (x *BatchCheckRequest) Reset() {
 	*x = BatchCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2183,7 @@ func (x *BatchCheckRequest) String() string {
 func (*BatchCheckRequest) ProtoMessage() {}
 
 func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2196,7 @@ func (x *BatchCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckRequest.ProtoReflect.Descriptor instead.
 func (*BatchCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchCheckRequest) GetRequests() []*RateLimitRequest {
@@ -2136,7 +2216,7 @@ type BatchCheckResponse struct {
 
 func (x *BatchCheckResponse) Reset() {
 	*x = BatchCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2228,7 @@ func (x *BatchCheckResponse) String() string {
 func (*BatchCheckResponse) ProtoMessage() {}
 
 func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2241,7 @@ func (x *BatchCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCheckResponse.ProtoReflect.Descriptor instead.
 func (*BatchCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchCheckResponse) GetResponses() []*RateLimitResponse {
@@ -2179,7 +2259,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2271,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2284,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 type HealthResponse struct {
@@ -2221,7 +2301,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2313,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2326,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -2281,7 +2361,7 @@ type RulesEntry struct {
 
 func (x *RulesEntry) Reset() {
 	*x = RulesEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2373,7 @@ func (x *RulesEntry) String() string {
 func (*RulesEntry) ProtoMessage() {}
 
 func (x *RulesEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2386,7 @@ func (x *RulesEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesEntry.ProtoReflect.Descriptor instead.
 func (*RulesEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RulesEntry) GetName() string {
@@ -2344,7 +2424,7 @@ type RulesCheckRequest struct {
 
 func (x *RulesCheckRequest) Reset() {
 	*x = RulesCheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2436,7 @@ func (x *RulesCheckRequest) String() string {
 func (*RulesCheckRequest) ProtoMessage() {}
 
 func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2449,7 @@ func (x *RulesCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckRequest.ProtoReflect.Descriptor instead.
 func (*RulesCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RulesCheckRequest) GetRoute() string {
@@ -2449,7 +2529,7 @@ type RuleResult struct {
 
 func (x *RuleResult) Reset() {
 	*x = RuleResult{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +2541,7 @@ func (x *RuleResult) String() string {
 func (*RuleResult) ProtoMessage() {}
 
 func (x *RuleResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +2554,7 @@ func (x *RuleResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleResult.ProtoReflect.Descriptor instead.
 func (*RuleResult) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RuleResult) GetName() string {
@@ -2577,7 +2657,7 @@ type RulesCheckResponse struct {
 
 func (x *RulesCheckResponse) Reset() {
 	*x = RulesCheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2669,7 @@ func (x *RulesCheckResponse) String() string {
 func (*RulesCheckResponse) ProtoMessage() {}
 
 func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2682,7 @@ func (x *RulesCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesCheckResponse.ProtoReflect.Descriptor instead.
 func (*RulesCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RulesCheckResponse) GetAllowed() bool {
@@ -2730,14 +2810,19 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bLogEntry\x12 \n" +
 	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
 	"atUnixNano\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x83\x02\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\xd3\x02\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x121\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x19.sluice.v1.TransferReasonR\x06reason\x12+\n" +
 	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12)\n" +
 	"\x10ring_fingerprint\x18\x04 \x01(\x06R\x0fringFingerprint\x12$\n" +
 	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\x12+\n" +
-	"\x11want_confirmation\x18\x06 \x01(\bR\x10wantConfirmation\"F\n" +
+	"\x11want_confirmation\x18\x06 \x01(\bR\x10wantConfirmation\x120\n" +
+	"\acut_off\x18\a \x03(\v2\x17.sluice.v1.CutOffMemberR\x06cutOff\x12\x1c\n" +
+	"\tnewcomers\x18\b \x03(\tR\tnewcomers\"?\n" +
+	"\fCutOffMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +
@@ -2898,7 +2983,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Calendar)(0),              // 1: sluice.v1.Calendar
@@ -2914,23 +2999,24 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*SettlePart)(nil),         // 11: sluice.v1.SettlePart
 	(*LogEntry)(nil),           // 12: sluice.v1.LogEntry
 	(*TransferRequest)(nil),    // 13: sluice.v1.TransferRequest
-	(*TransferResponse)(nil),   // 14: sluice.v1.TransferResponse
-	(*LeaseRequest)(nil),       // 15: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),      // 16: sluice.v1.LeaseResponse
-	(*InspectRequest)(nil),     // 17: sluice.v1.InspectRequest
-	(*InspectResponse)(nil),    // 18: sluice.v1.InspectResponse
-	(*ProveRequest)(nil),       // 19: sluice.v1.ProveRequest
-	(*ProveResponse)(nil),      // 20: sluice.v1.ProveResponse
-	(*CheckRequest)(nil),       // 21: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),      // 22: sluice.v1.CheckResponse
-	(*BatchCheckRequest)(nil),  // 23: sluice.v1.BatchCheckRequest
-	(*BatchCheckResponse)(nil), // 24: sluice.v1.BatchCheckResponse
-	(*HealthRequest)(nil),      // 25: sluice.v1.HealthRequest
-	(*HealthResponse)(nil),     // 26: sluice.v1.HealthResponse
-	(*RulesEntry)(nil),         // 27: sluice.v1.RulesEntry
-	(*RulesCheckRequest)(nil),  // 28: sluice.v1.RulesCheckRequest
-	(*RuleResult)(nil),         // 29: sluice.v1.RuleResult
-	(*RulesCheckResponse)(nil), // 30: sluice.v1.RulesCheckResponse
+	(*CutOffMember)(nil),       // 14: sluice.v1.CutOffMember
+	(*TransferResponse)(nil),   // 15: sluice.v1.TransferResponse
+	(*LeaseRequest)(nil),       // 16: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),      // 17: sluice.v1.LeaseResponse
+	(*InspectRequest)(nil),     // 18: sluice.v1.InspectRequest
+	(*InspectResponse)(nil),    // 19: sluice.v1.InspectResponse
+	(*ProveRequest)(nil),       // 20: sluice.v1.ProveRequest
+	(*ProveResponse)(nil),      // 21: sluice.v1.ProveResponse
+	(*CheckRequest)(nil),       // 22: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),      // 23: sluice.v1.CheckResponse
+	(*BatchCheckRequest)(nil),  // 24: sluice.v1.BatchCheckRequest
+	(*BatchCheckResponse)(nil), // 25: sluice.v1.BatchCheckResponse
+	(*HealthRequest)(nil),      // 26: sluice.v1.HealthRequest
+	(*HealthResponse)(nil),     // 27: sluice.v1.HealthResponse
+	(*RulesEntry)(nil),         // 28: sluice.v1.RulesEntry
+	(*RulesCheckRequest)(nil),  // 29: sluice.v1.RulesCheckRequest
+	(*RuleResult)(nil),         // 30: sluice.v1.RuleResult
+	(*RulesCheckResponse)(nil), // 31: sluice.v1.RulesCheckResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
@@ -2948,43 +3034,44 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	5,  // 12: sluice.v1.LeaseGrant.request:type_name -> sluice.v1.RateLimitRequest
 	4,  // 13: sluice.v1.TransferRequest.reason:type_name -> sluice.v1.TransferReason
 	9,  // 14: sluice.v1.TransferRequest.states:type_name -> sluice.v1.KeyState
-	5,  // 15: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 16: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
-	9,  // 17: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
-	5,  // 18: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
-	6,  // 19: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
-	5,  // 20: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 21: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	27, // 22: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
-	27, // 23: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
-	29, // 24: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
-	7,  // 25: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
-	7,  // 26: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
-	13, // 27: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
-	15, // 28: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
-	17, // 29: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
-	19, // 30: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
-	21, // 31: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
-	23, // 32: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
-	25, // 33: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
-	17, // 34: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
-	28, // 35: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
-	8,  // 36: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
-	8,  // 37: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
-	14, // 38: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
-	16, // 39: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
-	18, // 40: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
-	20, // 41: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
-	22, // 42: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
-	24, // 43: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
-	26, // 44: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
-	18, // 45: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
-	30, // 46: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
-	36, // [36:47] is the sub-list for method output_type
-	25, // [25:36] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	14, // 15: sluice.v1.TransferRequest.cut_off:type_name -> sluice.v1.CutOffMember
+	5,  // 16: sluice.v1.LeaseRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 17: sluice.v1.LeaseResponse.decision:type_name -> sluice.v1.RateLimitResponse
+	9,  // 18: sluice.v1.InspectResponse.states:type_name -> sluice.v1.KeyState
+	5,  // 19: sluice.v1.CheckRequest.request:type_name -> sluice.v1.RateLimitRequest
+	6,  // 20: sluice.v1.CheckResponse.response:type_name -> sluice.v1.RateLimitResponse
+	5,  // 21: sluice.v1.BatchCheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 22: sluice.v1.BatchCheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	28, // 23: sluice.v1.RulesCheckRequest.headers:type_name -> sluice.v1.RulesEntry
+	28, // 24: sluice.v1.RulesCheckRequest.descriptors:type_name -> sluice.v1.RulesEntry
+	30, // 25: sluice.v1.RulesCheckResponse.rules:type_name -> sluice.v1.RuleResult
+	7,  // 26: sluice.v1.Peer.CheckBatch:input_type -> sluice.v1.PeerCheckRequest
+	7,  // 27: sluice.v1.Peer.CheckStream:input_type -> sluice.v1.PeerCheckRequest
+	13, // 28: sluice.v1.Peer.Transfer:input_type -> sluice.v1.TransferRequest
+	16, // 29: sluice.v1.Peer.Lease:input_type -> sluice.v1.LeaseRequest
+	18, // 30: sluice.v1.Peer.Inspect:input_type -> sluice.v1.InspectRequest
+	20, // 31: sluice.v1.Peer.Prove:input_type -> sluice.v1.ProveRequest
+	22, // 32: sluice.v1.Sluice.Check:input_type -> sluice.v1.CheckRequest
+	24, // 33: sluice.v1.Sluice.CheckBatch:input_type -> sluice.v1.BatchCheckRequest
+	26, // 34: sluice.v1.Sluice.Health:input_type -> sluice.v1.HealthRequest
+	18, // 35: sluice.v1.Sluice.Inspect:input_type -> sluice.v1.InspectRequest
+	29, // 36: sluice.v1.Rules.Check:input_type -> sluice.v1.RulesCheckRequest
+	8,  // 37: sluice.v1.Peer.CheckBatch:output_type -> sluice.v1.PeerCheckResponse
+	8,  // 38: sluice.v1.Peer.CheckStream:output_type -> sluice.v1.PeerCheckResponse
+	15, // 39: sluice.v1.Peer.Transfer:output_type -> sluice.v1.TransferResponse
+	17, // 40: sluice.v1.Peer.Lease:output_type -> sluice.v1.LeaseResponse
+	19, // 41: sluice.v1.Peer.Inspect:output_type -> sluice.v1.InspectResponse
+	21, // 42: sluice.v1.Peer.Prove:output_type -> sluice.v1.ProveResponse
+	23, // 43: sluice.v1.Sluice.Check:output_type -> sluice.v1.CheckResponse
+	25, // 44: sluice.v1.Sluice.CheckBatch:output_type -> sluice.v1.BatchCheckResponse
+	27, // 45: sluice.v1.Sluice.Health:output_type -> sluice.v1.HealthResponse
+	19, // 46: sluice.v1.Sluice.Inspect:output_type -> sluice.v1.InspectResponse
+	31, // 47: sluice.v1.Rules.Check:output_type -> sluice.v1.RulesCheckResponse
+	37, // [37:48] is the sub-list for method output_type
+	26, // [26:37] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2993,14 +3080,14 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[23].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

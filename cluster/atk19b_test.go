@@ -602,13 +602,13 @@ func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
 // on keys of every algorithm owned by each of the three, while a fourth
 // node joins or node 2 leaves gracefully: the stand-ins' states meet the
 // ring change that follows the heal. Every key counts every hit admitted,
-// at most one check per caller more (in flight at the cut).
+// at most one check per caller more (in flight at the cut). The heal's
+// gossip may declare node 1 failed to the leaving node 2 for a moment,
+// which leaves node 2 alone in its ring in the middle of its leave: it
+// waits for node 1 rather than drop the states it holds.
 func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 	for _, change := range []string{"join", "leave"} {
 		t.Run(change, func(t *testing.T) {
-			if change == "leave" {
-				attackOpen(t, "over-admission in some runs: node 2 leaving as the partition heals, under traffic, gave up 97 key states (ErrHandoff) after 264 s in 1 of 5 -race runs: 8280 admitted hits not counted, up to 1417 on one key")
-			}
 			noLeaksAfter(t)
 			c := testcluster.New(t, 3, withReplicas(2))
 			reqs := wideKeys(t, c, "healchange-"+change, []int{0, 1, 2}, 2)

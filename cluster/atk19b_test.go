@@ -657,11 +657,13 @@ func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 // Node 2 leaves gracefully as the partition {0}|{1,2} begins, under live
 // traffic through nodes 0 and 1 on keys of every algorithm owned by each
 // of the three: its passes go to owners on a ring that still holds node
-// 0, cut off, until gossip declares node 0 failed; then healed. Every key
-// counts every hit admitted, at most one check per caller more (in flight
-// at the cut).
+// 0, cut off, until gossip declares node 0 failed; then healed. Node 0
+// stands in for node 2's keys it takes, from its copies, while node 2's
+// states go to node 1: it must go on standing in once it learns that
+// node 2 left, or the heal's merge keeps the larger history, node 2's,
+// without node 0's later decisions. Every key counts every hit admitted,
+// at most one check per caller more (in flight at the cut).
 func TestAtk19bLeaveAsThePartitionBegins(t *testing.T) {
-	attackOpen(t, "over-admission: node 2 leaving as {0}|{1,2} begins, under traffic, then healed: 8 to 62 admitted hits not counted in 3 of 3 -race runs (1 to 19 on one key, keys node 0 owns), no state given up")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavecut", []int{0, 1, 2}, 2)

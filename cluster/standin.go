@@ -15,8 +15,9 @@ import (
 // Stand-in owners: a node decides a key as its owner while the member that
 // owns the key on the ring with the members cut off (gossip declared them
 // failed, or they are back from a partition and not admitted to the ring
-// again yet; they did not leave) is cut off, which is each side of a
-// partition and the new owner after a hard kill. Whether a decision is a
+// again yet; they did not leave, or left while declared failed) is cut
+// off, which is each side of a partition and the new owner after a hard
+// kill. Whether a decision is a
 // stand-in's is told with its ownership, under the key's decide lock, so
 // the hand-off pass after a heal (which waits for such decisions) sends
 // it with its part. It decides from what it
@@ -109,8 +110,14 @@ type standins struct {
 	// full is the ring over the members and the failed members that
 	// were in the ring; nil while none failed.
 	full atomic.Pointer[ring.Ring]
-	// failed is the failed members full adds; rebuild alone touches it.
-	failed map[string]ring.Member
+	// failed is the failed members full adds, and unreachable those of
+	// them that serf declared failed (not back and waiting to be admitted
+	// again); rebuild alone touches them.
+	failed      map[string]ring.Member
+	unreachable map[string]bool
+	// gone is the members of failed that left while cut off (update),
+	// published for cutOff: they will not be back.
+	gone atomic.Pointer[map[string]bool]
 	// cutMu guards cutChanged, which is closed and replaced whenever full
 	// is published: a wait for the members cut off looks again.
 	cutMu      sync.Mutex
@@ -157,8 +164,12 @@ func newStandins(self string, now time.Time) *standins {
 // to the ring again yet, and that were in the ring (prev) or cut off
 // already; it publishes the ring over members and every member cut off,
 // old and new, for the ring change to come; publish then drops the
-// members no longer cut off. A member that left, or joins for the first
-// time, is not cut off. Called by rebuild, which serialises them.
+// members no longer cut off. A member that joins for the first time is
+// not cut off, nor is one that left, unless it left while cut off: it
+// handed its keys to the owners on its side, and this node's state of
+// them is still a second history, which the heal's hand-off meets, so
+// this node stands in for it until gossip forgets it. Called by rebuild,
+// which serialises them.
 func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config) {
 	was := map[string]bool{}
 	for _, m := range prev {
@@ -169,22 +180,34 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 		in[m.Name] = true
 	}
 	failed := map[string]ring.Member{}
+	unreachable, gone := map[string]bool{}, map[string]bool{}
 	for _, m := range ms {
-		if m.Status != serf.StatusFailed && m.Status != serf.StatusAlive || m.Name == t.self || in[m.Name] {
+		if m.Name == t.self || in[m.Name] {
 			continue
 		}
-		if f, ok := t.failed[m.Name]; ok {
+		f, cutOff := t.failed[m.Name]
+		switch {
+		case m.Status == serf.StatusFailed || m.Status == serf.StatusAlive:
+		case t.unreachable[m.Name] && (m.Status == serf.StatusLeaving || m.Status == serf.StatusLeft):
+			failed[m.Name], unreachable[m.Name], gone[m.Name] = f, true, true // left while cut off
+			continue
+		default:
+			continue
+		}
+		if cutOff {
 			failed[m.Name] = f
-			continue
-		}
-		if was[m.Name] {
+		} else if was[m.Name] {
 			if addr, err := checkGRPCTag(m.Tags[grpcTag]); err == nil {
 				failed[m.Name] = ring.Member{Name: m.Name, Addr: addr}
 			}
 		}
+		if _, ok := failed[m.Name]; ok && m.Status == serf.StatusFailed {
+			unreachable[m.Name] = true
+		}
 	}
 	old := t.failed
-	t.failed = failed
+	t.failed, t.unreachable = failed, unreachable
+	t.gone.Store(&gone)
 	// Members back from a partition are among members: the ring over
 	// members alone then tells the decisions still made under the ring in
 	// force, which routes around them, as stand-in decisions.
@@ -256,15 +279,20 @@ func (t *standins) cutWake() <-chan struct{} {
 }
 
 // cutOff returns the names, sorted, of the members cut off from this node
-// (update) that are not among members; nil when there are none.
+// (update) that are not among members, less those that left while cut off
+// (they will not be back); nil when there are none.
 func (t *standins) cutOff(members []ring.Member) []string {
 	r := t.full.Load()
 	if r == nil {
 		return nil
 	}
+	var gone map[string]bool
+	if g := t.gone.Load(); g != nil {
+		gone = *g
+	}
 	var out []string
 	for _, m := range r.Members() {
-		if m.Name != t.self && !hasMember(members, m.Name) {
+		if m.Name != t.self && !hasMember(members, m.Name) && !gone[m.Name] {
 			out = append(out, m.Name)
 		}
 	}

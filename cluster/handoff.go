@@ -633,7 +633,10 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack 
 // owner. Both passes run within Config.LeaveTimeout. Hand-off states
 // other nodes send it meanwhile (another node leaving at the same time)
 // it passes on last, and once it has none left it refuses more, so that
-// their senders send them to the owners without it.
+// their senders send them to the owners without it. A pass that finds no
+// other member in the ring while members are cut off (declared failed for
+// a moment as a partition heals, say) waits for one within LeaveTimeout
+// too (awaitOthers).
 //
 // A node whose ring holds itself alone while members it routed to are cut
 // off (a partition, or members killed hard) is not the cluster's last
@@ -678,7 +681,7 @@ func (n *Node) leaveHandoff() error {
 	var sentTo []ring.Member
 	one := true
 	pass := func(collect func(add func(s limiter.Snapshot, not string))) {
-		others := slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
+		others := n.awaitOthers(ctx)
 		if sentTo != nil && !slices.Equal(sentTo, others) {
 			one = false
 		}
@@ -852,6 +855,18 @@ func (n *Node) awaitCutOff(ctx context.Context) {
 // told their leave yet).
 func (n *Node) cutOff(members []ring.Member) []string {
 	return slices.DeleteFunc(n.standins.cutOff(members), n.departures.has)
+}
+
+// awaitOthers returns the ring's members other than this node, once
+// there are some, or no member is cut off (awaitCutOff), or ctx ended. A
+// pass of a leave finds none in its ring in the middle of the leave when
+// gossip declares the members of its side failed for a moment, as the
+// gossip of a healing partition may: taking itself for the last member
+// then, it would drop every state it holds, its own and those handed to
+// it.
+func (n *Node) awaitOthers(ctx context.Context) []ring.Member {
+	n.awaitCutOff(ctx)
+	return slices.DeleteFunc(n.ring.Members(), func(m ring.Member) bool { return m.Name == n.cfg.NodeName })
 }
 
 // ringChangedSince reports whether the ring's members other than this

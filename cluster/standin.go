@@ -17,10 +17,11 @@ import (
 // Stand-in owners: a node decides a key as its owner while the member that
 // owns the key on the ring with the members cut off (gossip declared them
 // failed, or they are back from a partition and not admitted to the ring
-// again yet; they did not leave) is cut off, which is each side of a
-// partition and the new owner after a hard kill. Members that joined
-// while members were cut off (newcomers) are not on that ring: it is the
-// one the members cut off decide by (update). Whether a decision is a
+// again yet; they did not leave, or left while declared failed) is cut
+// off, which is each side of a partition and the new owner after a hard
+// kill. Members that joined while members were cut off (newcomers) are
+// not on that ring: it is the one the members cut off decide by (update).
+// Whether a decision is a
 // stand-in's is told with its ownership, under the key's decide lock, so
 // the hand-off pass after a heal (which waits for such decisions) sends
 // it with its part. It decides from what it
@@ -116,10 +117,16 @@ type standins struct {
 	// joined is set, before full, while this node is itself a newcomer:
 	// it stands in for the keys full gives to a member cut off.
 	joined atomic.Pointer[joinedView]
-	// failed is the members cut off that full adds, and newcomers the
-	// members full leaves out; rebuild alone touches them.
-	failed    map[string]ring.Member
-	newcomers map[string]bool
+	// failed is the members cut off that full adds, unreachable those of
+	// them that serf declared failed (not back and waiting to be admitted
+	// again), and newcomers the members full leaves out; rebuild alone
+	// touches them.
+	failed      map[string]ring.Member
+	unreachable map[string]bool
+	newcomers   map[string]bool
+	// gone is the members of failed that left while cut off (update),
+	// published for cutOff: they will not be back.
+	gone atomic.Pointer[map[string]bool]
 	// learned holds the members cut off that this node learned from
 	// reports, each until a time (learnedHold after a report last named
 	// it); rebuild alone touches it.
@@ -194,8 +201,12 @@ func newStandins(self string, now time.Time) *standins {
 // to the ring again yet, and that were in the ring (prev) or cut off
 // already; it publishes the ring over members and every member cut off,
 // old and new, for the ring change to come; publish then drops the
-// members no longer cut off. A member that left, or joins for the first
-// time, is not cut off. Called by rebuild, which serialises them.
+// members no longer cut off. A member that joins for the first time is
+// not cut off, nor is one that left, unless it left while cut off: it
+// handed its keys to the owners on its side, and this node's state of
+// them is still a second history, which the heal's hand-off meets, so
+// this node stands in for it until gossip forgets it. Called by rebuild,
+// which serialises them.
 //
 // A node that joins while members are cut off never knew them (memberlist
 // ignores the failed members it never knew), and they do not know it: it
@@ -218,19 +229,30 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	}
 	status := make(map[string]serf.MemberStatus, len(ms))
 	failed := map[string]ring.Member{}
+	unreachable, gone := map[string]bool{}, map[string]bool{}
 	for _, m := range ms {
 		status[m.Name] = m.Status
-		if m.Status != serf.StatusFailed && m.Status != serf.StatusAlive || m.Name == t.self || in[m.Name] {
+		if m.Name == t.self || in[m.Name] {
 			continue
 		}
-		if f, ok := t.failed[m.Name]; ok {
+		f, cutOff := t.failed[m.Name]
+		switch {
+		case m.Status == serf.StatusFailed || m.Status == serf.StatusAlive:
+		case t.unreachable[m.Name] && (m.Status == serf.StatusLeaving || m.Status == serf.StatusLeft):
+			failed[m.Name], unreachable[m.Name], gone[m.Name] = f, true, true // left while cut off
+			continue
+		default:
+			continue
+		}
+		if cutOff {
 			failed[m.Name] = f
-			continue
-		}
-		if was[m.Name] {
+		} else if was[m.Name] {
 			if addr, err := checkGRPCTag(m.Tags[grpcTag]); err == nil {
 				failed[m.Name] = ring.Member{Name: m.Name, Addr: addr}
 			}
+		}
+		if _, ok := failed[m.Name]; ok && m.Status == serf.StatusFailed {
+			unreachable[m.Name] = true
 		}
 	}
 	selfNew, told := t.learnFrom(status, in, failed, now)
@@ -252,7 +274,8 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 			newcomers[t.self] = true
 		}
 	}
-	t.failed, t.newcomers = failed, newcomers
+	t.failed, t.newcomers, t.unreachable = failed, newcomers, unreachable
+	t.gone.Store(&gone)
 	// Members back from a partition are among members: the ring over
 	// members alone then tells the decisions still made under the ring in
 	// force, which routes around them, as stand-in decisions.
@@ -472,15 +495,20 @@ func (t *standins) cutWake() <-chan struct{} {
 }
 
 // cutOff returns the names, sorted, of the members cut off from this node
-// (update) that are not among members; nil when there are none.
+// (update) that are not among members, less those that left while cut off
+// (they will not be back); nil when there are none.
 func (t *standins) cutOff(members []ring.Member) []string {
 	r := t.full.Load()
 	if r == nil {
 		return nil
 	}
+	var gone map[string]bool
+	if g := t.gone.Load(); g != nil {
+		gone = *g
+	}
 	var out []string
 	for _, m := range r.Members() {
-		if m.Name != t.self && !hasMember(members, m.Name) {
+		if m.Name != t.self && !hasMember(members, m.Name) && !gone[m.Name] {
 			out = append(out, m.Name)
 		}
 	}

@@ -297,3 +297,30 @@ func TestAtkClockExtremeInstants(t *testing.T) {
 		})
 	}
 }
+
+// TestAtkClockFarFutureStaysLimited: with the clock in 2256 or on the day
+// of the horizon (2262-04-11, at which every state is fresh), a key of 10
+// an hour admits 10 of 30 hits (redislimit's TestAtkClockFarFutureOnRedis
+// is its twin).
+func TestAtkClockFarFutureStaysLimited(t *testing.T) {
+	for _, at := range []time.Time{
+		time.Date(2256, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2262, 4, 11, 0, 0, 0, 0, time.UTC),
+	} {
+		for _, a := range Algorithms {
+			t.Run(fmt.Sprintf("%d/%s", at.Year(), a), func(t *testing.T) {
+				s, _ := NewStore(DefaultStoreConfig())
+				base := Request{Name: "n", Key: "k", Limit: 10, Period: time.Hour, Algorithm: a, Hits: 1}
+				n := 0
+				for range 30 {
+					if d, err := s.CheckAt(base, at); err == nil && d.Allowed {
+						n++
+					}
+				}
+				if n != 10 {
+					t.Errorf("admitted %d of 30 at 10 an hour", n)
+				}
+			})
+		}
+	}
+}

@@ -269,9 +269,14 @@ func (sh *shard) snapshotLocked(e *entry, now int64) Snapshot {
 // and a node whose clock is right would refuse the state with it
 // (checkTimes): it takes the state with a mark at that bound, under which
 // a refund of a charge named between the bound and the instant may give
-// hits back, rather than count none of the key's hits.
+// hits back, rather than count none of the key's hits. The end is at most
+// MaxStateLife after that bound: no refund finds hits of a charge named at
+// or before the instant (the bound) later than that, and a node whose
+// clock is right would refuse an end further ahead (a sweep or a reset
+// made with the clock years ahead) as it would the instant.
 func (m resetMark) exported(now int64) (at, until int64) {
-	return min(m.at, addSat(now, int64(MaxClockSkew/2))), m.until
+	bound := addSat(now, int64(MaxClockSkew/2))
+	return min(m.at, bound), min(m.until, addSat(bound, int64(MaxStateLife)))
 }
 
 // exportLocked exports e if it must travel at now: its state as

@@ -85,6 +85,9 @@ type differential struct {
 	berlin *time.Location
 	// stepsBack: the clock steps back by more than 100 ms now and then.
 	stepsBack bool
+	// bigSteps: with stepsBack, the clock also steps ahead by this much now
+	// and then, and back by as much later (0: never).
+	bigSteps time.Duration
 	// strictest: both keep the strictest rate (KeepStrictest).
 	strictest bool
 	// switches and foreignPeeks count the requests of another algorithm
@@ -130,6 +133,12 @@ func (d *differential) run(t *testing.T, rng *rand.Rand, seed int, algo limiter.
 				// own atomicity, and has no such rule).
 				back := 100*time.Millisecond + time.Duration(1+rng.Int64N(int64(2*p.period)/1000))*time.Microsecond
 				d.clock.now = d.clock.now.Add(-back)
+			} else if d.bigSteps > 0 && rng.IntN(6) == 0 {
+				if rng.IntN(2) == 0 {
+					d.clock.now = d.clock.now.Add(d.bigSteps)
+				} else {
+					d.clock.now = d.clock.now.Add(-d.bigSteps)
+				}
 			}
 		}
 		if rng.IntN(40) == 0 {

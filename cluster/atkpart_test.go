@@ -454,3 +454,108 @@ func (tr *refundTraffic) checkedMore(t *testing.T, n int64) {
 		t.Fatal(err)
 	}
 }
+
+// A refund through a stand-in in a second cut of hits it admitted in the
+// first: keys of every heal algorithm owned by node 1 (node 2 its
+// replica), 50 before; {0}|{1,2}, 30 through node 0 standing in; healed;
+// cut again the same way, 5 through node 0, which then gives 20 back
+// (of the first cut's 30); healed. The part of the first cut, charged at
+// the first heal, is not lowered again: the callers kept 65 of each key,
+// and no key may count fewer (at most 35 left; 20 left when only the
+// second cut's part is lowered, by its 5).
+func TestAtkpartRefundAfterAFlap(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3, withReplicas(2))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 20)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 5))
+	refundThrough(t, c.Node(0), reqs, 20)
+	t.Logf("node 0: %+v", c.Node(0).Stats().Settle)
+	c.Heal()
+	c.WaitConverged()
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 35) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reqs {
+		owner := c.Owner(r.Name, r.Key)
+		more := admitUntilDenied(t, owner, r, int(r.Limit))
+		if more > 35 {
+			t.Errorf("%s %s: its owner %s admits %d more, at most 35 are left", r.Algorithm, r.Key, owner.Name(), more)
+		}
+		t.Logf("%s %s: its owner admits %d more (35 are left)", r.Algorithm, r.Key, more)
+	}
+}
+
+// Refunds race a stand-in's leave while it is cut off alone, under live
+// traffic: keys of every algorithm owned by each of three nodes; callers
+// on nodes 0 and 1 check random keys and give back one hit of a key they
+// were admitted on one time in three; {0}|{1,2}; node 0 leaves and waits
+// for a member cut off while its callers go on through it; healed, node 0
+// hands its states over, and its callers go on through node 1. No key
+// may count fewer than its admitted hits less the refunds answered (or
+// in doubt).
+func TestAtkpartRefundsRaceALeaveWhileCutOffAlone(t *testing.T) {
+	noLeaksAfter(t)
+	sig := newAwaitSignal(awaitingMsg)
+	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.LeaveTimeout = testcluster.DefaultWait
+		if i == 0 {
+			cfg.Logger = slog.New(sig)
+		}
+	}))
+	reqs := wideKeys(t, c, "atkpart-refund-leave", []int{0, 1, 2}, 2)
+	tr := startRefundTraffic(c, []int{0, 1}, reqs)
+	defer tr.finish()
+	tr.checkedMore(t, 100)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	tr.checkedMore(t, 300)
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		c.Leave(0) // reports its error
+	}()
+	<-sig.ch
+	tr.checkedMore(t, 300)
+	c.Heal()
+	<-left
+	c.WaitConverged()
+	tr.checkedMore(t, 300)
+	tr.finish()
+	var over, under int64
+	for i, r := range reqs {
+		admitted := tr.admitted[i].Load()
+		low := admitted - tr.refunded[i].Load() - tr.refundDoubt[i].Load()
+		high := admitted - tr.refunded[i].Load()
+		_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{r}, r.Limit-low) })
+		owner := c.Owner(r.Name, r.Key)
+		peek := r
+		peek.Hits = 0
+		d, err := owner.Check(context.Background(), peek)
+		if err != nil {
+			t.Fatalf("%s: peek: %v", r.Key, err)
+		}
+		counted := r.Limit - d.Remaining
+		switch {
+		case counted < low:
+			over += low - counted
+			t.Errorf("%s %s: counts %d, the callers were admitted %d and gave back %d (%d in doubt): %d admitted hits not counted", r.Algorithm, r.Key, counted, admitted, tr.refunded[i].Load(), tr.refundDoubt[i].Load(), low-counted)
+		case counted > high:
+			under += counted - high
+		}
+	}
+	t.Logf("%d checks, %d refunds, %d errors; %d hits admitted and not counted, %d counted past what the callers kept", tr.checks.Load(), tr.refunds.Load(), tr.errs.Load(), over, under)
+}

@@ -219,45 +219,64 @@ func TestAtkpartLeaveTwiceWhileCutOffAlone(t *testing.T) {
 // ten minutes: Close returns, and so does Leave, with an error that says
 // its states were not delivered; no goroutine is left. Without a data
 // directory the 30 node 0 admitted are lost with it (the bound of a hard
-// kill): once healed the keys count at least the owner's 60.
+// kill): once healed the keys count at least the owner's 60. With one,
+// Close writes them there, and node 0 restarted from it while still cut
+// off hands them, and their parts, to the owner once healed: every key
+// counts 90.
 func TestAtkpartCloseWhileLeaveWaitsCutOff(t *testing.T) {
 	skipNearDayEnd(t)
-	noLeaksAfter(t)
-	sig := newAwaitSignal(awaitingMsg)
-	c, reqs := leaveWhileCutOff(t, func(i int, cfg *cluster.Config) {
-		cfg.LeaveTimeout = 10 * time.Minute
-		if i == 0 {
-			cfg.Logger = slog.New(sig)
-		}
-	})
-	leaver := c.Node(0)
-	leaveErr := make(chan error, 1)
-	go func() { leaveErr <- leaver.Leave() }()
-	<-sig.ch
-	closed := make(chan error, 1)
-	go func() { closed <- leaver.Close() }()
-	deadline := time.NewTimer(testcluster.DefaultWait)
-	defer deadline.Stop()
-	for closed != nil || leaveErr != nil {
-		select {
-		case err := <-closed:
-			t.Logf("Close: %v", err)
-			closed = nil
-		case err := <-leaveErr:
-			t.Logf("Leave: %v", err)
-			if err == nil {
-				t.Errorf("Leave interrupted by Close while cut off returned no error: its states were not delivered")
+	for _, withDir := range []bool{false, true} {
+		t.Run(fmt.Sprintf("data directory %v", withDir), func(t *testing.T) {
+			noLeaksAfter(t)
+			sig := newAwaitSignal(awaitingMsg)
+			dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+			c, reqs := leaveWhileCutOff(t, func(i int, cfg *cluster.Config) {
+				cfg.LeaveTimeout = 10 * time.Minute
+				if withDir {
+					cfg.DataDir = dirs[i]
+				}
+				if i == 0 {
+					cfg.Logger = slog.New(sig)
+				}
+			})
+			leaver := c.Node(0)
+			leaveErr := make(chan error, 1)
+			go func() { leaveErr <- leaver.Leave() }()
+			<-sig.ch
+			closed := make(chan error, 1)
+			go func() { closed <- leaver.Close() }()
+			deadline := time.NewTimer(testcluster.DefaultWait)
+			defer deadline.Stop()
+			for closed != nil || leaveErr != nil {
+				select {
+				case err := <-closed:
+					t.Logf("Close: %v", err)
+					closed = nil
+				case err := <-leaveErr:
+					t.Logf("Leave: %v", err)
+					if !errors.Is(err, cluster.ErrHandoff) {
+						t.Errorf("Leave interrupted by Close while cut off: %v, want ErrHandoff: its states were not delivered", err)
+					}
+					leaveErr = nil
+				case <-deadline.C:
+					t.Fatalf("Close during the leave's wait: Close returned %v, Leave returned %v, after %v", closed == nil, leaveErr == nil, testcluster.DefaultWait)
+				}
 			}
-			leaveErr = nil
-		case <-deadline.C:
-			t.Fatalf("Close during the leave's wait: Close returned %v, Leave returned %v, after %v", closed == nil, leaveErr == nil, testcluster.DefaultWait)
-		}
-	}
-	c.StopHard(0) // a no-op: c stops routing to it
-	c.Heal()
-	c.WaitConverged()
-	if err := atMost(c, reqs, 40); err != nil {
-		t.Error(err)
+			c.StopHard(0) // a no-op: c stops routing to it
+			if withDir {
+				c.Restart(0) // still cut off
+				c.Heal()
+				c.WaitConverged()
+				exactly(t, c, reqs, 10)
+				remainingAfter(t, c, reqs, 10)
+				return
+			}
+			c.Heal()
+			c.WaitConverged()
+			if err := atMost(c, reqs, 40); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
 

@@ -254,8 +254,8 @@ func TestAtkpartCloseWhileLeaveWaitsCutOff(t *testing.T) {
 					closed = nil
 				case err := <-leaveErr:
 					t.Logf("Leave: %v", err)
-					if !errors.Is(err, cluster.ErrHandoff) {
-						t.Errorf("Leave interrupted by Close while cut off: %v, want ErrHandoff: its states were not delivered", err)
+					if !errors.Is(err, cluster.ErrHandoff) || !errors.Is(err, cluster.ErrClosed) {
+						t.Errorf("Leave interrupted by Close while cut off: %v, want ErrHandoff (its states were not delivered) and ErrClosed", err)
 					}
 					leaveErr = nil
 				case <-deadline.C:

@@ -701,3 +701,62 @@ func TestAtkpartStandinLeavesAndHealsToTheReplicaUnderTraffic(t *testing.T) {
 	over, under := settledTo(t, c, reqs, admitted, 3)
 	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
 }
+
+// Two stand-ins leave while cut off alone, and the partition heals first
+// between them: keys of every heal algorithm owned by node 1 (node 2 its
+// replica), 50 before; {0}|{1}|{2}; 30 through node 0 and 5 through node
+// 2, both standing in, 10 through node 1; nodes 0 and 2 leave, each
+// waiting for a member cut off; {0,2}|{1}: each finds the other, a
+// leaver too, back in its ring; once one has left, healed, within the
+// other's LeaveTimeout. The owner, the only member left, must count every
+// hit: 95, 5 more.
+func TestAtkpartTwoStandinsLeaveToEachOther(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	sig0, sig2 := newAwaitSignal(awaitingMsg), newAwaitSignal(awaitingMsg)
+	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.LeaveTimeout = 20 * time.Second
+		switch i {
+		case 0:
+			cfg.Logger = slog.New(sig0)
+		case 2:
+			cfg.Logger = slog.New(sig2)
+		}
+	}))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1}, []int{2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(2), withHits(reqs, 5))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	n0, n2 := c.Node(0), c.Node(2)
+	errs := make(chan error, 2)
+	for _, i := range []int{0, 2} {
+		nd := c.Node(i)
+		go func() { errs <- nd.Leave() }()
+	}
+	<-sig0.ch
+	<-sig2.ch
+	c.Partition([]int{0, 2}, []int{1})
+	first := <-errs
+	t.Logf("the first Leave: %v", first)
+	// Node 1 comes back within the other's LeaveTimeout.
+	c.Partition([]int{0, 1, 2})
+	if err := <-errs; err != nil {
+		t.Errorf("the second Leave, node 1 back within its LeaveTimeout: %v", err)
+	}
+	t.Logf("node 0 left: %+v; node 2 left: %+v", n0.Stats().Transfers, n2.Stats().Transfers)
+	c.StopHard(0)
+	c.StopHard(2)
+	c.Heal()
+	c.WaitConverged()
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 5) }); err != nil {
+		t.Error(err)
+	}
+	remainingAfter(t, c, reqs, 5)
+}

@@ -760,3 +760,53 @@ func TestAtkpartTwoStandinsLeaveToEachOther(t *testing.T) {
 	}
 	remainingAfter(t, c, reqs, 5)
 }
+
+// A stand-in leaves while cut off alone and a new node joins its side
+// during the wait: keys of every heal algorithm owned by node 1 (node 2
+// its replica), 50 before; {0}|{1,2}; 30 through node 0 standing in, 10
+// through node 1; node 0 leaves and waits; node 3 starts and joins node
+// 0 only ({0,3}|{1,2}): node 0's states and parts go to it, a node that
+// never knew the members cut off; healed. Every key counts 90, its
+// owner admits 10 more.
+func TestAtkpartStandinLeavesToAJoiner(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	sig := newAwaitSignal(awaitingMsg)
+	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.LeaveTimeout = testcluster.DefaultWait
+		if i == 0 {
+			cfg.Logger = slog.New(sig)
+		}
+	}))
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 2))
+	}
+	consume(t, c.Node(1), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Partition([]int{0}, []int{1, 2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	consume(t, c.Node(1), withHits(reqs, 10))
+	leaver := c.Node(0)
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		c.Leave(0) // reports its error
+	}()
+	<-sig.ch
+	joiner := c.Add() // cut off from every node: in no group
+	c.Partition([]int{0, 3}, []int{1, 2})
+	if err := testcluster.WaitFor(time.Minute, func() error {
+		_, err := joiner.Join(leaver.GossipAddr())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-left
+	t.Logf("node 0 left: %+v; node 3: %+v", leaver.Stats().Transfers, joiner.Stats().Settle)
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 10)
+	remainingAfter(t, c, reqs, 10)
+}

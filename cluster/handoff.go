@@ -643,9 +643,7 @@ func (o outboxNode) confirm(ctx context.Context, to string, fp uint64, wantBack 
 // member: its states, and the stand-in parts they carry, belong to those
 // members. It first waits, serving as before, until one of them is a
 // member of its ring again (awaitCutOff), and then hands off as any node
-// does; all of it within LeaveTimeout. A pass that finds it alone again
-// with states to send (the member back in its ring was leaving too) waits
-// so again before it sends them.
+// does; all of it within LeaveTimeout.
 //
 // What may still be lost: states whose transfer failed or did not finish
 // within LeaveTimeout (the error wraps ErrHandoff), states with no member

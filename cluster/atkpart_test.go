@@ -634,7 +634,7 @@ func TestAtkpartStandinLeavesToAnotherStandin(t *testing.T) {
 // hands its states to node 2, and its callers go on through node 2.
 // Every key counts every hit admitted.
 func TestAtkpartStandinLeavesAndHealsToTheReplicaUnderTraffic(t *testing.T) {
-	attackOpen(t, "over-admission by one hit in some runs: 1 admitted hit not counted on a leaky bucket key owned by node 2 (993175 remaining after 6826 admitted of 1000000), in 2 of 17 -race runs; every other key of every run counted every hit")
+	attackOpen(t, "over-admission by one hit in some runs: 1 admitted hit not counted on a leaky bucket key owned by node 2 (993175 remaining after 6826 admitted of 1000000), in 2 of 23 -race runs; every other key of every run counted every hit")
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {

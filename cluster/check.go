@@ -635,12 +635,18 @@ func (n *Node) unreachable(req *limiter.Request, policy sluice.Policy) (sluice.D
 		d.Decision = limiter.Decision{Limit: req.Limit, RetryAfter: n.cfg.DenyRetryAfter, ResetAt: n.now().Add(n.cfg.DenyRetryAfter)}
 		d.Owner = n.cfg.NodeName
 	default:
+		// Admitted and recorded as one step for a state of the key sent
+		// meanwhile (withStoredParts): the hits it counts are those
+		// recorded.
+		mu := n.handover.lock(ring.RouteHash(req.Name, req.Key))
+		mu.RLock()
 		var err error
-		if d, err = n.decideLocal(req); err != nil {
-			return sluice.Decision{}, err
-		}
-		if d.Allowed {
+		if d, err = n.decideLocal(req); err == nil && d.Allowed {
 			n.debts.add(req, req.Hits, true)
+		}
+		mu.RUnlock()
+		if err != nil {
+			return sluice.Decision{}, err
 		}
 	}
 	d.WithoutOwner = true

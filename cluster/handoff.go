@@ -463,6 +463,7 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 			n.logger.Error("cluster: hand-off skipped: cannot rebuild ring", "err", err)
 		} else {
 			moved, replica := n.planHandoff(oldR, newR, viaR)
+			n.withStoredParts(moved, replica)
 			for to, states := range moved {
 				n.standins.attachHandOff(states)
 				n.attachGrants(states)
@@ -680,7 +681,9 @@ func (n *Node) leaveHandoff() error {
 	// whether every pass since the last of all states had that target.
 	var sentTo []ring.Member
 	one := true
-	pass := func(collect func(add func(s limiter.Snapshot, not string))) {
+	// A pass of this node's own states (own) makes them carry the hits
+	// its store admitted without their owners (withStoredParts).
+	pass := func(own bool, collect func(add func(s limiter.Snapshot, not string))) {
 		others := n.awaitOthers(ctx)
 		if sentTo != nil && !slices.Equal(sentTo, others) {
 			one = false
@@ -724,6 +727,9 @@ func (n *Node) leaveHandoff() error {
 				batches[o.Name] = append(batches[o.Name], s)
 			}
 		})
+		if own {
+			n.withStoredParts(batches)
+		}
 		for to, states := range batches {
 			n.standins.attachHandOff(states)
 			n.attachGrants(states)
@@ -735,7 +741,7 @@ func (n *Node) leaveHandoff() error {
 	all := func(f func(limiter.Snapshot, string)) {
 		n.store.Range(n.now(), func(s limiter.Snapshot) bool { f(s, ""); return true })
 	}
-	pass(all)
+	pass(true, all)
 	// Whether this node alone decided the keys it owns: then, once its
 	// states are delivered, they are whole on their new owners.
 	sole := n.handover.ownsAllSettled()
@@ -747,13 +753,13 @@ func (n *Node) leaveHandoff() error {
 	n.handover.barrier()
 	n.grants.flush(n.handover, n.store, n.now())
 	if track {
-		pass(func(f func(limiter.Snapshot, string)) {
+		pass(true, func(f func(limiter.Snapshot, string)) {
 			n.transfers.changedMu.Lock()
 			defer n.transfers.changedMu.Unlock()
 			n.store.Changed(n.now(), func(s limiter.Snapshot) { f(s, "") })
 		})
 	} else {
-		pass(all)
+		pass(true, all)
 	}
 	n.transfers.passMu.Lock()
 	n.transfers.lastPass.Store(true)
@@ -769,7 +775,7 @@ func (n *Node) leaveHandoff() error {
 			break
 		}
 		sentTo, one = nil, true
-		pass(all)
+		pass(true, all)
 	}
 	// States the outbox took back from members that left meanwhile, and
 	// states other nodes handed here, go to their owners on the target
@@ -782,7 +788,7 @@ func (n *Node) leaveHandoff() error {
 		if len(held) == 0 {
 			break
 		}
-		pass(func(f func(limiter.Snapshot, string)) {
+		pass(false, func(f func(limiter.Snapshot, string)) {
 			for _, h := range held {
 				f(h.state, h.from)
 			}

@@ -88,6 +88,7 @@ func (n *Node) takeChanges(owners *ownersCache) {
 		// do.
 		n.handover.barrier()
 	}
+	n.withStoredParts(batches)
 	if replicate && n.grants.active() {
 		n.withHeldHits(batches, owners)
 	}

@@ -28,7 +28,9 @@ import (
 // travel with the key's state: the two sides' states meet by hand-off when
 // the partition heals, each charged what the other admitted. Hits
 // admitted on this node's store without the owner that are settled here
-// while this node stands in for the owner go to that record too.
+// while this node stands in for the owner go to that record too, and so
+// do those of a key whose state this node sends before they are settled
+// (withStoredParts): the state counts them, and carries them as a part.
 //
 // The record is bounded: maxDebtBytes in all, an entry counted as its
 // name, its key and debtOverhead. Past the bound, the hits of a key not
@@ -49,6 +51,10 @@ const settleInterval = 50 * time.Millisecond
 type debt struct {
 	req   limiter.Request // the key's last request; Hits is the hits to charge
 	local bool            // some were admitted on this node's store (PolicyLocal)
+	// stored is the hits of req.Hits admitted on this node's store, at
+	// most req.Hits: a state of the key this node sends counts them
+	// (takeStored).
+	stored int64
 }
 
 type debtKey struct{ name, key string }
@@ -58,6 +64,16 @@ type debts struct {
 	mu    sync.Mutex
 	m     map[debtKey]*debt // guarded by mu
 	bytes int64             // guarded by mu
+
+	// storedKeys counts the entries of m with hits admitted on this
+	// node's store (debt.stored); written under mu.
+	storedKeys atomic.Int64
+	// rounding is held by a settle round from the debts it takes to those
+	// it puts back: a charge in flight is in no entry of m meanwhile.
+	rounding sync.Mutex
+	// inRound is set while a settle round runs, from before it takes the
+	// debts: a state sent meanwhile waits for rounding (withStoredParts).
+	inRound atomic.Bool
 
 	wake                       chan struct{} // a debt was recorded
 	recorded, settled, dropped atomic.Int64  // hits
@@ -91,6 +107,12 @@ func (t *debts) add(req *limiter.Request, hits int64, local bool) {
 	d.req = *req
 	d.req.Hits = owed + hits
 	d.local = d.local || local
+	if local {
+		if d.stored == 0 {
+			t.storedKeys.Add(1)
+		}
+		d.stored += hits
+	}
 	t.mu.Unlock()
 	t.recorded.Add(hits)
 	select {
@@ -112,16 +134,48 @@ func (t *debts) take() []debt {
 		delete(t.m, k)
 	}
 	t.bytes = 0
+	t.storedKeys.Store(0)
 	return out
 }
 
 // putBack records again debts that could not be settled.
 func (t *debts) putBack(ds []debt) {
 	for i := range ds {
-		t.add(&ds[i].req, ds[i].req.Hits, ds[i].local)
-		t.recorded.Add(-ds[i].req.Hits) // recorded once already
+		d := &ds[i]
+		stored := min(d.stored, d.req.Hits)
+		t.add(&d.req, stored, true)
+		t.add(&d.req, d.req.Hits-stored, false)
+		t.recorded.Add(-d.req.Hits) // recorded once already
 	}
 }
+
+// takeStored removes from the debt of k the hits admitted on this
+// node's store (PolicyLocal) and returns them with the key's last
+// request; 0 when there are none. The rest of the debt, hits admitted
+// without the store (PolicyAllow), stays to be charged to the owner.
+func (t *debts) takeStored(k debtKey) (limiter.Request, int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d, ok := t.m[k]
+	if !ok || d.stored <= 0 {
+		return limiter.Request{}, 0
+	}
+	hits := min(d.stored, d.req.Hits)
+	req := d.req
+	req.Hits = hits
+	d.req.Hits -= hits
+	d.stored, d.local = 0, false
+	t.storedKeys.Add(-1)
+	if d.req.Hits <= 0 {
+		delete(t.m, k)
+		t.bytes -= int64(len(k.name)+len(k.key)) + debtOverhead
+	}
+	return req, hits
+}
+
+// mayHoldStored reports whether some debt may hold hits admitted on this
+// node's store, recorded or in a settle round's charges.
+func (t *debts) mayHoldStored() bool { return t.storedKeys.Load() > 0 || t.inRound.Load() }
 
 // SettleStats counts the hits admitted without their key's owner.
 type SettleStats struct {
@@ -258,6 +312,10 @@ func (n *Node) charged(d debt, rest int64, again []debt) []debt {
 // charges are background traffic, counted in SettleStats only, not in the
 // checks' counts and metrics.
 func (n *Node) settle() int {
+	n.debts.rounding.Lock()
+	defer n.debts.rounding.Unlock()
+	n.debts.inRound.Store(true)
+	defer n.debts.inRound.Store(false)
 	ds := n.debts.take()
 	if len(ds) == 0 {
 		return 0
@@ -344,4 +402,79 @@ func (n *Node) settle() int {
 	}
 	n.debts.putBack(again)
 	return len(again)
+}
+
+// withStoredParts makes the states of batches, read from this node's
+// store to be sent (a hand-off, a copy for replicas, a leave), carry the
+// hits of their keys that this node admitted on its store without the
+// key's owner and has not settled yet (PolicyLocal): such a state counts
+// them, and a charge to the owner or a part recorded later would count
+// them again wherever the state wins a merge. For each such key, under
+// its decide lock held exclusively (the policy admits on the store and
+// records the debt under it shared, in unreachable), it takes those hits
+// out of the record, reads the key's state again, which counts them, and
+// adds them to this node's own part of the key (standins.addStoredLocked)
+// before the parts are attached: the receiver merges the state as
+// another history of the key, and every such hit counts once. It waits
+// for a settle round under way, whose charges are in no debt meanwhile.
+// A key whose hits find no room in the stand-in record keeps its debt,
+// and its state is sent as read: counted twice, never lost.
+func (n *Node) withStoredParts(batches ...map[string][]limiter.Snapshot) {
+	if !n.debts.mayHoldStored() {
+		return
+	}
+	n.debts.rounding.Lock()
+	defer n.debts.rounding.Unlock()
+	if n.debts.storedKeys.Load() == 0 {
+		return
+	}
+	now := n.now()
+	fresh := map[debtKey]*limiter.Snapshot{} // nil: sent as read
+	for _, b := range batches {
+		for _, states := range b {
+			for i := range states {
+				s := &states[i]
+				if s.Settle != nil {
+					continue // passed on as it was sent
+				}
+				k := debtKey{s.Name, s.Key}
+				f, seen := fresh[k]
+				if !seen {
+					f = n.storedPart(k, now)
+					fresh[k] = f
+				}
+				if f != nil {
+					*s = *f
+				}
+			}
+		}
+	}
+}
+
+// storedPart moves the hits of k admitted on this node's store without
+// the owner from the settlement record to this node's own stand-in part
+// of k, and returns the key's state read with them; nil when k holds no
+// such hits or they stay in the record (no room for the part, or the
+// state is gone or of another algorithm). n.debts.rounding must be held.
+func (n *Node) storedPart(k debtKey, now time.Time) *limiter.Snapshot {
+	if n.debts.storedKeys.Load() == 0 {
+		return nil
+	}
+	mu := n.handover.lock(ring.RouteHash(k.name, k.key))
+	mu.Lock()
+	defer mu.Unlock()
+	t := n.standins
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	req, hits := n.debts.takeStored(k)
+	if hits <= 0 {
+		return nil
+	}
+	s, ok := n.store.Snapshot(k.name, k.key, now)
+	if !ok || s.Algorithm != req.Algorithm || !t.addStoredLocked(k, &req, hits) {
+		n.debts.putBack([]debt{{req: req, local: true, stored: hits}})
+		return nil
+	}
+	n.debts.settled.Add(hits)
+	return &s
 }

@@ -646,6 +646,36 @@ func (t *standins) reserve(req *limiter.Request) bool {
 	return true
 }
 
+// addStoredLocked adds hits of req, admitted on this node's store
+// without the key's owner and counted by a state of the key this node
+// is about to send, to this node's own part of the key, as a stand-in's
+// (withStoredParts); false when there is no room for them, or the record
+// holds parts of the key under another algorithm. t.mu must be held.
+func (t *standins) addStoredLocked(k debtKey, req *limiter.Request, hits int64) bool {
+	e := t.entryLocked(k)
+	if e == nil {
+		return false
+	}
+	if e.req.Name != "" && e.req.Algorithm != req.Algorithm && hasHits(e.parts) {
+		return false
+	}
+	if e.gen == 0 {
+		t.nextGen++
+		e.gen = t.nextGen
+	}
+	if !t.addPartLocked(e, t.self, e.gen, hits, true) {
+		if !hasHits(e.parts) && e.pins == 0 {
+			t.removeLocked(k, e)
+		}
+		return false
+	}
+	t.markDirtyLocked(k)
+	e.req = *req
+	e.req.Hits, e.req.Behavior = 0, 0
+	t.recorded.Add(hits)
+	return true
+}
+
 // hasHits reports whether some part of ps holds hits.
 func hasHits(ps []limiter.SettlePart) bool {
 	for _, p := range ps {

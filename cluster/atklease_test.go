@@ -1,0 +1,56 @@
+package cluster_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// Attacks on lease grants carried with key states, on real nodes, counted
+// from the callers' side.
+
+// Two holders (nodes 0 and 2) lease hits of a key of 1000 owned by node 1,
+// whose leave moves it to node 3; node 3 leaves as well, at once
+// (together) or right after node 1's leave ends (in turn): the grants go
+// A->B->C with the key's state, or the holders' returns reach node 3 while
+// it leaves (refused, sent again to the key's owner then). No return frees
+// hits twice: the key admits at most its limit, and exactly it once the
+// returns are in (fewer is the open under-admission leaseHitsLost names).
+func TestAtkLeaseTwoLeavesInARow(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, together := range []bool{false, true} {
+		name := "in turn"
+		if together {
+			name = "together"
+		}
+		for _, a := range leaseEndAlgorithms {
+			t.Run(name+"/"+a.String(), func(t *testing.T) {
+				noLeaksAfter(t)
+				c := leaseEndCluster(t, 5, 10*time.Second, 0.4, 1)
+				req := keyMovingTo(t, c, "atkleaves", a, 1000, 1, 3)
+				admitted := checkUntilLeased(t, c.Node(0), req)
+				admitted += checkUntilLeased(t, c.Node(2), req)
+				admitted += checkN(c.Node(0), req, 10)
+				admitted += checkN(c.Node(2), req, 10)
+				if together {
+					var wg sync.WaitGroup
+					wg.Go(func() { c.Leave(1) })
+					c.Leave(3)
+					wg.Wait()
+				} else {
+					c.Leave(1)
+					c.Leave(3)
+				}
+				c.WaitConverged()
+				admitted = admitAll(t, c, req, admitted, 30*time.Second, c.Node(0), c.Node(2), c.Node(4))
+				t.Logf("callers admitted %d of %d; node 0 %+v, node 2 %+v", admitted, req.Limit, c.Node(0).Stats().Leases, c.Node(2).Stats().Leases)
+				switch {
+				case admitted > req.Limit:
+					t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
+				case admitted < req.Limit:
+					leaseHitsLost(t, "admitted %d of %d after two leaves", admitted, req.Limit)
+				}
+			})
+		}
+	}
+}

@@ -4,6 +4,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/testcluster"
 )
 
 // Attacks on lease grants carried with key states, on real nodes, counted
@@ -49,6 +53,45 @@ func TestAtkLeaseTwoLeavesInARow(t *testing.T) {
 					t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
 				case admitted < req.Limit:
 					leaseHitsLost(t, "admitted %d of %d after two leaves", admitted, req.Limit)
+				}
+			})
+		}
+	}
+}
+
+// Clocks 2 s apart (MaxClockSkew 5 s): holders and the key's next owner
+// ahead of or behind the owner that leaves, two holders of a key of 1000
+// with unused hits. The grants travel as durations, read on the new
+// owner's clock: each return frees its holder's hits once, the key admits
+// at most its limit, and exactly it once the returns are in.
+func TestAtkLeaseOwnerLeavesUnderSkew(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
+		for _, a := range leaseEndAlgorithms {
+			t.Run(skew.String()+"/"+a.String(), func(t *testing.T) {
+				noLeaksAfter(t)
+				// holder 0 at +skew, owner 1 at 0, holder 2 and the next
+				// owner 3 at -skew.
+				c := testcluster.New(t, 4, testcluster.WithClockOffsets(skew, 0, -skew, -skew), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
+					cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 3 * time.Second, Share: 0.4}
+					cfg.Unreachable = sluice.PolicyDeny
+					cfg.Replicas = 1
+					cfg.MaxClockSkew = 5 * time.Second
+				}))
+				req := keyMovingTo(t, c, "atkskew", a, 1000, 1, 3)
+				admitted := checkUntilLeased(t, c.Node(0), req)
+				admitted += checkUntilLeased(t, c.Node(2), req)
+				admitted += checkN(c.Node(0), req, 10)
+				admitted += checkN(c.Node(2), req, 10)
+				c.Leave(1)
+				c.WaitConverged()
+				admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0), c.Node(2))
+				t.Logf("callers admitted %d of %d; node 0 %+v, node 2 %+v", admitted, req.Limit, c.Node(0).Stats().Leases, c.Node(2).Stats().Leases)
+				switch {
+				case admitted > req.Limit:
+					t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
+				case admitted < req.Limit:
+					leaseHitsLost(t, "admitted %d of %d after the owner left under skew", admitted, req.Limit)
 				}
 			})
 		}

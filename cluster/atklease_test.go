@@ -97,3 +97,47 @@ func TestAtkLeaseOwnerLeavesUnderSkew(t *testing.T) {
 		}
 	}
 }
+
+// A holder (node 0) cut off from the rest ({0} | {1,2,3}) keeps unused
+// hits of a key of 1000 owned by node 1; node 1 leaves, and the key, its
+// state and the grant go to node 3, which stops hard and restarts from
+// its DataDir; then the partition heals and node 0 sends its return. The
+// key admits at most its limit (a grant is not written to the DataDir:
+// the return may free nothing there, the open under-admission
+// leaseHitsLost names).
+func TestAtkLeaseCarriedThenRestartFromDataDir(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, a := range leaseEndAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			noLeaksAfter(t)
+			dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
+			c := testcluster.New(t, 4, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 10 * time.Second, Share: 0.4}
+				cfg.Unreachable = sluice.PolicyDeny
+				cfg.Replicas, cfg.DataDir = 1, dirs[i]
+			}))
+			req := keyMovingTo(t, c, "atkrestart", a, 1000, 1, 3)
+			admitted := checkUntilLeased(t, c.Node(0), req)
+			admitted += checkN(c.Node(0), req, 10)
+			c.Partition([]int{0}, []int{1, 2, 3})
+			c.WaitConverged()
+			admitted += checkN(c.Node(0), req, 10)
+			c.Leave(1)
+			c.WaitConverged()
+			admitted += checkN(c.Node(3), req, 100)
+			c.StopHard(3)
+			c.WaitConverged()
+			c.Restart(3)
+			c.Heal()
+			c.WaitConverged()
+			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0), c.Node(2))
+			t.Logf("callers admitted %d of %d; node 0 %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
+			switch {
+			case admitted > req.Limit:
+				t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
+			case admitted < req.Limit:
+				leaseHitsLost(t, "admitted %d of %d after the key's new owner restarted from its DataDir", admitted, req.Limit)
+			}
+		})
+	}
+}

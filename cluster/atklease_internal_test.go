@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // Attacks on the lease grants carried with key states (carry.go), from a
@@ -251,5 +253,40 @@ func TestAtkLeaseForgedGrantLimitsAroundTheMerge(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A forged peer sends 100 hand-off states of one key of 100000 a day,
+// each counting 16 hits more than the last, with 16 grants of one hit to
+// holders no member is named: the node keeps at most 64 (maxCarriedPerKey) of
+// other nodes' grants of the key, rather than 1600 it walks at every
+// change of the key's grants. Fewer kept frees fewer, never more: the key
+// still counts every hit the states added.
+func TestAtkLeaseForgedGrantsPerKeyBounded(t *testing.T) {
+	var at atomic.Int64
+	t0 := time.Unix(1_800_000_000, 0)
+	at.Store(t0.UnixNano())
+	n := atkLeaseNode(t, &at)
+	req := limiter.Request{Name: "atkmany", Key: "k", Limit: 100_000, Period: 24 * time.Hour, Algorithm: limiter.TokenBucket}
+	for i := range 100 {
+		var gs []limiter.LeaseGrant
+		for j := range limiter.MaxLeaseGrants {
+			gs = append(gs, limiter.LeaseGrant{Holder: fmt.Sprintf("ghost-%d-%d", i, j), Hits: 1, Request: req, Entered: t0.UnixNano(), Expires: t0.Add(time.Second).UnixNano()})
+		}
+		sn := atkForgeState(t, req, int64(16*(i+1)), t0, gs...)
+		if _, rejected, err := (stateSink{n}).TakeStates(context.Background(), "evil", transport.Handoff, []limiter.Snapshot{sn}); err != nil || rejected > 0 {
+			t.Fatalf("take %d: %d rejected, %v", i, rejected, err)
+		}
+	}
+	hash := ring.RouteHash(req.Name, req.Key)
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	kept := len(n.grants.grantsLocked(hash))
+	mu.Unlock()
+	if kept > 4*limiter.MaxLeaseGrants {
+		t.Errorf("%d carried grants kept for one key, want %d at most", kept, 4*limiter.MaxLeaseGrants)
+	}
+	if got := atkRemaining(t, n, req); got != 100_000-1600 {
+		t.Errorf("%d remaining, want %d", got, 100_000-1600)
 	}
 }

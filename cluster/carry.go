@@ -251,6 +251,9 @@ func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limit
 		g.storeLocked(hash, gs)
 		return
 	}
+	if carriedCount(gs) >= maxCarriedPerKey {
+		return // fewer freed, never more
+	}
 	gr := grant{from: lg.Holder, req: *req, hits: hits, granted: min(entered, now), expires: lg.Expires, window: window, keep: keep, carried: true}
 	if deferred(req.Algorithm) {
 		gr.settled, gr.entered = true, entered
@@ -262,6 +265,23 @@ func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limit
 	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
 		k.cur = *req
 	}
+}
+
+// maxCarriedPerKey bounds the carried grants a node keeps of one key
+// hash: a key's honest grants are a few per holder (one per limit and
+// window), and every change of the key's grants walks them all. Beyond
+// it, carried grants are dropped: their holders' returns free nothing.
+const maxCarriedPerKey = 4 * limiter.MaxLeaseGrants
+
+// carriedCount returns how many of gs were carried here.
+func carriedCount(gs []grant) int {
+	n := 0
+	for i := range gs {
+		if gs[i].carried {
+			n++
+		}
+	}
+	return n
 }
 
 // sameWindow reports whether two fixed window ends, each read on one

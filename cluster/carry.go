@@ -137,6 +137,10 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 	r.Hits, r.Behavior = 0, 0
 	r.Charged = limiter.Window{}
 	before, _ := n.store.CheckAt(r, now) // a peek: what the key counts
+	rate := n.grants.fastestRateLocked(hash, sn, &r)
+	if local, ok := n.store.Snapshot(sn.Name, sn.Key, now); ok && local.RatePeriod > 0 {
+		rate = max(rate, float64(local.RateLimit)/float64(local.RatePeriod)) // the rate callers decided it at here
+	}
 	changed, err := n.standins.merge(n.store, sn, now)
 	if err != nil || n.grants.crowdedLocked(hash) {
 		return changed, err
@@ -147,9 +151,17 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 	}
 	budget := before.Remaining - after.Remaining
 	for _, lg := range sn.Grants {
-		hits := min(lg.Hits, budget)
+		// A token bucket's or GCRA's hits that entered at lg.Entered,
+		// after now, were charged with what drains until then
+		// (grant.enterEarly): the merge must have added that too, for a
+		// return to free them in full until then (grant.drained).
+		ahead := int64(0)
+		if deferred(lg.Request.Algorithm) {
+			ahead = aheadDrain(lg.Entered-at, max(rate, ratePerNano(&lg.Request)))
+		}
+		hits := min(lg.Hits, budget-ahead)
 		if hits <= 0 {
-			break
+			continue
 		}
 		window := lg.Window
 		if window != 0 {
@@ -161,10 +173,45 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 		g := lg.Request
 		g.Hits, g.Behavior = 0, 0
 		g.Charged = limiter.Window{}
-		n.grants.adoptLocked(hash, &lg, &g, hits, window, at)
-		budget -= hits
+		n.grants.adoptLocked(hash, &lg, &g, hits, ahead, window, at)
+		budget -= hits + ahead
+	}
+	if k := n.grants.shards[hash%decideShards][hash]; k != nil {
+		k.rate = max(k.rate, rate)
 	}
 	return changed, nil
+}
+
+// ratePerNano is r's rate in hits per nanosecond (0 without a period).
+func ratePerNano(r *limiter.Request) float64 {
+	if r.Period <= 0 {
+		return 0
+	}
+	return float64(r.Limit) / float64(r.Period)
+}
+
+// fastestRateLocked is the fastest of the rates hash's key is known to
+// drain at: its grants' here (keyGrants.rate), the rate sn's state was
+// decided at, and r's. The shard's grants must be held.
+func (g *grantTable) fastestRateLocked(hash uint64, sn *limiter.Snapshot, r *limiter.Request) float64 {
+	rate := ratePerNano(r)
+	if k := g.shards[hash%decideShards][hash]; k != nil {
+		rate = max(rate, k.rate)
+	}
+	if sn.RatePeriod > 0 {
+		rate = max(rate, float64(sn.RateLimit)/float64(sn.RatePeriod))
+	}
+	return rate
+}
+
+// aheadDrain is how many hits drain at rate (per ns) in d ns, rounded
+// down as grant.enterEarly charges them; 0 when d is not positive, at
+// most limiter.MaxLimit.
+func aheadDrain(d int64, rate float64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(min(float64(d)*rate, float64(limiter.MaxLimit)))
 }
 
 func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
@@ -180,7 +227,7 @@ func namesHolder(gs []limiter.LeaseGrant, holder string) bool {
 // grant of hits (window: a fixed window's end here), merged by the larger
 // with the grant of its holder, key, limit and window this node holds.
 // The shard's grants must be held exclusively.
-func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limiter.Request, hits, window, now int64) {
+func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limiter.Request, hits, cushion, window, now int64) {
 	keep := max(lg.Expires, now) + int64(grantLateGrace)
 	entered := min(lg.Entered, max(lg.Expires, now))
 	gs := g.grantsLocked(hash)
@@ -196,14 +243,21 @@ func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limit
 		gr.expires = max(gr.expires, lg.Expires)
 		if deferred(req.Algorithm) {
 			gr.entered = min(gr.entered, entered)
+			if gr.carried {
+				gr.adopted, gr.cushion = min(gr.adopted, now), min(gr.cushion, cushion)
+			}
 		}
 		gr.keep = max(gr.keep, keep)
 		g.storeLocked(hash, gs)
 		return
 	}
+	if carriedCount(gs) >= maxCarriedPerKey {
+		return // fewer freed, never more
+	}
 	gr := grant{from: lg.Holder, req: *req, hits: hits, granted: min(entered, now), expires: lg.Expires, window: window, keep: keep, carried: true}
 	if deferred(req.Algorithm) {
 		gr.settled, gr.entered = true, entered
+		gr.adopted, gr.cushion = now, cushion
 	} else {
 		gr.settled = now >= gr.expires
 	}
@@ -211,6 +265,23 @@ func (g *grantTable) adoptLocked(hash uint64, lg *limiter.LeaseGrant, req *limit
 	if k := g.shards[hash%decideShards][hash]; k.cur.Name == "" {
 		k.cur = *req
 	}
+}
+
+// maxCarriedPerKey bounds the carried grants a node keeps of one key
+// hash: a key's honest grants are a few per holder (one per limit and
+// window), and every change of the key's grants walks them all. Beyond
+// it, carried grants are dropped: their holders' returns free nothing.
+const maxCarriedPerKey = 4 * limiter.MaxLeaseGrants
+
+// carriedCount returns how many of gs were carried here.
+func carriedCount(gs []grant) int {
+	n := 0
+	for i := range gs {
+		if gs[i].carried {
+			n++
+		}
+	}
+	return n
 }
 
 // sameWindow reports whether two fixed window ends, each read on one

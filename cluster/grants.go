@@ -62,6 +62,12 @@ type grant struct {
 	// carried is set on a grant that came with the key's state from
 	// another node (carry.go).
 	carried bool
+	// adopted and cushion are a carried token bucket's or GCRA's: when
+	// this node took the grant (Unix ns, its clock), and how many hits
+	// beyond the grant's the merge of its state added for what drains
+	// until entered (mergeWithGrants). Its hits drain at the key's rate
+	// from adopted once they used up the cushion, whatever entered says.
+	adopted, cushion int64
 	// keep is when a settled grant is forgotten: grantReturnGrace after
 	// its expiry, or after its holder was last seen away (settleLocked).
 	keep int64
@@ -77,7 +83,7 @@ func (gr *grant) worth(now int64) bool {
 	if !deferred(gr.req.Algorithm) {
 		return now < gr.window
 	}
-	return gr.drained(&gr.req, gr.hits, now) < gr.hits
+	return gr.drained(0, gr.hits, now) < gr.hits
 }
 
 // enter settles gr at: a token bucket's or GCRA's held hits enter the
@@ -225,6 +231,10 @@ type keyGrants struct {
 	// cur is the limit (Hits 0) of the key's latest decision, grant or
 	// return on this node: the parameters held hits enter under.
 	cur limiter.Request
+	// rate is the fastest rate (hits per ns) the key was decided, granted
+	// or returned at here, or its carried grants' states were taken at,
+	// since it has grants: returns free no hits that drained at it.
+	rate float64
 }
 
 // update recomputes held, earliest, next and latest from list.
@@ -283,6 +293,7 @@ func (g *grantTable) settleLocked(store *limiter.Store, hash uint64, now int64, 
 		k.cur = *req
 		k.cur.Hits, k.cur.Behavior = 0, 0
 		k.cur.Charged = limiter.Window{}
+		k.rate = max(k.rate, ratePerNano(req))
 	}
 	if now < k.next && now >= k.latest {
 		return
@@ -431,6 +442,10 @@ func (g *grantTable) rechargeReset(store *limiter.Store, hash uint64, req *limit
 // are left alone: a stand-in's copies of them are not the owner's.
 func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Request, hits, now int64, skipCarried bool) (open, settled, inWindow, took int64) {
 	gs := g.grantsLocked(hash)
+	rate := ratePerNano(req)
+	if k := g.shards[hash%decideShards][hash]; k != nil {
+		rate = max(rate, k.rate)
+	}
 	slices.SortFunc(gs, func(a, b grant) int { return int(min(max(a.expires-b.expires, -1), 1)) })
 	for i := range gs {
 		gr := &gs[i]
@@ -445,7 +460,7 @@ func (g *grantTable) giveBackLocked(hash uint64, from string, req *limiter.Reque
 		hits -= k
 		took += k
 		if gr.settled {
-			settled += k - gr.drained(req, k, now)
+			settled += k - gr.drained(rate, k, now)
 		} else {
 			open += k
 		}
@@ -501,22 +516,27 @@ func (g *grantTable) flush(h *handover, store *limiter.Store, now time.Time) {
 
 // drained is how many of k hits that entered the bucket when gr expired
 // (or earlier: see grant.entered)
-// have drained by now, at the faster of the grant's and req's rates, at
-// most k. Refunding only the rest never gives back room that others have
+// have drained by now, at the faster of the grant's rate and rate (hits
+// per ns), at most k; a carried grant's, no fewer than have drained since
+// it was adopted less its cushion. Refunding only the rest never gives back room that others have
 // taken since: the hits that entered raise the level by at most k less
 // what has drained since, whatever else was admitted.
-func (gr *grant) drained(req *limiter.Request, k, now int64) int64 {
+func (gr *grant) drained(rate float64, k, now int64) int64 {
 	from := gr.expires
 	if gr.entered != 0 {
 		from = gr.entered
 	}
 	elapsed := now - from
-	if !deferred(gr.req.Algorithm) || elapsed <= 0 {
+	if !deferred(gr.req.Algorithm) || (elapsed <= 0 && gr.adopted == 0) {
 		return 0
 	}
-	rate := max(float64(gr.req.Limit)/float64(gr.req.Period), float64(req.Limit)/float64(req.Period))
-	if d := float64(elapsed) * rate; d < float64(k) {
-		return int64(d)
+	rate = max(ratePerNano(&gr.req), rate)
+	d := float64(max(elapsed, 0)) * rate
+	if gr.adopted != 0 {
+		d = max(d, float64(now-gr.adopted)*rate-float64(gr.cushion))
+	}
+	if d < float64(k) {
+		return int64(max(d, 0))
 	}
 	return k
 }

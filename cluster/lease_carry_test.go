@@ -74,8 +74,11 @@ func TestLeaseReturnAfterJoin(t *testing.T) {
 			}
 			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0))
 			t.Logf("callers admitted %d of %d; %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
-			if admitted != req.Limit {
-				t.Errorf("admitted %d of %d, want exactly the limit", admitted, req.Limit)
+			switch {
+			case admitted > req.Limit:
+				t.Errorf("admitted %d of %d, more than the limit", admitted, req.Limit)
+			case admitted < req.Limit:
+				leaseHitsLost(t, "admitted %d of %d, want exactly the limit", admitted, req.Limit)
 			}
 		})
 	}
@@ -100,8 +103,11 @@ func TestLeaseReturnsOfTwoHoldersAfterOwnerLeft(t *testing.T) {
 			c.WaitConverged()
 			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0), c.Node(2))
 			t.Logf("callers admitted %d of %d; node 0 %+v, node 2 %+v", admitted, req.Limit, c.Node(0).Stats().Leases, c.Node(2).Stats().Leases)
-			if admitted != req.Limit {
-				t.Errorf("admitted %d of %d, want exactly the limit", admitted, req.Limit)
+			switch {
+			case admitted > req.Limit:
+				t.Errorf("admitted %d of %d, more than the limit", admitted, req.Limit)
+			case admitted < req.Limit:
+				leaseHitsLost(t, "admitted %d of %d, want exactly the limit", admitted, req.Limit)
 			}
 		})
 	}

@@ -744,6 +744,18 @@ func (t *standins) refunded(req *limiter.Request, gave int64) {
 	}
 }
 
+// holds reports whether the record has parts with hits of the key of name
+// and key decided under algo.
+func (t *standins) holds(name, key string, algo limiter.Algorithm) bool {
+	if t.entries.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[debtKey{name, key}]
+	return ok && e.req.Algorithm == algo && hasHits(e.parts)
+}
+
 // attach sets the settlement of every state of ss whose key has parts,
 // for copies of the keys (replication).
 func (t *standins) attach(ss []limiter.Snapshot) { t.attachParts(ss, false) }

@@ -470,7 +470,7 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 				handoff[to] = append(handoff[to], states...)
 			}
 			for to, states := range replica {
-				n.standins.attach(states)
+				n.attachConsistent(states)
 				n.attachGrants(states)
 				n.transfers.outbox.replicate(to, states)
 			}
@@ -1026,7 +1026,7 @@ func (s stateSink) TakeStates(ctx context.Context, from string, reason transport
 		if len(states[i].Grants) > 0 {
 			changed, err = s.n.mergeWithGrants(&states[i], now)
 		} else {
-			changed, err = s.n.standins.merge(s.n.store, &states[i], now)
+			changed, err = s.n.mergeState(&states[i], now)
 		}
 		if changed {
 			k = 1
@@ -1068,4 +1068,20 @@ func (n *Node) serfLeave() error {
 		return ErrClosed
 	}
 	return n.serf.Leave()
+}
+
+// mergeState merges sn into the store (standins.merge). A state that
+// carries parts, or of a key this node holds parts of, is merged under
+// its key's decide lock: a stand-in decision between its store's count
+// and its record would otherwise leave the merged state without its hits
+// (the merge charges the state sent the parts recorded so far) while its
+// part counts them.
+func (n *Node) mergeState(sn *limiter.Snapshot, now time.Time) (bool, error) {
+	if sn.Settle == nil && n.standins.entries.Load() == 0 {
+		return n.standins.merge(n.store, sn, now)
+	}
+	mu := n.handover.lock(ring.RouteHash(sn.Name, sn.Key))
+	mu.Lock()
+	defer mu.Unlock()
+	return n.standins.merge(n.store, sn, now)
 }

@@ -79,14 +79,8 @@ func (n *Node) takeChanges(owners *ownersCache) {
 		}
 	})
 	n.transfers.changedMu.Unlock()
-	if len(batches) > 0 && n.standins.entries.Load() > 0 {
-		// A stand-in decision records its hits after its store counts
-		// them, under its key's decide lock: a copy read in between would
-		// carry the hits and not their part, and no later copy would
-		// unless the key changed again. Once the decisions in progress
-		// have ended, the parts attached below count every hit the copies
-		// do.
-		n.handover.barrier()
+	for _, states := range batches {
+		n.attachConsistent(states)
 	}
 	n.withStoredParts(batches)
 	if replicate && n.grants.active() {
@@ -193,4 +187,35 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 	c, ok := scratch.Snapshot(name, key, now)
 	c.Grants = carried
 	return c, ok
+}
+
+// attachConsistent reads again, each under its key's decide lock, the
+// states of ss whose keys have stand-in parts, and attaches the parts to
+// them (standins.attach). A stand-in decision counts its hits in the store
+// and then records them as its part, under its key's decide lock held
+// shared: a state read apart from its parts may count hits its parts do
+// not (the receiver takes them for history before the cut, and a merge
+// that keeps the other history loses them), or parts may count hits the
+// state does not, and a receiver charges a part at most what the state
+// sent counts while it holds the part as counted, so that a state
+// carrying little beside its parts (a stand-in that held no copy) lost
+// those hits for good. Read together, the two count the same hits.
+func (n *Node) attachConsistent(ss []limiter.Snapshot) {
+	if n.standins.entries.Load() == 0 {
+		return
+	}
+	now := n.now()
+	for i := range ss {
+		s := &ss[i]
+		if s.Settle != nil || !n.standins.holds(s.Name, s.Key, s.Algorithm) {
+			continue
+		}
+		mu := n.handover.lock(ring.RouteHash(s.Name, s.Key))
+		mu.Lock()
+		if fresh, ok := n.store.Snapshot(s.Name, s.Key, now); ok && fresh.Algorithm == s.Algorithm {
+			*s = fresh
+		}
+		n.standins.attach(ss[i : i+1])
+		mu.Unlock()
+	}
 }

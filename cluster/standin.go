@@ -774,6 +774,19 @@ func (t *standins) refunded(req *limiter.Request, gave int64) {
 	}
 }
 
+// holds reports whether the record has parts with hits of the key of name
+// and key decided under algo, or a stand-in decision of the key reserved
+// its entry and has not recorded its hits yet.
+func (t *standins) holds(name, key string, algo limiter.Algorithm) bool {
+	if t.entries.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[debtKey{name, key}]
+	return ok && (e.pins > 0 || e.req.Algorithm == algo && hasHits(e.parts))
+}
+
 // attach sets the settlement of every state of ss whose key has parts,
 // for copies of the keys (replication).
 func (t *standins) attach(ss []limiter.Snapshot) { t.attachParts(ss, false) }

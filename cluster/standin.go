@@ -812,14 +812,22 @@ func (t *standins) attachParts(ss []limiter.Snapshot, handOff bool) {
 			continue // passed on as it was sent
 		}
 		e, ok := t.m[debtKey{s.Name, s.Key}]
-		if !ok || e.req.Algorithm != s.Algorithm {
+		if !ok {
 			continue
 		}
 		parts := sendable(e.parts)
 		if parts == nil {
 			continue
 		}
-		s.Settle = &limiter.Settlement{Request: e.req, Parts: parts}
+		// Parts charged to a state of another algorithm than the
+		// stand-in's go with it all the same, at the stand-in's rate in
+		// the state's algorithm: without them a receiver that meets the
+		// stand-in's own state later charges them a second time.
+		req := e.req
+		if req.Algorithm != s.Algorithm {
+			req.Algorithm, req.Burst = s.Algorithm, 0
+		}
+		s.Settle = &limiter.Settlement{Request: req, Parts: parts}
 		if handOff {
 			if own := t.ownHits(parts); own > e.handed {
 				e.handed = own

@@ -187,3 +187,64 @@ func TestStandinRecordMakesRoom(t *testing.T) {
 		t.Error("a restored part of this node's own, carried by a hand-off, is kept")
 	}
 }
+
+// A stand-in's hits charged to a state of another algorithm go on with
+// that state: node 0 admits 30 of a key under token_bucket, standing in;
+// node 2, the replica, holding 60 of the key under fixed_window, is sent
+// node 0's state and hands its own on to the owner, node 1 (60 too). The
+// owner meets node 2's state first and node 0's after: the key counts 90,
+// not 120 (node 2's state without the part, then the part again).
+func TestStandinPartsOfAnotherAlgorithmTravel(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0).Truncate(24 * time.Hour).Add(time.Hour)
+	newStore := func() *limiter.Store {
+		s, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	owned := limiter.Request{Name: "algo", Key: "k", Limit: 100, Period: 24 * time.Hour, Algorithm: limiter.FixedWindow}
+	standInReq := owned
+	standInReq.Algorithm = limiter.TokenBucket
+
+	standIn, standInStore := newStandins("node-0", now), newStore()
+	standInReq.Hits = 30
+	if _, err := standInStore.CheckAt(standInReq, now); err != nil {
+		t.Fatal(err)
+	}
+	standIn.record(&standInReq, 30)
+	fromStandIn := func() limiter.Snapshot {
+		sn, _ := standInStore.Snapshot(owned.Name, owned.Key, now)
+		ss := []limiter.Snapshot{sn}
+		standIn.attachHandOff(ss)
+		return ss[0]
+	}
+
+	replica, replicaStore := newStandins("node-2", now), newStore()
+	owner, ownerStore := newStandins("node-1", now), newStore()
+	owned.Hits = 60
+	for _, s := range []*limiter.Store{replicaStore, ownerStore} {
+		if _, err := s.CheckAt(owned, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sn := fromStandIn()
+	if _, err := replica.merge(replicaStore, &sn, now); err != nil {
+		t.Fatal(err)
+	}
+	fromReplica, _ := replicaStore.Snapshot(owned.Name, owned.Key, now)
+	ss := []limiter.Snapshot{fromReplica}
+	replica.attachHandOff(ss)
+	if ss[0].Settle == nil {
+		t.Fatal("the replica's state goes without the stand-in's part it counts")
+	}
+	for _, sn := range []limiter.Snapshot{ss[0], fromStandIn()} {
+		if _, err := owner.merge(ownerStore, &sn, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned.Hits = 0
+	if d, _ := ownerStore.CheckAt(owned, now); d.Remaining != 10 {
+		t.Fatalf("%d remaining at the owner, want 10 (60 + 30 once)", d.Remaining)
+	}
+}

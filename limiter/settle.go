@@ -82,8 +82,9 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // is dropped. sn, when of the store state's algorithm, is read at that
 // rate too before the two are merged, so that neither is read as
 // counting more for being written at another rate. The store's live
-// state merged so is not marked received, as Merge marks a state (or it
-// is unmarked): the next decision keeps what it counts past its limit. A store that holds no live state of the key counts none of it:
+// state merged so, or charged, is not marked received, as Merge marks a
+// state (or it is unmarked, though an earlier Merge marked it): the next
+// decision keeps what it counts past its limit. A store that holds no live state of the key counts none of it:
 // sn, which counts its parts, is merged as it is, and marked received.
 //
 // With a store's state of b1 plus stand-in hits h1 and sn of b2 plus h2,
@@ -157,6 +158,12 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		changed = true
 	}
 	if !s.mergeLocked(sh, k, merged, at) {
+		if changed {
+			// The state charged may have been marked received by an
+			// earlier Merge: the hits charged past its limit are
+			// consumption, which a decision's clamp must not drop.
+			e.clearReceived()
+		}
 		return changed, nil
 	}
 	if own {

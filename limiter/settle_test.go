@@ -351,3 +351,51 @@ func TestMergeChargedPastTheLimitStays(t *testing.T) {
 		})
 	}
 }
+
+// A state marked received by a copy before the stand-in's hits are
+// charged to it keeps them past its limit: the owner lowered the limit to
+// 50 and counts 50, a copy counting one more merges in (Merge marks the
+// state received: 51), then the stand-in's 30 are charged (81). Checked
+// under 50 (and denied), then under 100 again, the key admits 19, not 50
+// (GCRA fewer).
+func TestMergeChargedAfterACopyStays(t *testing.T) {
+	t0 := time.Unix(1_700_000_040, 0).Truncate(24 * time.Hour).Add(time.Hour)
+	for _, a := range Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			req := Request{Name: "n", Key: "k", Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			lower := req
+			lower.Limit = 50
+			owner, replica, standIn := newTestStore(t), newTestStore(t), newTestStore(t)
+			checkHits(t, owner, req, 40, t0)
+			checkHits(t, owner, lower, 10, t0.Add(time.Second))
+			copied, _ := owner.Snapshot("n", "k", t0.Add(time.Second))
+			if _, err := replica.Merge([]Snapshot{copied}, t0.Add(2*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			checkHits(t, replica, req, 1, t0.Add(2*time.Second))
+			checkHits(t, standIn, req, 30, t0.Add(time.Second))
+
+			now := t0.Add(3 * time.Second)
+			back, _ := replica.Snapshot("n", "k", now)
+			if _, err := owner.Merge([]Snapshot{back}, now); err != nil {
+				t.Fatal(err)
+			}
+			sn, _ := standIn.Snapshot("n", "k", now)
+			charge := req
+			charge.Hits = 30
+			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+				t.Fatal(err)
+			}
+			later := now.Add(time.Second)
+			lower.Hits = 1
+			if d := mustCheck(t, owner, lower, later); d.Allowed {
+				t.Fatalf("under 50 after 81: admitted")
+			}
+			// GCRA may count more: the hits enter at the interval of 50,
+			// read under 100 as twice as many.
+			if got := remainingAt(t, owner, req, later); got > 19 || a != GCRA && got != 19 {
+				t.Errorf("under 100 after 81: %d remaining, want 19", got)
+			}
+		})
+	}
+}

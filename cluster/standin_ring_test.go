@@ -58,12 +58,12 @@ func TestStandingInThroughEveryStepOfARebuild(t *testing.T) {
 		}
 	}
 	// The cut: node-1 and node-2 fail.
-	rec.update(serfOf(serf.StatusFailed), all, alone, cfg, time.Unix(1_700_000_000, 0))
+	rec.update(serfOf(serf.StatusFailed), all, alone, cfg, time.Unix(1_700_000_000, 0), handoverUnder)
 	check("cut, before the ring {node-0} is adopted")
 	rec.publish(alone, cfg)
 	check("cut, ring {node-0} adopted")
 	// The heal: both are back, admitted to the ring again at once.
-	rec.update(serfOf(serf.StatusAlive), alone, all, cfg, time.Unix(1_700_000_000, 0))
+	rec.update(serfOf(serf.StatusAlive), alone, all, cfg, time.Unix(1_700_000_000, 0), handoverUnder)
 	check("heal, ring {node-0} still in force")
 	rec.publish(all, cfg)
 	if rec.full.Load() != nil {

@@ -443,8 +443,18 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 			}
 		}
 	}
+	// Members that left while cut off are reported while another member
+	// is: to a joiner on this side, they are cut off. Alone, they are
+	// held only for the heal's hand-over, which a member that learnt them
+	// would hold as cut off until learnedHold.
+	var gone map[string]bool
+	if g := t.gone.Load(); g != nil && len(*g) == len(t.failed) {
+		gone = *g
+	}
 	for name, m := range t.failed {
-		report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+		if !gone[name] {
+			report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+		}
 	}
 	for name := range t.newcomers {
 		report.Newcomers = append(report.Newcomers, name)

@@ -392,7 +392,8 @@ func (n *Node) releaseGone() {
 // the node routes over, is over: the hand-off pass of members has queued
 // its states (with their parts) and the outbox delivered them, and every
 // other member confirmed members, having delivered every state it owed
-// this node. The states of keys that a member which left while cut off
+// this node (not the hand-over's timeout: the states may not have come).
+// The states of keys that a member which left while cut off
 // handed to the members of its side are then merged with this node's, as
 // two histories: from then on this node's state of each key it owns is
 // the key's only history, and the member need not be stood in for.
@@ -403,7 +404,7 @@ func (n *Node) goneSettled(members []ring.Member) bool {
 	if queued, _ := n.transfers.outbox.pendingHandoff(); queued > 0 {
 		return false
 	}
-	return len(n.handover.unconfirmed()) == 0 && n.handover.ownsAllSettled()
+	return n.handover.confirmedByAll() && n.handover.ownsAllSettled()
 }
 
 // reaskFirst and reaskMax bound the interval, on the system's timer, at

@@ -334,11 +334,11 @@ func (n *Node) handoffLoop() {
 			expire = clocks.NewTimer(n.clock, at.Sub(n.now()))
 		}
 	}
-	// While a member that left while cut off is held (standins.update),
+	// While members that left while cut off alone are held (update),
 	// a confirmation that settles the membership, or the outbox's
 	// hand-off draining, may let it go (releaseGone).
 	goneWake := func() (<-chan struct{}, <-chan struct{}) {
-		if !n.standins.holdsGone() {
+		if !n.standins.holdsOnlyGone() {
 			return nil, nil
 		}
 		_, drained := n.transfers.outbox.pendingHandoff()
@@ -380,10 +380,10 @@ func (n *Node) handoffLoop() {
 }
 
 // releaseGone rebuilds the ring, so that standins.update lets the members
-// that left while cut off go, once it holds some and the hand-over of the
+// that left while cut off go, once it holds only those and the hand-over of the
 // current membership is settled (goneSettled).
 func (n *Node) releaseGone() {
-	if n.standins.holdsGone() && n.goneSettled(n.ring.Members()) {
+	if n.standins.holdsOnlyGone() && n.goneSettled(n.ring.Members()) {
 		n.rebuild(0)
 	}
 }

@@ -127,8 +127,9 @@ type standins struct {
 	// gone is the members of failed that left while cut off (update),
 	// published for cutOff: they will not be back.
 	gone atomic.Pointer[map[string]bool]
-	// goneHeld is set while gone holds a member (holdsGone).
-	goneHeld atomic.Bool
+	// goneOnly is set while gone holds a member and no other member is
+	// cut off (holdsOnlyGone).
+	goneOnly atomic.Bool
 	// learned holds the members cut off that this node learned from
 	// reports, each until a time (learnedHold after a report last named
 	// it); rebuild alone touches it.
@@ -291,7 +292,7 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	}
 	t.failed, t.newcomers, t.unreachable = failed, newcomers, unreachable
 	t.gone.Store(&gone)
-	t.goneHeld.Store(len(gone) > 0)
+	t.goneOnly.Store(len(gone) > 0 && len(gone) == len(failed))
 	// Members back from a partition are among members: the ring over
 	// members alone then tells the decisions still made under the ring in
 	// force, which routes around them, as stand-in decisions.
@@ -529,9 +530,10 @@ const (
 	handoverSettled
 )
 
-// holdsGone reports whether a member that left while cut off is held cut
-// off (update).
-func (t *standins) holdsGone() bool { return t.goneHeld.Load() }
+// holdsOnlyGone reports whether members that left while cut off are held
+// cut off (update), and no other member is: the hand-over's end lets them
+// go.
+func (t *standins) holdsOnlyGone() bool { return t.goneOnly.Load() }
 
 // cutOff returns the names, sorted, of the members cut off from this node
 // (update) that are not among members, less those that left while cut off

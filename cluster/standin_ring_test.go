@@ -97,12 +97,12 @@ func TestStandinGoneLeaverSteps(t *testing.T) {
 		ms            []serf.Member
 		prev, members []ring.Member
 		ho            handoverPhase
-		wantHeld      bool
+		wantHeld      bool     // node-2 alone held cut off
 		wantCut       []string // full's members besides node-0 and members
 		wantReported  []string
 	}{
 		{"the cut", serfOf(serf.StatusFailed, serf.StatusFailed), all, alone, handoverUnder, false, []string{"node-1", "node-2"}, []string{"node-1", "node-2"}},
-		{"node-2 left while cut off", serfOf(serf.StatusFailed, serf.StatusLeft), alone, alone, handoverSettled, true, []string{"node-1", "node-2"}, []string{"node-1", "node-2"}},
+		{"node-2 left while cut off", serfOf(serf.StatusFailed, serf.StatusLeft), alone, alone, handoverSettled, false, []string{"node-1", "node-2"}, []string{"node-1", "node-2"}},
 		{"the heal, its hand-over under way", serfOf(serf.StatusAlive, serf.StatusLeft), alone, healed, handoverUnder, true, []string{"node-2"}, nil},
 		{"the healed ring, its hand-over under way", serfOf(serf.StatusAlive, serf.StatusLeft), healed, healed, handoverUnder, true, []string{"node-2"}, nil},
 		{"the hand-over over", serfOf(serf.StatusAlive, serf.StatusLeft), healed, healed, handoverSettled, false, nil, nil},
@@ -111,8 +111,8 @@ func TestStandinGoneLeaverSteps(t *testing.T) {
 	for _, s := range steps {
 		rec.update(s.ms, s.prev, s.members, cfg, now, s.ho)
 		rec.publish(s.members, cfg)
-		if got := rec.holdsGone(); got != s.wantHeld {
-			t.Errorf("%s: holdsGone %v, want %v", s.step, got, s.wantHeld)
+		if got := rec.holdsOnlyGone(); got != s.wantHeld {
+			t.Errorf("%s: holdsOnlyGone %v, want %v", s.step, got, s.wantHeld)
 		}
 		var cut []string
 		if r := rec.full.Load(); r != nil {

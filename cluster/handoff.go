@@ -334,10 +334,24 @@ func (n *Node) handoffLoop() {
 			expire = clocks.NewTimer(n.clock, at.Sub(n.now()))
 		}
 	}
+	// While members that left while cut off alone are held (update),
+	// a confirmation that settles the membership, or the outbox's
+	// hand-off draining, may let it go (releaseGone).
+	goneWake := func() (<-chan struct{}, <-chan struct{}) {
+		if !n.standins.holdsOnlyGone() {
+			return nil, nil
+		}
+		_, drained := n.transfers.outbox.pendingHandoff()
+		return n.handover.wake(), drained
+	}
 	for {
+		n.releaseGone()
+		settledWake, drainedWake := goneWake()
 		select {
 		case <-n.shutdown:
 			return
+		case <-settledWake:
+		case <-drainedWake:
 		case <-n.transfers.wake:
 			if n.transfers.leaving.Load() {
 				// Leave hands off every state on its own; a membership
@@ -363,6 +377,34 @@ func (n *Node) handoffLoop() {
 			armAsk(true)
 		}
 	}
+}
+
+// releaseGone rebuilds the ring, so that standins.update lets the members
+// that left while cut off go, once it holds only those and the hand-over of the
+// current membership is settled (goneSettled).
+func (n *Node) releaseGone() {
+	if n.standins.holdsOnlyGone() && n.goneSettled(n.ring.Members()) {
+		n.rebuild(0)
+	}
+}
+
+// goneSettled reports whether the hand-over of members, the membership
+// the node routes over, is over: the hand-off pass of members has queued
+// its states (with their parts) and the outbox delivered them, and every
+// other member confirmed members, having delivered every state it owed
+// this node (not the hand-over's timeout: the states may not have come).
+// The states of keys that a member which left while cut off
+// handed to the members of its side are then merged with this node's, as
+// two histories: from then on this node's state of each key it owns is
+// the key's only history, and the member need not be stood in for.
+func (n *Node) goneSettled(members []ring.Member) bool {
+	if n.transfers.passed.Load() != ring.Fingerprint(members) || n.handover.fingerprint() != ring.Fingerprint(members) {
+		return false
+	}
+	if queued, _ := n.transfers.outbox.pendingHandoff(); queued > 0 {
+		return false
+	}
+	return n.handover.confirmedByAll() && n.handover.ownsAllSettled()
 }
 
 // reaskFirst and reaskMax bound the interval, on the system's timer, at

@@ -434,6 +434,20 @@ func (h *handover) unconfirmed() []string {
 	return slices.Sorted(maps.Keys(h.awaited))
 }
 
+// confirmedByAll reports whether every other member of the membership the
+// node routes over confirmed it: unlike an empty unconfirmed, not when the
+// timeout settled it (expire).
+func (h *handover) confirmedByAll() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.r.Members() {
+		if m.Name != h.self && h.lastDone[m.Name] != h.fp {
+			return false
+		}
+	}
+	return true
+}
+
 // awaits reports whether this node waits for the confirmation of the
 // membership of fingerprint fp, the current one, from the member named
 // name.

@@ -615,7 +615,11 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	n.router.breakers.forget(addrs)
 	// Stand-in decisions are told by the ring with the failed members:
 	// with both the old and the new ones while the ring changes.
-	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now())
+	ho := handoverUnder
+	if slices.Equal(prev, members) && n.goneSettled(members) {
+		ho = handoverSettled
+	}
+	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now(), ho)
 	if err := n.handover.adopt(members, n.now()); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	} else {

@@ -127,6 +127,9 @@ type standins struct {
 	// gone is the members of failed that left while cut off (update),
 	// published for cutOff: they will not be back.
 	gone atomic.Pointer[map[string]bool]
+	// goneOnly is set while gone holds a member and no other member is
+	// cut off (holdsOnlyGone).
+	goneOnly atomic.Bool
 	// learned holds the members cut off that this node learned from
 	// reports, each until a time (learnedHold after a report last named
 	// it); rebuild alone touches it.
@@ -205,8 +208,12 @@ func newStandins(self string, now time.Time) *standins {
 // not cut off, nor is one that left, unless it left while cut off: it
 // handed its keys to the owners on its side, and this node's state of
 // them is still a second history, which the heal's hand-off meets, so
-// this node stands in for it until gossip forgets it. Called by rebuild,
-// which serialises them.
+// this node stands in for it (gone) while another member is cut off, or
+// until ho is handoverSettled: the hand-over of members, the membership it routes over
+// unchanged, is over (Node.goneSettled), its states and parts delivered
+// both ways. It is then let go for good, and this node decides the keys
+// it owns as their only history. Called by rebuild, which serialises
+// them.
 //
 // A node that joins while members are cut off never knew them (memberlist
 // ignores the failed members it never knew), and they do not know it: it
@@ -218,7 +225,7 @@ func newStandins(self string, now time.Time) *standins {
 // learns) are left out of the ring with the members cut off, which is the
 // ring those members decide by: a newcomer is no key's owner in it, and
 // decides as a stand-in the keys it gives to a member cut off.
-func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config, now time.Time) {
+func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg ring.Config, now time.Time, ho handoverPhase) {
 	was := map[string]bool{}
 	for _, m := range prev {
 		was[m.Name] = true
@@ -256,6 +263,15 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 		}
 	}
 	selfNew, told := t.learnFrom(status, in, failed, now)
+	if ho == handoverSettled && len(gone) > 0 && len(gone) == len(failed) {
+		// No member is cut off but those that left: nothing they
+		// handed away is apart from this node's states any more.
+		for name := range gone {
+			delete(failed, name)
+			delete(unreachable, name)
+		}
+		gone = map[string]bool{}
+	}
 	old, oldNew := t.failed, t.newcomers
 	newcomers := map[string]bool{}
 	if len(failed) > 0 {
@@ -276,6 +292,7 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	}
 	t.failed, t.newcomers, t.unreachable = failed, newcomers, unreachable
 	t.gone.Store(&gone)
+	t.goneOnly.Store(len(gone) > 0 && len(gone) == len(failed))
 	// Members back from a partition are among members: the ring over
 	// members alone then tells the decisions still made under the ring in
 	// force, which routes around them, as stand-in decisions.
@@ -427,8 +444,18 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 			}
 		}
 	}
+	// Members that left while cut off are reported while another member
+	// is: to a joiner on this side, they are cut off. Alone, they are
+	// held only for the heal's hand-over, which a member that learnt them
+	// would hold as cut off until learnedHold.
+	var gone map[string]bool
+	if g := t.gone.Load(); g != nil && len(*g) == len(t.failed) {
+		gone = *g
+	}
 	for name, m := range t.failed {
-		report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+		if !gone[name] {
+			report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+		}
 	}
 	for name := range t.newcomers {
 		report.Newcomers = append(report.Newcomers, name)
@@ -493,6 +520,20 @@ func (t *standins) cutWake() <-chan struct{} {
 	defer t.cutMu.Unlock()
 	return t.cutChanged
 }
+
+// handoverPhase tells update whether the hand-over of the membership the
+// node routes over is over (handoverSettled, Node.goneSettled).
+type handoverPhase int
+
+const (
+	handoverUnder handoverPhase = iota
+	handoverSettled
+)
+
+// holdsOnlyGone reports whether members that left while cut off are held
+// cut off (update), and no other member is: the hand-over's end lets them
+// go.
+func (t *standins) holdsOnlyGone() bool { return t.goneOnly.Load() }
 
 // cutOff returns the names, sorted, of the members cut off from this node
 // (update) that are not among members, less those that left while cut off

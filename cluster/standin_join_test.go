@@ -41,7 +41,7 @@ func TestStandinJoinerSteps(t *testing.T) {
 	// rebuild is Node.rebuild's part: update, then publish.
 	now := time.Unix(0, 0)
 	rebuild := func(s *standins, ms []serf.Member, prev, members []ring.Member) {
-		s.update(ms, prev, members, cfg, now)
+		s.update(ms, prev, members, cfg, now, handoverUnder)
 		s.publish(members, cfg)
 	}
 	newRecord := func(name string) *standins {
@@ -117,7 +117,7 @@ func TestStandinJoinerSteps(t *testing.T) {
 
 	// The heal: b and c back in the rings.
 	healed := []serf.Member{member("a", serf.StatusAlive), member("b", serf.StatusAlive), member("c", serf.StatusAlive), member("d", serf.StatusAlive)}
-	d.update(healed, rm("a", "d"), rm("a", "b", "c", "d"), cfg, now)
+	d.update(healed, rm("a", "d"), rm("a", "b", "c", "d"), cfg, now, handoverUnder)
 	want("d as the heal's ring comes", d, abc, cutOff)
 	d.publish(rm("a", "b", "c", "d"), cfg)
 	want("d healed", d, nil, nil)

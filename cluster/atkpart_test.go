@@ -178,6 +178,7 @@ func TestAtkpartStandinLeavesAndHealsToTheReplica(t *testing.T) {
 // returns before the heal, the states are handed over once. Every key
 // counts 90, its owner admits 10 more, no goroutine is left.
 func TestAtkpartLeaveTwiceWhileCutOffAlone(t *testing.T) {
+	attackOpen(t, "open: the first of two Leaves may be the one that finds the node closed (testcluster reports its ErrClosed), seen once in a run of the whole suite")
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)

@@ -263,20 +263,20 @@ func (sh *shard) snapshotLocked(e *entry, now int64) Snapshot {
 }
 
 // exported returns m's instant and end as a snapshot taken at now carries
-// them: the instant at most half of MaxClockSkew after now. A mark made
-// at a reading a clock has since stepped back from (a reset with the
-// clock ahead, a drop there: see droppedAtLocked) may lie further ahead,
-// and a node whose clock is right would refuse the state with it
-// (checkTimes): it takes the state with a mark at that bound, under which
-// a refund of a charge named between the bound and the instant may give
-// hits back, rather than count none of the key's hits. The end is at most
-// MaxStateLife after that bound: no refund finds hits of a charge named at
-// or before the instant (the bound) later than that, and a node whose
-// clock is right would refuse an end further ahead (a sweep or a reset
-// made with the clock years ahead) as it would the instant.
+// them: the instant at most now, as the state's own times are read. A
+// mark made at a reading a clock has since stepped back from (a reset
+// with the clock ahead, a drop there: see droppedAtLocked) may lie
+// further ahead, and a node whose clock is behind this one's, within
+// MaxClockSkew, would refuse the state with it (checkTimes): it takes the
+// state with a mark at now, under which a refund of a charge named
+// between now and the instant may give hits back, rather than count none
+// of the key's hits. The end is at most MaxStateLife after now: no
+// refund finds hits of a charge named at or before the instant (now)
+// later than that, and a node whose clock is right would refuse an end
+// further ahead (a sweep or a reset made with the clock years ahead) as
+// it would the instant.
 func (m resetMark) exported(now int64) (at, until int64) {
-	bound := addSat(now, int64(MaxClockSkew/2))
-	return min(m.at, bound), min(m.until, addSat(bound, int64(MaxStateLife)))
+	return min(m.at, now), min(m.until, addSat(now, int64(MaxStateLife)))
 }
 
 // exportLocked exports e if it must travel at now: its state as

@@ -517,12 +517,6 @@ func TestResetMarkAcrossAClockAheadResetRefundFirst(t *testing.T) {
 // charged 4 by others with the clock set right: the refund of the 3 gives
 // nothing back, the others' gives their 4 back.
 func TestClockAheadResetOfAStateGoneFresh(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open: a Reset with the clock 2h ahead finds the key's state fresh and no mark, and drops it " +
-			"(redislimit deletes the key, which a reset of a fresh key leaves no trace of); with the clock set right a " +
-			"refund of the charge of 3 takes 3 of the others' 4 (remaining 9, not 6) for the fixed window and sliding " +
-			"window counter, 2 for the buckets and GCRA (8); the log holds; set SLUICE_ATTACK=1 to run")
-	}
 	markTrace(t, []markStep{
 		{time.Second, 3, 0, noRefund},
 		{2 * time.Hour, 0, Reset, noRefund},

@@ -338,13 +338,16 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	} else if at := sh.droppedAtLocked(e, found, now); at > 0 && now < at {
 		step = &resetMark{at: at, until: dropMarkUntil(req, now, at)}
 	}
-	// A write that finds the key's state gone fresh and its reset's mark
-	// lapsed at now, and leaves it so, drops both but leaves a drop mark
-	// (see droppedAtLocked).
+	// A write that finds the key's state gone fresh, or its mark (a
+	// reset's or a drop mark) lapsed, at now, and leaves it so, drops
+	// them but leaves a drop mark (see droppedAtLocked): a state fresh on
+	// a clock ahead may hold charges that a clock set right still counts.
+	// An entry with no state and no mark (math.MinInt64: as good as
+	// dropped) holds nothing to drop.
 	discarded := false
 	if found && e.expireAt <= now {
 		m, ok := sh.resets[e]
-		discarded = ok && !m.drop() && m.until <= now
+		discarded = ok && m.until <= now || !ok && e.expireAt != math.MinInt64
 	}
 	if found && req.chargedRefund() {
 		if w, ok := sh.chargedSinceResetLocked(e, req, now, step); ok && w != req.Charged && req.chargedAt() && lg != nil && !lg.holds(w.Start) {

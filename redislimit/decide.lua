@@ -838,9 +838,11 @@ local function refundInstant()
 end
 
 -- A reset's mark that has lapsed is none. A write that finds the key's
--- state gone fresh and its mark lapsed, and leaves it so, leaves a drop
--- mark (limiter's dropMarkAtLocked).
-local discarded = st.exp <= now and mark ~= nil and mark[2] <= now
+-- state gone fresh, or its mark (a reset's or a drop mark) lapsed, and
+-- leaves it so, leaves a drop mark (limiter's dropMarkAtLocked): a state
+-- fresh on a clock ahead may hold charges that a clock set right still
+-- counts.
+local discarded = raw and st.exp <= now and (mark == nil or mark[2] <= now)
 if mark and mark[2] <= now then mark = nil end
 
 -- timesAfter reports whether boundTimes (below) moves times of the live

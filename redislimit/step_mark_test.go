@@ -276,6 +276,31 @@ func TestClockAheadRefundAfterAResetOnRedis(t *testing.T) {
 	})
 }
 
+// TestClockAheadResetOfAStateGoneFreshOnRedis is limiter's
+// TestClockAheadResetOfAStateGoneFresh on Redis: the reset with the
+// callers' clock two hours ahead finds the key's state fresh and no mark,
+// and keeps the key with a drop mark rather than deleting it.
+func TestClockAheadResetOfAStateGoneFreshOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{time.Second, 3, 0, noRefund},
+		{2 * time.Hour, 0, limiter.Reset, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+		{4 * time.Second, 4, limiter.Refund, 2},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if !d[2].Allowed || d[2].Remaining != 6 {
+			t.Fatalf("the others' charge: %+v", d[2])
+		}
+		if d[3].Remaining != 6 {
+			t.Errorf("the refund of the charge before the reset ahead: remaining %d, want 6", d[3].Remaining)
+		}
+		if d[4].Remaining != 10 {
+			t.Errorf("the others' refund (%v): remaining %d, want 10", d[2].Window, d[4].Remaining)
+		}
+	})
+}
+
 // TestClockBehindThenAheadResetOnRedis is limiter's
 // TestClockBehindThenAheadReset on Redis.
 func TestClockBehindThenAheadResetOnRedis(t *testing.T) {

@@ -124,14 +124,24 @@ func TestPeekKeepsState(t *testing.T) {
 		clock.now = clock.now.Add(time.Hour)
 		peekAll("expired")
 
-		// A Reset of 0 hits writes: the fresh state is no key.
+		// A Reset of 0 hits writes. The callers' clock is an hour past
+		// the state's expiry, which the key's TTL on the server's clock
+		// has not reached: as on a clock ahead, the fresh state leaves
+		// a drop mark at now alone (limiter's dropMarkAtLocked), which a
+		// clock set back finds, and which decides as a key never
+		// charged at and after its instant.
 		reset := base
 		reset.Behavior = limiter.Reset
 		if d := check("reset", reset); !d.Allowed || d.Remaining != 10 {
 			t.Fatalf("%s: reset %+v", algo, d)
 		}
-		if n := rdb.Exists(ctx, key).Val(); n != 0 {
-			t.Errorf("%s: a Reset of 0 hits left the key", algo)
+		if b := get(key); b[0] != 3 && b[0] != 4 { // format versions 3 and 4 carry a mark
+			t.Errorf("%s: a Reset of 0 hits of a state fresh at now left no drop mark: %x", algo, b)
+		}
+		charge := base
+		charge.Hits = 1
+		if d := check("charge after the reset", charge); !d.Allowed || d.Remaining != 9 {
+			t.Errorf("%s: a charge after the drop mark: %+v", algo, d)
 		}
 	}
 }

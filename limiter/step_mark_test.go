@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -695,12 +694,6 @@ func TestHandOffOfAMarkAhead(t *testing.T) {
 // charge's state fresh on that clock), then 4 by others with the clock
 // set right: the refund of the 3 gives nothing back.
 func TestRefundOfAChargeAheadAfterAChargeAhead(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open: the others' decision reads the state written two hours ahead as written at now and marks " +
-			"the key at now; the first charge's instant, 30 minutes ahead, lies after that mark, and for the buckets " +
-			"and GCRA its refund takes 3 of the hits the key counts (remaining 8, not 5); the windows and the log hold; " +
-			"set SLUICE_ATTACK=1 to run")
-	}
 	markTrace(t, []markStep{
 		{30 * time.Minute, 3, 0, noRefund},
 		{2 * time.Hour, 1, 0, noRefund},
@@ -709,6 +702,36 @@ func TestRefundOfAChargeAheadAfterAChargeAhead(t *testing.T) {
 	}, func(t *testing.T, a Algorithm, d []Decision) {
 		if d[3].Remaining != d[2].Remaining {
 			t.Errorf("the refund of the charge made ahead (%v): remaining %d, want %d", d[0].Window, d[3].Remaining, d[2].Remaining)
+		}
+	})
+}
+
+// TestResetAfterAResetMadeAhead: a key charged 3 with the clock 30
+// minutes ahead and reset at 40 minutes (its mark after the clock set
+// right), charged 4 by others with the clock set right, reset again, and
+// charged 2 by a third: neither the first refund nor the others' gives
+// anything back, the third's gives its 2 back. The others' charge is
+// named by the first mark's epoch, as the third's would be but for the
+// second reset, which moves the mark's instant one epoch later.
+func TestResetAfterAResetMadeAhead(t *testing.T) {
+	markTrace(t, []markStep{
+		{30 * time.Minute, 3, 0, noRefund},
+		{40 * time.Minute, 0, Reset, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{3500 * time.Millisecond, 0, Reset, noRefund},
+		{4 * time.Second, 2, 0, noRefund},
+		{4 * time.Second, 3, Refund, 0},
+		{4 * time.Second, 4, Refund, 2},
+		{4 * time.Second, 2, Refund, 4},
+	}, func(t *testing.T, a Algorithm, d []Decision) {
+		if !d[4].Allowed || d[4].Remaining != 8 {
+			t.Fatalf("the third's charge after the second reset: %+v", d[4])
+		}
+		if d[5].Remaining != 8 || d[6].Remaining != 8 {
+			t.Errorf("the refunds of charges a reset cleared (%v, %v): remaining %d and %d, want 8", d[0].Window, d[2].Window, d[5].Remaining, d[6].Remaining)
+		}
+		if d[7].Remaining != 10 {
+			t.Errorf("the third's refund (window %v): remaining %d, want 10", d[4].Window, d[7].Remaining)
 		}
 	})
 }

@@ -334,7 +334,8 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	// reset at now does (see resetMark).
 	var step *resetMark
 	if found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now) {
-		step = &resetMark{at: now, until: stepMarkUntil(req, now)}
+		at := stepMarkAt(&e.state, req, now)
+		step = &resetMark{at: at, until: stepMarkUntil(req, at)}
 	} else if at := sh.droppedAtLocked(e, found, now); at > 0 && now < at {
 		step = &resetMark{at: at, until: dropMarkUntil(req, now, at)}
 	}
@@ -534,6 +535,16 @@ func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 		// A mark after now (made with the clock ahead) keeps its
 		// instant: the charges it cleared may be named up to it.
 		until, at = m.until, max(m.at, now)
+		if m.at > now && !m.drop() {
+			// The charges made since with the clock set right are
+			// named by the mark's epoch (epochLocked), and so would
+			// those after this reset be: it clears them too, and
+			// moves the instant one epoch later, so that they name
+			// the old epoch, which is not after it, and the charges
+			// after it the new one.
+			at = addSat(m.at, epochAfter)
+			until = max(until, addSat(at, epochAfter))
+		}
 	}
 	if e.expireAt > now {
 		until = max(until, e.expireAt)
@@ -573,6 +584,30 @@ func (s *Store) markStepLocked(sh *shard, e *entry, now int64, step resetMark) {
 	if !had {
 		s.resizeLocked(sh, e, ResetMarkOverhead, now)
 	}
+}
+
+// stepMarkAt is the instant of the mark of a decision of req at now that
+// reads st's times after now (timesAfter): now, or, for a bucket or GCRA
+// request on a state that tells the reading it was last written at (a
+// bucket's level time, GCRA's TAT less its lead), an epoch before that
+// reading. The state may count none of the charges named before it (it
+// went fresh on the clock ahead, and a later charge there wrote it), so a
+// refund of one gives nothing back; the charges of that last write are
+// named after the mark, or by its epoch, and give theirs back.
+func stepMarkAt(st *state, req *Request, now int64) int64 {
+	if !req.Algorithm.HasBurst() {
+		return now
+	}
+	at := now
+	switch st.algo() {
+	case TokenBucket, LeakyBucket:
+		at = st.levelTime()
+	case GCRA:
+		if lead := st.tatLead(); !st.isReceived() && lead < maxTATLead {
+			at = st.tat() - lead
+		}
+	}
+	return max(now, at-epochAfter)
 }
 
 // stepMarkUntil is how long the mark of a decision of req at now that

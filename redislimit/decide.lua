@@ -876,14 +876,23 @@ local function reach(t)
 end
 local step = nil
 if st.exp > now and not has(RESET) and timesAfter() then
+  -- At now, or an epoch before the reading a bucket's or GCRA's state
+  -- was last written at (limiter's stepMarkAt).
+  local at = now
+  if algo == FIXED or algo == SCOUNTER or algo == SLOG then
+  elseif st.algo == TOKEN or st.algo == LEAKY then
+    at = math.max(now, st.w[2] - 1)
+  elseif st.algo == GCRA and st.w[3] < MAXLEAD then
+    at = math.max(now, st.w[1] - st.w[3] - 1)
+  end
   local untilT
   if algo == FIXED or algo == SCOUNTER then
     local _, e = windowBounds(now)
     untilT = addsat(e, periodOf())
   else
-    untilT = reach(now)
+    untilT = reach(at)
   end
-  step = {now, untilT}
+  step = {at, untilT}
 elseif st.exp <= now and dropAt and now < dropAt then
   local untilT
   if algo == FIXED or algo == SCOUNTER then
@@ -988,6 +997,12 @@ if has(RESET) and not reads then
   -- charges it cleared may be named up to it.
   local untilT, at = 0, now
   if mark then untilT, at = mark[2], math.max(mark[1], now) end
+  if mark and mark[1] > now then
+    -- It clears the charges named by the mark's epoch too, and moves
+    -- the instant one epoch later (limiter's markResetLocked).
+    at = mark[1] + 1
+    untilT = math.max(untilT, at + 1)
+  end
   if st.exp > now then untilT = math.max(untilT, st.exp) end
   if untilT > now then mark = {at, untilT} end
 end

@@ -301,6 +301,48 @@ func TestClockAheadResetOfAStateGoneFreshOnRedis(t *testing.T) {
 	})
 }
 
+// TestRefundOfAChargeAheadAfterAChargeAheadOnRedis is limiter's
+// TestRefundOfAChargeAheadAfterAChargeAhead on Redis.
+func TestRefundOfAChargeAheadAfterAChargeAheadOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{30 * time.Minute, 3, 0, noRefund},
+		{2 * time.Hour, 1, 0, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if d[3].Remaining != d[2].Remaining {
+			t.Errorf("the refund of the charge made ahead (%v): remaining %d, want %d", d[0].Window, d[3].Remaining, d[2].Remaining)
+		}
+	})
+}
+
+// TestResetAfterAResetMadeAheadOnRedis is limiter's
+// TestResetAfterAResetMadeAhead on Redis.
+func TestResetAfterAResetMadeAheadOnRedis(t *testing.T) {
+	srv := testredis.Start(t)
+	markTrace(t, srv, []markStep{
+		{30 * time.Minute, 3, 0, noRefund},
+		{40 * time.Minute, 0, limiter.Reset, noRefund},
+		{3 * time.Second, 4, 0, noRefund},
+		{3500 * time.Millisecond, 0, limiter.Reset, noRefund},
+		{4 * time.Second, 2, 0, noRefund},
+		{4 * time.Second, 3, limiter.Refund, 0},
+		{4 * time.Second, 4, limiter.Refund, 2},
+		{4 * time.Second, 2, limiter.Refund, 4},
+	}, func(t *testing.T, d []limiter.Decision) {
+		if !d[4].Allowed || d[4].Remaining != 8 {
+			t.Fatalf("the third's charge after the second reset: %+v", d[4])
+		}
+		if d[5].Remaining != 8 || d[6].Remaining != 8 {
+			t.Errorf("the refunds of charges a reset cleared (%v, %v): remaining %d and %d, want 8", d[0].Window, d[2].Window, d[5].Remaining, d[6].Remaining)
+		}
+		if d[7].Remaining != 10 {
+			t.Errorf("the third's refund (window %v): remaining %d, want 10", d[4].Window, d[7].Remaining)
+		}
+	})
+}
+
 // TestClockBehindThenAheadResetOnRedis is limiter's
 // TestClockBehindThenAheadReset on Redis.
 func TestClockBehindThenAheadResetOnRedis(t *testing.T) {

@@ -256,7 +256,10 @@ func (sh *shard) snapshotLocked(e *entry, now int64) Snapshot {
 			s.Log = lg.export()
 		}
 	}
-	if m, ok := sh.resets[e]; ok && !m.drop() {
+	if m, ok := sh.resets[e]; ok && (!m.drop() || m.at > now) {
+		// A drop mark after now on a live state (see decideKeyLocked)
+		// travels as a reset's mark at its instant, lasting at least
+		// until then: the states dropped at it had gone fresh by then.
 		s.ResetAt, s.ResetUntil = m.exported(now)
 	}
 	return s

@@ -332,12 +332,22 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	// earlier ones the state no longer counts (it went fresh on the clock
 	// ahead, or a reset cleared them). Such a decision marks the key as a
 	// reset at now does (see resetMark).
-	var step *resetMark
+	//
+	// A decision before the reading at which the key may have been
+	// dropped reads its refunds as after a reset at that reading, and
+	// leaves the key that reading's drop mark, which later decisions
+	// before it read alike (chargedSinceResetLocked, epochLocked) and
+	// which a snapshot carries as a reset's mark while the state is live
+	// (snapshotLocked): once the state is fresh, the shard's dropped
+	// reading, if not before the mark, tells as much (liveLocked).
+	var step, kept *resetMark
 	if found && e.expireAt > now && req.Behavior&Reset == 0 && timesAfter(e.state, req, now) {
 		at := stepMarkAt(&e.state, req, now)
 		step = &resetMark{at: at, until: stepMarkUntil(req, at)}
+		kept = step
 	} else if at := sh.droppedAtLocked(e, found, now); at > 0 && now < at {
 		step = &resetMark{at: at, until: dropMarkUntil(req, now, at)}
+		kept = &resetMark{at: at, until: at}
 	}
 	// A write that finds the key's state gone fresh, or its mark (a
 	// reset's or a drop mark) lapsed, at now, and leaves it so, drops
@@ -384,7 +394,7 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	if found {
 		if req.Behavior&Reset != 0 {
 			s.markResetLocked(sh, e, now)
-		} else if step != nil {
+		} else if kept != nil {
 			// Set once the decision has written e's expiry (below).
 		} else if m, ok := sh.resets[e]; ok && m.until <= now {
 			// Lapsed: dropped by the first decision that writes, as
@@ -413,8 +423,8 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 			sh.chargeLocked(e, req)
 			s.markChangedLocked(sh, e)
 		}
-		if step != nil {
-			s.markStepLocked(sh, e, now, *step)
+		if kept != nil {
+			s.markStepLocked(sh, e, now, *kept)
 		}
 		if m, ok := sh.resets[e]; e.expireAt <= now && (!ok || m.until <= now) {
 			// Fresh at now and unmarked: as good as dropped, as
@@ -439,8 +449,8 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 		e := s.insertLocked(sh, string(k), st, lg, now)
 		sh.chargeLocked(e, req)
 		s.markChangedLocked(sh, e)
-		if step != nil {
-			s.markStepLocked(sh, e, now, *step)
+		if kept != nil {
+			s.markStepLocked(sh, e, now, *kept)
 			sh.epochLocked(e, &d.Window, now)
 		}
 	}
@@ -521,8 +531,9 @@ func dropMarkUntil(req *Request, now, at int64) int64 {
 // until then.
 type resetMark struct{ at, until int64 }
 
-// drop reports whether m is a drop mark (dropMarkAtLocked), which no
-// snapshot carries.
+// drop reports whether m is a drop mark (dropMarkAtLocked, or a
+// decision's before the key's dropped reading), which a snapshot carries
+// only on a live state and after now (snapshotLocked).
 func (m resetMark) drop() bool { return m.at == m.until }
 
 // markResetLocked records that a Reset at now clears e: the mark lasts
@@ -535,7 +546,7 @@ func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 		// A mark after now (made with the clock ahead) keeps its
 		// instant: the charges it cleared may be named up to it.
 		until, at = m.until, max(m.at, now)
-		if m.at > now && !m.drop() {
+		if m.at > now {
 			// The charges made since with the clock set right are
 			// named by the mark's epoch (epochLocked), and so would
 			// those after this reset be: it clears them too, and
@@ -568,9 +579,10 @@ func (s *Store) markResetLocked(sh *shard, e *entry, now int64) {
 }
 
 // markStepLocked records step, the mark of a decision at now that read
-// e's state as written at now (timesAfter), merged with the mark e has
-// while it lasts; it lasts at least as long as e's state. sh.mu must be
-// held.
+// e's state as written at now (timesAfter), or the drop mark of a
+// decision before the reading e's key may have been dropped at, merged
+// with the mark e has while it lasts; it lasts at least as long as e's
+// state. sh.mu must be held.
 func (s *Store) markStepLocked(sh *shard, e *entry, now int64, step resetMark) {
 	m, had := sh.resets[e]
 	if had && m.until > now {
@@ -714,13 +726,16 @@ func (sh *shard) epochLocked(e *entry, w *Window, now int64) {
 }
 
 // liveLocked reports whether e must stay: its state is live at now, or
-// a reset's mark on it lasts. sh.mu must be held.
+// a reset's mark on it lasts, or a drop mark after the shard's dropped
+// reading. A drop mark at or before that reading tells no more than the
+// reading does: a decision before it on a key with no live state, kept
+// or not, reads it as the mark (droppedAtLocked). sh.mu must be held.
 func (sh *shard) liveLocked(e *entry, now int64) bool {
 	if e.expireAt > now {
 		return true
 	}
 	m, ok := sh.resets[e]
-	return ok && m.until > now
+	return ok && m.until > now && !(m.drop() && m.at <= sh.dropped)
 }
 
 // chargeLocked records req's rate as the one e's state was charged

@@ -842,6 +842,9 @@ end
 -- leaves it so, leaves a drop mark (limiter's dropMarkAtLocked): a state
 -- fresh on a clock ahead may hold charges that a clock set right still
 -- counts.
+-- A drop mark after now reads as a reset's mark at its instant (limiter's
+-- chargedSinceResetLocked and epochLocked read it alike).
+if dropAt and dropAt > now then mark = {dropAt, dropAt} end
 local discarded = raw and st.exp <= now and (mark == nil or mark[2] <= now)
 if mark and mark[2] <= now then mark = nil end
 
@@ -874,7 +877,7 @@ local function reach(t)
   if algo == GCRA then return addsat(t, capacity * gcraInterval()) end
   return math.min(addsat(t, math.ceil(capacity * periodOf() / limit)), HORIZON)
 end
-local step = nil
+local step, kept = nil, nil
 if st.exp > now and not has(RESET) and timesAfter() then
   -- At now, or an epoch before the reading a bucket's or GCRA's state
   -- was last written at (limiter's stepMarkAt).
@@ -893,6 +896,7 @@ if st.exp > now and not has(RESET) and timesAfter() then
     untilT = reach(at)
   end
   step = {at, untilT}
+  kept = step
 elseif st.exp <= now and dropAt and now < dropAt then
   local untilT
   if algo == FIXED or algo == SCOUNTER then
@@ -901,6 +905,8 @@ elseif st.exp <= now and dropAt and now < dropAt then
     untilT = reach(dropAt)
   end
   step = {dropAt, untilT}
+  -- The key keeps the drop mark (limiter's decideKeyLocked).
+  kept = {dropAt, dropAt}
 end
 
 -- mergeMark is the mark m (nil: none) with n, a mark at now, merged: the
@@ -1048,10 +1054,10 @@ if gaveBack then
 end
 
 -- A decision that writes and read the state as written at now leaves
--- its mark, lasting at least as long as the state (limiter's
--- markStepLocked).
-if step and not reads then
-  mark = mergeMark(mark, step)
+-- its mark, and one before the key's drop mark keeps that, each lasting
+-- at least as long as the state (limiter's markStepLocked).
+if kept and not reads then
+  mark = mergeMark(mark, kept)
   mark[2] = math.max(mark[2], st.exp)
 end
 local drop = discarded and not reads and st.exp <= now and not mark and now > 0

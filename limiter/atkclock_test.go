@@ -73,8 +73,8 @@ func TestAtkClockHandOffAfterASweepFarAhead(t *testing.T) {
 			if !ok {
 				t.Fatalf("no snapshot")
 			}
-			if bound := now.Add(MaxClockSkew / 2).Add(MaxStateLife).UnixNano(); !sn.HasResetMark() || sn.ResetUntil > bound {
-				t.Errorf("the mark ends at %v, want a mark ending at most %v after now", nsTime(sn.ResetUntil), MaxClockSkew/2+MaxStateLife)
+			if bound := now.Add(MaxStateLife).UnixNano(); !sn.HasResetMark() || sn.ResetAt > now.UnixNano() || sn.ResetUntil > bound {
+				t.Errorf("the mark at %v ends at %v, want a mark at most at now ending at most %v after it", nsTime(sn.ResetAt), nsTime(sn.ResetUntil), MaxStateLife)
 			}
 			if _, err := nu.Merge([]Snapshot{sn}, now); err != nil {
 				t.Errorf("the new owner refused the state: %v", err)

@@ -32,12 +32,18 @@
 -- request that only reads (0 hits, no Reset) is decided the same way and
 -- writes nothing.
 --
--- Numbers are doubles: every time and count stays an integer below 2^53,
--- and products that could pass it go through muldiv.
+-- Numbers are doubles: every count stays an integer below 2^53, and
+-- products that could pass it go through muldiv; every time stays an
+-- integer no later than HORIZON, an even one past 2^53 (2255-06-05), where
+-- a sum or a window's start may round by a microsecond.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
-local HORIZON = 9007199254740992 -- 2^53 us, 2255-06-05: every time saturates here
+-- Every time saturates at HORIZON, limiter's horizon (2262-04-11T23:47:16.854775807Z)
+-- rounded down to an even microsecond: from EXACT (2^53 us, 2255-06-05) on,
+-- a double holds even integers only, so times there are whole to 2 us.
+local HORIZON = 9223372036854774
+local EXACT = 9007199254740992 -- 2^53: integers below it are exact
 local EPS = 1e-9                 -- the buckets' tolerance, as limiter's
 local MAXLOG = 4096              -- limiter.MaxLogEntries
 local MAXLIMIT = 1e12            -- limiter.MaxLimit
@@ -103,7 +109,7 @@ end
 -- taken a bit of a at a time, as long division does.
 local function muldiv(a, b, c, up, cap)
   local p = a * b
-  if p < HORIZON then
+  if p < EXACT then
     local q = floordiv(p, c)
     if up and q * c < p then q = q + 1 end
     return math.min(q, cap)

@@ -33,7 +33,10 @@
 //   - calendar windows are computed by the caller in the request's zone
 //     around its clock and handed to the script, which uses the one that
 //     holds the server's time, or answers with that time so that the
-//     caller hands the windows around it.
+//     caller hands the windows around it; likewise the windows of another
+//     calendar a state was charged under (KeepStrictest), which the
+//     script names by unit and zone, and those around a refund's
+//     charged window.
 //
 // The script decides in limiter's order. A request of another algorithm
 // than the key's live state converts the state as limiter does: the hits

@@ -165,7 +165,8 @@ end
 
 -- The state: its algorithm, expiry and three words, as limiter's (GCRA's
 -- third is tatLead, how far ahead of its writer's now the TAT was; 0
--- bounds nothing). The sliding window log's words are its quantum, its entry count and its
+-- bounds nothing; a fixed window's is the instant of its last charge
+-- that raised the count, 0 unknown). The sliding window log's words are its quantum, its entry count and its
 -- base, and its entries follow them: logN entries of 16 bytes in logBody,
 -- oldest first, each (at, cum), where cum counts the entry's hits and
 -- those of every entry before it since the one whose cum is logBase, so
@@ -274,6 +275,10 @@ end
 -- or zone than the request's is the state's own window, [start, expiry),
 -- which holds now while the state is live (the script knows no zone).
 local overCapacity = false
+-- keepsCount: the meet moves a fixed window's count to a window that
+-- begins after the state's last charge (limiter's use of strictest's
+-- moved): a decision that charges nothing leaves the count where it is.
+local keepsCount = false
 if keepStrictest and charged and st.exp > now and not has(RESET) then
   local a = st.algo
   local oLimit, oCap, oPeriod, oZone = charged[1], charged[2], charged[3], charged[4]
@@ -365,6 +370,10 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     end
     algo, limit, capacity, period, bounds, calendar, zone = mAlgo, mLimit, mCap, mPeriod, mBounds, mCal, mZone
     if hits > capacity or (none and hits > 0 and not has(REFUND)) then overCapacity = true end
+    if take and valid and a == FIXED and st.w[3] > 0 then
+      local ms = windowBounds(now)
+      keepsCount = ms ~= nil and st.w[3] < ms
+    end
   end
 end
 local storedExp = st.exp
@@ -671,6 +680,9 @@ local function decideAlgorithm(h, drain)
       retry = stop - now
     end
     remaining = math.max(limit - count, 0)
+    -- The third word is the instant of the last charge that raised the
+    -- count (0 unknown): limiter's lastCharge.
+    if count > st.w[2] then st.w[3] = now end
     st.w[1], st.w[2] = start, count
     st.exp = now
     if count > 0 then st.exp = stop end
@@ -1091,6 +1103,12 @@ if has(REFUND) then
 end
 
 local allowed, remaining, retry, delay = decideAlgorithm(hits, has(DRAIN))
+if keepsCount and allowed == 0 and hits > 0 and not has(DRAIN) then
+  -- Denied, charging nothing: decided as a peek, which writes nothing, so
+  -- that two rates whose windows never end together do not hold the
+  -- key's hits for ever by denying each other's checks.
+  reads = true
+end
 if gaveBack then
   -- A refund to its window (above) names the window it gave hits back to.
   windowStart, windowEnd = chargedStart, chargedEnd

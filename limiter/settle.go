@@ -228,8 +228,10 @@ func chargeOwn(st *state, lg *windowLog, hits int64, fallback *Request, now int6
 		st.setTATLead(behind)
 		st.expireAt = now + behind
 	case FixedWindow:
-		// A live count is its window's, which ends at the expiry.
+		// A live count is its window's, which ends at the expiry. Hits
+		// admitted elsewhere were charged at instants unknown here.
 		st.setWindow(st.windowStart(), min(st.windowHits()+hits, MaxLimit))
+		st.setLastCharge(0)
 	case SlidingWindowCounter:
 		p := counterPeriod(st, periodOf(fallback, now))
 		if p <= 0 {

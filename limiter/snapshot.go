@@ -588,7 +588,7 @@ func (sh *shard) takeRateLocked(e *entry, sn *Snapshot, now int64) {
 	}
 	r := sn.rateRequest()
 	if c := sh.rates[e]; c.known() {
-		r, _ = strictest(c, e.algo(), &r, now)
+		r, _, _ = strictest(c, e.algo(), &r, now)
 	}
 	sh.rates[e] = chargedOf(&r)
 }
@@ -639,6 +639,7 @@ func mergeInto(st *state, lg *windowLog, sn *Snapshot, now int64) bool {
 			return false
 		}
 		st.setWindow(start, hits)
+		st.setLastCharge(0) // theirs may count later charges
 		st.expireAt = max(st.expireAt, sn.ExpireAt)
 	case SlidingWindowCounter:
 		// Align both to the later window: a count one window older

@@ -12,7 +12,10 @@ import (
 //
 //	TokenBucket, LeakyBucket: level (float64 bits: tokens consumed, or hits
 //	                          queued) and levelTime, when it was that level
-//	FixedWindow:              windowStart and windowHits
+//	FixedWindow:              windowStart and windowHits, and in the
+//	                          third word lastCharge, the instant of the
+//	                          last charge that raised the count (whole
+//	                          microseconds, rounded up; 0 unknown)
 //	SlidingWindowCounter:     windowStart, windowHits and prevWindowHits
 //	GCRA:                     tat, the theoretical arrival time, the
 //	                          interval (ns per hit) it was computed with,
@@ -22,7 +25,8 @@ import (
 // The top 8 bits of the third word are the state's tag: the Algorithm it
 // belongs to (bits 56-61), the changed mark of Store.Changed (bit 62) and
 // the received mark of a state merged from another node (bit 63), which
-// keeps an entry at 64 bytes; prevWindowHits and tatLead use the low 56.
+// keeps an entry at 64 bytes; prevWindowHits, tatLead and lastCharge use
+// the low 56.
 // The zero value is the fresh state of every algorithm. Snapshots carry the
 // words without the tag and without tatLead (see snapshotWords).
 type state struct {
@@ -64,11 +68,12 @@ func (st *state) clearReceived()   { st.words[2] &^= receivedMark }
 
 // snapshotWords returns the words as Snapshot.Words carries them: the
 // third without the tag, and 0 for GCRA, whose tatLead stays on this node
-// (a received state has none; see clampReceived).
+// (a received state has none; see clampReceived), and for the fixed
+// window, whose lastCharge does too (a received state's is unknown).
 func (st *state) snapshotWords() [3]int64 {
 	w := st.words
 	w[2] &= prevHitsMask
-	if st.algo() == GCRA {
+	if a := st.algo(); a == GCRA || a == FixedWindow {
 		w[2] = 0
 	}
 	return w
@@ -110,6 +115,23 @@ func (st *state) windowStart() int64          { return st.words[0] }
 func (st *state) windowHits() int64           { return st.words[1] }
 func (st *state) prevWindowHits() int64       { return st.words[2] & prevHitsMask }
 func (st *state) setWindow(start, hits int64) { st.words[0], st.words[1] = start, hits }
+
+// lastCharge is a fixed window's instant (Unix ns, a whole microsecond)
+// of the last charge that raised its count, no earlier than that charge;
+// 0 when unknown (a fresh or received state, settled hits, an instant
+// before 1970 or past 2^56 microseconds).
+func (st *state) lastCharge() int64 {
+	return st.words[2] & prevHitsMask * int64(time.Microsecond)
+}
+
+// setLastCharge records a charge at now, or with now 0 forgets it.
+func (st *state) setLastCharge(now int64) {
+	us := (now + int64(time.Microsecond) - 1) / int64(time.Microsecond)
+	if now <= 0 || us > prevHitsMask {
+		us = 0
+	}
+	st.words[2] = us | st.tag()
+}
 func (st *state) setPrevWindowHits(hits int64) {
 	st.words[2] = hits | st.tag()
 }

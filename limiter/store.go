@@ -316,13 +316,28 @@ func (s *Store) decideKeyLocked(sh *shard, k []byte, req *Request, now, want int
 	}
 	if sh.rates != nil && found && e.expireAt > now && req.Behavior&Reset == 0 {
 		if c := sh.rates[e]; c.known() {
-			m, none := strictest(c, e.algo(), req, now)
+			m, none, moved := strictest(c, e.algo(), req, now)
 			req = &m
 			charges := want > 0 || req.Hits > 0 && req.Behavior&Refund == 0
 			if want == 0 && req.Hits > req.Capacity() || none && charges {
 				sh.touchLocked(e)
 				*d = overCapacity(e.state, lg, req, now)
 				return 0
+			}
+			// A fixed window's count moved to req's window would hold,
+			// until that window ends, hits all charged before it began
+			// (the last charge was), under windows that end sooner: a
+			// decision that charges nothing leaves it where it is, as a
+			// peek does, so that two rates whose windows never end
+			// together do not hold the key's hits for ever by denying
+			// each other's checks. A charge moves it.
+			if moved && want == 0 && req.Hits > 0 && req.Behavior&(DrainOverLimit|Refund) == 0 &&
+				e.algo() == FixedWindow && e.state.lastCharge() != 0 && e.state.lastCharge() < windowStart(req, now) {
+				if pd := peek(e.state, lg, req, now); !pd.Allowed {
+					sh.touchLocked(e)
+					*d = pd
+					return 0
+				}
 			}
 		}
 	}

@@ -70,11 +70,15 @@ func zoneName(l *time.Location) string {
 // capacity the least of both. A meet that Validate would refuse (a drain
 // past MaxDrain, or for the windows a Limit below one, after rounding)
 // falls back to c's rate; for the windows, none reports that the meet
-// admits nothing over the window kept, and the caller denies req.
-func strictest(c charged, a Algorithm, req *Request, now int64) (m Request, none bool) {
+// admits nothing over the window kept, and the caller denies req; moved
+// reports that the meet moves a fixed window's or counter's count to
+// req's window (a fixed window's count whose last charge came before
+// that window stays where it is when the decision charges nothing: see
+// decideKeyLocked).
+func strictest(c charged, a Algorithm, req *Request, now int64) (m Request, none, moved bool) {
 	old := c.request(*req, a)
 	if sameRate(&old, req) {
-		return *req, false
+		return *req, false, false
 	}
 	ts, tr := periodOf(&old, now), periodOf(req, now)
 	m = old
@@ -106,12 +110,19 @@ func strictest(c charged, a Algorithm, req *Request, now int64) (m Request, none
 	if m.Hits > m.Capacity() {
 		m.Hits = 0 // validated below as a peek; the caller denies it
 	}
+	windows := a == FixedWindow || a == SlidingWindowCounter
+	moved = take && windows
 	if m.Validate() != nil {
-		none = take && m.Limit < 1 && (a == FixedWindow || a == SlidingWindowCounter)
-		m = old
+		none = take && m.Limit < 1 && windows
+		m, moved = old, false
 	}
 	m.Hits = req.Hits
-	return m, none
+	return m, none, moved
+}
+
+func windowStart(r *Request, now int64) int64 {
+	start, _ := windowBounds(r, now)
+	return start
 }
 
 func windowEnd(r *Request, now int64) int64 {

@@ -101,6 +101,9 @@ func decideFixedWindow(st *state, req *Request, now int64) Decision {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(req.Limit-count, 0)
+	if count > st.windowHits() {
+		st.setLastCharge(now)
+	}
 	st.setWindow(start, count)
 	st.expireAt = now
 	if count > 0 {

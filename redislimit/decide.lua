@@ -17,13 +17,22 @@
 --          its start and end in Unix microseconds, 0 and 0 for none; equal
 --          for the instant a bucket, GCRA or log charged at,
 -- ARGV[14..17] with a calendar: b0 < b1 < b2 < b3, the bounds of three
---          consecutive calendar windows around the caller's clock.
+--          consecutive calendar windows around the caller's clock ('' four
+--          times without one, when ARGV[18..23] follow),
+-- ARGV[18..23] when the script asked for them: a calendar unit and zone,
+--          and the bounds of three windows of it around the server's time
+--          (or '' for a zone the caller does not know); '' six times when
+--          ARGV[24..27] follow,
+-- ARGV[24..27] with a calendar and a refund's charged window: the bounds
+--          of three consecutive windows of the calendar around its start.
 --
 -- Returns {allowed, remaining, resetAt, retryAfter, delay, now, limit,
 -- windowStart, windowEnd}, times in microseconds, limit the Limit that
 -- decided, the window limiter.Decision.Window names (0 and 0 for none;
 -- the instant twice for a bucket, GCRA or log);
--- {-1, now} when no calendar window given holds now.
+-- {-1, now} when no calendar window given holds now; {-2, now, unit, zone}
+-- when the script needs the windows of the calendar (unit, zone) a state
+-- was charged under around now (ARGV[18..23]).
 --
 -- The order of limiter's decide: a state that is expired, or reset,
 -- starts fresh; a live state has its times bounded by now as its own
@@ -32,12 +41,18 @@
 -- request that only reads (0 hits, no Reset) is decided the same way and
 -- writes nothing.
 --
--- Numbers are doubles: every time and count stays an integer below 2^53,
--- and products that could pass it go through muldiv.
+-- Numbers are doubles: every count stays an integer below 2^53, and
+-- products that could pass it go through muldiv; every time stays an
+-- integer no later than HORIZON, an even one past 2^53 (2255-06-05), where
+-- a sum or a window's start may round by a microsecond.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
-local HORIZON = 9007199254740992 -- 2^53 us, 2255-06-05: every time saturates here
+-- Every time saturates at HORIZON, limiter's horizon (2262-04-11T23:47:16.854775807Z)
+-- rounded down to an even microsecond: from EXACT (2^53 us, 2255-06-05) on,
+-- a double holds even integers only, so times there are whole to 2 us.
+local HORIZON = 9223372036854774
+local EXACT = 9007199254740992 -- 2^53: integers below it are exact
 local EPS = 1e-9                 -- the buckets' tolerance, as limiter's
 local MAXLOG = 4096              -- limiter.MaxLogEntries
 local MAXLIMIT = 1e12            -- limiter.MaxLimit
@@ -73,9 +88,28 @@ local calendar = tonumber(ARGV[10])
 local zone = tonumber(ARGV[11])
 local chargedStart, chargedEnd = tonumber(ARGV[12]), tonumber(ARGV[13])
 local bounds = nil
-if ARGV[14] then
+if ARGV[14] and ARGV[14] ~= '' then
   bounds = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
 end
+-- ARGV[18..23], when the script asked for them (below): the calendar unit
+-- and zone of the rate a state was charged under, and the bounds of three
+-- consecutive windows of it around the server's time, or '' for a zone
+-- the caller does not know.
+local stateCal = nil
+if ARGV[18] and ARGV[18] ~= '' then
+  stateCal = {unit = tonumber(ARGV[18]), zone = tonumber(ARGV[19])}
+  if ARGV[20] ~= '' then
+    stateCal.bounds = {tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])}
+  end
+end
+-- ARGV[24..27] with a calendar and a refund's charged window: the bounds
+-- of three consecutive windows of the request's calendar around the
+-- charged window's start, which may lie outside ARGV[14..17].
+local chargedBounds = nil
+if ARGV[24] then
+  chargedBounds = {tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]), tonumber(ARGV[27])}
+end
+local requestCalendar, requestZone = calendar, zone
 -- The window the decision counted hits in, or gave them back to.
 local windowStart, windowEnd = 0, 0
 
@@ -103,7 +137,7 @@ end
 -- taken a bit of a at a time, as long division does.
 local function muldiv(a, b, c, up, cap)
   local p = a * b
-  if p < HORIZON then
+  if p < EXACT then
     local q = floordiv(p, c)
     if up and q * c < p then q = q + 1 end
     return math.min(q, cap)
@@ -131,7 +165,8 @@ end
 
 -- The state: its algorithm, expiry and three words, as limiter's (GCRA's
 -- third is tatLead, how far ahead of its writer's now the TAT was; 0
--- bounds nothing). The sliding window log's words are its quantum, its entry count and its
+-- bounds nothing; a fixed window's is the instant of its last charge
+-- that raised the count, 0 unknown). The sliding window log's words are its quantum, its entry count and its
 -- base, and its entries follow them: logN entries of 16 bytes in logBody,
 -- oldest first, each (at, cum), where cum counts the entry's hits and
 -- those of every entry before it since the one whose cum is logBase, so
@@ -240,6 +275,10 @@ end
 -- or zone than the request's is the state's own window, [start, expiry),
 -- which holds now while the state is live (the script knows no zone).
 local overCapacity = false
+-- keepsCount: the meet moves a fixed window's count to a window that
+-- begins after the state's last charge (limiter's use of strictest's
+-- moved): a decision that charges nothing leaves the count where it is.
+local keepsCount = false
 if keepStrictest and charged and st.exp > now and not has(RESET) then
   local a = st.algo
   local oLimit, oCap, oPeriod, oZone = charged[1], charged[2], charged[3], charged[4]
@@ -248,19 +287,38 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     (oPeriod > 0 or oZone == zone)
   if not same then
     -- The old rate's window: the request's when it is the same calendar,
-    -- else the state's own.
-    local oBounds = nil
+    -- else the state's own while it holds now. A state's window after now
+    -- (the clock stepped back) is not now's: the caller, asked with the
+    -- calendar's unit and zone, hands the windows around now, as limiter
+    -- computes them; a caller that does not know the zone leaves the
+    -- state's window, from now to its expiry.
+    local oBounds, oLength = nil, 0
     if oPeriod < 0 then
+      local function holds(b)
+        for i = 1, 3 do
+          if b[i] <= now and now < b[i + 1] then return b[i + 1] - b[i] end
+        end
+        return nil
+      end
       if bounds and -oPeriod == calendar and oZone == zone then
         oBounds = bounds
+        oLength = holds(bounds)
+      elseif st.w[1] <= now then
+        oBounds, oLength = {st.w[1], st.w[1], st.exp, st.exp}, st.exp - st.w[1]
+      elseif stateCal and stateCal.unit == -oPeriod and stateCal.zone == oZone and
+          (not stateCal.bounds or holds(stateCal.bounds)) then
+        if stateCal.bounds then
+          oBounds, oLength = stateCal.bounds, holds(stateCal.bounds)
+        else
+          oBounds, oLength = {now, now, st.exp, st.exp}, st.exp - st.w[1]
+        end
       else
-        local s = math.min(st.w[1], now)
-        oBounds = {s, s, st.exp, st.exp}
+        return {-2, now, -oPeriod, oZone}
       end
     end
     local function lengthOf(b, p)
       if not b then return p end
-      if b ~= bounds then return st.exp - st.w[1] end -- the state's window
+      if b ~= bounds then return oLength end
       local s, e = calendarWindow(now)
       return e - s
     end
@@ -312,6 +370,10 @@ if keepStrictest and charged and st.exp > now and not has(RESET) then
     end
     algo, limit, capacity, period, bounds, calendar, zone = mAlgo, mLimit, mCap, mPeriod, mBounds, mCal, mZone
     if hits > capacity or (none and hits > 0 and not has(REFUND)) then overCapacity = true end
+    if take and valid and a == FIXED and st.w[3] > 0 then
+      local ms = windowBounds(now)
+      keepsCount = ms ~= nil and st.w[3] < ms
+    end
   end
 end
 local storedExp = st.exp
@@ -618,6 +680,9 @@ local function decideAlgorithm(h, drain)
       retry = stop - now
     end
     remaining = math.max(limit - count, 0)
+    -- The third word is the instant of the last charge that raised the
+    -- count (0 unknown): limiter's lastCharge.
+    if count > st.w[2] then st.w[3] = now end
     st.w[1], st.w[2] = start, count
     st.exp = now
     if count > 0 then st.exp = stop end
@@ -918,6 +983,19 @@ end
 local refundMark = mark
 if step then refundMark = mergeMark(mark, step) end
 
+-- chargedWindow is the window holding t, an instant of a refund's charged
+-- window: windowBounds, or for a calendar the windows the caller computed
+-- around the charged window when those around now do not hold t.
+local function chargedWindow(t)
+  local s, e = windowBounds(t)
+  if not s and chargedBounds and calendar == requestCalendar and zone == requestZone then
+    for i = 1, 3 do
+      if chargedBounds[i] <= t and t < chargedBounds[i + 1] then return chargedBounds[i], chargedBounds[i + 1] end
+    end
+  end
+  return s, e
+end
+
 -- A window of a fixed window or sliding window counter that holds a
 -- reset is two windows to a refund (limiter's chargedSinceResetLocked):
 -- the charges before the reset name it, those after name it with start
@@ -936,7 +1014,7 @@ if refundMark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or charg
       if i > logN or entry(i) ~= m then s, e = chargedStart, chargedEnd end
     end
   elseif chargedStart == m + 1 then
-    s, e = windowBounds(m)
+    s, e = chargedWindow(m)
     if e ~= chargedEnd then s = nil end
   elseif chargedEnd == m + 1 and chargedStart < m and (hasBurst(algo) or algo == SLOG) then
     -- A charge made after a reset at an instant before it (the reset
@@ -944,7 +1022,7 @@ if refundMark and has(REFUND) and not has(RESET) and (chargedStart ~= 0 or charg
     s, e = chargedStart, chargedStart
   elseif chargedEnd == m + 1 and chargedStart < m then
     -- A window that ended by the reset on the clock it was made with.
-    local ws, we = windowBounds(chargedStart)
+    local ws, we = chargedWindow(chargedStart)
     if ws == chargedStart and we and we <= m then s, e = ws, we end
   end
   if s then
@@ -1048,6 +1126,12 @@ if has(REFUND) then
 end
 
 local allowed, remaining, retry, delay = decideAlgorithm(hits, has(DRAIN))
+if keepsCount and allowed == 0 and hits > 0 and not has(DRAIN) then
+  -- Denied, charging nothing: decided as a peek, which writes nothing, so
+  -- that two rates whose windows never end together do not hold the
+  -- key's hits for ever by denying each other's checks.
+  reads = true
+end
 if gaveBack then
   -- A refund to its window (above) names the window it gave hits back to.
   windowStart, windowEnd = chargedStart, chargedEnd

@@ -27,12 +27,16 @@
 //     is a whole number of microseconds GCRA decides as limiter's, and
 //     otherwise its times are later by less than a microsecond per hit
 //     outstanding;
-//   - time saturates at 2^53 microseconds (2255-06-05), the largest
-//     integer Lua's numbers hold exactly;
+//   - time saturates at limiter's horizon (2262-04-11), and from 2^53
+//     microseconds (2255-06-05, past which Lua's numbers hold even
+//     integers only) on it is whole to 2 microseconds;
 //   - calendar windows are computed by the caller in the request's zone
 //     around its clock and handed to the script, which uses the one that
 //     holds the server's time, or answers with that time so that the
-//     caller hands the windows around it.
+//     caller hands the windows around it; likewise the windows of another
+//     calendar a state was charged under (KeepStrictest), which the
+//     script names by unit and zone, and those around a refund's
+//     charged window.
 //
 // The script decides in limiter's order. A request of another algorithm
 // than the key's live state converts the state as limiter does: the hits

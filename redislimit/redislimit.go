@@ -44,6 +44,11 @@ type Limiter struct {
 	serverNow func() time.Time
 
 	withoutOwner atomic.Int64
+
+	// zones holds the calendar zone of every request this Limiter has
+	// sent, by zoneID: the script names the zone of a state's calendar by
+	// that number when it asks for the state's windows.
+	zones sync.Map // uint32 -> *time.Location
 }
 
 // slotReloader is a cluster client, which can read its slot map again.
@@ -200,6 +205,18 @@ type call struct {
 	decision sluice.Decision
 	err      error     // of this request alone: a bad state
 	hint     time.Time // the server's time, when a calendar window missed it
+	// stateCal, when set, is the calendar (unit and zone) of the rate the
+	// key's state was charged under, whose windows around its at the
+	// script asked for.
+	stateCal *stateCalendar
+}
+
+// stateCalendar is the script's question for the windows of the calendar
+// a key's state was charged under, around the server's time.
+type stateCalendar struct {
+	unit limiter.Calendar
+	zone uint32
+	at   time.Time
 }
 
 // run decides calls on Redis within the timeout, each behind the breaker
@@ -316,9 +333,9 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 			for i, p := range pending {
 				keys := []string{p.key}
 				if pass == 0 {
-					cmds[i] = l.script.EvalSha(ctx, c, keys, l.args(p.req, p.hint)...)
+					cmds[i] = l.script.EvalSha(ctx, c, keys, l.args(p.req, p.hint, p.stateCal)...)
 				} else {
-					cmds[i] = l.script.Eval(ctx, c, keys, l.args(p.req, p.hint)...)
+					cmds[i] = l.script.Eval(ctx, c, keys, l.args(p.req, p.hint, p.stateCal)...)
 				}
 			}
 		}
@@ -348,6 +365,9 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 			case len(vals) == 2 && vals[0] == -1: // outside the calendar windows given
 				c.hint = time.UnixMicro(vals[1])
 				again = append(again, c)
+			case len(vals) == 4 && vals[0] == -2: // the state's calendar windows wanted
+				c.stateCal = &stateCalendar{unit: limiter.Calendar(vals[2]), zone: uint32(vals[3]), at: time.UnixMicro(vals[1])}
+				again = append(again, c)
 			case len(vals) != 9:
 				failed = cmp.Or(failed, fmt.Errorf("redislimit: script answered %v, want 9 numbers", vals))
 			default:
@@ -364,17 +384,19 @@ func (l *Limiter) pipeline(ctx context.Context, pending []*call) error {
 // key must outlive the real time the test takes.
 const testMinTTL = 600_000
 
-// maxPasses bounds the passes of pipeline: EVALSHA, EVAL, and a calendar
-// window placed by the server's clock.
-const maxPasses = 3
+// maxPasses bounds the passes of pipeline: EVALSHA, EVAL, a calendar
+// window placed by the server's clock, and the windows of a state's
+// calendar.
+const maxPasses = 4
 
 // badStateReply is what the script's error reply for a bad state holds.
 const badStateReply = "redislimit: state of"
 
 // args are the script's ARGV for req. hint, when not zero, is the server's
 // time as a previous pass reported it, around which the calendar windows
-// are given.
-func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
+// are given. sc, when not nil, is the calendar of the key's state whose
+// windows a previous pass asked for.
+func (l *Limiter) args(req *limiter.Request, hint time.Time, sc *stateCalendar) []any {
 	now, minTTL := "", 0
 	if l.serverNow != nil {
 		now, minTTL = strconv.FormatInt(l.serverNow().UnixMicro(), 10), testMinTTL
@@ -386,20 +408,58 @@ func (l *Limiter) args(req *limiter.Request, hint time.Time) []any {
 	cs, ce := chargedMicro(req.Charged)
 	args := []any{int(req.Algorithm), req.Hits, req.Limit, int64(req.Period / time.Microsecond), req.Capacity(), int(req.Behavior), now, minTTL,
 		keep, int(req.Calendar), zoneID(req), cs, ce}
+	charged := req.Calendar != limiter.NoCalendar && req.Behavior&limiter.Refund != 0 && !req.Charged.IsZero()
 	if req.Calendar == limiter.NoCalendar {
-		return args
+		if sc == nil {
+			return args
+		}
+		args = append(args, "", "", "", "")
+	} else {
+		if id := zoneID(req); !l.knowsZone(id) {
+			l.zones.Store(id, req.Location)
+		}
+		around := hint
+		if around.IsZero() {
+			around = l.clock()
+			if l.serverNow != nil {
+				around = l.serverNow()
+			}
+		}
+		args = append(args, windowsAround(req.Calendar, req.Location, around)...)
 	}
-	around := hint
-	if around.IsZero() {
-		around = l.clock()
-		if l.serverNow != nil {
-			around = l.serverNow()
+	switch {
+	case sc == nil && !charged:
+		return args
+	case sc == nil:
+		args = append(args, "", "", "", "", "", "")
+	default:
+		args = append(args, int(sc.unit), sc.zone)
+		if loc, ok := l.zones.Load(sc.zone); ok {
+			args = append(args, windowsAround(sc.unit, loc.(*time.Location), sc.at)...)
+		} else {
+			args = append(args, "", "", "", "")
 		}
 	}
-	s1, e1 := limiter.CalendarWindow(req.Calendar, req.Location, around)
-	s0, _ := limiter.CalendarWindow(req.Calendar, req.Location, s1.Add(-time.Nanosecond))
-	_, e2 := limiter.CalendarWindow(req.Calendar, req.Location, e1)
-	return append(args, s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro())
+	if charged {
+		// The windows a refund's charged window names, which a clock
+		// that stepped back may find outside those around now.
+		args = append(args, windowsAround(req.Calendar, req.Location, time.Unix(0, req.Charged.Start))...)
+	}
+	return args
+}
+
+func (l *Limiter) knowsZone(id uint32) bool {
+	_, ok := l.zones.Load(id)
+	return ok
+}
+
+// windowsAround are the bounds of three consecutive windows of cal in loc,
+// the middle one holding t, in Unix microseconds.
+func windowsAround(cal limiter.Calendar, loc *time.Location, t time.Time) []any {
+	s1, e1 := limiter.CalendarWindow(cal, loc, t)
+	s0, _ := limiter.CalendarWindow(cal, loc, s1.Add(-time.Nanosecond))
+	_, e2 := limiter.CalendarWindow(cal, loc, e1)
+	return []any{s0.UnixMicro(), s1.UnixMicro(), e1.UnixMicro(), e2.UnixMicro()}
 }
 
 // chargedMicro is a refund's charged window in Unix microseconds, the

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -151,10 +150,6 @@ func TestResetMarkAcrossAClockAheadChargeOnRedis(t *testing.T) {
 // key checked every 15 minutes for three days, alternately at 5 per
 // calendar day in Pacific/Kiritimati (UTC+14) and 5 per 24h.
 func TestKeepStrictestCalendarAndPeriodAlternatingOnRedis(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") != "1" {
-		t.Skip("broke, open, as in limiter: 5 admitted in three days, not 15: the count moves to whichever window ends " +
-			"later, and the two rates' windows never end together; set SLUICE_ATTACK=1 to run")
-	}
 	kiri, err := time.LoadLocation("Pacific/Kiritimati")
 	if err != nil {
 		t.Skip(err)
@@ -233,5 +228,47 @@ func TestPeekWithAnotherRateLeavesASpentKeySpentOnRedis(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestKeepStrictestAlternatingRatesDifferential sends checks alternating
+// between two rates whose windows never end together (5 per calendar day
+// in Pacific/Kiritimati and 5 per 24h, every 15 minutes for three days),
+// and between 5 per 10s and 5 per 7s (every 1.5s for 140s), through Redis
+// and limiter.Store under KeepStrictest: every decision is the same,
+// those that leave a count where it is, being denied a move to a window
+// begun after its last charge, included.
+func TestKeepStrictestAlternatingRatesDifferential(t *testing.T) {
+	kiri, err := time.LoadLocation("Pacific/Kiritimati")
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Run("day+14", func(t *testing.T) {
+		cal := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Calendar: limiter.Day, Location: kiri}
+		per := limiter.Request{Name: "alt", Key: "k", Hits: 1, Limit: 5, Algorithm: limiter.FixedWindow, Period: 24 * time.Hour}
+		var steps []atkStep
+		for i := 0; i < 72*4; i++ {
+			r := per
+			if i%2 == 1 {
+				r = cal
+			}
+			steps = append(steps, atkStep{time.Duration(i) * 15 * time.Minute, r})
+		}
+		atkDiff(t, true, steps)
+	})
+	for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		t.Run(a.String(), func(t *testing.T) {
+			ten := limiter.Request{Name: "alt", Key: a.String(), Hits: 1, Limit: 5, Period: 10 * time.Second, Algorithm: a}
+			seven := limiter.Request{Name: "alt", Key: a.String(), Hits: 1, Limit: 5, Period: 7 * time.Second, Algorithm: a}
+			var steps []atkStep
+			for i := 0; i < 140*2/3; i++ {
+				r := ten
+				if i%2 == 1 {
+					r = seven
+				}
+				steps = append(steps, atkStep{time.Duration(i) * 1500 * time.Millisecond, r})
+			}
+			atkDiff(t, true, steps)
+		})
 	}
 }

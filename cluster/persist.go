@@ -34,6 +34,14 @@ import (
 //     key whose parts changed since the last segment is written again
 //     (standins.takeDirty), as its parts may grow after its state did, or
 //     without it.
+//   - Each state is written with the lease grants whose hits it counts
+//     and that their holders may still give back (carry.go's
+//     carryLocked; state file version 3), read before the states, each
+//     key's under its decide lock: a new owner that took a key's grants
+//     with its state, or an owner whose leased hits entered the state,
+//     takes the holders' returns after a restart as before it. Restored,
+//     they are kept as carried grants (restoreGrants), their times
+//     bounded as a Transfer's are.
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
@@ -65,6 +73,9 @@ type persister struct {
 	release  func() // gives the directory's lock back
 	// standins holds the stand-in parts to write with the states.
 	standins *standins
+	// grants returns the lease grants to write with the states of keys
+	// (of every key with grants when keys is nil): Node.persistedGrants.
+	grants func(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -214,8 +225,10 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 	}
 	w := newStateFileWriter()
 	sets := p.parts()
+	grants := p.grantsOf(p.pending, now)
 	for _, s := range p.pending {
 		settle(&s, sets)
+		s.Grants = grants[stateKey{s.Name, s.Key}]
 		if err := w.add(&s); err != nil {
 			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
 		}
@@ -244,9 +257,11 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	w := newStateFileWriter()
 	var states int64
 	sets := p.parts()
+	grants := p.grantsOf(nil, now)
 	// Encoding under the shard's lock is CPU only; the write is after.
 	store.Range(now, func(s limiter.Snapshot) bool {
 		settle(&s, sets)
+		s.Grants = grants[stateKey{s.Name, s.Key}]
 		if w.add(&s) == nil {
 			states++
 		}
@@ -279,6 +294,16 @@ func (p *persister) parts() map[debtKey]*limiter.Settlement {
 	return p.standins.settlements()
 }
 
+// grantsOf returns the lease grants to write with the states of keys, by
+// key (of every key when keys is nil), read before the states' shard
+// locks are taken.
+func (p *persister) grantsOf(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant {
+	if p.grants == nil {
+		return nil
+	}
+	return p.grants(keys, now)
+}
+
 // close writes a last snapshot of store and gives the directory back.
 func (p *persister) close(store *limiter.Store, now time.Time) error {
 	err := p.snapshot(store, now)
@@ -309,12 +334,14 @@ func (n *Node) restore() error {
 		return err
 	}
 	p.standins = n.standins
+	p.grants = n.persistedGrants
 	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
 	}
 	marks := aheadOfNow(restored, now)
+	granted := grantsBefore(n.store, restored, now)
 	// Into an empty store, every state the merge takes changes it: the
 	// count leaves out those it refused.
 	merged, err := n.store.Merge(restored, now)
@@ -340,6 +367,7 @@ func (n *Node) restore() error {
 		}
 	}
 	n.standins.restore(settled)
+	n.grants.restore(n.store, granted, now)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

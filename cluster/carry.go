@@ -326,14 +326,15 @@ func (g *grantTable) crowdedLocked(hash uint64) bool {
 // keys count and that a return could still free at now (carryLocked), of
 // every key with grants when keys is nil, for the state files. Each key's
 // are read under its decide lock held shared, before the states are read
-// (the decide locks come before the store's).
+// (the decide locks come before the store's). Fewer keys than have
+// grants are looked up one by one; more, the table is walked.
 func (n *Node) persistedGrants(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant {
 	if n.handover == nil || !n.grants.active() {
 		return nil
 	}
 	at := now.UnixNano()
 	out := map[stateKey][]limiter.LeaseGrant{}
-	if keys != nil {
+	if keys != nil && int64(len(keys)) <= n.grants.keys.Load() {
 		for k, s := range keys {
 			if !leasable(s.Algorithm) {
 				continue
@@ -357,7 +358,11 @@ func (n *Node) persistedGrants(keys map[stateKey]limiter.Snapshot, now time.Time
 		for hash, kg := range n.grants.shards[i] {
 			for j := range kg.list {
 				r := &kg.list[j].req
-				if k := (stateKey{r.Name, r.Key}); out[k] == nil {
+				k := stateKey{r.Name, r.Key}
+				if _, ok := keys[k]; keys != nil && !ok {
+					continue
+				}
+				if out[k] == nil {
 					out[k] = n.grants.carryLocked(hash, r.Name, r.Key, at, 0)
 				}
 			}

@@ -67,6 +67,19 @@ func TestLeaseGrantsRestoredFromDataDir(t *testing.T) {
 			if _, rejected, err := (stateSink{n}).TakeStates(context.Background(), "a", transport.Handoff, []limiter.Snapshot{sn}); err != nil || rejected > 0 {
 				t.Fatalf("take: %d rejected, %v", rejected, err)
 			}
+			// Looked up by key, with the table walked for more keys than
+			// have grants, and for every key.
+			own := stateKey{req.Name, req.Key}
+			for _, keys := range []map[stateKey]limiter.Snapshot{
+				{own: sn},
+				{own: sn, {"other", "a"}: {}, {"other", "b"}: {}},
+				nil,
+			} {
+				gs := n.persistedGrants(keys, t0)
+				if len(gs) != 1 || len(gs[own]) != 1 || gs[own][0].Holder != "h" || gs[own][0].Hits != 20 {
+					t.Fatalf("grants of %d keys: %+v, want h's 20 of the key", len(keys), gs)
+				}
+			}
 			// The segment of the changed key holds it with its grant.
 			var written []limiter.LeaseGrant
 			for deadline := time.Now().Add(20 * time.Second); written == nil; {

@@ -373,6 +373,53 @@ func (n *Node) persistedGrants(keys map[stateKey]limiter.Snapshot, now time.Time
 	return out
 }
 
+// persistedHeld returns, by key, the states of keys (of every key when
+// keys is nil) whose hits token bucket and GCRA leases hold apart from the
+// bucket, with those hits charged as a replica's copy has them
+// (heldSnapshot: entered at the leases' expiry, with what drains until
+// then) and their grants named, for the state files: a node restarted
+// from them counts the hits its holders may have used, and takes their
+// returns.
+func (n *Node) persistedHeld(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot {
+	if n.handover == nil || !n.grants.active() {
+		return nil
+	}
+	type heldKey struct {
+		hash uint64
+		k    stateKey
+	}
+	var found []heldKey
+	for i := range n.grants.shards {
+		n.handover.locks[i].RLock()
+		n.grants.mu[i].Lock()
+		for hash, kg := range n.grants.shards[i] {
+			if kg.held == 0 {
+				continue
+			}
+			for j := range kg.list {
+				gr := &kg.list[j]
+				k := stateKey{gr.req.Name, gr.req.Key}
+				if _, ok := keys[k]; (keys == nil || ok) && !gr.settled && deferred(gr.req.Algorithm) && gr.hits > 0 && !slices.Contains(found, heldKey{hash, k}) {
+					found = append(found, heldKey{hash, k})
+				}
+			}
+		}
+		n.grants.mu[i].Unlock()
+		n.handover.locks[i].RUnlock()
+	}
+	out := make(map[stateKey]limiter.Snapshot, len(found))
+	for _, f := range found {
+		var sp *limiter.Snapshot
+		if s, ok := n.store.Snapshot(f.k.name, f.k.key, now); ok {
+			sp = &s
+		}
+		if c, ok := n.heldSnapshot(f.hash, sp, f.k.name, f.k.key, now); ok {
+			out[f.k] = c
+		}
+	}
+	return out
+}
+
 // maxRestoredGrantAge bounds how long before a node's start a restored
 // grant's hits entered its state or its lease ended, and how far after it
 // its window ends, as a Transfer's grants are bounded.

@@ -81,7 +81,7 @@ import (
 // Nothing may follow; a grant longer than maxEncodedGrant, or one its
 // state refuses (limiter.LeaseGrant.Validate), refuses the file. The
 // reader does not judge the grants' times: the node bounds them at its
-// start (restoreGrants).
+// start (grantsBefore).
 
 // ErrDataDir wraps every error about Config.DataDir: it cannot be locked,
 // read or written, or a state file in it is damaged, truncated or

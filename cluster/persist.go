@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,8 +41,12 @@ import (
 //     key's under its decide lock: a new owner that took a key's grants
 //     with its state, or an owner whose leased hits entered the state,
 //     takes the holders' returns after a restart as before it. Restored,
-//     they are kept as carried grants (restoreGrants), their times
-//     bounded as a Transfer's are.
+//     they are kept as carried grants (grantTable.restore), their times
+//     bounded as a Transfer's are. A key whose token bucket or GCRA
+//     leases hold hits apart from its bucket is written with them
+//     charged and their grants named, as a replica's copy is sent
+//     (persistedHeld); a key granted such hits since the last segment is
+//     written at the next one (grantTable.takeUnwritten).
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
@@ -76,6 +81,15 @@ type persister struct {
 	// grants returns the lease grants to write with the states of keys
 	// (of every key with grants when keys is nil): Node.persistedGrants.
 	grants func(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant
+	// held returns the states of keys (of every key when keys is nil)
+	// that token bucket and GCRA leases hold hits apart for, with those
+	// hits charged and their grants named: Node.persistedHeld.
+	held func(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot
+	// heldChanged returns the keys leases were granted hits held apart
+	// for since it was last called (grantTable.takeUnwritten), and
+	// heldDirty holds them until a segment holds their states.
+	heldChanged func() map[stateKey]struct{}
+	heldDirty   map[stateKey]struct{}
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -220,18 +234,56 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 			}
 		}
 	}
-	if len(p.pending) == 0 {
+	if p.heldChanged != nil {
+		for k := range p.heldChanged() {
+			if p.heldDirty == nil {
+				p.heldDirty = map[stateKey]struct{}{}
+			}
+			p.heldDirty[k] = struct{}{}
+		}
+	}
+	if len(p.pending) == 0 && len(p.heldDirty) == 0 {
 		return
 	}
 	w := newStateFileWriter()
 	sets := p.parts()
 	grants := p.grantsOf(p.pending, now)
-	for _, s := range p.pending {
-		settle(&s, sets)
-		s.Grants = grants[stateKey{s.Name, s.Key}]
-		if err := w.add(&s); err != nil {
-			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
+	keys := p.pending
+	if len(p.heldDirty) > 0 {
+		keys = maps.Clone(p.pending)
+		for k := range p.heldDirty {
+			if _, ok := keys[k]; !ok {
+				keys[k] = limiter.Snapshot{}
+			}
 		}
+	}
+	held := p.heldOf(keys, now)
+	written := int64(0)
+	add := func(s *limiter.Snapshot) {
+		settle(s, sets)
+		if err := w.add(s); err != nil {
+			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
+			return
+		}
+		written++
+	}
+	for k, s := range p.pending {
+		if h, ok := held[k]; ok {
+			s = h
+		} else {
+			s.Grants = grants[k]
+		}
+		add(&s)
+	}
+	for k, h := range held {
+		if _, ok := p.pending[k]; !ok { // leased hits the store does not count yet
+			add(&h)
+		}
+	}
+	if written == 0 {
+		clear(p.pending)
+		clear(p.heldDirty)
+		return
 	}
 	name := stateFileName(segmentPrefix, p.nextSeq)
 	data := w.bytes()
@@ -241,9 +293,10 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	p.nextSeq++
-	p.written.Add(int64(len(p.pending)))
+	p.written.Add(written)
 	p.segments.Add(1)
 	clear(p.pending)
+	clear(p.heldDirty)
 	p.covered = append(p.covered, name)
 	p.segmentBytes += len(data)
 	if p.segmentBytes > max(p.snapshotBytes, 1<<20) || len(p.covered) > 1000 {
@@ -258,15 +311,28 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	var states int64
 	sets := p.parts()
 	grants := p.grantsOf(nil, now)
+	held := p.heldOf(nil, now)
 	// Encoding under the shard's lock is CPU only; the write is after.
 	store.Range(now, func(s limiter.Snapshot) bool {
+		k := stateKey{s.Name, s.Key}
+		if h, ok := held[k]; ok {
+			s = h
+			delete(held, k)
+		} else {
+			s.Grants = grants[k]
+		}
 		settle(&s, sets)
-		s.Grants = grants[stateKey{s.Name, s.Key}]
 		if w.add(&s) == nil {
 			states++
 		}
 		return true
 	})
+	for _, s := range held { // keys whose only hits are held apart
+		settle(&s, sets)
+		if w.add(&s) == nil {
+			states++
+		}
+	}
 	name := stateFileName(snapshotPrefix, p.nextSeq)
 	data := w.bytes()
 	if err := writeFileSynced(p.dir, name, data); err != nil {
@@ -283,6 +349,7 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	p.covered = append(p.covered[:0], name)
 	p.snapshotBytes, p.segmentBytes = len(data), 0
 	clear(p.pending) // the snapshot holds them
+	clear(p.heldDirty)
 	return nil
 }
 
@@ -302,6 +369,15 @@ func (p *persister) grantsOf(keys map[stateKey]limiter.Snapshot, now time.Time) 
 		return nil
 	}
 	return p.grants(keys, now)
+}
+
+// heldOf returns the states of keys whose hits leases hold apart, with
+// those hits charged, by key (of every key when keys is nil).
+func (p *persister) heldOf(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot {
+	if p.held == nil {
+		return nil
+	}
+	return p.held(keys, now)
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -335,6 +411,9 @@ func (n *Node) restore() error {
 	}
 	p.standins = n.standins
 	p.grants = n.persistedGrants
+	p.held = n.persistedHeld
+	p.heldChanged = n.grants.takeUnwritten
+	n.grants.persisting = true
 	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {

@@ -121,3 +121,59 @@ func TestLeaseGrantsRestoredFromDataDir(t *testing.T) {
 		})
 	}
 }
+
+// A node alone grants holder h a token bucket or GCRA lease of 400 of a
+// key of 1000 a day, held apart from the bucket, and is restarted from
+// its DataDir while the lease lasts (closed, or killed once a segment
+// holds the key). The restored key counts the 400 (h may have used them),
+// where it counted none before they were written (1000 remaining: h's
+// hits admitted twice); h's return of them frees them.
+func TestLeaseHeldHitsRestoredFromDataDir(t *testing.T) {
+	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			var at atomic.Int64
+			t0 := time.Unix(1_800_000_000, 0)
+			at.Store(t0.UnixNano())
+			n := persistNode(t, dir, &at)
+			req := limiter.Request{Name: "held", Key: "k", Limit: 1000, Period: 24 * time.Hour, Algorithm: a}
+			l, err := n.Lease(context.Background(), "h", req, 400, 10*time.Second)
+			if err != nil || l.Granted != 400 {
+				t.Fatalf("lease: %+v, %v", l, err)
+			}
+			// A segment holds the key, its held hits charged, with h's
+			// grant.
+			for deadline := time.Now().Add(20 * time.Second); ; {
+				if time.Now().After(deadline) {
+					t.Fatal("no segment holds the key after 20s")
+				}
+				at.Add(int64(20 * time.Millisecond)) // past PersistInterval
+				states, _ := ReadDataDir(dir)
+				var grants []limiter.LeaseGrant
+				for _, s := range states {
+					if s.Name == req.Name && s.Key == req.Key {
+						grants = s.Grants
+					}
+				}
+				if len(grants) == 1 && grants[0].Holder == "h" && grants[0].Hits == 400 {
+					break
+				}
+				runtime.Gosched()
+			}
+			if err := n.Close(); err != nil {
+				t.Fatal(err)
+			}
+			at.Store(t0.Add(2 * time.Second).UnixNano())
+			n = persistNode(t, dir, &at)
+			if got := atkRemaining(t, n, req); got > 600 {
+				t.Fatalf("restored while h holds 400: %d remaining, want 600 at most", got)
+			}
+			if err := n.ReturnLease(context.Background(), "h", req, 400); err != nil {
+				t.Fatal(err)
+			}
+			if got := atkRemaining(t, n, req); got < 999 || got > 1000 {
+				t.Errorf("after h's return of 400: %d remaining, want 999 to 1000", got)
+			}
+		})
+	}
+}

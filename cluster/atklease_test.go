@@ -101,10 +101,11 @@ func TestAtkLeaseOwnerLeavesUnderSkew(t *testing.T) {
 // A holder (node 0) cut off from the rest ({0} | {1,2,3}) keeps unused
 // hits of a key of 1000 owned by node 1; node 1 leaves, and the key, its
 // state and the grant go to node 3, which stops hard and restarts from
-// its DataDir; then the partition heals and node 0 sends its return. The
-// key admits at most its limit (a grant is not written to the DataDir:
-// the return may free nothing there, the open under-admission
-// leaseHitsLost names).
+// its DataDir, which holds the grant with the key's state; then the
+// partition heals and node 0 sends its return. The key admits at most its
+// limit; fewer is the open under-admission leaseHitsLost names: node 0
+// sends its return to node 1, which it holds cut off, not to node 3
+// (docs/design.md).
 func TestAtkLeaseCarriedThenRestartFromDataDir(t *testing.T) {
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
@@ -137,6 +138,40 @@ func TestAtkLeaseCarriedThenRestartFromDataDir(t *testing.T) {
 				t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
 			case admitted < req.Limit:
 				leaseHitsLost(t, "admitted %d of %d after the key's new owner restarted from its DataDir", admitted, req.Limit)
+			}
+		})
+	}
+}
+
+// A holder (node 0) leases hits of a key of 1000 owned by node 1, and
+// uses 100 of them; node 1 stops hard and restarts from its DataDir while
+// the lease is open (no replica: Replicas 1). The key admits at most its
+// limit: a token bucket's or GCRA's leased hits, held apart from the
+// bucket until the lease expires, must count in what node 1 restores.
+func TestAtkLeaseOwnerRestartsFromDataDirWhileLeased(t *testing.T) {
+	skipNearDayEnd(t)
+	for _, a := range leaseEndAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			noLeaksAfter(t)
+			dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+			c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 10 * time.Second, Share: 0.4}
+				cfg.Unreachable = sluice.PolicyDeny
+				cfg.Replicas, cfg.DataDir = 1, dirs[i]
+			}))
+			req := leaseKeyOwnedBy(t, c, "atkownerrestart", a, 1000, 1)
+			admitted := checkUntilLeased(t, c.Node(0), req)
+			admitted += checkN(c.Node(0), req, 100)
+			c.StopHard(1)
+			c.WaitConverged()
+			c.Restart(1)
+			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0), c.Node(2))
+			t.Logf("callers admitted %d of %d; node 0 %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
+			switch {
+			case admitted > req.Limit:
+				t.Errorf("admitted %d of %d: more than the limit", admitted, req.Limit)
+			case admitted < req.Limit:
+				leaseHitsLost(t, "admitted %d of %d after the key's owner restarted from its DataDir", admitted, req.Limit)
 			}
 		})
 	}

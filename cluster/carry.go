@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -149,10 +150,20 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 	if err != nil {
 		return changed, nil
 	}
-	budget := before.Remaining - after.Remaining
-	for _, lg := range sn.Grants {
+	n.grants.adoptAllLocked(hash, sn.Grants, after, before.Remaining-after.Remaining, rate, at)
+	return changed, nil
+}
+
+// adoptAllLocked keeps gs, the grants of a state of hash's key merged
+// at at, as settled grants of this node's (adoptLocked), together
+// freeing at most budget, the hits the merge added to the key's count;
+// after is the key's peek after the merge, rate the fastest the key is
+// known to drain at (fastestRateLocked). The key's decide lock must be
+// held exclusively, or nothing else run yet (restore).
+func (g *grantTable) adoptAllLocked(hash uint64, gs []limiter.LeaseGrant, after limiter.Decision, budget int64, rate float64, at int64) {
+	for _, lg := range gs {
 		// A token bucket's or GCRA's hits that entered at lg.Entered,
-		// after now, were charged with what drains until then
+		// after at, were charged with what drains until then
 		// (grant.enterEarly): the merge must have added that too, for a
 		// return to free them in full until then (grant.drained).
 		ahead := int64(0)
@@ -170,16 +181,15 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 				continue
 			}
 		}
-		g := lg.Request
-		g.Hits, g.Behavior = 0, 0
-		g.Charged = limiter.Window{}
-		n.grants.adoptLocked(hash, &lg, &g, hits, ahead, window, at)
+		r := lg.Request
+		r.Hits, r.Behavior = 0, 0
+		r.Charged = limiter.Window{}
+		g.adoptLocked(hash, &lg, &r, hits, ahead, window, at)
 		budget -= hits + ahead
 	}
-	if k := n.grants.shards[hash%decideShards][hash]; k != nil {
+	if k := g.shards[hash%decideShards][hash]; k != nil {
 		k.rate = max(k.rate, rate)
 	}
-	return changed, nil
 }
 
 // ratePerNano is r's rate in hits per nanosecond (0 without a period).
@@ -305,4 +315,188 @@ func (g *grantTable) crowdedLocked(hash uint64) bool {
 	m := g.shards[hash%decideShards]
 	_, ok := m[hash]
 	return !ok && len(m) >= maxGrantKeys/2
+}
+
+// Grants kept in the data directory (persist.go): the state files hold
+// each state with the grants carryLocked returns for it, so that a node
+// restarted from its DataDir takes the holders' returns as it would have
+// before.
+
+// persistedGrants returns, by key, the grants whose hits the states of
+// keys count and that a return could still free at now (carryLocked), of
+// every key with grants when keys is nil, for the state files. Each key's
+// are read under its decide lock held shared, before the states are read
+// (the decide locks come before the store's). Fewer keys than have
+// grants are looked up one by one; more, the table is walked.
+func (n *Node) persistedGrants(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant {
+	if n.handover == nil || !n.grants.active() {
+		return nil
+	}
+	at := now.UnixNano()
+	out := map[stateKey][]limiter.LeaseGrant{}
+	if keys != nil && int64(len(keys)) <= n.grants.keys.Load() {
+		for k, s := range keys {
+			if !leasable(s.Algorithm) {
+				continue
+			}
+			hash := ring.RouteHash(k.name, k.key)
+			mu := n.handover.lock(hash)
+			mu.RLock()
+			gm := n.grants.lock(hash)
+			gm.Lock()
+			if gs := n.grants.carryLocked(hash, k.name, k.key, at, 0); len(gs) > 0 {
+				out[k] = gs
+			}
+			gm.Unlock()
+			mu.RUnlock()
+		}
+		return out
+	}
+	for i := range n.grants.shards {
+		n.handover.locks[i].RLock()
+		n.grants.mu[i].Lock()
+		for hash, kg := range n.grants.shards[i] {
+			for j := range kg.list {
+				r := &kg.list[j].req
+				k := stateKey{r.Name, r.Key}
+				if _, ok := keys[k]; keys != nil && !ok {
+					continue
+				}
+				if out[k] == nil {
+					out[k] = n.grants.carryLocked(hash, r.Name, r.Key, at, 0)
+				}
+			}
+		}
+		n.grants.mu[i].Unlock()
+		n.handover.locks[i].RUnlock()
+	}
+	return out
+}
+
+// persistedHeld returns, by key, the states of keys (of every key when
+// keys is nil) whose hits token bucket and GCRA leases hold apart from the
+// bucket, with those hits charged as a replica's copy has them
+// (heldSnapshot: entered at the leases' expiry, with what drains until
+// then) and their grants named, for the state files: a node restarted
+// from them counts the hits its holders may have used, and takes their
+// returns.
+func (n *Node) persistedHeld(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot {
+	if n.handover == nil || !n.grants.active() {
+		return nil
+	}
+	type heldKey struct {
+		hash uint64
+		k    stateKey
+	}
+	var found []heldKey
+	for i := range n.grants.shards {
+		n.handover.locks[i].RLock()
+		n.grants.mu[i].Lock()
+		for hash, kg := range n.grants.shards[i] {
+			if kg.held == 0 {
+				continue
+			}
+			for j := range kg.list {
+				gr := &kg.list[j]
+				k := stateKey{gr.req.Name, gr.req.Key}
+				if _, ok := keys[k]; (keys == nil || ok) && !gr.settled && deferred(gr.req.Algorithm) && gr.hits > 0 && !slices.Contains(found, heldKey{hash, k}) {
+					found = append(found, heldKey{hash, k})
+				}
+			}
+		}
+		n.grants.mu[i].Unlock()
+		n.handover.locks[i].RUnlock()
+	}
+	out := make(map[stateKey]limiter.Snapshot, len(found))
+	for _, f := range found {
+		var sp *limiter.Snapshot
+		if s, ok := n.store.Snapshot(f.k.name, f.k.key, now); ok {
+			sp = &s
+		}
+		if c, ok := n.heldSnapshot(f.hash, sp, f.k.name, f.k.key, now); ok {
+			out[f.k] = c
+		}
+	}
+	return out
+}
+
+// maxRestoredGrantAge bounds how long before a node's start a restored
+// grant's hits entered its state or its lease ended, and how far after it
+// its window ends, as a Transfer's grants are bounded.
+const maxRestoredGrantAge = 24 * time.Hour
+
+// restoredGrants is a restored state that carries grants, and its key's
+// peek before the state was merged.
+type restoredGrants struct {
+	s      *limiter.Snapshot
+	before limiter.Decision
+}
+
+// grantsBefore keeps, of the grants of restored's states, those whose
+// times lie within what a Transfer's may at now (a file written with
+// the clock far off, or long ago, frees nothing), and returns the states
+// that still carry some with their keys' peeks in store, before restored
+// is merged into it.
+func grantsBefore(store *limiter.Store, restored []limiter.Snapshot, now time.Time) []restoredGrants {
+	var out []restoredGrants
+	at := now.UnixNano()
+	for i := range restored {
+		s := &restored[i]
+		s.Grants = slices.DeleteFunc(s.Grants, func(g limiter.LeaseGrant) bool { return !restoredGrantTimesOK(&g, at) })
+		if len(s.Grants) == 0 {
+			s.Grants = nil
+			continue
+		}
+		before, err := store.CheckAt(grantPeek(s), now)
+		if err != nil {
+			s.Grants = nil
+			continue
+		}
+		out = append(out, restoredGrants{s, before})
+	}
+	return out
+}
+
+// restoredGrantTimesOK reports whether g's times are within their bounds
+// at now, those of a Transfer's grants (internal/transport).
+func restoredGrantTimesOK(g *limiter.LeaseGrant, now int64) bool {
+	age, ttl := int64(maxRestoredGrantAge), int64(MaxLeaseTTL)
+	switch {
+	case g.Entered < now-age || g.Entered > now+ttl:
+		return false
+	case g.Expires < now-age || g.Expires > now+ttl:
+		return false
+	case g.Window != 0 && (g.Window <= now || g.Window > now+age):
+		return false
+	}
+	return true
+}
+
+// grantPeek is the peek (Hits 0) of s's key at its first grant's rate.
+func grantPeek(s *limiter.Snapshot) limiter.Request {
+	r := s.Grants[0].Request
+	r.Hits, r.Behavior = 0, 0
+	r.Charged = limiter.Window{}
+	return r
+}
+
+// restore keeps the grants of the restored states in granted as carried
+// grants (adoptAllLocked), each state's freeing at most what its merge
+// added to its key's count. New calls it once the store holds the
+// restored states, before anything else runs.
+func (g *grantTable) restore(store *limiter.Store, granted []restoredGrants, now time.Time) {
+	at := now.UnixNano()
+	for _, rg := range granted {
+		s := rg.s
+		hash := ring.RouteHash(s.Name, s.Key)
+		if g.crowdedLocked(hash) {
+			continue
+		}
+		r := grantPeek(s)
+		after, err := store.CheckAt(r, now)
+		if err != nil {
+			continue
+		}
+		g.adoptAllLocked(hash, s.Grants, after, rg.before.Remaining-after.Remaining, g.fastestRateLocked(hash, s, &r), at)
+	}
 }

@@ -290,6 +290,10 @@ type Config struct {
 	// loadTolerant, set by TestConfig, stretches ProfileFast's failure
 	// detection for processes starved of CPU (see loadTolerantGossip).
 	loadTolerant bool
+	// reconnectTimeout, when set, replaces ProfileFast's serf
+	// ReconnectTimeout: how long a failed member is kept before it is
+	// reaped. Tests shorten it to see what follows the reap.
+	reconnectTimeout time.Duration
 
 	// protocol is the range of protocol versions the node advertises;
 	// zero is this build's (thisProtocol). Tests set it to stand in for

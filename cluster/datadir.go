@@ -31,15 +31,18 @@ import (
 //	LOCK                  held (flock) by the process that uses the
 //	                      directory
 //
-// A state file is "SLUICEST", a uvarint file format version (1 or 2), then
-// records, each a uvarint length and one state in limiter's state format
-// (Snapshot.AppendBinary), then a zero length; version 2 then holds the
-// stand-in parts of some of those states (standin.go), each a uvarint
-// length and one settlement in the format below, then a zero length; then
-// the CRC-32C of every byte before it, 4 bytes little endian. A writer
-// writes version 1 unless a state it holds carries parts, so that a node
-// that holds none writes the files every release reads; a reader refuses
-// a version it does not know. The records carry their own state format
+// A state file is "SLUICEST", a uvarint file format version (1 to 3),
+// then records, each a uvarint length and one state in limiter's state
+// format (Snapshot.AppendBinary), then a zero length; versions 2 and 3
+// then hold the stand-in parts of some of those states (standin.go), each
+// a uvarint length and one settlement in the format below, then a zero
+// length; version 3 then holds the lease grants of some of those states
+// (carry.go, limiter.LeaseGrant), each a uvarint length and one grant in
+// the format below, then a zero length; then the CRC-32C of every byte
+// before it, 4 bytes little endian. A writer writes the lowest version
+// that holds what its states carry: version 1 unless a state carries
+// parts or grants, so that a node that holds none writes the files every
+// release reads; a reader refuses a version it does not know. The records carry their own state format
 // version: a state with a reset's mark, or the mark alone of a key whose
 // state is fresh, is written in version 3, which earlier releases refuse
 // by its version; every other record in the oldest version that holds
@@ -61,6 +64,24 @@ import (
 //
 // Nothing may follow; a settlement longer than maxEncodedSettlement, or
 // one its state refuses (limiter.Settlement.Validate), refuses the file.
+//
+// A lease grant, in the same encodings:
+//
+//	uvarint  the index of its state among the file's records, from 0,
+//	         each no less than the one before, at most
+//	         limiter.MaxLeaseGrants grants of one state
+//	         the rate the hits were leased at, as a settlement's: Limit,
+//	         Period, Burst, calendar unit and zone (the grant's name, key
+//	         and algorithm are the state's)
+//	uvarint  length of the holder's name, then its bytes
+//	uvarint  Hits
+//	varint   Entered, Expires, Window: Unix ns on the clock of the node
+//	         that wrote the file (Window 0 but for a fixed window)
+//
+// Nothing may follow; a grant longer than maxEncodedGrant, or one its
+// state refuses (limiter.LeaseGrant.Validate), refuses the file. The
+// reader does not judge the grants' times: the node bounds them at its
+// start (grantsBefore).
 
 // ErrDataDir wraps every error about Config.DataDir: it cannot be locked,
 // read or written, or a state file in it is damaged, truncated or
@@ -104,9 +125,11 @@ func (p DamagedDataPolicy) String() string {
 const (
 	stateFileMagic   = "SLUICEST"
 	stateFileVersion = 1
-	// stateFileSettled is the version that holds settlements: the
-	// newest this node reads.
+	// stateFileSettled is the version that holds settlements.
 	stateFileSettled = 2
+	// stateFileGranted is the version that holds settlements and lease
+	// grants: the newest this node reads.
+	stateFileGranted = 3
 	stateFileExt     = ".state"
 	snapshotPrefix   = "snapshot-"
 	segmentPrefix    = "segment-"
@@ -123,11 +146,16 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 const maxEncodedSettlement = 7*binary.MaxVarintLen64 + 16 + limiter.MaxZoneNameLen +
 	limiter.MaxSettleParts*(3*binary.MaxVarintLen64+limiter.MaxNameLen)
 
+// maxEncodedGrant bounds the length of one encoded lease grant: the
+// longest calendar unit, zone and holder, every integer at its longest.
+const maxEncodedGrant = 11*binary.MaxVarintLen64 + 16 + limiter.MaxZoneNameLen + limiter.MaxNameLen
+
 // stateFileWriter builds a state file in memory.
 type stateFileWriter struct {
 	buf, scratch []byte
 	states       int    // the states added
 	settled      []byte // the settlements of those that carry one
+	granted      []byte // the lease grants of those that carry some
 }
 
 func newStateFileWriter() *stateFileWriter {
@@ -137,8 +165,10 @@ func newStateFileWriter() *stateFileWriter {
 	return w
 }
 
-// add appends s and its settlement, if any; an invalid s, or one with an
-// invalid settlement, is skipped and reported.
+// add appends s, its settlement and its lease grants, if any; an invalid
+// s, or one with an invalid settlement, is skipped and reported. Of its
+// grants, the first limiter.MaxLeaseGrants valid ones are written, the
+// others left out (their holders' returns free nothing after a restart).
 func (w *stateFileWriter) add(s *limiter.Snapshot) error {
 	b, err := s.AppendBinary(w.scratch[:0])
 	if err != nil {
@@ -151,6 +181,13 @@ func (w *stateFileWriter) add(s *limiter.Snapshot) error {
 		}
 		w.settled = appendSettlement(w.settled, w.states, st)
 	}
+	written := 0
+	for i := range s.Grants {
+		if g := &s.Grants[i]; written < limiter.MaxLeaseGrants && g.Validate(s) == nil {
+			w.granted = appendGrant(w.granted, w.states, g)
+			written++
+		}
+	}
 	w.buf = binary.AppendUvarint(w.buf, uint64(len(b)))
 	w.buf = append(w.buf, b...)
 	w.states++
@@ -158,12 +195,23 @@ func (w *stateFileWriter) add(s *limiter.Snapshot) error {
 }
 
 // bytes ends the file and returns it: version 1 unless a state carries a
-// settlement.
+// settlement (version 2) or lease grants (version 3).
 func (w *stateFileWriter) bytes() []byte {
+	v := stateFileVersion
+	switch {
+	case len(w.granted) > 0:
+		v = stateFileGranted
+	case len(w.settled) > 0:
+		v = stateFileSettled
+	}
+	w.buf[len(stateFileMagic)] = byte(v) // one byte as a uvarint, as 1 is
 	w.buf = append(w.buf, 0)
-	if len(w.settled) > 0 {
-		w.buf[len(stateFileMagic)] = stateFileSettled // one byte as a uvarint, as 1 is
+	if v >= stateFileSettled {
 		w.buf = append(w.buf, w.settled...)
+		w.buf = append(w.buf, 0)
+	}
+	if v >= stateFileGranted {
+		w.buf = append(w.buf, w.granted...)
 		w.buf = append(w.buf, 0)
 	}
 	return binary.LittleEndian.AppendUint32(w.buf, crc32.Checksum(w.buf, castagnoli))
@@ -173,17 +221,8 @@ func (w *stateFileWriter) bytes() []byte {
 // to b as a length and the settlement's format. st must be valid.
 func appendSettlement(b []byte, index int, st *limiter.Settlement) []byte {
 	var rec []byte
-	r := &st.Request
 	rec = binary.AppendUvarint(rec, uint64(index))
-	rec = binary.AppendUvarint(rec, uint64(r.Limit))
-	rec = binary.AppendVarint(rec, int64(r.Period))
-	rec = binary.AppendUvarint(rec, uint64(r.Burst))
-	rec = appendText(rec, r.Calendar.String())
-	zone := ""
-	if r.Location != nil && r.Location != time.UTC {
-		zone = r.Location.String()
-	}
-	rec = appendText(rec, zone)
+	rec = appendRate(rec, &st.Request)
 	rec = binary.AppendUvarint(rec, uint64(len(st.Parts)))
 	for _, p := range st.Parts {
 		rec = appendText(rec, p.Origin)
@@ -192,6 +231,35 @@ func appendSettlement(b []byte, index int, st *limiter.Settlement) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(rec)))
 	return append(b, rec...)
+}
+
+// appendGrant appends g, a grant of the state numbered index, to b as a
+// length and the grant's format. g must be valid.
+func appendGrant(b []byte, index int, g *limiter.LeaseGrant) []byte {
+	var rec []byte
+	rec = binary.AppendUvarint(rec, uint64(index))
+	rec = appendRate(rec, &g.Request)
+	rec = appendText(rec, g.Holder)
+	rec = binary.AppendUvarint(rec, uint64(g.Hits))
+	rec = binary.AppendVarint(rec, g.Entered)
+	rec = binary.AppendVarint(rec, g.Expires)
+	rec = binary.AppendVarint(rec, g.Window)
+	b = binary.AppendUvarint(b, uint64(len(rec)))
+	return append(b, rec...)
+}
+
+// appendRate appends r's rate: Limit, Period, Burst, the calendar unit's
+// name and the zone's ("" for UTC).
+func appendRate(b []byte, r *limiter.Request) []byte {
+	b = binary.AppendUvarint(b, uint64(r.Limit))
+	b = binary.AppendVarint(b, int64(r.Period))
+	b = binary.AppendUvarint(b, uint64(r.Burst))
+	b = appendText(b, r.Calendar.String())
+	zone := ""
+	if r.Location != nil && r.Location != time.UTC {
+		zone = r.Location.String()
+	}
+	return appendText(b, zone)
 }
 
 func appendText(b []byte, s string) []byte {
@@ -204,12 +272,7 @@ func appendText(b []byte, s string) []byte {
 func decodeSettlement(rec []byte) (int, *limiter.Settlement, error) {
 	d := fieldReader{b: rec}
 	index := d.uvarint("state index")
-	var r limiter.Request
-	r.Limit = d.count("limit")
-	r.Period = time.Duration(d.varint("period"))
-	r.Burst = d.count("burst")
-	unit := d.text("calendar unit", 16)
-	zone := d.text("zone", limiter.MaxZoneNameLen)
+	rate := d.rate()
 	n := d.uvarint("parts")
 	if d.err == nil && (n == 0 || n > limiter.MaxSettleParts) {
 		return 0, nil, fmt.Errorf("%d parts, not 1 to %d", n, limiter.MaxSettleParts)
@@ -232,15 +295,72 @@ func decodeSettlement(rec []byte) (int, *limiter.Settlement, error) {
 	case index > maxStateFile:
 		return 0, nil, fmt.Errorf("state index %d", index)
 	}
-	var err error
-	if r.Calendar, err = limiter.ParseCalendar(unit); err != nil {
-		return 0, nil, err
-	}
-	if r.Location, err = limiter.LoadZone(zone); err != nil {
+	r, err := rate.request()
+	if err != nil {
 		return 0, nil, err
 	}
 	st.Request = r
 	return int(index), st, nil
+}
+
+// decodeGrant reads a lease grant from rec and returns the index of its
+// state and the grant, not validated against the state yet.
+func decodeGrant(rec []byte) (int, limiter.LeaseGrant, error) {
+	d := fieldReader{b: rec}
+	index := d.uvarint("state index")
+	rate := d.rate()
+	var g limiter.LeaseGrant
+	g.Holder = d.text("holder", limiter.MaxNameLen)
+	g.Hits = d.count("hits")
+	g.Entered = d.varint("entered")
+	g.Expires = d.varint("expires")
+	g.Window = d.varint("window end")
+	switch {
+	case d.err != nil:
+		return 0, g, d.err
+	case len(d.b) > 0:
+		return 0, g, fmt.Errorf("%d bytes after the grant", len(d.b))
+	case index > maxStateFile:
+		return 0, g, fmt.Errorf("state index %d", index)
+	}
+	r, err := rate.request()
+	if err != nil {
+		return 0, g, err
+	}
+	g.Request = r
+	return int(index), g, nil
+}
+
+// encodedRate is a rate as a settlement or a grant holds it, its calendar
+// unit and zone by name.
+type encodedRate struct {
+	limit, burst int64
+	period       time.Duration
+	unit, zone   string
+}
+
+// rate reads a rate (appendRate).
+func (d *fieldReader) rate() encodedRate {
+	var e encodedRate
+	e.limit = d.count("limit")
+	e.period = time.Duration(d.varint("period"))
+	e.burst = d.count("burst")
+	e.unit = d.text("calendar unit", 16)
+	e.zone = d.text("zone", limiter.MaxZoneNameLen)
+	return e
+}
+
+// request returns e as a request of no name, key or algorithm.
+func (e encodedRate) request() (limiter.Request, error) {
+	r := limiter.Request{Limit: e.limit, Period: e.period, Burst: e.burst}
+	var err error
+	if r.Calendar, err = limiter.ParseCalendar(e.unit); err != nil {
+		return r, err
+	}
+	if r.Location, err = limiter.LoadZone(e.zone); err != nil {
+		return r, err
+	}
+	return r, nil
 }
 
 // fieldReader reads the fields of an encoded settlement; after the first
@@ -306,7 +426,7 @@ func (d *fieldReader) text(field string, limit int) string {
 }
 
 // readStateFile returns the states of a state file in file order, each
-// with its settlement when the file holds one. A file that is not
+// with its settlement and its lease grants when the file holds them. A file that is not
 // complete and intact is refused with a *DataFileError saying why. The
 // header and the checksum are checked before the file is read into
 // memory, so that a damaged file (a large one of zeros, say) costs no
@@ -340,8 +460,8 @@ func readStateFile(path string) ([]limiter.Snapshot, error) {
 	if n <= 0 {
 		return nil, refuse("truncated header")
 	}
-	if v != stateFileVersion && v != stateFileSettled {
-		return nil, refuse("file format version %d; this node reads versions %d to %d", v, stateFileVersion, stateFileSettled)
+	if v < stateFileVersion || v > stateFileGranted {
+		return nil, refuse("file format version %d; this node reads versions %d to %d", v, stateFileVersion, stateFileGranted)
 	}
 	if size < int64(len(stateFileMagic)+n+5) {
 		return nil, refuse("truncated: no end marker")
@@ -410,7 +530,7 @@ func decodeStateRecords(records []byte, v uint64) (states []limiter.Snapshot, re
 		}
 		states = append(states, s)
 	}
-	if v == stateFileSettled {
+	if v >= stateFileSettled {
 		last := -1
 		for i := 0; ; i++ {
 			rec, reason := next("settlement", i, maxEncodedSettlement)
@@ -435,6 +555,36 @@ func decodeStateRecords(records []byte, v uint64) (states []limiter.Snapshot, re
 				return nil, fmt.Sprintf("settlement %d: %v", i, err)
 			}
 			s.Settle, last = st, index
+		}
+	}
+	if v >= stateFileGranted {
+		last := 0
+		for i := 0; ; i++ {
+			rec, reason := next("grant", i, maxEncodedGrant)
+			if reason != "" {
+				return nil, reason
+			}
+			if rec == nil {
+				break
+			}
+			index, g, err := decodeGrant(rec)
+			switch {
+			case err != nil:
+				return nil, fmt.Sprintf("grant %d: %v", i, err)
+			case index >= len(states):
+				return nil, fmt.Sprintf("grant %d: state index %d, of a file of %d states", i, index, len(states))
+			case index < last:
+				return nil, fmt.Sprintf("grant %d: state index %d after %d: out of order", i, index, last)
+			}
+			s := &states[index]
+			if len(s.Grants) == limiter.MaxLeaseGrants {
+				return nil, fmt.Sprintf("grant %d: more than %d grants of state %d", i, limiter.MaxLeaseGrants, index)
+			}
+			g.Request.Name, g.Request.Key, g.Request.Algorithm = s.Name, s.Key, s.Algorithm
+			if err := g.Validate(s); err != nil {
+				return nil, fmt.Sprintf("grant %d: %v", i, err)
+			}
+			s.Grants, last = append(s.Grants, g), index
 		}
 	}
 	if len(records) != 0 {
@@ -575,8 +725,8 @@ func lockDataDir(dir string) (release func(), err error) {
 
 // ReadDataDir returns the last state of each key that the state files of
 // dir hold, live or not, as a node started on dir would restore them, for
-// inspection and tests; a state carries the stand-in parts written with
-// it (Snapshot.Settle). It takes no lock: run it on the directory of a
+// inspection and tests; a state carries the stand-in parts and the lease
+// grants written with it (Snapshot.Settle, Snapshot.Grants). It takes no lock: run it on the directory of a
 // node that is not running. A damaged file is an error (*DataFileError).
 func ReadDataDir(dir string) ([]limiter.Snapshot, error) {
 	files, err := listStateFiles(dir)

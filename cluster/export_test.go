@@ -1,6 +1,10 @@
 package cluster
 
-import "github.com/sluicehq/sluice/ring"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+)
 
 // SetProtocol makes a node built from c advertise the protocol versions
 // min to max, standing in for a build that speaks them.
@@ -17,6 +21,10 @@ func (n *Node) HeldHits(name, key string) int64 {
 	held, _ := n.grants.heldLocked(hash)
 	return held
 }
+
+// SetReconnectTimeout makes a node built from c, of ProfileFast, reap a
+// failed member d after it failed (serf's ReconnectTimeout).
+func SetReconnectTimeout(c *Config, d time.Duration) { c.reconnectTimeout = d }
 
 // SetBeforeHandoffPass makes a node built from c call f before each of
 // its hand-off passes reads the ring.

@@ -178,19 +178,41 @@ type grantTable struct {
 	// now: its settled grants wait for its returns. nil: none is.
 	away func(name string) bool
 
-	changedMu sync.Mutex                 // guards changed
-	changed   map[uint64]limiter.Request // keys granted held hits since the replicas were sent their states
+	changedMu sync.Mutex                 // guards changed and unwritten
+	changed   map[uint64]limiter.Request // with replicating set: keys granted held hits since the replicas were sent their states
+	// unwritten holds, with persisting set (a DataDir), the keys granted
+	// held hits since the last state file was written.
+	unwritten               map[stateKey]struct{}
+	replicating, persisting bool // set by New before any grant
 }
 
 // noteChanged records that req's key, of hash, was granted hits held apart
-// from its bucket, for its replicas (heldSnapshot).
+// from its bucket, for its replicas (heldSnapshot) and the data directory.
 func (g *grantTable) noteChanged(hash uint64, req *limiter.Request) {
 	g.changedMu.Lock()
 	defer g.changedMu.Unlock()
-	if g.changed == nil {
-		g.changed = map[uint64]limiter.Request{}
+	if g.replicating {
+		if g.changed == nil {
+			g.changed = map[uint64]limiter.Request{}
+		}
+		g.changed[hash] = *req
 	}
-	g.changed[hash] = *req
+	if g.persisting {
+		if g.unwritten == nil {
+			g.unwritten = map[stateKey]struct{}{}
+		}
+		g.unwritten[stateKey{req.Name, req.Key}] = struct{}{}
+	}
+}
+
+// takeUnwritten returns and forgets the keys noteChanged recorded for the
+// data directory.
+func (g *grantTable) takeUnwritten() map[stateKey]struct{} {
+	g.changedMu.Lock()
+	defer g.changedMu.Unlock()
+	u := g.unwritten
+	g.unwritten = nil
+	return u
 }
 
 // takeChanged returns and forgets the keys noteChanged recorded.

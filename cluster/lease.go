@@ -174,7 +174,7 @@ func (n *Node) Lease(ctx context.Context, from string, req limiter.Request, want
 		}
 		n.grants.addLocked(hash, from, &req, took, now.UnixNano(), exp.UnixNano(), window)
 		n.leases.served.Add(1)
-		if deferred(req.Algorithm) && n.cfg.Replicas > 1 {
+		if deferred(req.Algorithm) {
 			n.grants.noteChanged(hash, &req)
 		}
 	}

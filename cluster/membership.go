@@ -124,6 +124,9 @@ func serfConfig(c *Config, events chan serf.Event, grpcAddr string, logger *slog
 		// outlast a partition, not only a failure detection.
 		sc.ReconnectInterval = 500 * time.Millisecond
 		sc.ReconnectTimeout = time.Minute
+		if c.reconnectTimeout > 0 {
+			sc.ReconnectTimeout = c.reconnectTimeout
+		}
 		sc.LeavePropagateDelay = 100 * time.Millisecond
 		// How long SetTags and Leave wait for their broadcast to go
 		// round: Close waits for a SetTags in flight.

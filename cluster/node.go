@@ -193,6 +193,7 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	n.handover = newHandover(cfg.NodeName, n.ring, cfg.HandoverTimeout, n.logger)
 	n.grants.away = func(name string) bool { return !n.inRing(name) }
+	n.grants.replicating = cfg.Replicas > 1
 	n.router = &router{self: cfg.NodeName, hand: n.handover, now: n.now, departing: n.departing,
 		threshold: int32(cfg.BreakerThreshold), cooldown: cfg.BreakerCooldown}
 	if n.budget, err = transport.NewMessageBudget(cfg.ServerLimits); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,18 @@ import (
 //     key whose parts changed since the last segment is written again
 //     (standins.takeDirty), as its parts may grow after its state did, or
 //     without it.
+//   - Each state is written with the lease grants whose hits it counts
+//     and that their holders may still give back (carry.go's
+//     carryLocked; state file version 3), read before the states, each
+//     key's under its decide lock: a new owner that took a key's grants
+//     with its state, or an owner whose leased hits entered the state,
+//     takes the holders' returns after a restart as before it. Restored,
+//     they are kept as carried grants (grantTable.restore), their times
+//     bounded as a Transfer's are. A key whose token bucket or GCRA
+//     leases hold hits apart from its bucket is written with them
+//     charged and their grants named, as a replica's copy is sent
+//     (persistedHeld); a key granted such hits since the last segment is
+//     written at the next one (grantTable.takeUnwritten).
 //   - New reads the newest snapshot and the segments after it, keeps the
 //     last state of each key that is still live, merges them into the
 //     store (Store.Merge, which never lowers consumption) and plans its
@@ -65,6 +78,18 @@ type persister struct {
 	release  func() // gives the directory's lock back
 	// standins holds the stand-in parts to write with the states.
 	standins *standins
+	// grants returns the lease grants to write with the states of keys
+	// (of every key with grants when keys is nil): Node.persistedGrants.
+	grants func(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant
+	// held returns the states of keys (of every key when keys is nil)
+	// that token bucket and GCRA leases hold hits apart for, with those
+	// hits charged and their grants named: Node.persistedHeld.
+	held func(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot
+	// heldChanged returns the keys leases were granted hits held apart
+	// for since it was last called (grantTable.takeUnwritten), and
+	// heldDirty holds them until a segment holds their states.
+	heldChanged func() map[stateKey]struct{}
+	heldDirty   map[stateKey]struct{}
 
 	// pending holds the states changed since the last segment, the last
 	// of each key.
@@ -209,16 +234,56 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 			}
 		}
 	}
-	if len(p.pending) == 0 {
+	if p.heldChanged != nil {
+		for k := range p.heldChanged() {
+			if p.heldDirty == nil {
+				p.heldDirty = map[stateKey]struct{}{}
+			}
+			p.heldDirty[k] = struct{}{}
+		}
+	}
+	if len(p.pending) == 0 && len(p.heldDirty) == 0 {
 		return
 	}
 	w := newStateFileWriter()
 	sets := p.parts()
-	for _, s := range p.pending {
-		settle(&s, sets)
-		if err := w.add(&s); err != nil {
-			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
+	grants := p.grantsOf(p.pending, now)
+	keys := p.pending
+	if len(p.heldDirty) > 0 {
+		keys = maps.Clone(p.pending)
+		for k := range p.heldDirty {
+			if _, ok := keys[k]; !ok {
+				keys[k] = limiter.Snapshot{}
+			}
 		}
+	}
+	held := p.heldOf(keys, now)
+	written := int64(0)
+	add := func(s *limiter.Snapshot) {
+		settle(s, sets)
+		if err := w.add(s); err != nil {
+			p.logger.Warn("cluster: a key state is not written to the data directory", "name", s.Name, "key", s.Key, "err", err)
+			return
+		}
+		written++
+	}
+	for k, s := range p.pending {
+		if h, ok := held[k]; ok {
+			s = h
+		} else {
+			s.Grants = grants[k]
+		}
+		add(&s)
+	}
+	for k, h := range held {
+		if _, ok := p.pending[k]; !ok { // leased hits the store does not count yet
+			add(&h)
+		}
+	}
+	if written == 0 {
+		clear(p.pending)
+		clear(p.heldDirty)
+		return
 	}
 	name := stateFileName(segmentPrefix, p.nextSeq)
 	data := w.bytes()
@@ -228,9 +293,10 @@ func (p *persister) tick(store *limiter.Store, now time.Time) {
 		return
 	}
 	p.nextSeq++
-	p.written.Add(int64(len(p.pending)))
+	p.written.Add(written)
 	p.segments.Add(1)
 	clear(p.pending)
+	clear(p.heldDirty)
 	p.covered = append(p.covered, name)
 	p.segmentBytes += len(data)
 	if p.segmentBytes > max(p.snapshotBytes, 1<<20) || len(p.covered) > 1000 {
@@ -244,14 +310,29 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	w := newStateFileWriter()
 	var states int64
 	sets := p.parts()
+	grants := p.grantsOf(nil, now)
+	held := p.heldOf(nil, now)
 	// Encoding under the shard's lock is CPU only; the write is after.
 	store.Range(now, func(s limiter.Snapshot) bool {
+		k := stateKey{s.Name, s.Key}
+		if h, ok := held[k]; ok {
+			s = h
+			delete(held, k)
+		} else {
+			s.Grants = grants[k]
+		}
 		settle(&s, sets)
 		if w.add(&s) == nil {
 			states++
 		}
 		return true
 	})
+	for _, s := range held { // keys whose only hits are held apart
+		settle(&s, sets)
+		if w.add(&s) == nil {
+			states++
+		}
+	}
 	name := stateFileName(snapshotPrefix, p.nextSeq)
 	data := w.bytes()
 	if err := writeFileSynced(p.dir, name, data); err != nil {
@@ -268,6 +349,7 @@ func (p *persister) snapshot(store *limiter.Store, now time.Time) error {
 	p.covered = append(p.covered[:0], name)
 	p.snapshotBytes, p.segmentBytes = len(data), 0
 	clear(p.pending) // the snapshot holds them
+	clear(p.heldDirty)
 	return nil
 }
 
@@ -277,6 +359,25 @@ func (p *persister) parts() map[debtKey]*limiter.Settlement {
 		return nil
 	}
 	return p.standins.settlements()
+}
+
+// grantsOf returns the lease grants to write with the states of keys, by
+// key (of every key when keys is nil), read before the states' shard
+// locks are taken.
+func (p *persister) grantsOf(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey][]limiter.LeaseGrant {
+	if p.grants == nil {
+		return nil
+	}
+	return p.grants(keys, now)
+}
+
+// heldOf returns the states of keys whose hits leases hold apart, with
+// those hits charged, by key (of every key when keys is nil).
+func (p *persister) heldOf(keys map[stateKey]limiter.Snapshot, now time.Time) map[stateKey]limiter.Snapshot {
+	if p.held == nil {
+		return nil
+	}
+	return p.held(keys, now)
 }
 
 // close writes a last snapshot of store and gives the directory back.
@@ -309,12 +410,17 @@ func (n *Node) restore() error {
 		return err
 	}
 	p.standins = n.standins
+	p.grants = n.persistedGrants
+	p.held = n.persistedHeld
+	p.heldChanged = n.grants.takeUnwritten
+	n.grants.persisting = true
 	n.standins.keepDirty()
 	n.persist = p
 	if len(restored) == 0 {
 		return nil
 	}
 	marks := aheadOfNow(restored, now)
+	granted := grantsBefore(n.store, restored, now)
 	// Into an empty store, every state the merge takes changes it: the
 	// count leaves out those it refused.
 	merged, err := n.store.Merge(restored, now)
@@ -340,6 +446,7 @@ func (n *Node) restore() error {
 		}
 	}
 	n.standins.restore(settled)
+	n.grants.restore(n.store, granted, now)
 	// The hand-off pass and the snapshot on Close cover them: they need
 	// not be written or replicated again as changes.
 	n.store.Changed(now, func(limiter.Snapshot) {})

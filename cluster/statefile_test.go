@@ -211,12 +211,18 @@ func TestStateFileSettlementRefused(t *testing.T) {
 			b = b[:len(b)-4]
 			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 		}(), "bytes after the end marker"},
-		{"version 3", func() []byte {
+		{"version 3 without a grant section", func() []byte {
 			b := file(good)
-			b[len(stateFileMagic)] = 3
+			b[len(stateFileMagic)] = stateFileGranted
 			b = b[:len(b)-4]
 			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-		}(), "file format version 3; this node reads versions 1 to 2"},
+		}(), "grant 0: bad length"},
+		{"version 4", func() []byte {
+			b := file(good)
+			b[len(stateFileMagic)] = 4
+			b = b[:len(b)-4]
+			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}(), "file format version 4; this node reads versions 1 to 3"},
 	}
 	// The calendar of states[3] is a day in Paris: its settlement holds
 	// the unit's and the zone's names.
@@ -237,19 +243,17 @@ func TestStateFileSettlementRefused(t *testing.T) {
 	}
 }
 
-// FuzzStateFile decodes any records as a state file of either version:
-// never a panic, and what it accepts is written again as it was read.
+// FuzzStateFile decodes any records as a state file of any version: never
+// a panic, and what it accepts is written again as it was read.
 func FuzzStateFile(f *testing.F) {
 	states := settledStates(f)
-	for _, file := range [][]byte{writeStates(f, states), v1File(f, states), writeStates(f, markedStates(f))} {
-		f.Add(file[len(stateFileMagic)+1:len(file)-4], file[len(stateFileMagic)] == stateFileSettled)
+	for _, file := range [][]byte{writeStates(f, states), v1File(f, states), writeStates(f, markedStates(f)), writeStates(f, grantedStates(f))} {
+		f.Add(file[len(stateFileMagic)+1:len(file)-4], file[len(stateFileMagic)])
 	}
-	f.Add([]byte{0, 0}, true)
-	f.Fuzz(func(t *testing.T, records []byte, settled bool) {
-		v := uint64(stateFileVersion)
-		if settled {
-			v = stateFileSettled
-		}
+	f.Add([]byte{0, 0}, byte(stateFileSettled))
+	f.Add([]byte{0, 0, 0}, byte(stateFileGranted))
+	f.Fuzz(func(t *testing.T, records []byte, version byte) {
+		v := uint64(stateFileVersion + version%stateFileGranted)
 		got, reason := decodeStateRecords(records, v)
 		if reason != "" {
 			return
@@ -344,5 +348,169 @@ func TestStateFileResetMark(t *testing.T) {
 	var dfe *DataFileError
 	if _, err := readStateFile(path); !errors.As(err, &dfe) || !strings.Contains(dfe.Reason, "checksum") {
 		t.Fatalf("a flipped bit: %v, want the checksum to refuse it", err)
+	}
+}
+
+// grantedStates returns settledStates with lease grants: two of the fixed
+// window's (one holder per limit), one of the token bucket's, and one of
+// the calendar day's in Paris, which carries stand-in parts as well.
+func grantedStates(t testing.TB) []limiter.Snapshot {
+	t.Helper()
+	states := settledStates(t)
+	now := time.Unix(1_700_000_000, 0).UnixNano()
+	paris, err := limiter.LoadZone("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := func(s *limiter.Snapshot, limit int64, period time.Duration) limiter.Request {
+		return limiter.Request{Name: s.Name, Key: s.Key, Algorithm: s.Algorithm, Limit: limit, Period: period}
+	}
+	fixed, bucket, day := &states[0], &states[2], &states[3]
+	fixed.Grants = []limiter.LeaseGrant{
+		{Holder: "node-0", Hits: 2, Request: rate(fixed, 100, time.Hour), Entered: now - 5e9, Expires: now + 5e9, Window: now + 3000e9},
+		{Holder: "node-2", Hits: 1, Request: rate(fixed, 200, time.Hour), Entered: now - 1e9, Expires: now - 1, Window: now + 3000e9},
+	}
+	bucketRate := rate(bucket, 100, time.Minute)
+	bucketRate.Burst = 20
+	bucket.Grants = []limiter.LeaseGrant{{Holder: "node-1", Hits: 7, Request: bucketRate, Entered: now + 2e9, Expires: now + 2e9}}
+	dayRate := limiter.Request{Name: day.Name, Key: day.Key, Algorithm: day.Algorithm, Limit: 100, Calendar: limiter.Day, Location: paris}
+	day.Grants = []limiter.LeaseGrant{{Holder: "nöde-3", Hits: 40, Request: dayRate, Entered: now - 7e9, Expires: now + 1e9, Window: now + 40_000e9}}
+	for i := range states {
+		for j := range states[i].Grants {
+			if err := states[i].Grants[j].Validate(&states[i]); err != nil {
+				t.Fatalf("state %d grant %d: %v", i, j, err)
+			}
+		}
+	}
+	return states
+}
+
+// A file whose states carry lease grants is version 3 and reads back with
+// every grant on its state, and every settlement; with grants and no
+// parts it is version 3 as well, its settlement section empty. Files
+// without grants keep their versions (TestStateFileVersions).
+func TestStateFileGrants(t *testing.T) {
+	for _, parts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("parts %v", parts), func(t *testing.T) {
+			states := grantedStates(t)
+			if !parts {
+				for i := range states {
+					states[i].Settle = nil
+				}
+			}
+			file := writeStates(t, states)
+			if v := file[len(stateFileMagic)]; v != stateFileGranted {
+				t.Fatalf("a file with grants is version %d, want %d", v, stateFileGranted)
+			}
+			got, err := readStates(t, file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, states) {
+				t.Fatalf("read back:\n%+v\nwant:\n%+v", got, states)
+			}
+		})
+	}
+}
+
+// A writer writes at most limiter.MaxLeaseGrants grants of a state, and
+// leaves out a grant its state refuses, keeping the state and the others.
+func TestStateFileGrantsBounded(t *testing.T) {
+	states := grantedStates(t)
+	fixed := &states[0]
+	g := fixed.Grants[0]
+	fixed.Grants = nil
+	for i := range limiter.MaxLeaseGrants + 3 {
+		g.Holder = fmt.Sprintf("node-%d", i)
+		fixed.Grants = append(fixed.Grants, g)
+	}
+	bad := states[2].Grants[0]
+	bad.Hits = 0
+	states[2].Grants = append([]limiter.LeaseGrant{bad}, states[2].Grants...)
+	got, err := readStates(t, writeStates(t, states))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got[0].Grants, fixed.Grants[:limiter.MaxLeaseGrants]) {
+		t.Errorf("fixed window: %d grants read, want the first %d", len(got[0].Grants), limiter.MaxLeaseGrants)
+	}
+	if !reflect.DeepEqual(got[2].Grants, states[2].Grants[1:]) {
+		t.Errorf("token bucket: grants %+v, want %+v", got[2].Grants, states[2].Grants[1:])
+	}
+}
+
+// A version 3 file whose grants are damaged, foreign or more than a state
+// holds (with a right checksum) is refused with a *DataFileError that
+// names the grant and what is wrong with it.
+func TestStateFileGrantRefused(t *testing.T) {
+	states := grantedStates(t)
+	plain := make([]limiter.Snapshot, len(states))
+	for i, s := range states {
+		s.Settle, s.Grants = nil, nil
+		plain[i] = s
+	}
+	// file lays out plain's states, no settlement and the grant records
+	// as version 3.
+	file := func(grants ...[]byte) []byte {
+		b := v1File(t, plain)
+		b = b[:len(b)-4]
+		b[len(stateFileMagic)] = stateFileGranted
+		b = append(b, 0)
+		for _, g := range grants {
+			b = binary.AppendUvarint(b, uint64(len(g)))
+			b = append(b, g...)
+		}
+		b = append(b, 0)
+		return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	}
+	// grant is the record of the first grant of states[index] (of
+	// states[0] when it has none) at index, edited.
+	grant := func(index int, edit func(*limiter.LeaseGrant)) []byte {
+		g := states[0].Grants[0]
+		if index < len(states) && len(states[index].Grants) > 0 {
+			g = states[index].Grants[0]
+		}
+		if edit != nil {
+			edit(&g)
+		}
+		b := appendGrant(nil, index, &g)
+		_, k := binary.Uvarint(b)
+		return b[k:]
+	}
+	good := grant(0, nil)
+	many := make([][]byte, limiter.MaxLeaseGrants+1)
+	for i := range many {
+		many[i] = grant(0, func(g *limiter.LeaseGrant) { g.Holder = fmt.Sprintf("node-%d", i) })
+	}
+	steps := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"a grant longer than any", file(bytes.Repeat([]byte{1}, maxEncodedGrant+1)),
+			fmt.Sprintf("grant 0: length %d, more than the maximum %d", maxEncodedGrant+1, maxEncodedGrant)},
+		{"an index past the states", file(grant(4, nil)), "grant 0: state index 4, of a file of 4 states"},
+		{"out of order", file(grant(2, nil), good), "grant 1: state index 0 after 2: out of order"},
+		{"more than a state holds", file(many...), fmt.Sprintf("grant %d: more than %d grants of state 0", limiter.MaxLeaseGrants, limiter.MaxLeaseGrants)},
+		{"a grant of 0 hits", file(grant(0, func(g *limiter.LeaseGrant) { g.Hits = 0 })), "grant 0: limiter: invalid snapshot: lease grant of 0 hits"},
+		{"no holder", file(grant(0, func(g *limiter.LeaseGrant) { g.Holder = "" })), "holder of 0 bytes"},
+		{"a holder too long", file(grant(0, func(g *limiter.LeaseGrant) { g.Holder = strings.Repeat("h", limiter.MaxNameLen+1) })), "holder: 129 bytes, more than the maximum 128"},
+		{"a fixed window's without its window", file(grant(0, func(g *limiter.LeaseGrant) { g.Window = 0 })), "with window end 0"},
+		{"a token bucket's with a window", file(grant(2, func(g *limiter.LeaseGrant) { g.Window = 1 })), "with window end 1"},
+		{"a rate of limit 0", file(grant(2, func(g *limiter.LeaseGrant) { g.Request.Limit = 0 })), "lease grant request"},
+		{"a zone that does not load", file(bytes.Replace(grant(3, nil), []byte("Europe/Paris"), []byte("Europe/Xaris"), 1)), "does not load"},
+		{"a byte after a grant", file(append(bytes.Clone(good), 0)), "1 bytes after the grant"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			states, err := readStates(t, s.data)
+			var bad *DataFileError
+			if !errors.As(err, &bad) || !errors.Is(err, ErrDataDir) || !strings.Contains(err.Error(), s.want) {
+				t.Fatalf("read: %v (%d states), want a DataFileError saying %q", err, len(states), s.want)
+			}
+		})
+	}
+	if got, err := readStates(t, file(good, grant(0, func(g *limiter.LeaseGrant) { g.Holder = "node-9" }), grant(3, nil))); err != nil || len(got[0].Grants) != 2 || len(got[3].Grants) != 1 {
+		t.Fatalf("the intact file: %v", err)
 	}
 }

@@ -766,8 +766,42 @@ func TestAtk19bOwnerRestartsWhileCutOffUnderTraffic(t *testing.T) {
 	}
 	t.Logf("%d checks (%d errors) through nodes 1 and 2, %d (%d errors) through node 0 before its restart, %d (%d errors) after",
 		tr.checks.Load(), tr.errs.Load(), tr0.checks.Load(), tr0.errs.Load(), tr0b.checks.Load(), tr0b.errs.Load())
+	records := standinRecords(c, reqs) // before settledTo spends the keys
 	over, under := settledTo(t, c, reqs, admitted, 4)
 	t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
+	if over > 0 {
+		for _, l := range records {
+			t.Log(l)
+		}
+	}
+}
+
+// standinRecords describes, for a test that may find hits uncounted,
+// each live node's settlement and transfer counters and, for every key of
+// reqs, what its store counts and the stand-in parts and unsettled hits it
+// holds: where the hits went.
+func standinRecords(c *testcluster.Cluster, reqs []limiter.Request) []string {
+	now := time.Now()
+	var out []string
+	for _, nd := range c.Nodes() {
+		s := nd.Stats()
+		out = append(out, fmt.Sprintf("%s: settle %+v; transfers %+v", nd.Name(), s.Settle, s.Transfers))
+	}
+	for _, r := range reqs {
+		peek := r
+		peek.Hits = 0
+		for _, nd := range c.Nodes() {
+			counted := int64(-1)
+			if d, err := nd.Store().CheckAt(peek, now); err == nil {
+				counted = r.Limit - d.Remaining
+			}
+			parts, gen := nd.StandinParts(r.Name, r.Key)
+			owed, stored := nd.UnsettledHits(r.Name, r.Key)
+			out = append(out, fmt.Sprintf("%s %s on %s: store counts %d; parts %v (open generation %d); unsettled %d (%d on its store)",
+				r.Algorithm, r.Key, nd.Name(), counted, parts, gen, owed, stored))
+		}
+	}
+	return out
 }
 
 // The owner is killed as the partition heals: keys of every heal

@@ -3,6 +3,7 @@ package cluster
 import (
 	"time"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -58,4 +59,29 @@ func (n *Node) LeaseRequestsInFlight() int {
 		sh.mu.Unlock()
 	}
 	return k
+}
+
+// StandinParts returns a copy of the stand-in parts n holds for (name,
+// key), and the generation of its own open part (0: none).
+func (n *Node) StandinParts(name, key string) ([]limiter.SettlePart, uint64) {
+	t := n.standins
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[debtKey{name, key}]
+	if !ok {
+		return nil, 0
+	}
+	return append([]limiter.SettlePart(nil), e.parts...), e.gen
+}
+
+// UnsettledHits returns the hits of (name, key) n admitted without the
+// key's owner and has not settled, and how many of them its store counts.
+func (n *Node) UnsettledHits(name, key string) (hits, stored int64) {
+	n.debts.mu.Lock()
+	defer n.debts.mu.Unlock()
+	d, ok := n.debts.m[debtKey{name, key}]
+	if !ok {
+		return 0, 0
+	}
+	return d.req.Hits, d.stored
 }

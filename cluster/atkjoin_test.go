@@ -290,6 +290,37 @@ func TestAtkJoinGoneLeaverFillsTheStandInRecordAfterTheHeal(t *testing.T) {
 	}
 }
 
+// Node 2 leaves a cluster of three and every node forgets it (serf's
+// TombstoneTimeout); then a leave intent of its name goes round again, as
+// a push/pull with a node that had not forgotten it yet, or a
+// rebroadcast, brings it to a node that had, and node 2 starts again under
+// its name. serf lists it leaving on the nodes that hold the intent, then
+// alive, with no event, once its join intent comes: every node must take
+// it into its ring (the restart waits for it a minute).
+func TestJoinUnderANameWithARecentLeaveIntent(t *testing.T) {
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3)
+	name := c.Node(2).Name()
+	c.Leave(2)
+	c.WaitConverged()
+	if err := testcluster.WaitFor(time.Minute, func() error {
+		for _, nd := range c.Nodes() {
+			for _, m := range nd.Members() {
+				if m.Name == name {
+					return fmt.Errorf("%s lists %s %s", nd.Name(), name, m.Status)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Node(0).ForceLeave(name); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart(2)
+}
+
 // Node 3 leaves a cluster of four; {0}|{1,2} begins under traffic through
 // nodes 0 and 1 on keys of every algorithm owned by each node; node 3
 // starts again under its old name, empty, and joins node 0's side; then

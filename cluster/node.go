@@ -645,8 +645,16 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	if slices.Equal(prev, members) && n.goneSettled(members) {
 		ho = handoverSettled
 	}
+	// A key this node decided standing in for a member that is back in
+	// the ring now was decided meanwhile by that member too, as its owner
+	// on its side: where the new ring leaves it to this node (a ring that
+	// is not the one the stand-in went by: a member joined or left while
+	// members were cut off), it waits for that member's hand-over like a
+	// key that moved here, rather than stay settled, so that no two nodes
+	// decide it as its plain owner at once.
+	unkeep := n.standins.view().stoodInForBack(prev, members)
 	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now(), ho)
-	if err := n.handover.adopt(members, n.now()); err != nil {
+	if err := n.handover.adopt(members, n.now(), unkeep); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	} else {
 		n.transfers.noteAdopted(n.ring.Members())

@@ -117,12 +117,15 @@ type standins struct {
 	// joined is set, before full, while this node is itself a newcomer:
 	// it stands in for the keys full gives to a member cut off.
 	joined atomic.Pointer[joinedView]
-	// lean is set, before full, while full holds members that left (gone):
-	// the members cut off may have learnt the leave before the cut, and
-	// decide by the ring without them. A key is decided without a part
-	// only where both rings give it to this node (to a member of its
-	// side, for a newcomer).
-	lean atomic.Pointer[leanView]
+	// alts is set, before full, while full holds members that left (gone)
+	// or leaves out newcomers: the members cut off may have learnt a
+	// leave before the cut, or not, and may hold a newcomer's name cut off
+	// (a member that left, or failed, and is back under its name): they
+	// decide by full without the members that left, or with the
+	// newcomers. A key is decided without a part only where each of these
+	// rings gives it to this node (to a member of its side, for a
+	// newcomer).
+	alts atomic.Pointer[altView]
 	// failed is the members cut off that full adds, unreachable those of
 	// them that serf declared failed (not back and waiting to be admitted
 	// again), and newcomers the members full leaves out; rebuild alone
@@ -199,10 +202,11 @@ type joinedView struct {
 	cut  map[string]bool
 }
 
-// leanView is the ring full less the members that left (gone), for the
-// ring full it was built with.
-type leanView struct {
-	full, lean *ring.Ring
+// altView is the rings full without the members that left (gone), with
+// the newcomers, or both, for the ring full it was built with.
+type altView struct {
+	full *ring.Ring
+	alts []*ring.Ring
 }
 
 func newStandins(self string, now time.Time) *standins {
@@ -525,7 +529,7 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 	defer t.signalCut()
 	if len(cut) == 0 && !keep {
 		t.joined.Store(nil)
-		t.lean.Store(nil)
+		t.alts.Store(nil)
 		t.full.Store(nil)
 		return
 	}
@@ -541,13 +545,40 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 	} else {
 		t.joined.Store(nil)
 	}
-	t.lean.Store(nil)
-	if g := t.gone.Load(); r != nil && g != nil && len(*g) > 0 {
-		lean := slices.DeleteFunc(slices.Clone(all), func(m ring.Member) bool { return (*g)[m.Name] })
-		if len(lean) < len(all) && len(lean) > 0 {
-			if l, err := ring.New(cfg); err == nil && l.SetMembers(lean) == nil {
-				t.lean.Store(&leanView{full: r, lean: l})
+	t.alts.Store(nil)
+	if r != nil {
+		var gone map[string]bool
+		if g := t.gone.Load(); g != nil {
+			gone = *g
+		}
+		noGone := slices.DeleteFunc(slices.Clone(all), func(m ring.Member) bool { return gone[m.Name] })
+		var newcomers []ring.Member
+		for _, m := range members {
+			if out(m.Name) {
+				newcomers = append(newcomers, m)
 			}
+		}
+		var sets [][]ring.Member
+		if len(noGone) < len(all) {
+			sets = append(sets, noGone)
+		}
+		if len(newcomers) > 0 {
+			sets = append(sets, append(slices.Clone(all), newcomers...))
+			if len(noGone) < len(all) {
+				sets = append(sets, append(slices.Clone(noGone), newcomers...))
+			}
+		}
+		var alts []*ring.Ring
+		for _, ms := range sets {
+			if len(ms) == 0 {
+				continue
+			}
+			if a, err := ring.New(cfg); err == nil && a.SetMembers(ms) == nil {
+				alts = append(alts, a)
+			}
+		}
+		if len(alts) > 0 {
+			t.alts.Store(&altView{full: r, alts: alts})
 		}
 	}
 	t.full.Store(r)
@@ -563,34 +594,35 @@ func (t *standins) standingIn(hash uint64) bool {
 	if _, stood := v.stoodInFor(hash, v.full); stood {
 		return true
 	}
-	if v.lean != nil {
-		_, stood := v.stoodInFor(hash, v.lean)
-		return stood
+	for _, a := range v.alts {
+		if _, stood := v.stoodInFor(hash, a); stood {
+			return true
+		}
 	}
 	return false
 }
 
 // standinView is what told stand-in decisions at one time: the ring with
-// the members cut off, the newcomer's view built with it, and the ring
-// without the members that left (lean), when full holds some.
+// the members cut off, the newcomer's view built with it, and the rings
+// without the members that left or with the newcomers (alts).
 type standinView struct {
 	self   string
 	full   *ring.Ring
 	joined *joinedView
-	lean   *ring.Ring
+	alts   []*ring.Ring
 }
 
 // view returns what tells stand-in decisions now. rebuild, which alone
 // publishes them, reads it before it changes them.
 func (t *standins) view() standinView {
 	v := standinView{self: t.self, full: t.full.Load(), joined: t.joined.Load()}
-	if l := t.lean.Load(); l != nil && v.full != nil && l.full == v.full {
-		v.lean = l.lean
+	if a := t.alts.Load(); a != nil && v.full != nil && a.full == v.full {
+		v.alts = a.alts
 	}
 	return v
 }
 
-// stoodInFor returns the member that r, v's full or lean ring, gives the
+// stoodInFor returns the member that r, v's full ring or one of its alts, gives the
 // key of hash to, and whether this node, deciding the key as its owner,
 // stands in for it by r.
 func (v standinView) stoodInFor(hash uint64, r *ring.Ring) (string, bool) {
@@ -623,7 +655,15 @@ func (v standinView) stoodInForBack(prev, members []ring.Member) func(hash uint6
 		return stood && hasMember(members, m) && !hasMember(prev, m)
 	}
 	return func(hash uint64) bool {
-		return back(hash, v.full) || (v.lean != nil && back(hash, v.lean))
+		if back(hash, v.full) {
+			return true
+		}
+		for _, a := range v.alts {
+			if back(hash, a) {
+				return true
+			}
+		}
+		return false
 	}
 }
 

@@ -207,7 +207,6 @@ func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
 // joins side {1,2} at the same time; then the partition heals. Every key
 // counts every hit admitted, at most one check per caller more.
 func TestAtkJoinLeaveAndJoinAtOnceDuringAPartition(t *testing.T) {
-	attackOpen(t, "node 2 leaving while node 3 joins side {1,2} of a partition under traffic: 1 to 7 admitted hits uncounted (keys of nodes 1 and 3 after the heal) in 4 of 4 -race runs")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavejoin", []int{0, 1, 2}, 2)
@@ -327,7 +326,7 @@ func TestJoinUnderANameWithARecentLeaveIntent(t *testing.T) {
 // the partition heals. Every key counts every hit admitted, at most one
 // check per caller more.
 func TestAtkJoinUnderTheNameOfAMemberThatLeft(t *testing.T) {
-	attackOpen(t, "node 3 rejoining under its old name on one side of a partition under traffic: 1 admitted hit uncounted (a key node 3 owns) in 3 of 6 -race runs; in 2 others, node 1 or 2 did not admit node 3 to its ring within a minute of the heal")
+	attackOpen(t, "node 3 rejoining under its old name on one side of a partition under traffic: 554 and 632 admitted hits uncounted on two keys node 1 owns (node 0's at the cut) in 1 of 3 plain runs; 0 in 3 of 3 -race runs that finished (a fourth: the callers made 96 checks in the minute after the heal)")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
 	reqs := wideKeys(t, c, "oldname", []int{0, 1, 2, 3}, 2)

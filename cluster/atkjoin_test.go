@@ -207,7 +207,6 @@ func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
 // joins side {1,2} at the same time; then the partition heals. Every key
 // counts every hit admitted, at most one check per caller more.
 func TestAtkJoinLeaveAndJoinAtOnceDuringAPartition(t *testing.T) {
-	attackOpen(t, "node 2 leaving while node 3 joins side {1,2} of a partition under traffic: 1 to 7 admitted hits uncounted (keys of nodes 1 and 3 after the heal) in 4 of 4 -race runs")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavejoin", []int{0, 1, 2}, 2)
@@ -290,13 +289,44 @@ func TestAtkJoinGoneLeaverFillsTheStandInRecordAfterTheHeal(t *testing.T) {
 	}
 }
 
+// Node 2 leaves a cluster of three and every node forgets it (serf's
+// TombstoneTimeout); then a leave intent of its name goes round again, as
+// a push/pull with a node that had not forgotten it yet, or a
+// rebroadcast, brings it to a node that had, and node 2 starts again under
+// its name. serf lists it leaving on the nodes that hold the intent, then
+// alive, with no event, once its join intent comes: every node must take
+// it into its ring (the restart waits for it a minute).
+func TestJoinUnderANameWithARecentLeaveIntent(t *testing.T) {
+	noLeaksAfter(t)
+	c := testcluster.New(t, 3)
+	name := c.Node(2).Name()
+	c.Leave(2)
+	c.WaitConverged()
+	if err := testcluster.WaitFor(time.Minute, func() error {
+		for _, nd := range c.Nodes() {
+			for _, m := range nd.Members() {
+				if m.Name == name {
+					return fmt.Errorf("%s lists %s %s", nd.Name(), name, m.Status)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Node(0).ForceLeave(name); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart(2)
+}
+
 // Node 3 leaves a cluster of four; {0}|{1,2} begins under traffic through
 // nodes 0 and 1 on keys of every algorithm owned by each node; node 3
 // starts again under its old name, empty, and joins node 0's side; then
 // the partition heals. Every key counts every hit admitted, at most one
 // check per caller more.
 func TestAtkJoinUnderTheNameOfAMemberThatLeft(t *testing.T) {
-	attackOpen(t, "node 3 rejoining under its old name on one side of a partition under traffic: 1 admitted hit uncounted (a key node 3 owns) in 3 of 6 -race runs; in 2 others, node 1 or 2 did not admit node 3 to its ring within a minute of the heal")
+	attackOpen(t, "node 3 rejoining under its old name on one side of a partition under traffic: 554 and 632 admitted hits uncounted on two keys node 1 owns (node 0's at the cut) in 1 of 7 plain runs, about 20,600 counted too many on each of three keys in another; 0 uncounted in 3 of 3 -race runs that finished (a fourth: the callers made 96 checks in the minute after the heal)")
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
 	reqs := wideKeys(t, c, "oldname", []int{0, 1, 2, 3}, 2)

@@ -85,3 +85,9 @@ func (n *Node) UnsettledHits(name, key string) (hits, stored int64) {
 	}
 	return d.req.Hits, d.stored
 }
+
+// ForceLeave makes n's serf tell every member that the member named left
+// (serf's RemoveFailedNode): a node whose serf does not list that name
+// keeps the leave intent as recent, as one does that a push/pull or a
+// rebroadcast brings it after it forgot the member.
+func (n *Node) ForceLeave(name string) error { return n.serf.RemoveFailedNode(name) }

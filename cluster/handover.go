@@ -16,8 +16,11 @@ import (
 //
 // A partition is settled when the node is ready (it has joined the cluster
 // it was given seeds of, and serf runs) and either
-//   - the node owned it, settled, under its previous ring as well: nobody
-//     else decided it meanwhile; or
+//   - the node owned it, settled, under its previous ring as well, and
+//     not as a stand-in for a member that the ring holds again (a member
+//     back from a partition, which decided it meanwhile as its owner on
+//     its side, and hands it over: standins.stoodInFor): nobody else
+//     decided it meanwhile; or
 //   - every other member of the node's current membership has confirmed
 //     that membership (a HandoffDone transfer carrying its fingerprint):
 //     each has adopted it, so decides none of this node's keys any more,
@@ -207,8 +210,11 @@ func (h *handover) setReady(ready bool, now time.Time) {
 // adopt sets the node's ring to members and settles again. It is the one
 // place the ring changes, under mu, so that no confirmation or expiry
 // settles partitions of the new ring with the old membership's
-// confirmations. On an error the ring is unchanged.
-func (h *handover) adopt(members []ring.Member, now time.Time) error {
+// confirmations. A partition this node owned, settled, under the ring
+// replaced stays settled unless unkeep (nil: none) reports its hash: this
+// node decided it as a stand-in for a member now back in the ring. On an
+// error the ring is unchanged.
+func (h *handover) adopt(members []ring.Member, now time.Time, unkeep func(hash uint64) bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	before, prev := h.r.Version(), h.r.Members()
@@ -218,7 +224,7 @@ func (h *handover) adopt(members []ring.Member, now time.Time) error {
 	h.adoptLocked(prev, now)
 	// What was settled stays so only if it was computed for the ring just
 	// replaced.
-	h.publishLocked(h.settled.Load().version == before)
+	h.publishUnkept(h.settled.Load().version == before, unkeep)
 	return nil
 }
 
@@ -399,7 +405,11 @@ func (h *handover) expire(now time.Time) time.Time {
 // keep is set: the ring changed, or a confirmation came, but nothing
 // unsettled it), and those that a member which left this membership
 // owned and handed here (departedLocked).
-func (h *handover) publishLocked(keep bool) {
+func (h *handover) publishLocked(keep bool) { h.publishUnkept(keep, nil) }
+
+// publishUnkept is publishLocked, keeping no partition whose hash unkeep
+// reports (nil: none). h.mu must be held.
+func (h *handover) publishUnkept(keep bool, unkeep func(hash uint64) bool) {
 	old := h.settled.Load()
 	version := h.r.Version()
 	bits := make([]uint64, len(old.bits))
@@ -416,7 +426,8 @@ func (h *handover) publishLocked(keep bool) {
 			if !ok || m.Name != h.self {
 				continue
 			}
-			if all || (keep && old.has(p)) || handedOver(departed, uint64(p), members) {
+			kept := keep && old.has(p) && (unkeep == nil || !unkeep(uint64(p)))
+			if all || kept || handedOver(departed, uint64(p), members) {
 				bits[p/64] |= 1 << (p % 64)
 			}
 		}

@@ -27,7 +27,7 @@ func handoverOf(t *testing.T, self string) (*handover, *ring.Ring) {
 		t.Fatal(err)
 	}
 	h := newHandover(self, r, time.Second, slog.New(slog.DiscardHandler))
-	if err := h.adopt(members(self), time.Unix(0, 0)); err != nil {
+	if err := h.adopt(members(self), time.Unix(0, 0), nil); err != nil {
 		t.Fatal(err)
 	}
 	return h, r
@@ -154,7 +154,7 @@ func TestHandoverSteps(t *testing.T) {
 				now := time.Unix(0, 0).Add(s.at)
 				if s.ring != nil {
 					cur = s.ring
-					if err := h.adopt(members(cur...), now); err != nil {
+					if err := h.adopt(members(cur...), now, nil); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -195,7 +195,7 @@ func TestHandoverSteps(t *testing.T) {
 func TestHandoverMovedAndPrevious(t *testing.T) {
 	h, r := handoverOf(t, "a")
 	h.setReady(true, time.Unix(0, 0))
-	if err := h.adopt(members("a", "b"), time.Unix(0, 0)); err != nil {
+	if err := h.adopt(members("a", "b"), time.Unix(0, 0), nil); err != nil {
 		t.Fatal(err)
 	}
 	var sawMoved, sawOwned bool

@@ -8,6 +8,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -281,4 +283,69 @@ func loadTolerantGossip(ml *memberlist.Config) {
 	ml.ProbeTimeout = 300 * time.Millisecond
 	ml.SuspicionMult = 4
 	ml.SuspicionMaxTimeoutMult = 3
+}
+
+// leavingLook is how often, on the system's timer, the event loop looks
+// again at serf's members while serf lists one leaving (memberStatuses).
+const leavingLook = 200 * time.Millisecond
+
+// memberStatuses is serf's members' statuses as the last ring rebuild read
+// them. serf changes a member's status without an event in one case that
+// matters to the ring: a member that joins while serf holds a recent leave
+// intent of its name (a member of that name left and serf forgot it, and
+// the intent reached this node again, by a push/pull with a member that
+// had not forgotten it yet, or rebroadcast) is listed leaving, and the
+// join intent that comes next sets it alive with no event. A member that
+// comes back under the name of one that left would stay out of the ring
+// until some other member's event. So while serf lists a member leaving,
+// the event loop looks again every leavingLook and rebuilds the ring when
+// a status changed since the last rebuild (changed). Safe for concurrent
+// use.
+type memberStatuses struct {
+	mu   sync.Mutex // guards seen
+	seen map[string]serf.MemberStatus
+	// leaving is set while seen holds a member leaving.
+	leaving atomic.Bool
+	// wake tells the event loop that leaving was set.
+	wake chan struct{}
+}
+
+func newMemberStatuses() *memberStatuses {
+	return &memberStatuses{wake: make(chan struct{}, 1)}
+}
+
+// record keeps the statuses of ms, the members a rebuild read.
+func (s *memberStatuses) record(ms []serf.Member) {
+	seen := make(map[string]serf.MemberStatus, len(ms))
+	leaving := false
+	for _, m := range ms {
+		seen[m.Name] = m.Status
+		leaving = leaving || m.Status == serf.StatusLeaving
+	}
+	s.mu.Lock()
+	s.seen = seen
+	s.mu.Unlock()
+	if leaving && !s.leaving.Swap(true) {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	} else if !leaving {
+		s.leaving.Store(false)
+	}
+}
+
+// changed reports whether the statuses of ms differ from those recorded.
+func (s *memberStatuses) changed(ms []serf.Member) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(ms) != len(s.seen) {
+		return true
+	}
+	for _, m := range ms {
+		if st, ok := s.seen[m.Name]; !ok || st != m.Status {
+			return true
+		}
+	}
+	return false
 }

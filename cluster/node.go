@@ -112,6 +112,9 @@ type Node struct {
 	rebuildMu  sync.Mutex // serialises ring and peer rebuilds
 	transfers  transfers  // hand-off and replication (handoff.go)
 	departures departures // members that left, before serf says so
+	// statuses is serf's members' statuses at the last rebuild, which the
+	// event loop looks at again while one is leaving.
+	statuses *memberStatuses
 	// proofCtx ends the members' proofs in flight when the node closes.
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
@@ -146,6 +149,7 @@ func New(cfg Config) (n *Node, err error) {
 		transfers:  newTransfers(),
 		versions:   newVersions(cfg.protocolRange()),
 		debts:      newDebts(),
+		statuses:   newMemberStatuses(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -576,10 +580,28 @@ func stopGRPC(s *grpc.Server, grace time.Duration) {
 }
 
 func (n *Node) eventLoop() {
+	// While serf lists a member leaving, look again at intervals: it may
+	// turn alive without an event (memberStatuses).
+	var look *time.Timer
+	defer func() {
+		if look != nil {
+			look.Stop()
+		}
+	}()
 	for {
+		var looked <-chan time.Time
+		if look != nil {
+			looked = look.C
+		}
 		select {
 		case <-n.shutdown:
 			return
+		case <-n.statuses.wake:
+		case <-looked:
+			look = nil
+			if n.statuses.changed(n.serf.Members()) {
+				n.rebuild(0)
+			}
 		case e := <-n.serfEvents:
 			me, ok := e.(serf.MemberEvent)
 			if !ok {
@@ -590,6 +612,9 @@ func (n *Node) eventLoop() {
 				continue
 			}
 			n.rebuild(kind, me.Members...)
+		}
+		if look == nil && n.statuses.leaving.Load() {
+			look = time.NewTimer(leavingLook)
 		}
 	}
 }
@@ -602,6 +627,7 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	defer n.rebuildMu.Unlock()
 	n.departures.forget(kind, changed)
 	serfMembers := n.serf.Members()
+	n.statuses.record(serfMembers)
 	members := n.proofs.admit(n.departures.without(n.compatibleRingMembers()), n.now())
 	prev := n.ring.Members()
 	addrs := make(map[string]string, len(members))
@@ -620,8 +646,16 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	if slices.Equal(prev, members) && n.goneSettled(members) {
 		ho = handoverSettled
 	}
+	// A key this node decided standing in for a member that is back in
+	// the ring now was decided meanwhile by that member too, as its owner
+	// on its side: where the new ring leaves it to this node (a ring that
+	// is not the one the stand-in went by: a member joined or left while
+	// members were cut off), it waits for that member's hand-over like a
+	// key that moved here, rather than stay settled, so that no two nodes
+	// decide it as its plain owner at once.
+	unkeep := n.standins.view().stoodInForBack(prev, members)
 	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now(), ho)
-	if err := n.handover.adopt(members, n.now()); err != nil {
+	if err := n.handover.adopt(members, n.now(), unkeep); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	} else {
 		n.transfers.noteAdopted(n.ring.Members())

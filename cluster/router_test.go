@@ -23,7 +23,7 @@ func routerOf(t *testing.T, self string, at *time.Time, names ...string) (*route
 	t.Helper()
 	h, _ := handoverOf(t, self)
 	h.setReady(true, *at)
-	if err := h.adopt(members(names...), *at); err != nil {
+	if err := h.adopt(members(names...), *at, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range names {
@@ -108,7 +108,7 @@ var limitErr = errors.New("limiter: invalid limit")
 func TestRouterHandover(t *testing.T) {
 	at := time.Unix(1000, 0)
 	r, h := routerOf(t, "a", &at, "a")
-	if err := h.adopt(members("a", "b"), at); err != nil { // b joins: a keeps what it keeps
+	if err := h.adopt(members("a", "b"), at, nil); err != nil { // b joins: a keeps what it keeps
 		t.Fatal(err)
 	}
 	mine := hashOwnedBy(t, h, "a")
@@ -116,7 +116,7 @@ func TestRouterHandover(t *testing.T) {
 		t.Fatalf("a key a kept: %v, want here", p.way)
 	}
 	// b leaves again: what a gains from b waits for the hand-over.
-	if err := h.adopt(members("a", "c"), at); err != nil {
+	if err := h.adopt(members("a", "c"), at, nil); err != nil {
 		t.Fatal(err)
 	}
 	var gained uint64

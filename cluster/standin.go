@@ -117,6 +117,15 @@ type standins struct {
 	// joined is set, before full, while this node is itself a newcomer:
 	// it stands in for the keys full gives to a member cut off.
 	joined atomic.Pointer[joinedView]
+	// alts is set, before full, while full holds members that left (gone)
+	// or leaves out newcomers: the members cut off may have learnt a
+	// leave before the cut, or not, and may hold a newcomer's name cut off
+	// (a member that left, or failed, and is back under its name): they
+	// decide by full without the members that left, or with the
+	// newcomers. A key is decided without a part only where each of these
+	// rings gives it to this node (to a member of its side, for a
+	// newcomer).
+	alts atomic.Pointer[altView]
 	// failed is the members cut off that full adds, unreachable those of
 	// them that serf declared failed (not back and waiting to be admitted
 	// again), and newcomers the members full leaves out; rebuild alone
@@ -193,6 +202,13 @@ type joinedView struct {
 	cut  map[string]bool
 }
 
+// altView is the rings full without the members that left (gone), with
+// the newcomers, or both, for the ring full it was built with.
+type altView struct {
+	full *ring.Ring
+	alts []*ring.Ring
+}
+
 func newStandins(self string, now time.Time) *standins {
 	// Generations start at the node's start time, so that a node
 	// restarted under its name starts new ones.
@@ -237,16 +253,43 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 	status := make(map[string]serf.MemberStatus, len(ms))
 	failed := map[string]ring.Member{}
 	unreachable, gone := map[string]bool{}, map[string]bool{}
+	// A member that leaves while members are cut off (not only members
+	// that left while cut off themselves) is held too: the members cut
+	// off do not know it left, and decide by the ring with it. Cut off:
+	// declared failed, or learned from a report; not a member alive and
+	// not in the ring (a departure serf has not told yet).
+	wasGone := map[string]bool{}
+	if g := t.gone.Load(); g != nil {
+		wasGone = *g
+	}
+	cutNow := false
+	t.reportMu.Lock()
+	for name := range t.failed {
+		_, learned := t.learned[name]
+		cutNow = cutNow || !wasGone[name] && (t.unreachable[name] || learned)
+	}
+	t.reportMu.Unlock()
 	for _, m := range ms {
 		status[m.Name] = m.Status
 		if m.Name == t.self || in[m.Name] {
 			continue
 		}
 		f, cutOff := t.failed[m.Name]
+		left := m.Status == serf.StatusLeaving || m.Status == serf.StatusLeft
 		switch {
 		case m.Status == serf.StatusFailed || m.Status == serf.StatusAlive:
-		case t.unreachable[m.Name] && (m.Status == serf.StatusLeaving || m.Status == serf.StatusLeft):
+		case left && t.unreachable[m.Name]:
 			failed[m.Name], unreachable[m.Name], gone[m.Name] = f, true, true // left while cut off
+			continue
+		case left && cutNow && (cutOff || was[m.Name]):
+			if !cutOff {
+				addr, err := checkGRPCTag(m.Tags[grpcTag])
+				if err != nil {
+					continue
+				}
+				f = ring.Member{Name: m.Name, Addr: addr}
+			}
+			failed[m.Name], unreachable[m.Name], gone[m.Name] = f, true, true // left while members were cut off
 			continue
 		default:
 			continue
@@ -260,6 +303,15 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 		}
 		if _, ok := failed[m.Name]; ok && m.Status == serf.StatusFailed {
 			unreachable[m.Name] = true
+		}
+	}
+	// serf forgets a member that left (TombstoneTimeout) before the heal's
+	// hand-over may be over: it is held until then all the same.
+	for name := range wasGone {
+		if _, listed := status[name]; !listed && !in[name] && name != t.self {
+			if f, ok := t.failed[name]; ok {
+				failed[name], unreachable[name], gone[name] = f, true, true
+			}
 		}
 	}
 	selfNew, told := t.learnFrom(status, in, failed, now)
@@ -312,6 +364,7 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]bool, failed map[string]ring.Member, now time.Time) (selfNew bool, told map[string]bool) {
 	t.reportMu.Lock()
 	defer t.reportMu.Unlock()
+	named := map[string]bool{} // by a report of a member that has not left
 	for from, rep := range t.reports {
 		st, ok := status[from]
 		if ok && st != serf.StatusAlive && st != serf.StatusFailed {
@@ -339,6 +392,7 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 			}
 			l.until = now.Add(t.learnedHold)
 			t.learned[c.Name] = l
+			named[c.Name] = true
 		}
 		for _, name := range rep.Newcomers {
 			if told == nil {
@@ -350,8 +404,16 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 	for name, l := range t.learned {
 		st, listed := status[name]
 		switch {
-		case in[name], listed && st != serf.StatusFailed && st != serf.StatusAlive, l.known && !listed, now.After(l.until):
-			// Back in the ring, left, reaped, or held long enough.
+		case in[name], now.After(l.until):
+			// Back in the ring, or held long enough.
+			delete(t.learned, name)
+			continue
+		case named[name]:
+			// A member that left (or that serf forgot) while members
+			// were cut off is reported as long as they are: the members
+			// cut off decide by the ring with it.
+		case listed && st != serf.StatusFailed && st != serf.StatusAlive, l.known && !listed:
+			// Left, or reaped.
 			delete(t.learned, name)
 			continue
 		}
@@ -467,6 +529,7 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 	defer t.signalCut()
 	if len(cut) == 0 && !keep {
 		t.joined.Store(nil)
+		t.alts.Store(nil)
 		t.full.Store(nil)
 		return
 	}
@@ -482,27 +545,126 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 	} else {
 		t.joined.Store(nil)
 	}
+	t.alts.Store(nil)
+	if r != nil {
+		var gone map[string]bool
+		if g := t.gone.Load(); g != nil {
+			gone = *g
+		}
+		noGone := slices.DeleteFunc(slices.Clone(all), func(m ring.Member) bool { return gone[m.Name] })
+		var newcomers []ring.Member
+		for _, m := range members {
+			if out(m.Name) {
+				newcomers = append(newcomers, m)
+			}
+		}
+		var sets [][]ring.Member
+		if len(noGone) < len(all) {
+			sets = append(sets, noGone)
+		}
+		if len(newcomers) > 0 {
+			sets = append(sets, append(slices.Clone(all), newcomers...))
+			if len(noGone) < len(all) {
+				sets = append(sets, append(slices.Clone(noGone), newcomers...))
+			}
+		}
+		var alts []*ring.Ring
+		for _, ms := range sets {
+			if len(ms) == 0 {
+				continue
+			}
+			if a, err := ring.New(cfg); err == nil && a.SetMembers(ms) == nil {
+				alts = append(alts, a)
+			}
+		}
+		if len(alts) > 0 {
+			t.alts.Store(&altView{full: r, alts: alts})
+		}
+	}
 	t.full.Store(r)
 }
 
 // standingIn reports whether this node, deciding the key of hash as its
 // owner, stands in for a failed member.
 func (t *standins) standingIn(hash uint64) bool {
-	r := t.full.Load()
-	if r == nil {
+	if t.full.Load() == nil {
 		return false
+	}
+	v := t.view()
+	if _, stood := v.stoodInFor(hash, v.full); stood {
+		return true
+	}
+	for _, a := range v.alts {
+		if _, stood := v.stoodInFor(hash, a); stood {
+			return true
+		}
+	}
+	return false
+}
+
+// standinView is what told stand-in decisions at one time: the ring with
+// the members cut off, the newcomer's view built with it, and the rings
+// without the members that left or with the newcomers (alts).
+type standinView struct {
+	self   string
+	full   *ring.Ring
+	joined *joinedView
+	alts   []*ring.Ring
+}
+
+// view returns what tells stand-in decisions now. rebuild, which alone
+// publishes them, reads it before it changes them.
+func (t *standins) view() standinView {
+	v := standinView{self: t.self, full: t.full.Load(), joined: t.joined.Load()}
+	if a := t.alts.Load(); a != nil && v.full != nil && a.full == v.full {
+		v.alts = a.alts
+	}
+	return v
+}
+
+// stoodInFor returns the member that r, v's full ring or one of its alts, gives the
+// key of hash to, and whether this node, deciding the key as its owner,
+// stands in for it by r.
+func (v standinView) stoodInFor(hash uint64, r *ring.Ring) (string, bool) {
+	if v.full == nil || r == nil {
+		return "", false
 	}
 	m, ok := r.OwnerOfHash(hash)
 	if !ok {
-		return false
+		return "", false
 	}
-	if j := t.joined.Load(); j != nil && j.full == r {
+	if v.joined != nil && v.joined.full == v.full {
 		// A newcomer, unknown to the members cut off: the key's history
 		// on this side is its owner's here unless the ring gives it to
 		// one of them.
-		return j.cut[m.Name]
+		return m.Name, v.joined.cut[m.Name]
 	}
-	return m.Name != t.self
+	return m.Name, m.Name != v.self
+}
+
+// stoodInForBack returns whether this node, deciding the key of a hash as
+// its owner by v, stood in for a member that members holds and prev, the
+// ring's members before, did not: a member back from a partition, which
+// decided the key meanwhile as its owner on its side.
+func (v standinView) stoodInForBack(prev, members []ring.Member) func(hash uint64) bool {
+	if v.full == nil {
+		return nil
+	}
+	back := func(hash uint64, r *ring.Ring) bool {
+		m, stood := v.stoodInFor(hash, r)
+		return stood && hasMember(members, m) && !hasMember(prev, m)
+	}
+	return func(hash uint64) bool {
+		if back(hash, v.full) {
+			return true
+		}
+		for _, a := range v.alts {
+			if back(hash, a) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // signalCut wakes the waits for the members cut off (cutWake).

@@ -15,7 +15,8 @@ import (
 // ring it tells stand-in decisions by, d learns b and c from a's
 // confirmation and stands in for the keys that ring gives them, and both
 // drop them at the heal. A member learned stays cut off when the member
-// that reported it leaves, for as long as serf holds a failed member.
+// that reported it leaves, for as long as serf holds a failed member; the
+// member that left meanwhile is held until the hand-over is over.
 func TestStandinJoinerSteps(t *testing.T) {
 	cfg := ring.DefaultConfig()
 	member := func(name string, st serf.MemberStatus) serf.Member {
@@ -50,8 +51,9 @@ func TestStandinJoinerSteps(t *testing.T) {
 		return s
 	}
 	// want checks standingIn over many keys against owner: the key's
-	// owner on the ring at the cut, and whether s stands in for it.
-	want := func(step string, s *standins, cut *ring.Ring, standsIn func(owner string) bool) {
+	// owner on the ring at the cut, and whether s stands in for it; with
+	// alts, the rings with the newcomers too, where s stands in as well.
+	want := func(step string, s *standins, cut *ring.Ring, standsIn func(owner string) bool, alts ...*ring.Ring) {
 		t.Helper()
 		in, out := 0, 0
 		for i := range 2000 {
@@ -62,6 +64,10 @@ func TestStandinJoinerSteps(t *testing.T) {
 				owner = m.Name
 			}
 			w := cut != nil && standsIn(owner)
+			for _, a := range alts {
+				m, _ := a.OwnerOfHash(h)
+				w = w || standsIn(m.Name)
+			}
 			if got := s.standingIn(h); got != w {
 				t.Fatalf("%s: key %d (owner %q at the cut): standing in %v, want %v", step, i, owner, got, w)
 			}
@@ -84,7 +90,8 @@ func TestStandinJoinerSteps(t *testing.T) {
 	want("a cut off alone", a, abc, notA)
 	withD := append(cutMs, member("d", serf.StatusAlive))
 	rebuild(a, withD, rm("a"), rm("a", "d"))
-	want("d joined a's side: a's view", a, abc, notA)
+	abcd := ringOf("a", "b", "c", "d")
+	want("d joined a's side: a's view", a, abc, notA, abcd)
 	rep := a.cutReport()
 	if fmt.Sprint(rep) != "{[{b 127.0.0.1:1098} {c 127.0.0.1:1099}] [d]}" {
 		t.Fatalf("a reports %v, want b and c cut off, d a newcomer", rep)
@@ -102,7 +109,7 @@ func TestStandinJoinerSteps(t *testing.T) {
 		t.Fatal("a's report again is news to d")
 	}
 	cutOff := func(o string) bool { return o == "b" || o == "c" }
-	want("d told by a", d, abc, cutOff)
+	want("d told by a", d, abc, cutOff, abcd)
 	if got := d.cutReport(); fmt.Sprint(got) != fmt.Sprint(rep) {
 		t.Fatalf("d reports %v, want %v", got, rep)
 	}
@@ -113,12 +120,12 @@ func TestStandinJoinerSteps(t *testing.T) {
 	rebuild(e, eMs, rm("e"), rm("a", "d", "e"))
 	e.learn("d", d.cutReport())
 	rebuild(e, eMs, rm("a", "d", "e"), rm("a", "d", "e"))
-	want("e told by d", e, abc, cutOff)
+	want("e told by d", e, abc, cutOff, ringOf("a", "b", "c", "d", "e"))
 
 	// The heal: b and c back in the rings.
 	healed := []serf.Member{member("a", serf.StatusAlive), member("b", serf.StatusAlive), member("c", serf.StatusAlive), member("d", serf.StatusAlive)}
 	d.update(healed, rm("a", "d"), rm("a", "b", "c", "d"), cfg, now, handoverUnder)
-	want("d as the heal's ring comes", d, abc, cutOff)
+	want("d as the heal's ring comes", d, abc, cutOff, abcd)
 	d.publish(rm("a", "b", "c", "d"), cfg)
 	want("d healed", d, nil, nil)
 	rebuild(a, healed, rm("a", "d"), rm("a", "b", "c", "d"))
@@ -130,12 +137,17 @@ func TestStandinJoinerSteps(t *testing.T) {
 	fMs := []serf.Member{member("a", serf.StatusAlive), member("f", serf.StatusAlive)}
 	f.learn("a", rep)
 	rebuild(f, fMs, rm("f"), rm("a", "f"))
-	want("f told by a", f, abc, cutOff)
+	want("f told by a", f, abc, cutOff, ringOf("a", "b", "c", "f"))
 	aLeft := []serf.Member{member("a", serf.StatusLeft), member("f", serf.StatusAlive)}
 	rebuild(f, aLeft, rm("a", "f"), rm("f"))
 	// The ring at the cut less a, which left: b's and c's, every key.
 	want("a left f", f, ringOf("b", "c"), func(string) bool { return true })
+	// Past learnedHold, b and c are let go; a, which left while they
+	// were cut off, once the hand-over is over.
 	now = now.Add(time.Minute + time.Nanosecond)
 	rebuild(f, aLeft[1:], rm("f"), rm("f"))
-	want("f past learnedHold", f, nil, nil)
+	want("f past learnedHold", f, ringOf("a"), func(string) bool { return true })
+	f.update(aLeft[1:], rm("f"), rm("f"), cfg, now, handoverSettled)
+	f.publish(rm("f"), cfg)
+	want("f's hand-over over", f, nil, nil)
 }

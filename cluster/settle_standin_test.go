@@ -1,0 +1,119 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// Hits a replica admits under PolicyLocal as a partition begins (its
+// owner cut off, not declared failed yet), settled once the key's first
+// replica stands in for the owner, count once. Four nodes, three replicas:
+// keys of every heal algorithm owned by node 0, with a first replica X
+// and a second A, 50 before; node 0 cut off from the others; 10 through
+// A at once, decided on its store without the owner; once A's ring routes
+// the keys to X and A's settlement has run, A's hand-off pass (held back
+// until then) hands X its state, which counts the 10; healed. Every key
+// counts 60 and its owner admits 40 more. Settled as a charge, the 10
+// became X's own stand-in part while A's state counted them with no
+// part: X charged that part to A's state, which counted them already,
+// and the keys counted 70.
+func TestLocalHitsSettledWithAStandinCountOnce(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var (
+		mu      sync.Mutex
+		holding bool
+		holdIn  = -1 // the node whose hand-off passes are held
+	)
+	release := make(chan struct{})
+	var once sync.Once
+	releasePasses := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(releasePasses)
+	c := testcluster.New(t, 4, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.Replicas = 3
+		cluster.SetBeforeHandoffPass(cfg, func() {
+			mu.Lock()
+			hold := holding && holdIn == i
+			mu.Unlock()
+			if hold {
+				<-release
+			}
+		})
+	}))
+	index := map[string]int{}
+	for i, nd := range c.Nodes() {
+		index[nd.Name()] = i
+	}
+	var reqs []limiter.Request
+	x, a := -1, -1
+	for _, alg := range healAlgorithms {
+		found := 0
+		for i := 0; i < 10_000 && found < 3; i++ {
+			req := limiter.Request{Name: "local-standin-" + alg.String(), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: alg}
+			rs := c.Node(0).Replicas(req.Name, req.Key)
+			if len(rs) != 3 || rs[0].Name != c.Node(0).Name() {
+				continue
+			}
+			if x < 0 {
+				x, a = index[rs[1].Name], index[rs[2].Name]
+			}
+			if rs[1].Name == c.Node(x).Name() && rs[2].Name == c.Node(a).Name() {
+				reqs = append(reqs, req)
+				found++
+			}
+		}
+		if found == 0 {
+			t.Fatalf("no %s key of nodes 0, %d and %d", alg, x, a)
+		}
+	}
+	var others []int
+	for i := 1; i < 4; i++ {
+		others = append(others, i)
+	}
+	consume(t, c.Node(0), withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	mu.Lock()
+	holding, holdIn = true, a
+	mu.Unlock()
+	c.Partition([]int{0}, others)
+	for i, r := range c.Node(a).CheckMany(context.Background(), withHits(reqs, 10), sluice.OnUnreachable(sluice.PolicyLocal)) {
+		if r.Err != nil || !r.Allowed || !r.WithoutOwner {
+			t.Fatalf("%s: allowed %v, without owner %v, err %v; want admitted without the owner", reqs[i].Key, r.Allowed, r.WithoutOwner, r.Err)
+		}
+	}
+	c.WaitConverged()
+	standIn := 0
+	for _, r := range reqs {
+		if rs := c.Node(a).Replicas(r.Name, r.Key); len(rs) > 0 && rs[0].Name == c.Node(x).Name() {
+			standIn++
+		}
+	}
+	if standIn == 0 {
+		t.Fatalf("no key goes to node %d on the ring without node 0", x)
+	}
+	want := int64(10 * len(reqs))
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		if s := c.Node(a).Stats().Settle; s.Settled < want {
+			return fmt.Errorf("node %d settled %d of the %d hits it admitted without the owner", a, s.Settled, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	holding = false
+	mu.Unlock()
+	releasePasses()
+	c.Heal()
+	c.WaitConverged()
+	exactly(t, c, reqs, 40)
+	remainingAfter(t, c, reqs, 40)
+}

@@ -540,3 +540,24 @@ func (n *Node) handStoredTo(peer string, d *debt, hash uint64) bool {
 	d.stored, d.local = 0, false
 	return true
 }
+
+// storedOf returns the key's last request with Hits set to the hits of k
+// admitted on this node's store without the owner and not settled yet,
+// which no other history of the key counts; nil when there are none.
+// Read under the key's decide lock held exclusively, after any settle
+// round under way (n.debts.rounding held), it is what the store counts
+// of them: the policy admits and records under the lock held shared.
+func (t *debts) storedOf(k debtKey) *limiter.Request {
+	if t.storedKeys.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d, ok := t.m[k]
+	if !ok || d.stored <= 0 {
+		return nil
+	}
+	req := d.req
+	req.Hits = min(d.stored, d.req.Hits)
+	return &req
+}

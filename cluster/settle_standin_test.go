@@ -117,3 +117,62 @@ func TestLocalHitsSettledWithAStandinCountOnce(t *testing.T) {
 	exactly(t, c, reqs, 40)
 	remainingAfter(t, c, reqs, 40)
 }
+
+// Hits a replica admits under PolicyLocal while the owner is slowed past
+// the peer timeout count once the owner has left and the replica decides
+// the keys, though the owner's copies that came meanwhile counted more:
+// two nodes, keys of every heal algorithm owned by node 1, 50 before;
+// node 1 slowed; 10 through node 0 (its breaker to node 1 open), decided
+// on its store; 30 more through node 1, whose copies reach node 0; node 1
+// leaves. Every key counts 90 and node 0 admits 10 more. A copy merged
+// by the larger lost the 10 from node 0's state, which settled them as
+// counted there once it owned the keys: node 0 admitted 20 more.
+func TestLocalHitsOutliveACopyUntilSettled(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	c := testcluster.New(t, 2, withReplicas(2))
+	n0, n1 := c.Node(0), c.Node(1)
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		reqs = append(reqs, keyHeldBy(t, c, a, 1, 0))
+	}
+	consume(t, n1, withHits(reqs, 50))
+	waitReplicated(t, c, reqs)
+	c.Slow(1, time.Minute)
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		before := n0.Stats().Forwarded
+		d, err := n0.Check(context.Background(), withHits(reqs, 0)[0], sluice.OnUnreachable(sluice.PolicyDeny))
+		if err != nil {
+			return err
+		}
+		if !d.WithoutOwner || n0.Stats().Forwarded != before {
+			return fmt.Errorf("the breaker to %s is not open yet", n1.Name())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range n0.CheckMany(context.Background(), withHits(reqs, 10), sluice.OnUnreachable(sluice.PolicyLocal)) {
+		if r.Err != nil || !r.Allowed || !r.WithoutOwner {
+			t.Fatalf("%s: allowed %v, without owner %v, err %v; want admitted without the owner", reqs[i].Key, r.Allowed, r.WithoutOwner, r.Err)
+		}
+	}
+	consume(t, n1, withHits(reqs, 30))
+	// Node 1's copies of the 80 it counts reach node 0.
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range withHits(reqs, 0) {
+			d0, err0 := n0.Store().CheckAt(r, time.Now())
+			d1, err1 := n1.Store().CheckAt(r, time.Now())
+			if err0 != nil || err1 != nil || d0.Remaining > d1.Remaining {
+				return fmt.Errorf("%s: node 0 has %d remaining (%v), node 1 %d (%v)", r.Key, d0.Remaining, err0, d1.Remaining, err1)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.Leave(1)
+	c.WaitConverged()
+	exactly(t, c, reqs, 10)
+	remainingAfter(t, c, reqs, 10)
+}

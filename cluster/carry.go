@@ -119,6 +119,10 @@ func (n *Node) attachGrants(states []limiter.Snapshot) {
 // room for the leases this node grants (crowdedLocked): beyond, the
 // holders' returns free nothing here, fewer admitted, never more.
 func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error) {
+	if n.debts.mayHoldStored() { // see mergeState
+		n.debts.rounding.Lock()
+		defer n.debts.rounding.Unlock()
+	}
 	hash := ring.RouteHash(sn.Name, sn.Key)
 	mu := n.handover.lock(hash)
 	mu.Lock()
@@ -142,7 +146,7 @@ func (n *Node) mergeWithGrants(sn *limiter.Snapshot, now time.Time) (bool, error
 	if local, ok := n.store.Snapshot(sn.Name, sn.Key, now); ok && local.RatePeriod > 0 {
 		rate = max(rate, float64(local.RateLimit)/float64(local.RatePeriod)) // the rate callers decided it at here
 	}
-	changed, err := n.standins.merge(n.store, sn, now)
+	changed, err := n.standins.mergeLocal(n.store, sn, now, n.debts.storedOf(debtKey{sn.Name, sn.Key}))
 	if err != nil || n.grants.crowdedLocked(hash) {
 		return changed, err
 	}

@@ -1117,13 +1117,22 @@ func (n *Node) serfLeave() error {
 // its key's decide lock: a stand-in decision between its store's count
 // and its record would otherwise leave the merged state without its hits
 // (the merge charges the state sent the parts recorded so far) while its
-// part counts them.
+// part counts them. So is a state merged while this node holds hits it
+// admitted on its store without their owner (PolicyLocal), after any
+// settle round under way: a state of their key that counts more would
+// otherwise replace the one that counts them, and once this node decides
+// the key they would be settled as counted in its store (settle).
 func (n *Node) mergeState(sn *limiter.Snapshot, now time.Time) (bool, error) {
-	if sn.Settle == nil && n.standins.entries.Load() == 0 {
+	local := n.debts.mayHoldStored()
+	if sn.Settle == nil && n.standins.entries.Load() == 0 && !local {
 		return n.standins.merge(n.store, sn, now)
+	}
+	if local {
+		n.debts.rounding.Lock()
+		defer n.debts.rounding.Unlock()
 	}
 	mu := n.handover.lock(ring.RouteHash(sn.Name, sn.Key))
 	mu.Lock()
 	defer mu.Unlock()
-	return n.standins.merge(n.store, sn, now)
+	return n.standins.mergeLocal(n.store, sn, now, n.debts.storedOf(debtKey{sn.Name, sn.Key}))
 }

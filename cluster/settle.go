@@ -338,6 +338,13 @@ func (n *Node) settle() int {
 			d.req.Hits -= over
 		}
 		p := n.router.pick(hash)
+		if p.way == wayOwner && d.stored > 0 && n.standins.standsIn(hash, p.peer) && n.handStoredTo(p.peer, &d, hash) {
+			if d.req.Hits <= 0 {
+				n.router.release(&p)
+				continue
+			}
+			charge, rest, _ = settleCharge(&d.req)
+		}
 		switch p.way {
 		case wayHere:
 			if d.local { // in this node's store already
@@ -477,4 +484,80 @@ func (n *Node) storedPart(k debtKey, now time.Time) *limiter.Snapshot {
 	}
 	n.debts.settled.Add(hits)
 	return &s
+}
+
+// standsIn reports whether peer, the owner of the key of hash on this
+// node's ring, decides it standing in for a member cut off, as this node
+// sees the members cut off: the ring with them gives the key to another.
+func (t *standins) standsIn(hash uint64, peer string) bool {
+	r := t.full.Load()
+	if r == nil {
+		return false
+	}
+	m, ok := r.OwnerOfHash(hash)
+	return ok && m.Name != peer
+}
+
+// handStoredTo settles the hits of d admitted on this node's store
+// (d.stored) by handing the key's state to peer, the key's owner, which
+// stands in for a member cut off: the hits go to this node's own part of
+// the key (as withStoredParts does for a state sent), and the state,
+// which counts them, carries the part. A charge would make them peer's
+// own stand-in part, while this node's state counts them with no part:
+// wherever that state met a history holding peer's part (peer's own, or
+// the owner's after the heal), the part would be charged to it, and the
+// hits counted twice. Handed with the part, they count once wherever the
+// two meet. d keeps the rest of its hits (admitted without the store),
+// to charge. false: the store holds no state of the key under the debt's
+// algorithm (it counts the hits no more), or no room for the part (the
+// charge may count them twice, never lose them); d is unchanged, to
+// charge. n.debts.rounding must be held.
+func (n *Node) handStoredTo(peer string, d *debt, hash uint64) bool {
+	hits := min(d.stored, d.req.Hits)
+	k := debtKey{d.req.Name, d.req.Key}
+	mu := n.handover.lock(hash)
+	mu.Lock()
+	defer mu.Unlock()
+	s, ok := n.store.Snapshot(k.name, k.key, n.now())
+	if !ok || s.Algorithm != d.req.Algorithm {
+		return false
+	}
+	req := d.req
+	req.Hits = hits
+	t := n.standins
+	t.mu.Lock()
+	ok = t.addStoredLocked(k, &req, hits)
+	t.mu.Unlock()
+	if !ok {
+		return false
+	}
+	states := []limiter.Snapshot{s}
+	t.attachHandOff(states)
+	n.attachGrants(states)
+	n.transfers.outbox.handOff(peer, states)
+	n.debts.settled.Add(hits)
+	d.req.Hits -= hits
+	d.stored, d.local = 0, false
+	return true
+}
+
+// storedOf returns the key's last request with Hits set to the hits of k
+// admitted on this node's store without the owner and not settled yet,
+// which no other history of the key counts; nil when there are none.
+// Read under the key's decide lock held exclusively, after any settle
+// round under way (n.debts.rounding held), it is what the store counts
+// of them: the policy admits and records under the lock held shared.
+func (t *debts) storedOf(k debtKey) *limiter.Request {
+	if t.storedKeys.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d, ok := t.m[k]
+	if !ok || d.stored <= 0 {
+		return nil
+	}
+	req := d.req
+	req.Hits = min(d.stored, d.req.Hits)
+	return &req
 }

@@ -1152,9 +1152,21 @@ func (t *standins) restore(states []limiter.Snapshot) {
 // to sn, merges (limiter.Store.MergeCharged), and keeps the parts. Without
 // room for the key's parts it charges sn's all the same, and keeps none.
 func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
+	return t.mergeLocal(store, sn, now, nil)
+}
+
+// mergeLocal is merge, where local, when not nil, holds in Hits the hits
+// of the key that this node's store counts and no other history does
+// (admitted on it without the owner and not settled yet, debts.storedOf),
+// at local's rate: they are charged to sn too, so that a merge by the
+// larger keeps them.
+func (t *standins) mergeLocal(store *limiter.Store, sn *limiter.Snapshot, now time.Time, local *limiter.Request) (bool, error) {
+	var stored int64
+	if local != nil && local.Algorithm == sn.Algorithm && local.Name == sn.Name && local.Key == sn.Key {
+		stored = local.Hits
+	}
 	if sn.Settle == nil && t.entries.Load() == 0 { // no stand-in anywhere in sight
-		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
-		return n > 0, err
+		return mergeStored(store, sn, now, local, stored)
 	}
 	k := debtKey{sn.Name, sn.Key}
 	t.mu.Lock()
@@ -1164,14 +1176,13 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 		held = false
 	}
 	if sn.Settle == nil && !held {
-		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
-		return n > 0, err
+		return mergeStored(store, sn, now, local, stored)
 	}
 	if !held {
 		if e = t.entryLocked(k); e == nil {
 			// No room to keep them: charged all the same (a copy that
 			// comes again is charged again, more counted, never less).
-			return t.chargeUnkeptLocked(store, sn, now)
+			return t.chargeUnkeptLocked(store, sn, now, stored)
 		}
 	}
 	var theirs, mine int64
@@ -1187,6 +1198,7 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	for _, q := range e.parts {
 		mine += max(q.Hits-partHits(in, q.Origin, q.Gen), 0)
 	}
+	mine += stored
 	charge.Hits = min(theirs, limiter.MaxLimit)
 	changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
 	if err != nil {
@@ -1211,17 +1223,31 @@ func (t *standins) merge(store *limiter.Store, sn *limiter.Snapshot, now time.Ti
 	return changed, nil
 }
 
+// mergeStored merges sn, of a key with no parts on either side, into
+// store at now, charging sn the stored hits that only this node's store
+// counts, at local's rate (mergeLocal).
+func mergeStored(store *limiter.Store, sn *limiter.Snapshot, now time.Time, local *limiter.Request, stored int64) (bool, error) {
+	if stored <= 0 {
+		n, err := store.Merge([]limiter.Snapshot{*sn}, now)
+		return n > 0, err
+	}
+	charge := *local
+	charge.Hits = 0
+	return store.MergeCharged(sn, charge, stored, now)
+}
+
 // chargeUnkeptLocked merges sn, sent with parts that this node has no room
 // to keep, charging the store's state all of them (at most what sn still
-// counts), as a receiver that holds none of them does. t.mu must be held.
-func (t *standins) chargeUnkeptLocked(store *limiter.Store, sn *limiter.Snapshot, now time.Time) (bool, error) {
+// counts), as a receiver that holds none of them does, and sn the stored
+// hits only this node's store counts (mergeLocal). t.mu must be held.
+func (t *standins) chargeUnkeptLocked(store *limiter.Store, sn *limiter.Snapshot, now time.Time, stored int64) (bool, error) {
 	charge := sn.Settle.Request
 	var theirs int64
 	for _, p := range sn.Settle.Parts {
 		theirs += max(p.Hits, 0)
 	}
 	charge.Hits = min(theirs, limiter.MaxLimit)
-	changed, err := store.MergeCharged(sn, charge, 0, now)
+	changed, err := store.MergeCharged(sn, charge, stored, now)
 	if err != nil {
 		return false, err
 	}

@@ -121,7 +121,8 @@ func (st *state) setWindow(start, hits int64) { st.words[0], st.words[1] = start
 // of the last charge that raised its count, rounded up to lastChargeGrain
 // microseconds, so no earlier than that charge;
 // 0 when unknown (a fresh or received state, settled hits, an instant
-// before 1970 or past 2^56 microseconds).
+// before 1970 or within lastChargeGrain of 2^53 microseconds or past it,
+// 2255-06-05, where Redis's numbers are not whole).
 func (st *state) lastCharge() int64 {
 	return st.words[2] & prevHitsMask * int64(time.Microsecond)
 }
@@ -135,7 +136,7 @@ const lastChargeGrain = 1 << 20
 func (st *state) setLastCharge(now int64) {
 	us := (now + int64(time.Microsecond) - 1) / int64(time.Microsecond)
 	us = (us + lastChargeGrain - 1) / lastChargeGrain * lastChargeGrain
-	if now <= 0 || us > prevHitsMask {
+	if now <= 0 || us+lastChargeGrain >= 1<<53 {
 		us = 0
 	}
 	st.words[2] = us | st.tag()

@@ -83,3 +83,26 @@ func TestAtk18cLastChargeAcrossARollingUpgrade(t *testing.T) {
 		})
 	}
 }
+
+// TestAtk18cLastChargePastExactOnRedis: TestAtk18cLastChargeAcrossARollingUpgrade's
+// rates in 2256, past 2^53 microseconds, where Redis's numbers are whole to
+// 2 µs and its last charge is unknown: 1 and 4 hits under A at 10 s and
+// 20 s, B's check denied at 55 s, B's checks from 61 s. Both stores decide
+// alike (limiter's last charge is unknown there too).
+func TestAtk18cLastChargePastExactOnRedis(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 30, 0, time.UTC) // atkDiff's
+	base := time.Date(2256, 1, 1, 0, 0, 0, 0, time.UTC).Sub(t0)
+	a := limiter.Request{Name: "past", Key: "k", Limit: 5, Period: 60 * time.Second, Algorithm: limiter.FixedWindow}
+	b := a
+	b.Period = 45 * time.Second
+	hit := func(r limiter.Request, n int64) limiter.Request { r.Hits = n; return r }
+	steps := []atkStep{
+		{base + 10*time.Second, hit(a, 1)},
+		{base + 20*time.Second, hit(a, 4)},
+		{base + 55*time.Second, hit(b, 1)},
+	}
+	for at := 61 * time.Second; at < 90*time.Second; at += 4 * time.Second {
+		steps = append(steps, atkStep{base + at, hit(b, 1)})
+	}
+	atkDiff(t, true, steps)
+}

@@ -14,8 +14,9 @@ import (
 //	                          queued) and levelTime, when it was that level
 //	FixedWindow:              windowStart and windowHits, and in the
 //	                          third word lastCharge, the instant of the
-//	                          last charge that raised the count (whole
-//	                          microseconds, rounded up; 0 unknown)
+//	                          last charge that raised the count (in
+//	                          microseconds, rounded up to a multiple of
+//	                          lastChargeGrain; 0 unknown)
 //	SlidingWindowCounter:     windowStart, windowHits and prevWindowHits
 //	GCRA:                     tat, the theoretical arrival time, the
 //	                          interval (ns per hit) it was computed with,
@@ -117,17 +118,25 @@ func (st *state) prevWindowHits() int64       { return st.words[2] & prevHitsMas
 func (st *state) setWindow(start, hits int64) { st.words[0], st.words[1] = start, hits }
 
 // lastCharge is a fixed window's instant (Unix ns, a whole microsecond)
-// of the last charge that raised its count, no earlier than that charge;
+// of the last charge that raised its count, rounded up to lastChargeGrain
+// microseconds, so no earlier than that charge;
 // 0 when unknown (a fresh or received state, settled hits, an instant
-// before 1970 or past 2^56 microseconds).
+// before 1970 or within lastChargeGrain of 2^53 microseconds or past it,
+// 2255-06-05, where Redis's numbers are not whole).
 func (st *state) lastCharge() int64 {
 	return st.words[2] & prevHitsMask * int64(time.Microsecond)
 }
 
+// lastChargeGrain is the grain, in microseconds, a fixed window's last
+// charge is rounded up to (2^20, about a second): Redis's state binds the
+// count to it in the spare low bits (redislimit's decide.lua).
+const lastChargeGrain = 1 << 20
+
 // setLastCharge records a charge at now, or with now 0 forgets it.
 func (st *state) setLastCharge(now int64) {
 	us := (now + int64(time.Microsecond) - 1) / int64(time.Microsecond)
-	if now <= 0 || us > prevHitsMask {
+	us = (us + lastChargeGrain - 1) / lastChargeGrain * lastChargeGrain
+	if now <= 0 || us+lastChargeGrain >= 1<<53 {
 		us = 0
 	}
 	st.words[2] = us | st.tag()

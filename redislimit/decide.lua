@@ -53,6 +53,9 @@ if redis.replicate_commands then redis.replicate_commands() end
 -- a double holds even integers only, so times there are whole to 2 us.
 local HORIZON = 9223372036854774
 local EXACT = 9007199254740992 -- 2^53: integers below it are exact
+-- A fixed window's last charge is rounded up to a multiple of CHARGE_GRAIN
+-- microseconds (2^20, about a second), limiter's lastChargeGrain.
+local CHARGE_GRAIN = 1048576
 local EPS = 1e-9                 -- the buckets' tolerance, as limiter's
 local MAXLOG = 4096              -- limiter.MaxLogEntries
 local MAXLIMIT = 1e12            -- limiter.MaxLimit
@@ -234,6 +237,18 @@ if raw then
     return redis.error_reply('redislimit: state of ' .. key .. ' is not format version ' .. version .. ' as this script writes it')
   end
   st.algo, st.exp, st.w = a, exp, {w0, w1, w2}
+  if a == FIXED then
+    -- A fixed window's third number is its last charge, a multiple of
+    -- CHARGE_GRAIN, plus its count modulo CHARGE_GRAIN when it was
+    -- written: a count that another writer raised since (the script
+    -- before last charges, which keeps the number as it finds it) no
+    -- longer matches, and the last charge reads as unknown (0).
+    if w2 > 0 and w2 < EXACT and w2 == math.floor(w2) and w2 % CHARGE_GRAIN == w1 % CHARGE_GRAIN then
+      st.w[3] = w2 - w2 % CHARGE_GRAIN
+    else
+      st.w[3] = 0
+    end
+  end
   if a == SLOG then
     quantum, logN, logBase = w0, w1, w2
     logBody = string.sub(raw, head + 1)
@@ -682,7 +697,10 @@ local function decideAlgorithm(h, drain)
     remaining = math.max(limit - count, 0)
     -- The third word is the instant of the last charge that raised the
     -- count (0 unknown): limiter's lastCharge.
-    if count > st.w[2] then st.w[3] = now end
+    if count > st.w[2] then
+      st.w[3] = 0
+      if now > 0 then st.w[3] = math.ceil(now / CHARGE_GRAIN) * CHARGE_GRAIN end
+    end
     st.w[1], st.w[2] = start, count
     st.exp = now
     if count > 0 then st.exp = stop end
@@ -1180,6 +1198,14 @@ elseif st.exp > now or mark or drop then
   local version = VERSION
   if keepStrictest then version = VERSION_RATE end
   if mark or drop then version = version + MARKED end
+  if algo == FIXED then
+    -- The last charge bound to the count it was written with (above).
+    if st.w[3] > 0 and st.w[3] + CHARGE_GRAIN < EXACT then
+      st.w[3] = st.w[3] + st.w[2] % CHARGE_GRAIN
+    else
+      st.w[3] = 0
+    end
+  end
   if keepStrictest then
     value = struct.pack('<BBdddddddd', version, algo, st.exp, st.w[1], st.w[2], st.w[3],
       limit, capacity, ratePeriod(), zone)

@@ -24,24 +24,8 @@ import (
 func TestStandinHealWaitsForTheMemberBack(t *testing.T) {
 	cfg := ring.DefaultConfig()
 	now := time.Unix(0, 0)
-	addr := func(name string) string { return "127.0.0.1:" + fmt.Sprint(7000+int(name[len(name)-1]-'0')) }
-	rm := func(names ...string) []ring.Member {
-		out := make([]ring.Member, len(names))
-		for i, n := range names {
-			out[i] = ring.Member{Name: n, Addr: addr(n)}
-		}
-		return out
-	}
-	ringOf := func(names ...string) *ring.Ring {
-		r, err := ring.New(cfg)
-		if err == nil {
-			err = r.SetMembers(rm(names...))
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	addr, rm := healAddr, healMembers
+	ringOf := func(names ...string) *ring.Ring { return healRing(t, cfg, names...) }
 	serfOf := func(alive []string, failed ...string) []serf.Member {
 		var ms []serf.Member
 		for _, n := range alive {
@@ -171,24 +155,8 @@ func TestStandinHealWaitsForTheMemberBack(t *testing.T) {
 func TestStandinLeaverHeldWhileMembersAreCutOff(t *testing.T) {
 	cfg := ring.DefaultConfig()
 	now := time.Unix(0, 0)
-	addr := func(name string) string { return "127.0.0.1:" + fmt.Sprint(7000+int(name[len(name)-1]-'0')) }
-	rm := func(names ...string) []ring.Member {
-		out := make([]ring.Member, len(names))
-		for i, n := range names {
-			out[i] = ring.Member{Name: n, Addr: addr(n)}
-		}
-		return out
-	}
-	ringOf := func(names ...string) *ring.Ring {
-		r, err := ring.New(cfg)
-		if err == nil {
-			err = r.SetMembers(rm(names...))
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	addr, rm := healAddr, healMembers
+	ringOf := func(names ...string) *ring.Ring { return healRing(t, cfg, names...) }
 	ms := func(status map[string]serf.MemberStatus) []serf.Member {
 		var out []serf.Member
 		for n, st := range status {
@@ -267,4 +235,32 @@ func TestStandinLeaverHeldWhileMembersAreCutOff(t *testing.T) {
 	if b.full.Load() != nil {
 		t.Fatalf("node-2 still held once the heal's hand-over is over: %v", b.full.Load().Members())
 	}
+}
+
+// healAddr is the gRPC address of member name ("node-N") in the heal step
+// tests.
+func healAddr(name string) string {
+	return "127.0.0.1:" + fmt.Sprint(7000+int(name[len(name)-1]-'0'))
+}
+
+// healMembers returns ring members of names, at healAddr.
+func healMembers(names ...string) []ring.Member {
+	out := make([]ring.Member, len(names))
+	for i, n := range names {
+		out[i] = ring.Member{Name: n, Addr: healAddr(n)}
+	}
+	return out
+}
+
+// healRing returns a ring of cfg over healMembers(names...).
+func healRing(t *testing.T, cfg ring.Config, names ...string) *ring.Ring {
+	t.Helper()
+	r, err := ring.New(cfg)
+	if err == nil {
+		err = r.SetMembers(healMembers(names...))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

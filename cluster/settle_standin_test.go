@@ -139,19 +139,7 @@ func TestLocalHitsOutliveACopyUntilSettled(t *testing.T) {
 	consume(t, n1, withHits(reqs, 50))
 	waitReplicated(t, c, reqs)
 	c.Slow(1, time.Minute)
-	if err := testcluster.WaitFor(20*time.Second, func() error {
-		before := n0.Stats().Forwarded
-		d, err := n0.Check(context.Background(), withHits(reqs, 0)[0], sluice.OnUnreachable(sluice.PolicyDeny))
-		if err != nil {
-			return err
-		}
-		if !d.WithoutOwner || n0.Stats().Forwarded != before {
-			return fmt.Errorf("the breaker to %s is not open yet", n1.Name())
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitBreakerOpen(t, n0, n1, reqs[0])
 	for i, r := range n0.CheckMany(context.Background(), withHits(reqs, 10), sluice.OnUnreachable(sluice.PolicyLocal)) {
 		if r.Err != nil || !r.Allowed || !r.WithoutOwner {
 			t.Fatalf("%s: allowed %v, without owner %v, err %v; want admitted without the owner", reqs[i].Key, r.Allowed, r.WithoutOwner, r.Err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/testcluster"
 )
@@ -37,21 +38,7 @@ func TestSettleWithoutOwner(t *testing.T) {
 			consume(t, n1, []limiter.Request{fifty})
 
 			c.Slow(1, time.Minute)
-			peek := req
-			peek.Hits = 0
-			if err := testcluster.WaitFor(20*time.Second, func() error {
-				before := n0.Stats().Forwarded
-				d, err := n0.Check(context.Background(), peek, sluice.OnUnreachable(sluice.PolicyDeny))
-				if err != nil {
-					return err
-				}
-				if !d.WithoutOwner || n0.Stats().Forwarded != before {
-					return fmt.Errorf("the breaker to %s is not open yet", n1.Name())
-				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
+			waitBreakerOpen(t, n0, n1, req)
 			for i := range 30 {
 				d, err := n0.Check(context.Background(), req, sluice.OnUnreachable(policy))
 				if err != nil || !d.Allowed || !d.WithoutOwner {
@@ -100,21 +87,7 @@ func TestAtk19SettleBeyondCapacity(t *testing.T) {
 				consume(t, n1, []limiter.Request{fifty})
 
 				c.Slow(1, time.Minute)
-				peek := req
-				peek.Hits = 0
-				if err := testcluster.WaitFor(20*time.Second, func() error {
-					before := n0.Stats().Forwarded
-					d, err := n0.Check(context.Background(), peek, sluice.OnUnreachable(sluice.PolicyDeny))
-					if err != nil {
-						return err
-					}
-					if !d.WithoutOwner || n0.Stats().Forwarded != before {
-						return fmt.Errorf("the breaker to %s is not open yet", n1.Name())
-					}
-					return nil
-				}); err != nil {
-					t.Fatal(err)
-				}
+				waitBreakerOpen(t, n0, n1, req)
 				var admitted int64
 				for range 200 {
 					d, err := n0.Check(context.Background(), req, sluice.OnUnreachable(policy))
@@ -147,5 +120,27 @@ func TestAtk19SettleBeyondCapacity(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// waitBreakerOpen waits until from decides req without asking to (its
+// breaker to that owner open): a peek of req under PolicyDeny comes back
+// decided without the owner, and from forwarded nothing for it.
+func waitBreakerOpen(t *testing.T, from, to *cluster.Node, req limiter.Request) {
+	t.Helper()
+	peek := req
+	peek.Hits = 0
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		before := from.Stats().Forwarded
+		d, err := from.Check(context.Background(), peek, sluice.OnUnreachable(sluice.PolicyDeny))
+		if err != nil {
+			return err
+		}
+		if !d.WithoutOwner || from.Stats().Forwarded != before {
+			return fmt.Errorf("the breaker to %s is not open yet", to.Name())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

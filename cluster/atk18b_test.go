@@ -269,6 +269,7 @@ func TestAtk18bForgedMarksAsResetsAndCopies(t *testing.T) {
 // nothing back, and one naming the owner's 2 or the stand-in's 1 since
 // gives back at most those.
 func TestAtk18bStandInResetDuringAPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	var reqs []limiter.Request

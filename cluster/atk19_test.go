@@ -60,6 +60,7 @@ func keyOfAll(t *testing.T, c *testcluster.Cluster, name string, a limiter.Algor
 // first cut is kept and grows in the second) with 5 on each side; healed.
 // Every key counts 50+30+10 once: its owner admits 10 more.
 func TestAtk19ThreeWayThenRecut(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
@@ -93,6 +94,7 @@ func TestAtk19ThreeWayThenRecut(t *testing.T) {
 // the keys, leaves gracefully: its hand-off to the keys' next replica and the
 // stand-in's settlement cross. Every key counts every hit once.
 func TestAtk19HealWhileLeaving(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
@@ -182,10 +184,12 @@ func keyMovingTo(t *testing.T, c *testcluster.Cluster, name string, a limiter.Al
 // key's new owner), then through the new owner until denied. The key
 // admits exactly its limit.
 func TestAtk19LeaseReturnAfterOwnerLeft(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, next := range []int{0, 2} {
 		for _, a := range leaseEndAlgorithms {
 			t.Run(fmt.Sprintf("to node %d/%s", next, a), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				c := leaseEndCluster(t, 3, 3*time.Second, 0.5, 2)
 				req := keyMovingTo(t, c, "ownerleft", a, 1000, 1, next)
@@ -225,6 +229,7 @@ func TestAtk19LeaseReturnAfterOwnerLeft(t *testing.T) {
 // more than its limit: the hits the holder still held when the owner
 // reset the key were counted before the reset, and used after it.
 func TestAtk19LeaseAcrossLimitChange(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, change := range []string{"raised", "lowered", "reset"} {
 		for _, a := range leaseEndAlgorithms {
@@ -276,10 +281,12 @@ func TestAtk19LeaseAcrossLimitChange(t *testing.T) {
 // lease has ended, the owner admits what the limit leaves of every hit
 // the callers were admitted.
 func TestAtk19LeaseStandinSkew(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, skew := range []time.Duration{-2 * time.Second, 2 * time.Second} {
 		for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow, limiter.GCRA} {
 			t.Run(fmt.Sprintf("%v/%s", skew, a), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				c := testcluster.New(t, 3, testcluster.WithClockOffsets(skew, 0, 0), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
 					cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 2 * time.Second, Share: 0.5}
@@ -308,6 +315,7 @@ func TestAtk19LeaseStandinSkew(t *testing.T) {
 // hand-off carried: node 0 admits 30 of each key, node 1 10; once healed
 // each key counts every hit admitted once, and its owner admits the rest.
 func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
@@ -369,9 +377,11 @@ func TestAtk19StandinRecordFilledByEarlierPartition(t *testing.T) {
 // again from their DataDir; cut off again, node 0 admits 5 more; healed.
 // Every key counts 85 once: its owner admits 15 more.
 func TestAtk19RestartThenRecut(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, restart := range [][]int{{0}, {1}, {0, 1}} {
 		t.Run(fmt.Sprint(restart), func(t *testing.T) {
+			waitBound(t)
 			noLeaksAfter(t)
 			c, reqs := standinCutOff(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, nil)
 			c.Heal()
@@ -401,6 +411,7 @@ func TestAtk19RestartThenRecut(t *testing.T) {
 // algorithms: 50 through the owner, 30 through the stand-in, 10 through
 // the owner's side, healed: every key counts 90 once.
 func TestAtk19StandinSkewAllAlgorithms(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
 		t.Run(skew.String(), func(t *testing.T) {
@@ -432,6 +443,7 @@ func TestAtk19StandinSkewAllAlgorithms(t *testing.T) {
 // admitted; once the traffic stops, the key's owner admits the rest of
 // the limit after every hit admitted, no more.
 func TestAtk19HealUnderTrafficSkewLeases(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, testcluster.WithClockOffsets(2*time.Second, 0, -2*time.Second), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
@@ -499,6 +511,7 @@ func TestAtk19HealUnderTrafficSkewLeases(t *testing.T) {
 // merges the stand-in state it is handed back, so that they count once,
 // and the return refunds them. The owner admits the rest of the limit.
 func TestAtk19LeaseHeldCopyMergedBack(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
 		t.Run(a.String(), func(t *testing.T) {

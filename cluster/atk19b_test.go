@@ -202,6 +202,7 @@ func settledTo(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, adm
 // keys at the last. Counted from the callers' side, every key counts
 // every hit admitted, at most one batch per caller per cut more.
 func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
+	waitBound(t)
 	for _, tc := range []struct {
 		policy          sluice.Policy
 		replicas, batch int
@@ -251,6 +252,7 @@ func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
 // Keys of every algorithm, 50 hits before, 30 and 10 in the first cut,
 // 5 and 3 in the second: every key counts 98 once.
 func TestAtk19bFlapTurnsAround(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c, reqs := partitionedAfterFifty(t)
@@ -273,6 +275,7 @@ func TestAtk19bFlapTurnsAround(t *testing.T) {
 // caller per cut more (a batch: callers check one key at a time, or 8
 // at once).
 func TestAtk19bFlapsUnderTraffic(t *testing.T) {
+	waitBound(t)
 	for _, batch := range []int{1, 8} {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) { flapsUnderTraffic(t, batch) })
 	}
@@ -307,6 +310,7 @@ func flapsUnderTraffic(t *testing.T, batch int) {
 // admits 5 more (as owner, or under the policy local while it is not
 // ready); healed: every key counts 85 once.
 func TestAtk19bOwnerRestartsWhileCutOff(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
@@ -347,6 +351,7 @@ func TestAtk19bOwnerRestartsWhileCutOff(t *testing.T) {
 // node 1 10; the heal's hand-offs cross the failure of node 2 and the
 // ring change it makes. Every key counts 70 once.
 func TestAtk19bHealWhileANodeIsKilled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
@@ -392,6 +397,7 @@ func TestAtk19bHealWhileANodeIsKilled(t *testing.T) {
 // callers kept: its owner should admit 25 more (20 with no refund on
 // the owner's side).
 func TestAtk19bRefundsAcrossAPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, ownerRefund := range []int64{0, 5} {
 		t.Run(fmt.Sprintf("owner gives back %d", ownerRefund), func(t *testing.T) {
@@ -507,6 +513,7 @@ func TestAtk19bRefundOfHitsFromBeforeTheCut(t *testing.T) {
 // (within LeaveTimeout) and hands them its states. The 30 it admitted were
 // told to callers: every key counts 90, its owner admits 10 more.
 func TestAtk19bStandinLeavesWhileCutOffAlone(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
@@ -562,6 +569,7 @@ func TestAtk19bStandinLeavesWhileCutOffAlone(t *testing.T) {
 // node 0 leaving once the joiner learned from it (its states, with its
 // parts, go to the joiner, which still stands in).
 func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	type joiner struct {
 		seed  int // the node it joins through (3 and up: an earlier joiner)
@@ -587,6 +595,7 @@ func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
 		{"beside node 0, which leaves", [][]int{{0, 3}, {1, 2}}, []joiner{{seed: 0, hits: 5}}, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			waitBound(t)
 			noLeaksAfter(t)
 			c, reqs := partitionedAfterFifty(t)
 			for range tc.joiners {
@@ -647,6 +656,7 @@ func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
 // which leaves node 2 alone in its ring in the middle of its leave: it
 // waits for node 1 rather than drop the states it holds.
 func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
+	waitBound(t)
 	for _, change := range []string{"join", "leave"} {
 		t.Run(change, func(t *testing.T) {
 			noLeaksAfter(t)
@@ -704,6 +714,7 @@ func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 // without node 0's later decisions. Every key counts every hit admitted,
 // at most one check per caller more (in flight at the cut).
 func TestAtk19bLeaveAsThePartitionBegins(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavecut", []int{0, 1, 2}, 2)
@@ -731,6 +742,7 @@ func TestAtk19bLeaveAsThePartitionBegins(t *testing.T) {
 // flight at the cut), and node 0's callers' checks in flight when it
 // stopped (answered to no caller) may count too.
 func TestAtk19bOwnerRestartsWhileCutOffUnderTraffic(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -811,6 +823,7 @@ func standinRecords(c *testcluster.Cluster, reqs []limiter.Request) []string {
 // meets node 2's copy, the key's new owner or replica. Every key counts
 // 90 once.
 func TestAtk19bOwnerKilledAsThePartitionHeals(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
@@ -851,6 +864,7 @@ func TestAtk19bOwnerKilledAsThePartitionHeals(t *testing.T) {
 // limit, every key counts every hit admitted on both sides, at most one
 // check per caller more (in flight at the cut).
 func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "limitside", []int{0, 1, 2}, 2)
@@ -898,6 +912,7 @@ func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
 // of 12 -race runs the keys counted 24 and 62 more (up to 27 on one
 // key), which only SLUICE_ATTACK=1 fails on; under deny, 1 to 6 more.
 func TestAtk19bFiveNodesHealedASideAtATime(t *testing.T) {
+	waitBound(t)
 	for _, policy := range []sluice.Policy{sluice.PolicyLocal, sluice.PolicyDeny} {
 		t.Run(policy.String(), func(t *testing.T) { fiveNodesHealedASideAtATime(t, policy) })
 	}
@@ -935,6 +950,7 @@ func fiveNodesHealedASideAtATime(t *testing.T, policy sluice.Policy) {
 // its replica), 50 before, {0}|{1,2}, 30 through node 0 and 10 through
 // node 1; healed; node 0 leaves. Every key counts 90 once.
 func TestAtk19bStandinLeavesAsThePartitionHeals(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c, reqs := partitionedAfterFifty(t)

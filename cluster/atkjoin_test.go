@@ -123,6 +123,7 @@ func TestAtkJoinForgedCutOffReportFillsTheStandInRecord(t *testing.T) {
 // consumes every key. Every key counts every hit admitted on each side
 // and through the joiner.
 func TestAtkJoinHealBeforeTheJoinerLearns(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c, reqs := partitionedAfterFifty(t)
@@ -172,6 +173,7 @@ func TestAtkJoinForgedCutOffReportNeedsClusterSecret(t *testing.T) {
 // the partition heals. Every key counts every hit admitted, at most one
 // check per caller more.
 func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "rejoincut", []int{0, 1, 2}, 2)
@@ -207,6 +209,7 @@ func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
 // joins side {1,2} at the same time; then the partition heals. Every key
 // counts every hit admitted, at most one check per caller more.
 func TestAtkJoinLeaveAndJoinAtOnceDuringAPartition(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavejoin", []int{0, 1, 2}, 2)
@@ -253,6 +256,7 @@ func TestAtkJoinLeaveAndJoinAtOnceDuringAPartition(t *testing.T) {
 // answers: counted, the checks refused once its stand-in record is full
 // although no member is cut off from it but node 2.
 func TestAtkJoinGoneLeaverFillsTheStandInRecordAfterTheHeal(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))

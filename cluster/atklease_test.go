@@ -21,6 +21,7 @@ import (
 // hits twice: the key admits at most its limit, and exactly it once the
 // returns are in (fewer is the open under-admission leaseHitsLost names).
 func TestAtkLeaseTwoLeavesInARow(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, together := range []bool{false, true} {
 		name := "in turn"
@@ -29,6 +30,7 @@ func TestAtkLeaseTwoLeavesInARow(t *testing.T) {
 		}
 		for _, a := range leaseEndAlgorithms {
 			t.Run(name+"/"+a.String(), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				c := leaseEndCluster(t, 5, 10*time.Second, 0.4, 1)
 				req := keyMovingTo(t, c, "atkleaves", a, 1000, 1, 3)
@@ -65,10 +67,12 @@ func TestAtkLeaseTwoLeavesInARow(t *testing.T) {
 // owner's clock: each return frees its holder's hits once, the key admits
 // at most its limit, and exactly it once the returns are in.
 func TestAtkLeaseOwnerLeavesUnderSkew(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second} {
 		for _, a := range leaseEndAlgorithms {
 			t.Run(skew.String()+"/"+a.String(), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				// holder 0 at +skew, owner 1 at 0, holder 2 and the next
 				// owner 3 at -skew.
@@ -107,9 +111,11 @@ func TestAtkLeaseOwnerLeavesUnderSkew(t *testing.T) {
 // sends its return to node 1, which it holds cut off, not to node 3
 // (docs/design.md).
 func TestAtkLeaseCarriedThenRestartFromDataDir(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
+			waitBound(t)
 			noLeaksAfter(t)
 			dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
 			c := testcluster.New(t, 4, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -149,6 +155,7 @@ func TestAtkLeaseCarriedThenRestartFromDataDir(t *testing.T) {
 // limit: a token bucket's or GCRA's leased hits, held apart from the
 // bucket until the lease expires, must count in what node 1 restores.
 func TestAtkLeaseOwnerRestartsFromDataDirWhileLeased(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {

@@ -72,6 +72,7 @@ func refundThrough(t *testing.T, nd *cluster.Node, reqs []limiter.Request, hits 
 // Through node 0, which held no copy (its state counts its 10 only), or
 // node 2, standing in from its copy of the 50 ({1}|{0,2}).
 func TestAtkpartRefundPastTheStandinsHits(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, tc := range []struct {
 		name    string
@@ -126,6 +127,7 @@ func TestAtkpartRefundPastTheStandinsHits(t *testing.T) {
 // wait; healed. Node 0's states and parts go to node 2, the keys' owner
 // from then on: every key counts 90, its owner admits 10 more.
 func TestAtkpartStandinLeavesAndHealsToTheReplica(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
@@ -225,6 +227,7 @@ func TestAtkpartLeaveTwiceWhileCutOffAlone(t *testing.T) {
 // off hands them, and their parts, to the owner once healed: every key
 // counts 90.
 func TestAtkpartCloseWhileLeaveWaitsCutOff(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, withDir := range []bool{false, true} {
 		t.Run(fmt.Sprintf("data directory %v", withDir), func(t *testing.T) {
@@ -288,6 +291,7 @@ func TestAtkpartCloseWhileLeaveWaitsCutOff(t *testing.T) {
 // LeaveTimeout (3 s here) and then names them, the states lost without
 // a data directory. It ends, with ErrHandoff, and leaves no goroutine.
 func TestAtkpartLeaveAfterEveryOtherMemberKilled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
@@ -327,6 +331,7 @@ func TestAtkpartLeaveAfterEveryOtherMemberKilled(t *testing.T) {
 // fewer than its admitted hits less the refunds answered (or in doubt):
 // fewer is over-admission.
 func TestAtkpartRefundsRaceAStandinsLeave(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
 	var reqs []limiter.Request
@@ -485,6 +490,7 @@ func (tr *refundTraffic) checkedMore(t *testing.T, n int64) {
 // and no key may count fewer (at most 35 left; 20 left when only the
 // second cut's part is lowered, by its 5).
 func TestAtkpartRefundAfterAFlap(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
@@ -529,6 +535,7 @@ func TestAtkpartRefundAfterAFlap(t *testing.T) {
 // may count fewer than its admitted hits less the refunds answered (or
 // in doubt).
 func TestAtkpartRefundsRaceALeaveWhileCutOffAlone(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -589,6 +596,7 @@ func TestAtkpartRefundsRaceALeaveWhileCutOffAlone(t *testing.T) {
 // which stands in for node 1 from then on, 3 more through it; healed.
 // Every key counts 98 once, its owner admits 2 more.
 func TestAtkpartStandinLeavesToAnotherStandin(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
@@ -636,6 +644,7 @@ func TestAtkpartStandinLeavesToAnotherStandin(t *testing.T) {
 // hands its states to node 2, and its callers go on through node 2.
 // Every key counts every hit admitted.
 func TestAtkpartStandinLeavesAndHealsToTheReplicaUnderTraffic(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -715,6 +724,7 @@ func TestAtkpartStandinLeavesAndHealsToTheReplicaUnderTraffic(t *testing.T) {
 // other's LeaveTimeout. The owner, the only member left, must count every
 // hit: 95, 5 more.
 func TestAtkpartTwoStandinsLeaveToEachOther(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	sig0, sig2 := newAwaitSignal(awaitingMsg), newAwaitSignal(awaitingMsg)
@@ -773,6 +783,7 @@ func TestAtkpartTwoStandinsLeaveToEachOther(t *testing.T) {
 // never knew the members cut off; healed. Every key counts 90, its
 // owner admits 10 more.
 func TestAtkpartStandinLeavesToAJoiner(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)

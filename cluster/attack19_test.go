@@ -43,6 +43,7 @@ func remainingAfter(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request
 // replicated: once healed each key counts the 100 plus every side's hits,
 // from every node, and its owner admits the rest of the limit and no more.
 func TestAttackPartitionFiveNodes(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, tc := range []struct {
 		name   string
@@ -84,6 +85,7 @@ func TestAttackPartitionFiveNodes(t *testing.T) {
 // limit: checked under each limit in turn, the key admits what that limit
 // leaves of every hit admitted on both sides, and no more.
 func TestAttackPartitionLimitChanges(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	type after struct {
 		limit, more int64 // checked in turn
@@ -178,6 +180,7 @@ func TestAttackPartitionLimitChanges(t *testing.T) {
 // gRPC message 300 ms late), then heals for good: every hit admitted on
 // either side, in both cuts, is counted once.
 func TestAttackPartitionRecutDuringHandoff(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c, reqs := partitionedAfterFifty(t)
@@ -203,6 +206,7 @@ func TestAttackPartitionRecutDuringHandoff(t *testing.T) {
 // majority, after both sides consumed every key; then both sides consume
 // again and the partition heals. Every key counts every hit once.
 func TestAttackLeaveDuringPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 5, withReplicas(2))
@@ -230,6 +234,7 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 // 10, denying without the owner), twice, leases off and on: no key admits
 // more than its limit, and no check waits out HandoverTimeout.
 func TestAttackTwoLeaveAtOnce(t *testing.T) {
+	waitBound(t)
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
 			// Seven nodes gossiping beside 16 callers, under -race beside
@@ -277,6 +282,7 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 // partition {0} | {1,2} and its heal: every key counts what both sides
 // admitted, once, and its owner admits the rest and no more.
 func TestAttackPartitionHealUnderSkew(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, skew := range []time.Duration{2 * time.Second, 250 * time.Millisecond} {
 		t.Run(skew.String(), func(t *testing.T) {
@@ -367,6 +373,7 @@ func TestAttackCancelRacesForwardedBatch(t *testing.T) {
 // DataDir and gives its states to their owners. The keys count the 80
 // admitted: node 1 admits 20 more of 100, not 50.
 func TestAttackStandinRestartFromDataDir(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
@@ -401,6 +408,7 @@ func TestAttackStandinRestartFromDataDir(t *testing.T) {
 // the leave's serf departure made memberlist panic ("leave after
 // shutdown").
 func TestAttackLeaverKilledMidDeparture(t *testing.T) {
+	waitBound(t)
 	for _, when := range []string{"at once", "after a hand-off", "in its departure"} {
 		t.Run(when, func(t *testing.T) {
 			c := testcluster.New(t, 4, withReplicas(2))
@@ -456,6 +464,7 @@ func TestAttackLeaverKilledMidDeparture(t *testing.T) {
 // lease has ended, the key counts every hit a caller was admitted: its
 // owner admits the rest of the limit and no more.
 func TestAttackLeaseAcrossPartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow} {
 		t.Run(a.String(), func(t *testing.T) {

@@ -61,6 +61,7 @@ func (s *stalledStream) RecvMsg(m any) error {
 // behind the held batch would be sent when it fails, and wait for a
 // second Timeout that never comes.
 func TestCheckManyOwnerStalled(t *testing.T) {
+	waitBound(t)
 	const callers, perCaller = 40, 3
 	clk := newClock()
 	st := &stall{release: make(chan struct{})}

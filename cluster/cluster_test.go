@@ -147,6 +147,7 @@ func TestClusterOwnerStoppedHard(t *testing.T) {
 // The unreachable policies, per node and per request. The cluster uses the
 // LAN profile so that a stopped node stays in the ring for seconds.
 func TestClusterUnreachablePolicies(t *testing.T) {
+	waitBound(t)
 	c := testcluster.New(t, 2, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.Profile = cluster.ProfileLAN
 	}))

@@ -133,6 +133,7 @@ func (tr *sideTraffic) waitAdmitted(t *testing.T, n int64) {
 // key's owner admits what the limit leaves of every hit admitted, and no
 // more.
 func TestPartitionHealUnderTraffic(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, tc := range []struct {
 		name   string

@@ -90,9 +90,11 @@ func TestLeaseReturnAfterJoin(t *testing.T) {
 // Both grants go with the key's state, and each holder's return frees its
 // own: the key admits exactly its limit.
 func TestLeaseReturnsOfTwoHoldersAfterOwnerLeft(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
+			waitBound(t)
 			noLeaksAfter(t)
 			c := leaseEndCluster(t, 4, 3*time.Second, 0.4, 1)
 			req := keyMovingTo(t, c, "twoholders", a, 1000, 1, 3)
@@ -123,10 +125,12 @@ func TestLeaseReturnsOfTwoHoldersAfterOwnerLeft(t *testing.T) {
 // the key admits the holder's unused hits less, and no fewer (the bound
 // docs/design.md states).
 func TestLeaseReturnAfterOwnerKilled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, next := range []int{0, 2} {
 		for _, a := range leaseEndAlgorithms {
 			t.Run(fmt.Sprintf("to node %d/%s", next, a), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				c := leaseEndCluster(t, 3, 3*time.Second, 0.5, 2)
 				req := keyMovingTo(t, c, "ownerkilled2", a, 1000, 1, next)

@@ -71,6 +71,7 @@ var leaseEndAlgorithms = []limiter.Algorithm{limiter.TokenBucket, limiter.FixedW
 // enter the bucket then), and counts no more than the lease: it admits the
 // rest of the limit less at most the hits the holder held.
 func TestLeaseHolderKilled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -110,6 +111,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 // owner frees them, still held (token bucket) or in the window (fixed
 // window), and admits the rest of the limit.
 func TestLeasePartitionHealsBeforeTTL(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -135,6 +137,7 @@ func TestLeasePartitionHealsBeforeTTL(t *testing.T) {
 // The callers are admitted no more than the limit in all, and no fewer
 // than the limit less the hits leased.
 func TestLeaseOwnerKilled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -186,10 +189,12 @@ func replicated(t *testing.T, owner *cluster.Node, req limiter.Request) int64 {
 // of 1 s: a lease ended by a partition gives its unused hits back once the
 // partition heals, and the owner admits the rest of the limit.
 func TestLeaseEndsAcrossClocks(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, off := range []time.Duration{2 * time.Second, -2 * time.Second} {
 		for _, a := range leaseEndAlgorithms {
 			t.Run(fmt.Sprintf("%v/%s", off, a), func(t *testing.T) {
+				waitBound(t)
 				noLeaksAfter(t)
 				c := leaseEndCluster(t, 3, time.Second, 0.5, 1, off, 0, 0)
 				req := leaseKeyOwnedBy(t, c, "skewed", a, 1000, 1)
@@ -272,6 +277,7 @@ func leaseHitsLost(t *testing.T, format string, args ...any) {
 // lease it takes under the new one); the owner admits what the new limit
 // leaves after every hit the callers were admitted.
 func TestLeaseLimitLowered(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -340,6 +346,7 @@ func TestLeaseReturnAfterAbsence(t *testing.T) {
 // first leaves the returned hits spent: the owner admits about 440 more
 // where 877 are due.
 func TestLeaseReturnAfterHandoff(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, a := range leaseEndAlgorithms {
 		t.Run(a.String(), func(t *testing.T) {

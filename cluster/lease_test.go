@@ -100,6 +100,7 @@ func hammer(t *testing.T, nodes []*cluster.Node, req limiter.Request, callers, p
 // is available, and leases would win none (TestClusterExactAcrossNodes
 // covers callers everywhere).
 func TestLeaseHotKeyExact(t *testing.T) {
+	waitBound(t)
 	c := leaseCluster(t, 3, 100*time.Millisecond, 0.1)
 	const limit, period = 500, 200 * time.Millisecond
 	for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.TokenBucket, limiter.GCRA} {
@@ -316,19 +317,33 @@ func BenchmarkLeaseCutsForwarded(b *testing.B) {
 }
 
 // checkUntilLeased checks req on nd until nd holds a lease, and returns the
-// checks admitted.
+// checks admitted. Five callers check at once, so that the key's rate on
+// nd passes the lease threshold even when a starved process makes each
+// forwarded check take tens of milliseconds.
 func checkUntilLeased(t *testing.T, nd *cluster.Node, req limiter.Request) int64 {
 	t.Helper()
-	var admitted int64
+	var admitted atomic.Int64
 	err := testcluster.WaitFor(10*time.Second, func() error {
-		for range 50 {
-			d, err := nd.Check(context.Background(), req)
-			if err != nil {
-				return err
-			}
-			if d.Allowed {
-				admitted++
-			}
+		var wg sync.WaitGroup
+		errs := make(chan error, 5)
+		for range 5 {
+			wg.Go(func() {
+				for range 10 {
+					d, err := nd.Check(context.Background(), req)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return err
 		}
 		if nd.Stats().Leases.Granted == 0 {
 			return errors.New("no lease granted")
@@ -338,7 +353,7 @@ func checkUntilLeased(t *testing.T, nd *cluster.Node, req limiter.Request) int64
 	if err != nil {
 		t.Fatal(err)
 	}
-	return admitted
+	return admitted.Load()
 }
 
 // remainingIs waits until the owner reports want remaining for req.
@@ -502,6 +517,7 @@ func TestLeaseCloseLeavesNoGoroutines(t *testing.T) {
 // A lease is dropped when its key's owner changes: once the ring no longer
 // routes to the old owner, no check is decided from its hits.
 func TestLeaseDroppedOnOwnerChange(t *testing.T) {
+	waitBound(t)
 	c := leaseCluster(t, 3, time.Minute, 0.5)
 	req := limiter.Request{Name: "hot", Key: "moved", Hits: 1, Limit: 1000, Period: 1000 * time.Hour, Algorithm: limiter.TokenBucket}
 	old := c.Owner(req.Name, req.Key)

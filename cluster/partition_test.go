@@ -45,6 +45,7 @@ func waitReplicated(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request
 // each charged what the other's stand-in owners admitted: every key has
 // consumed exactly the 550 consumed, from every node.
 func TestPartitionKeepsConsumption(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := handoffRequests(200, 300)
@@ -107,6 +108,7 @@ func admitUntilDenied(t *testing.T, nd *cluster.Node, req limiter.Request, max i
 // to its 50 before merging: the key holds 80, and node 1 admits 20 more,
 // 100 in all. (Merging by the larger state alone kept 50: 130 in all.)
 func TestPartitionMergeKeepsLarger(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	n0, n1 := c.Node(0), c.Node(1)
@@ -155,6 +157,7 @@ func TestPartitionMergeKeepsLarger(t *testing.T) {
 // its previous pass found nothing moved, and node 0's state stayed with
 // it: node 1 admitted 30 more than the limit.)
 func TestPartitionHealedBeforeHandoffPass(t *testing.T) {
+	waitBound(t)
 	noLeaksAfter(t)
 	skipNearDayEnd(t)
 	var (

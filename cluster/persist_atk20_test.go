@@ -385,6 +385,7 @@ func TestRememberedAddressNowAnotherCluster(t *testing.T) {
 // every replica: once they do, the restored node is killed hard and no
 // spent quota admits again on the two left.
 func TestRestartWithMoreReplicas(t *testing.T) {
+	waitBound(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	reqs := dailyQuotas(60)
 	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, c *cluster.Config) {

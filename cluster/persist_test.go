@@ -62,6 +62,7 @@ func readmitted(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request) in
 // quota spent before is still spent, whatever the new membership is. The
 // last node to leave has no one to hand its keys to: it keeps them on disk.
 func TestRestartKeepsDailyQuotas(t *testing.T) {
+	waitBound(t)
 	steps := []struct {
 		name  string
 		dirs  []int // the directories the new cluster starts on, by old index
@@ -80,6 +81,12 @@ func TestRestartKeepsDailyQuotas(t *testing.T) {
 			spendAll(t, c, reqs)
 			for i := range 3 {
 				c.Leave(i)
+				if i < 2 {
+					// One after another: the next to leave sees this one
+					// left, not failed (a member it held cut off would
+					// make it wait LeaveTimeout for it).
+					c.WaitConverged()
+				}
 			}
 			again := testcluster.New(t, len(s.dirs), testcluster.WithConfig(func(i int, c *cluster.Config) {
 				c.NodeName = fmt.Sprintf(s.names, i)

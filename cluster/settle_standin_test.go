@@ -26,6 +26,7 @@ import (
 // part: X charged that part to A's state, which counted them already,
 // and the keys counted 70.
 func TestLocalHitsSettledWithAStandinCountOnce(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	var (
@@ -128,6 +129,7 @@ func TestLocalHitsSettledWithAStandinCountOnce(t *testing.T) {
 // by the larger lost the 10 from node 0's state, which settled them as
 // counted there once it owned the keys: node 0 admitted 20 more.
 func TestLocalHitsOutliveACopyUntilSettled(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 2, withReplicas(2))

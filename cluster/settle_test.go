@@ -19,6 +19,7 @@ import (
 // without the owner (PolicyLocal, and PolicyAllow); once the owner is fast
 // again they are settled with it, and the owner admits 20 more, not 50.
 func TestSettleWithoutOwner(t *testing.T) {
+	waitBound(t)
 	for _, policy := range []sluice.Policy{sluice.PolicyLocal, sluice.PolicyAllow} {
 		t.Run(policy.String(), func(t *testing.T) {
 			c := testcluster.New(t, 2)
@@ -70,6 +71,7 @@ func TestSettleWithoutOwner(t *testing.T) {
 // for all of it. (PolicyLocal admits no more than the capacity: the other
 // node decides from its replica's copy, or from a fresh state.)
 func TestAtk19SettleBeyondCapacity(t *testing.T) {
+	waitBound(t)
 	for _, a := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA} {
 		for _, policy := range []sluice.Policy{sluice.PolicyAllow} {
 			t.Run(a.String()+"/"+policy.String(), func(t *testing.T) {

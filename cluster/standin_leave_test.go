@@ -79,6 +79,7 @@ func cutOffError(t *testing.T, err error, kept string) {
 // node 0 restarted from it while still cut off (a rolling restart) hands
 // them, and their parts, to the owner once healed: every key counts 90.
 func TestStandinLeaveOutlastedByThePartition(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	t.Run("without data directory", func(t *testing.T) {
 		noLeaksAfter(t)
@@ -150,6 +151,7 @@ func keysStoodInBy(t *testing.T, c *testcluster.Cluster, standIn int) []limiter.
 // and their parts go to node 1 at once, which stands in for node 3 from
 // then on, and 5 more through node 1; once healed every key counts 95.
 func TestStandinLeavesBesideANeighbour(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
@@ -195,6 +197,7 @@ func TestAtk19bStandinKilledWhileCutOffAlone(t *testing.T) {
 // policy (local), whose hits settlement charges to the owner. Once healed
 // every key counts 95.
 func TestStandinRestartedWhileCutOffAdmitsMore(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
@@ -223,6 +226,7 @@ func TestStandinRestartedWhileCutOffAdmitsMore(t *testing.T) {
 // node 0's parts: 5 more through node 1, and once healed every key counts
 // 95.
 func TestStandinKilledBesideANeighbour(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
@@ -261,6 +265,7 @@ func TestStandinKilledBesideANeighbour(t *testing.T) {
 // killed once node 1 took its parts with the copies; node 1 stands in, 5
 // more through it; once healed every key counts 95.
 func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	var node0 atomic.Pointer[cluster.Node]
@@ -319,6 +324,7 @@ func TestStandinCopyReadBeforeItsRecord(t *testing.T) {
 // two seconds: a hand-off that must carry the record waits for it). Once
 // healed every key counts 100: the held check's key too.
 func TestStandinLeavesWithADecisionInProgress(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	var node0 atomic.Pointer[cluster.Node]

@@ -53,6 +53,7 @@ func chargedTo(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request) {
 // 3: every node holds every key): its hits are still charged to the
 // owner once the partition has healed.
 func TestStandinRestartWithOtherReplicas(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, replicas := range []int{1, 3} {
 		t.Run(fmt.Sprintf("replicas %d", replicas), func(t *testing.T) {
@@ -79,6 +80,7 @@ func TestStandinRestartWithOtherReplicas(t *testing.T) {
 // snapshot of Close covers it. Its parts come back from the segment and
 // are charged to the owner after the heal.
 func TestStandinKilledMidWrite(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
@@ -158,6 +160,7 @@ func copyStateFiles(dir, to string) error {
 // and the stand-in's part it was charged, and the states its replica and
 // the stand-in send it again with that part charge nothing more.
 func TestOwnerRestartedFromDataDir(t *testing.T) {
+	waitBound(t)
 	skipNearDayEnd(t)
 	for _, when := range []string{"before the heal", "after the heal"} {
 		t.Run(when, func(t *testing.T) {
@@ -189,6 +192,7 @@ func TestOwnerRestartedFromDataDir(t *testing.T) {
 // 5 and admits 95, not 65; the sliding window counter counts the 5 and
 // half of the 80 of the minute that ended.
 func TestStandinRecordOlderThanItsWindow(t *testing.T) {
+	waitBound(t)
 	// Ten seconds into a minute ahead of the system's clock, which
 	// waitReplicated reads.
 	start := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)

@@ -21,6 +21,7 @@ import (
 // over. No check is admitted, of calendar hours' keys either, whose unit
 // travels with their state.
 func TestNoLaxerRateAcrossTheCluster(t *testing.T) {
+	waitBound(t)
 	var reqs []limiter.Request
 	for _, a := range limiter.Algorithms {
 		reqs = append(reqs, limiter.Request{Name: "strict", Key: "k-" + a.String(), Hits: 10, Limit: 10, Period: time.Hour, Algorithm: a})

@@ -62,6 +62,42 @@ type allTraffic struct {
 	stop     chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
+
+	// stage is set by the test as it moves on; by counts what each key
+	// admitted per stage, deciding node and caller (byIndex).
+	stage atomic.Int32
+	names map[string]int
+	by    []atomic.Int64
+}
+
+// Dimensions of allTraffic.by: stages, deciders (nodes 0 to 2, and one
+// for any other name), without the owner or not, callers (nodes 0 and 1,
+// and one for the others).
+const trStages, trDeciders, trCallers = 4, 4, 3
+
+func (tr *allTraffic) byIndex(key, stage, decider int, without bool, caller int) int {
+	w := 0
+	if without {
+		w = 1
+	}
+	return (((key*trStages+stage)*trDeciders+decider)*2+w)*trCallers + caller
+}
+
+// byKey describes what key i admitted per stage, decider and caller.
+func (tr *allTraffic) byKey(i int) string {
+	out := ""
+	for st := 0; st < trStages; st++ {
+		for dc := 0; dc < trDeciders; dc++ {
+			for w := 0; w < 2; w++ {
+				for cl := 0; cl < trCallers; cl++ {
+					if n := tr.by[tr.byIndex(i, st, dc, w == 1, cl)].Load(); n > 0 {
+						out += fmt.Sprintf(" [stage %d decided by %d without %v through %d: %d]", st, dc, w == 1, cl, n)
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 func startAllTraffic(nodes []*cluster.Node, reqs []limiter.Request, policy sluice.Policy) *allTraffic {
@@ -72,6 +108,11 @@ func startAllTraffic(nodes []*cluster.Node, reqs []limiter.Request, policy sluic
 // batch random keys at once (CheckMany), a batch of one with Check.
 func startAllTrafficBatched(nodes []*cluster.Node, reqs []limiter.Request, policy sluice.Policy, batch int) *allTraffic {
 	tr := &allTraffic{reqs: reqs, admitted: make([]atomic.Int64, len(reqs)), stop: make(chan struct{})}
+	tr.names = map[string]int{}
+	for i, nd := range nodes {
+		tr.names[nd.Name()] = i
+	}
+	tr.by = make([]atomic.Int64, len(reqs)*trStages*trDeciders*2*trCallers)
 	for g, nd := range nodes {
 		tr.wg.Add(1)
 		go func() {
@@ -108,6 +149,12 @@ func startAllTrafficBatched(nodes []*cluster.Node, reqs []limiter.Request, polic
 						if r.WithoutOwner {
 							tr.without.Add(1)
 						}
+						dc, ok := tr.names[r.Owner]
+						if !ok || dc >= trDeciders-1 {
+							dc = trDeciders - 1
+						}
+						st := min(int(tr.stage.Load()), trStages-1)
+						tr.by[tr.byIndex(ks[j], st, dc, r.WithoutOwner, min(g, trCallers-1))].Add(1)
 					}
 				}
 			}
@@ -221,16 +268,28 @@ func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
 			tr := startAllTrafficBatched(c.Nodes(), reqs, tc.policy, tc.batch)
 			defer tr.finish()
 			tr.checkedMore(t, 100)
+			tr.stage.Store(1)
 			c.Partition([]int{0}, []int{1}, []int{2})
 			c.WaitConverged()
 			tr.checkedMore(t, 300)
+			tr.stage.Store(2)
 			c.Partition([]int{0, 1}, []int{2})
 			c.WaitConverged()
 			tr.checkedMore(t, 300)
+			tr.stage.Store(3)
 			c.Heal()
 			tr.checkedMore(t, 300)
 			tr.finish()
 			admitted := tr.counts()
+			_ = testcluster.WaitFor(20*time.Second, func() error {
+				for i, r := range reqs {
+					if err := atMost(c, []limiter.Request{r}, r.Limit-admitted[i]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			records := standinRecords(c, reqs)
 			var sum int64
 			for _, a := range admitted {
 				sum += a
@@ -241,6 +300,14 @@ func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
 			// in flight go), a batch each.
 			over, under := settledTo(t, c, reqs, admitted, int64(3*2*tc.batch))
 			t.Logf("%d hits admitted and not counted, %d counted and not admitted", over, under)
+			if over > 0 {
+				for _, l := range records {
+					t.Log(l)
+				}
+				for i, r := range reqs {
+					t.Logf("%s %s (owner %s):%s", r.Algorithm, r.Key, c.Owner(r.Name, r.Key).Name(), tr.byKey(i))
+				}
+			}
 		})
 	}
 }

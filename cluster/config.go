@@ -303,6 +303,10 @@ type Config struct {
 	// beforeHandoffPass, when set, is called by the hand-off loop before
 	// each pass reads the ring; tests use it to hold passes back.
 	beforeHandoffPass func()
+	// afterHandoffRead, when set, is called by a hand-off pass after it
+	// read the states it hands off and before it attaches their parts;
+	// tests use it to merge a state meanwhile.
+	afterHandoffRead func()
 	// beforeStandinRecord, when set, is called by a stand-in decision
 	// that admitted hits, after its store counts them and before its
 	// record does; tests use it to hold the record back.

@@ -1,8 +1,10 @@
 package cluster
 
 import (
+	"context"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
 )
@@ -30,6 +32,26 @@ func SetReconnectTimeout(c *Config, d time.Duration) { c.reconnectTimeout = d }
 // SetBeforeHandoffPass makes a node built from c call f before each of
 // its hand-off passes reads the ring.
 func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
+
+// SetAfterHandoffRead makes a node built from c call f in each hand-off
+// pass, after the pass read the states it hands off and before it
+// attaches their parts.
+func SetAfterHandoffRead(c *Config, f func()) { c.afterHandoffRead = f }
+
+// CopyTo merges into to the state n holds of (name, key) with its parts,
+// read together under the key's decide lock, as a copy n's changes loop
+// sends a replica; false when n holds no state of the key or to refused
+// it.
+func (n *Node) CopyTo(to *Node, name, key string) bool {
+	s, ok := n.store.Snapshot(name, key, n.now())
+	if !ok {
+		return false
+	}
+	states := []limiter.Snapshot{s}
+	n.attachConsistent(states)
+	_, _, err := stateSink{to}.TakeStates(context.Background(), n.cfg.NodeName, transport.Replica, states)
+	return err == nil
+}
 
 // SetBeforeStandinRecord makes a node built from c call f in each
 // stand-in decision that admitted hits, between its store's count of them

@@ -506,8 +506,11 @@ func (n *Node) handoffPass(received []limiter.Snapshot) {
 		} else {
 			moved, replica := n.planHandoff(oldR, newR, viaR)
 			n.withStoredParts(moved, replica)
+			if f := n.cfg.afterHandoffRead; f != nil {
+				f()
+			}
 			for to, states := range moved {
-				n.standins.attachHandOff(states)
+				n.attachConsistentHandOff(states)
 				n.attachGrants(states)
 				handoff[to] = append(handoff[to], states...)
 			}
@@ -773,7 +776,7 @@ func (n *Node) leaveHandoff() error {
 			n.withStoredParts(batches)
 		}
 		for to, states := range batches {
-			n.standins.attachHandOff(states)
+			n.attachConsistentHandOff(states)
 			n.attachGrants(states)
 			n.transfers.outbox.handOff(to, states)
 		}

@@ -201,13 +201,40 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 // carrying little beside its parts (a stand-in that held no copy) lost
 // those hits for good. Read together, the two count the same hits.
 func (n *Node) attachConsistent(ss []limiter.Snapshot) {
+	n.attachConsistentParts(ss, false, func(s *limiter.Snapshot) bool {
+		return n.standins.holds(s.Name, s.Key, s.Algorithm)
+	})
+}
+
+// attachConsistentHandOff is attachConsistent for a hand-off to the keys'
+// next owners (standins.attachHandOff), for every state whose key has an
+// entry in the stand-in record, of any algorithm (a part charged to a
+// state of another algorithm goes with it). The hand-off pass and a leave
+// read their states apart from the decide locks: a state with parts
+// merged meanwhile (a copy from the key's owner on this side, which still
+// decides it standing in) grew the parts past what the state read counts,
+// and the owner, charged a part at most what the state sent counts and
+// holding it as counted, lost the difference wherever its own history
+// was the larger. A state whose key has no entry goes without parts: an
+// entry made after the look comes of a merge the state read does not
+// count either.
+func (n *Node) attachConsistentHandOff(ss []limiter.Snapshot) {
+	n.attachConsistentParts(ss, true, func(s *limiter.Snapshot) bool {
+		return n.standins.hasEntry(s.Name, s.Key)
+	})
+}
+
+// attachConsistentParts reads again, under its key's decide lock, each
+// state of ss that carries no settlement and that has says has parts, and
+// attaches them (standins.attachParts).
+func (n *Node) attachConsistentParts(ss []limiter.Snapshot, handOff bool, has func(s *limiter.Snapshot) bool) {
 	if n.standins.entries.Load() == 0 {
 		return
 	}
 	now := n.now()
 	for i := range ss {
 		s := &ss[i]
-		if s.Settle != nil || !n.standins.holds(s.Name, s.Key, s.Algorithm) {
+		if s.Settle != nil || !has(s) {
 			continue
 		}
 		mu := n.handover.lock(ring.RouteHash(s.Name, s.Key))
@@ -215,7 +242,7 @@ func (n *Node) attachConsistent(ss []limiter.Snapshot) {
 		if fresh, ok := n.store.Snapshot(s.Name, s.Key, now); ok && fresh.Algorithm == s.Algorithm {
 			*s = fresh
 		}
-		n.standins.attach(ss[i : i+1])
+		n.standins.attachParts(ss[i:i+1], handOff)
 		mu.Unlock()
 	}
 }

@@ -990,6 +990,18 @@ func (t *standins) holds(name, key string, algo limiter.Algorithm) bool {
 	return ok && (e.pins > 0 || e.req.Algorithm == algo && hasHits(e.parts))
 }
 
+// hasEntry reports whether the record holds an entry of the key of name
+// and key: parts, of any algorithm, or a stand-in decision's reserve.
+func (t *standins) hasEntry(name, key string) bool {
+	if t.entries.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.m[debtKey{name, key}]
+	return ok
+}
+
 // attach sets the settlement of every state of ss whose key has parts,
 // for copies of the keys (replication).
 func (t *standins) attach(ss []limiter.Snapshot) { t.attachParts(ss, false) }

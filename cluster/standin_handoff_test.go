@@ -1,0 +1,241 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/testcluster"
+)
+
+// keysOfNode2StoodInBy0 returns, per heal algorithm, a key of 100 a day
+// owned by node 2 with node 0 its replica, whose owner on the ring over
+// nodes 0 and 1 is node 0: node 0 stands in for node 2 while {0,1}|{2},
+// node 1 holding its copies, and no copy of node 2's reaches node 1.
+func keysOfNode2StoodInBy0(t *testing.T, c *testcluster.Cluster) []limiter.Request {
+	t.Helper()
+	side, err := ring.New(cluster.TestConfig("x").Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []ring.Member
+	for _, m := range c.Node(0).RingMembers() {
+		if m.Name == c.Node(0).Name() || m.Name == c.Node(1).Name() {
+			ms = append(ms, m)
+		}
+	}
+	if err := side.SetMembers(ms); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []limiter.Request
+	for _, a := range healAlgorithms {
+		found := false
+		for i := 0; i < 10_000 && !found; i++ {
+			req := limiter.Request{Name: "read-" + a.String(), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			o, ok := side.Owner(req.Name, req.Key)
+			rs := c.Node(0).Replicas(req.Name, req.Key)
+			if found = ok && o.Name == c.Node(0).Name() && len(rs) == 2 &&
+				rs[0].Name == c.Node(2).Name() && rs[1].Name == c.Node(0).Name(); found {
+				reqs = append(reqs, req)
+			}
+		}
+		if !found {
+			t.Fatalf("no %s key of node 2 that node 0 stands in for", a)
+		}
+	}
+	return reqs
+}
+
+// A hand-off pass reads its states, and a state with more of a key's
+// parts is merged before the pass attaches them: {0,1}|{2}, keys of
+// every heal algorithm owned by node 2 (node 0 its replica) and stood in
+// for by node 0 (node 1 its replica there), no hit before the cut; 30
+// through node 0, copied to node 1, and 40 through node 2. Then 10 more
+// through node 0, whose records are held back (so that no copy carries
+// them) until node 1's heal pass has read its states; node 1 is then
+// sent node 0's copy with them, as node 0's changes loop would, before
+// the pass attaches the parts. Node 0's hand-off goes once node 1's
+// reached node 2, and node 2's heal pass (its copies to node 0) once node
+// 0's did. Node 1's state read counted 30 where the parts attached later
+// named 40: node 2 was charged 30, held the part as counted, and kept its
+// own 70 over node 0's 40 (every key counted 70 of the 80 admitted, 5 of
+// 5 runs). Read again with its parts, every key counts 80.
+func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
+	skipNearDayEnd(t)
+	noLeaksAfter(t)
+	var (
+		nodes    [3]atomic.Pointer[cluster.Node]
+		holding  atomic.Bool
+		release  = make(chan struct{})
+		released sync.Once
+		armed1   atomic.Bool
+		armed0   atomic.Bool
+		armed2   atomic.Bool
+		handed1  atomic.Int64 // node 1's HandedOff when armed
+		handed0  atomic.Int64 // node 0's
+		reqsSeen atomic.Pointer[[]limiter.Request]
+		merged   atomic.Int64 // keys node 1 was sent node 0's copy of in its pass
+		lagging  atomic.Int64 // keys node 1's state counted 30 of in its pass
+		seen     atomic.Value // what node 1's pass read of the last key
+	)
+	// healed reports whether node i's ring holds node 2 again (the ring
+	// of a pass after the heal, which may not hold every node yet).
+	healed := func(i int) bool {
+		nd, n2 := nodes[i].Load(), nodes[2].Load()
+		if nd == nil || n2 == nil {
+			return false
+		}
+		ms := nd.RingMembers()
+		if i == 2 {
+			return len(ms) > 1
+		}
+		for _, m := range ms {
+			if m.Name == n2.Name() {
+				return true
+			}
+		}
+		return false
+	}
+	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
+		switch i {
+		case 0:
+			cluster.SetBeforeStandinRecord(cfg, func() {
+				if holding.Load() {
+					<-release
+				}
+			})
+			cluster.SetBeforeHandoffPass(cfg, func() {
+				if !armed0.Load() || !healed(0) || !armed0.CompareAndSwap(true, false) {
+					return
+				}
+				reqs := *reqsSeen.Load()
+				_ = testcluster.WaitFor(10*time.Second, func() error {
+					if got := nodes[1].Load().Stats().Transfers.HandedOff - handed1.Load(); got < int64(len(reqs)) {
+						return fmt.Errorf("node 1 handed off %d states", got)
+					}
+					return nil
+				})
+			})
+		case 2:
+			// Node 2's copies for its replica, node 0, wait for node 0's
+			// hand-off: node 0's state then counts its own history
+			// alone, as the states of a stand-in that held no copy.
+			cluster.SetBeforeHandoffPass(cfg, func() {
+				if !armed2.Load() || !healed(2) {
+					return
+				}
+				reqs := *reqsSeen.Load()
+				_ = testcluster.WaitFor(10*time.Second, func() error {
+					if got := nodes[0].Load().Stats().Transfers.HandedOff - handed0.Load(); got < int64(len(reqs)) {
+						return fmt.Errorf("node 0 handed off %d states", got)
+					}
+					return nil
+				})
+				armed2.Store(false)
+			})
+		case 1:
+			cluster.SetAfterHandoffRead(cfg, func() {
+				if !armed1.Load() || !healed(1) || !armed1.CompareAndSwap(true, false) {
+					return
+				}
+				n0, n1 := nodes[0].Load(), nodes[1].Load()
+				for _, r := range withHits(*reqsSeen.Load(), 0) {
+					d, err := n1.Store().CheckAt(r, time.Now())
+					if err == nil && d.Remaining == 70 {
+						lagging.Add(1) // the pass read node 0's 30 alone
+					}
+					parts, _ := n1.StandinParts(r.Name, r.Key)
+					seen.Store(fmt.Sprintf("%s %s: %d remaining (%v), parts %v, ring %v", r.Algorithm, r.Key, d.Remaining, err, parts, n1.RingMembers()))
+				}
+				released.Do(func() { close(release) })
+				for _, r := range *reqsSeen.Load() {
+					_ = testcluster.WaitFor(10*time.Second, func() error {
+						parts, _ := n0.StandinParts(r.Name, r.Key)
+						for _, p := range parts {
+							if p.Origin == n0.Name() && p.Hits >= 40 {
+								return nil
+							}
+						}
+						return fmt.Errorf("node 0's parts of %s: %v", r.Key, parts)
+					})
+					if n0.CopyTo(n1, r.Name, r.Key) {
+						merged.Add(1)
+					}
+				}
+			})
+		}
+	}))
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+	for i := range nodes {
+		nodes[i].Store(c.Node(i))
+	}
+	reqs := keysOfNode2StoodInBy0(t, c)
+	reqsSeen.Store(&reqs)
+	c.Partition([]int{0, 1}, []int{2})
+	c.WaitConverged()
+	consume(t, c.Node(0), withHits(reqs, 30))
+	// Node 1's copies count node 0's 30.
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range withHits(reqs, 0) {
+			d, err := c.Node(1).Store().CheckAt(r, time.Now())
+			if err != nil || d.Remaining != 70 {
+				return fmt.Errorf("node 1's copy of %s: %d remaining (%v), want 70", r.Key, d.Remaining, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	consume(t, c.Node(2), withHits(reqs, 40))
+	// 10 more through node 0, each held between its store's count and
+	// its record's: no copy of the key goes out meanwhile.
+	holding.Store(true)
+	var wg sync.WaitGroup
+	for _, r := range withHits(reqs, 10) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if d, err := c.Node(0).Check(context.Background(), r); err != nil || !d.Allowed || d.WithoutOwner {
+				t.Errorf("%s: allowed %v, without owner %v, err %v", r.Key, d.Allowed, d.WithoutOwner, err)
+			}
+		}()
+	}
+	if err := testcluster.WaitFor(20*time.Second, func() error {
+		for _, r := range withHits(reqs, 0) {
+			d, err := c.Node(0).Store().CheckAt(r, time.Now())
+			if err != nil || d.Remaining != 60 {
+				return fmt.Errorf("node 0's state of %s: %d remaining (%v), want 60", r.Key, d.Remaining, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	handed1.Store(c.Node(1).Stats().Transfers.HandedOff)
+	handed0.Store(c.Node(0).Stats().Transfers.HandedOff)
+	armed2.Store(true)
+	armed0.Store(true)
+	armed1.Store(true)
+	c.Heal()
+	c.WaitConverged()
+	wg.Wait()
+	if armed1.Load() || merged.Load() != int64(len(reqs)) || lagging.Load() != int64(len(reqs)) {
+		t.Fatalf("node 1's heal pass read %d of %d keys at node 0's 30 (%v) and was sent %d copies (hook armed still: %v)",
+			lagging.Load(), len(reqs), seen.Load(), merged.Load(), armed1.Load())
+	}
+	defer func() {
+		if t.Failed() {
+			for _, l := range standinRecords(c, reqs) {
+				t.Log(l)
+			}
+		}
+	}()
+	exactly(t, c, reqs, 20)
+	remainingAfter(t, c, reqs, 20)
+}

@@ -249,7 +249,6 @@ func settledTo(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, adm
 // keys at the last. Counted from the callers' side, every key counts
 // every hit admitted, at most one batch per caller per cut more.
 func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
-	waitBound(t)
 	for _, tc := range []struct {
 		policy          sluice.Policy
 		replicas, batch int
@@ -342,7 +341,6 @@ func TestAtk19bFlapTurnsAround(t *testing.T) {
 // caller per cut more (a batch: callers check one key at a time, or 8
 // at once).
 func TestAtk19bFlapsUnderTraffic(t *testing.T) {
-	waitBound(t)
 	for _, batch := range []int{1, 8} {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) { flapsUnderTraffic(t, batch) })
 	}
@@ -723,7 +721,6 @@ func TestAtk19bJoinOneSideOfAPartition(t *testing.T) {
 // which leaves node 2 alone in its ring in the middle of its leave: it
 // waits for node 1 rather than drop the states it holds.
 func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
-	waitBound(t)
 	for _, change := range []string{"join", "leave"} {
 		t.Run(change, func(t *testing.T) {
 			noLeaksAfter(t)
@@ -781,7 +778,6 @@ func TestAtk19bHealWithARingChangeUnderTraffic(t *testing.T) {
 // without node 0's later decisions. Every key counts every hit admitted,
 // at most one check per caller more (in flight at the cut).
 func TestAtk19bLeaveAsThePartitionBegins(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavecut", []int{0, 1, 2}, 2)
@@ -809,7 +805,6 @@ func TestAtk19bLeaveAsThePartitionBegins(t *testing.T) {
 // flight at the cut), and node 0's callers' checks in flight when it
 // stopped (answered to no caller) may count too.
 func TestAtk19bOwnerRestartsWhileCutOffUnderTraffic(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -931,7 +926,6 @@ func TestAtk19bOwnerKilledAsThePartitionHeals(t *testing.T) {
 // limit, every key counts every hit admitted on both sides, at most one
 // check per caller more (in flight at the cut).
 func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "limitside", []int{0, 1, 2}, 2)
@@ -979,7 +973,6 @@ func TestAtk19bLimitRaisedOnOneSideUnderTraffic(t *testing.T) {
 // of 12 -race runs the keys counted 24 and 62 more (up to 27 on one
 // key), which only SLUICE_ATTACK=1 fails on; under deny, 1 to 6 more.
 func TestAtk19bFiveNodesHealedASideAtATime(t *testing.T) {
-	waitBound(t)
 	for _, policy := range []sluice.Policy{sluice.PolicyLocal, sluice.PolicyDeny} {
 		t.Run(policy.String(), func(t *testing.T) { fiveNodesHealedASideAtATime(t, policy) })
 	}

@@ -173,7 +173,6 @@ func TestAtkJoinForgedCutOffReportNeedsClusterSecret(t *testing.T) {
 // the partition heals. Every key counts every hit admitted, at most one
 // check per caller more.
 func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "rejoincut", []int{0, 1, 2}, 2)
@@ -209,7 +208,6 @@ func TestAtkJoinLeaverRejoinsUnderItsNameWhileCutOff(t *testing.T) {
 // joins side {1,2} at the same time; then the partition heals. Every key
 // counts every hit admitted, at most one check per caller more.
 func TestAtkJoinLeaveAndJoinAtOnceDuringAPartition(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))
 	reqs := wideKeys(t, c, "leavejoin", []int{0, 1, 2}, 2)

@@ -331,7 +331,6 @@ func TestAtkpartLeaveAfterEveryOtherMemberKilled(t *testing.T) {
 // fewer than its admitted hits less the refunds answered (or in doubt):
 // fewer is over-admission.
 func TestAtkpartRefundsRaceAStandinsLeave(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 4, withReplicas(2))
 	var reqs []limiter.Request
@@ -535,7 +534,6 @@ func TestAtkpartRefundAfterAFlap(t *testing.T) {
 // may count fewer than its admitted hits less the refunds answered (or
 // in doubt).
 func TestAtkpartRefundsRaceALeaveWhileCutOffAlone(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {
@@ -644,7 +642,6 @@ func TestAtkpartStandinLeavesToAnotherStandin(t *testing.T) {
 // hands its states to node 2, and its callers go on through node 2.
 // Every key counts every hit admitted.
 func TestAtkpartStandinLeavesAndHealsToTheReplicaUnderTraffic(t *testing.T) {
-	waitBound(t)
 	noLeaksAfter(t)
 	sig := newAwaitSignal(awaitingMsg)
 	c := testcluster.New(t, 3, withReplicas(2), testcluster.WithConfig(func(i int, cfg *cluster.Config) {

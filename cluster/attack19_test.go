@@ -234,7 +234,6 @@ func TestAttackLeaveDuringPartition(t *testing.T) {
 // 10, denying without the owner), twice, leases off and on: no key admits
 // more than its limit, and no check waits out HandoverTimeout.
 func TestAttackTwoLeaveAtOnce(t *testing.T) {
-	waitBound(t)
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
 			// Seven nodes gossiping beside 16 callers, under -race beside
@@ -408,7 +407,6 @@ func TestAttackStandinRestartFromDataDir(t *testing.T) {
 // the leave's serf departure made memberlist panic ("leave after
 // shutdown").
 func TestAttackLeaverKilledMidDeparture(t *testing.T) {
-	waitBound(t)
 	for _, when := range []string{"at once", "after a hand-off", "in its departure"} {
 		t.Run(when, func(t *testing.T) {
 			c := testcluster.New(t, 4, withReplicas(2))

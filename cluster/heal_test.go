@@ -151,7 +151,6 @@ func TestPartitionSettlesEveryAlgorithm(t *testing.T) {
 // (and at most one check per caller more, in flight at the cut): its
 // owner admits the rest of the limit in one check, and not one hit more.
 func TestPartitionUnderLiveTraffic(t *testing.T) {
-	waitBound(t)
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	c := testcluster.New(t, 3, withReplicas(2))

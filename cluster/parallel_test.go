@@ -12,9 +12,11 @@ var parallelTests sync.Map
 // waitBound runs t beside the other tests marked waitBound (up to
 // TestMain's limit at once), after every test not so marked has ended:
 // the tests that read the whole process (allocations, goroutines, the
-// default logger) never run beside it. A test that mostly waits (on
-// gossip, lease lifetimes, reaps, hand-offs) calls it first; its subtests
-// may call it too, to run beside each other. TestMain checks the
+// default logger) never run beside it, nor do those whose callers check
+// flat out and keep the CPU busy, which would slow every test beside
+// them. A test that mostly waits (on gossip, lease lifetimes, reaps,
+// hand-offs) calls it first; its subtests may call it too, to run beside
+// each other. TestMain checks the
 // goroutines of such a test once every test has ended; noLeaksAfter does
 // nothing in it, since it would count those of the tests beside it.
 func waitBound(t *testing.T) {

@@ -17,7 +17,6 @@ import (
 // the owner cannot be reached). No key admits more than its limit, for
 // every algorithm, leases on or off.
 func TestRollingReplacement(t *testing.T) {
-	waitBound(t)
 	for _, leases := range []bool{false, true} {
 		for _, a := range allAlgorithms {
 			t.Run(fmt.Sprintf("%s/leases=%v", a, leases), func(t *testing.T) {
@@ -58,7 +57,6 @@ func TestRollingReplacement(t *testing.T) {
 // passed (Stats.HandoverExpired), and no check is decided by the
 // unreachable policy (Stats.WithoutOwner), on any node.
 func TestLeaveWaitsForNoOne(t *testing.T) {
-	waitBound(t)
 	for _, rolling := range []bool{false, true} {
 		t.Run(fmt.Sprintf("rolling=%v", rolling), func(t *testing.T) {
 			c := testcluster.New(t, 3)

@@ -217,7 +217,6 @@ func transitionRequests(name string, a limiter.Algorithm, n int, limit int64) []
 // gracefully. No key admits more than its limit, for any algorithm, with
 // leases on or off.
 func TestScaleOutAndInUnderTraffic(t *testing.T) {
-	waitBound(t)
 	for _, leases := range []bool{false, true} {
 		for _, a := range allAlgorithms {
 			t.Run(fmt.Sprintf("%s/leases=%v", a, leases), func(t *testing.T) {

@@ -10,47 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/testcluster"
 )
-
-// keysOfNode2StoodInBy0 returns, per heal algorithm, a key of 100 a day
-// owned by node 2 with node 0 its replica, whose owner on the ring over
-// nodes 0 and 1 is node 0: node 0 stands in for node 2 while {0,1}|{2},
-// node 1 holding its copies, and no copy of node 2's reaches node 1.
-func keysOfNode2StoodInBy0(t *testing.T, c *testcluster.Cluster) []limiter.Request {
-	t.Helper()
-	side, err := ring.New(cluster.TestConfig("x").Ring)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms []ring.Member
-	for _, m := range c.Node(0).RingMembers() {
-		if m.Name == c.Node(0).Name() || m.Name == c.Node(1).Name() {
-			ms = append(ms, m)
-		}
-	}
-	if err := side.SetMembers(ms); err != nil {
-		t.Fatal(err)
-	}
-	var reqs []limiter.Request
-	for _, a := range healAlgorithms {
-		found := false
-		for i := 0; i < 10_000 && !found; i++ {
-			req := limiter.Request{Name: "read-" + a.String(), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
-			o, ok := side.Owner(req.Name, req.Key)
-			rs := c.Node(0).Replicas(req.Name, req.Key)
-			if found = ok && o.Name == c.Node(0).Name() && len(rs) == 2 &&
-				rs[0].Name == c.Node(2).Name() && rs[1].Name == c.Node(0).Name(); found {
-				reqs = append(reqs, req)
-			}
-		}
-		if !found {
-			t.Fatalf("no %s key of node 2 that node 0 stands in for", a)
-		}
-	}
-	return reqs
-}
 
 // A hand-off pass reads its states, and a state with more of a key's
 // parts is merged before the pass attaches them: {0,1}|{2}, keys of
@@ -175,7 +136,10 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 	for i := range nodes {
 		nodes[i].Store(c.Node(i))
 	}
-	reqs := keysOfNode2StoodInBy0(t, c)
+	// Keys of node 2 with node 0 its replica, stood in for by node 0 while
+	// {0,1}|{2}, node 1 holding its copies: no copy of node 2's reaches
+	// node 1.
+	reqs := keysStoodIn(t, c, "read-", 0, 2, 0)
 	reqsSeen.Store(&reqs)
 	c.Partition([]int{0, 1}, []int{2})
 	c.WaitConverged()

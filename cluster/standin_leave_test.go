@@ -112,6 +112,16 @@ func TestStandinLeaveOutlastedByThePartition(t *testing.T) {
 // standIn: the node of {0,1} that stands in for node 3 while {0,1}|{2,3}.
 func keysStoodInBy(t *testing.T, c *testcluster.Cluster, standIn int) []limiter.Request {
 	t.Helper()
+	return keysStoodIn(t, c, fmt.Sprintf("nb%d-", standIn), standIn, 3, 2)
+}
+
+// keysStoodIn returns, per heal algorithm, a key of 100 a day named
+// prefix and the algorithm, owned by node owner with node replica its
+// replica, whose owner on the ring over nodes 0 and 1 is node standIn:
+// the node that stands in for owner while nodes 0 and 1 are cut off
+// from it.
+func keysStoodIn(t *testing.T, c *testcluster.Cluster, prefix string, standIn, owner, replica int) []limiter.Request {
+	t.Helper()
 	side, err := ring.New(cluster.TestConfig("x").Ring)
 	if err != nil {
 		t.Fatal(err)
@@ -129,16 +139,16 @@ func keysStoodInBy(t *testing.T, c *testcluster.Cluster, standIn int) []limiter.
 	for _, a := range healAlgorithms {
 		found := false
 		for i := 0; i < 10_000 && !found; i++ {
-			req := limiter.Request{Name: fmt.Sprintf("nb%d-%s", standIn, a), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
+			req := limiter.Request{Name: prefix + a.String(), Key: fmt.Sprintf("k%d", i), Hits: 1, Limit: 100, Period: 24 * time.Hour, Algorithm: a}
 			rs := c.Node(0).Replicas(req.Name, req.Key)
 			o, ok := side.Owner(req.Name, req.Key)
 			if found = ok && o.Name == c.Node(standIn).Name() && len(rs) == 2 &&
-				rs[0].Name == c.Node(3).Name() && rs[1].Name == c.Node(2).Name(); found {
+				rs[0].Name == c.Node(owner).Name() && rs[1].Name == c.Node(replica).Name(); found {
 				reqs = append(reqs, req)
 			}
 		}
 		if !found {
-			t.Fatalf("no %s key of nodes 3 and 2 that node %d stands in for", a, standIn)
+			t.Fatalf("no %s key of nodes %d and %d that node %d stands in for", a, owner, replica, standIn)
 		}
 	}
 	return reqs

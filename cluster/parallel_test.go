@@ -16,9 +16,9 @@ var parallelTests sync.Map
 // flat out and keep the CPU busy, which would slow every test beside
 // them. A test that mostly waits (on gossip, lease lifetimes, reaps,
 // hand-offs) calls it first; its subtests may call it too, to run beside
-// each other. TestMain checks the
-// goroutines of such a test once every test has ended; noLeaksAfter does
-// nothing in it, since it would count those of the tests beside it.
+// each other. TestMain checks the goroutines of such a test once every
+// test has ended; noLeaksAfter does nothing in it, since it would count
+// those of the tests beside it.
 func waitBound(t *testing.T) {
 	t.Helper()
 	parallelTests.Store(topLevel(t), true)

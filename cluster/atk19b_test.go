@@ -190,6 +190,15 @@ func (tr *allTraffic) counts() []int64 {
 	return out
 }
 
+// waitCounted waits, up to 20 s a key, until every key of reqs has at
+// most its limit less admitted[i] remaining at its owner.
+func waitCounted(c *testcluster.Cluster, reqs []limiter.Request, admitted []int64) {
+	for i, r := range reqs {
+		want := r.Limit - admitted[i]
+		_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{r}, want) })
+	}
+}
+
 // settledTo waits until every key of reqs has at most its limit less
 // admitted[i] remaining at its owner, then checks, from the owner, that
 // none has more (more is hits admitted that the key does not count: over
@@ -200,10 +209,7 @@ func (tr *allTraffic) counts() []int64 {
 // local, checked with SLUICE_ATTACK=1 only. Returns the hits over and under.
 func settledTo(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, admitted []int64, slack int64) (over, under int64) {
 	t.Helper()
-	for i, r := range reqs {
-		want := r.Limit - admitted[i]
-		_ = testcluster.WaitFor(20*time.Second, func() error { return atMost(c, []limiter.Request{r}, want) })
-	}
+	waitCounted(c, reqs, admitted)
 	for i, r := range reqs {
 		want := r.Limit - admitted[i]
 		owner := c.Owner(r.Name, r.Key)
@@ -280,14 +286,8 @@ func TestAtk19bStagedHealUnderTraffic(t *testing.T) {
 			tr.checkedMore(t, 300)
 			tr.finish()
 			admitted := tr.counts()
-			_ = testcluster.WaitFor(20*time.Second, func() error {
-				for i, r := range reqs {
-					if err := atMost(c, []limiter.Request{r}, r.Limit-admitted[i]); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			// The records as settled, before settledTo's checks spend the keys.
+			waitCounted(c, reqs, admitted)
 			records := standinRecords(c, reqs)
 			var sum int64
 			for _, a := range admitted {

@@ -145,15 +145,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 	c.WaitConverged()
 	consume(t, c.Node(0), withHits(reqs, 30))
 	// Node 1's copies count node 0's 30.
-	if err := testcluster.WaitFor(20*time.Second, func() error {
-		for _, r := range withHits(reqs, 0) {
-			d, err := c.Node(1).Store().CheckAt(r, time.Now())
-			if err != nil || d.Remaining != 70 {
-				return fmt.Errorf("node 1's copy of %s: %d remaining (%v), want 70", r.Key, d.Remaining, err)
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := testcluster.WaitFor(20*time.Second, func() error { return storesHold(c, []int{1}, reqs, 70) }); err != nil {
 		t.Fatal(err)
 	}
 	consume(t, c.Node(2), withHits(reqs, 40))
@@ -170,15 +162,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 			}
 		}()
 	}
-	if err := testcluster.WaitFor(20*time.Second, func() error {
-		for _, r := range withHits(reqs, 0) {
-			d, err := c.Node(0).Store().CheckAt(r, time.Now())
-			if err != nil || d.Remaining != 60 {
-				return fmt.Errorf("node 0's state of %s: %d remaining (%v), want 60", r.Key, d.Remaining, err)
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := testcluster.WaitFor(20*time.Second, func() error { return storesHold(c, []int{0}, reqs, 60) }); err != nil {
 		t.Fatal(err)
 	}
 	handed1.Store(c.Node(1).Stats().Transfers.HandedOff)

@@ -581,7 +581,10 @@ func stopGRPC(s *grpc.Server, grace time.Duration) {
 
 func (n *Node) eventLoop() {
 	// While serf lists a member leaving, look again at intervals: it may
-	// turn alive without an event (memberStatuses).
+	// turn alive without an event (memberStatuses). The look runs on the
+	// system's timer, not the node's Clock: serf's statuses change at
+	// gossip's pace, on the system's time, and a test's clock that stands
+	// still must not keep the ring from following them.
 	var look *time.Timer
 	defer func() {
 		if look != nil {

@@ -27,7 +27,13 @@ import (
 // named 40: node 2 was charged 30, held the part as counted, and kept its
 // own 70 over node 0's 40 (every key counted 70 of the 80 admitted, 5 of
 // 5 runs). Read again with its parts, every key counts 80.
+//
+// Each hook waits up to orderWait for the step it follows: a hook that
+// gives up lets its pass run out of order (node 2's copies for a replica
+// could reach node 1 before node 1's pass reads its states), so the wait
+// is long enough for a loaded -race run to take the step before it.
 func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
+	const orderWait = time.Minute
 	skipNearDayEnd(t)
 	noLeaksAfter(t)
 	var (
@@ -76,7 +82,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 					return
 				}
 				reqs := *reqsSeen.Load()
-				_ = testcluster.WaitFor(10*time.Second, func() error {
+				_ = testcluster.WaitFor(orderWait, func() error {
 					if got := nodes[1].Load().Stats().Transfers.HandedOff - handed1.Load(); got < int64(len(reqs)) {
 						return fmt.Errorf("node 1 handed off %d states", got)
 					}
@@ -92,7 +98,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 					return
 				}
 				reqs := *reqsSeen.Load()
-				_ = testcluster.WaitFor(10*time.Second, func() error {
+				_ = testcluster.WaitFor(orderWait, func() error {
 					if got := nodes[0].Load().Stats().Transfers.HandedOff - handed0.Load(); got < int64(len(reqs)) {
 						return fmt.Errorf("node 0 handed off %d states", got)
 					}
@@ -116,7 +122,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 				}
 				released.Do(func() { close(release) })
 				for _, r := range *reqsSeen.Load() {
-					_ = testcluster.WaitFor(10*time.Second, func() error {
+					_ = testcluster.WaitFor(orderWait, func() error {
 						parts, _ := n0.StandinParts(r.Name, r.Key)
 						for _, p := range parts {
 							if p.Origin == n0.Name() && p.Hits >= 40 {

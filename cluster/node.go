@@ -103,6 +103,10 @@ type Node struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 	closed     atomic.Bool
+	// leaveOnce runs the one leave of the node; every Leave waits for it
+	// and returns its result, leaveErr.
+	leaveOnce sync.Once
+	leaveErr  error
 	// serfMu keeps Close's serf.Shutdown out of a serf.Leave in
 	// progress: memberlist panics when it is shut down in the middle of
 	// a leave (a Leave whose node is closed meanwhile). serfDown, under
@@ -502,18 +506,26 @@ func (n *Node) Stats() Stats {
 // waits, within the same bound, for one of them to come back: it is no
 // last member, and its states are theirs; if none comes back the error
 // wraps ErrHandoff and names them.
+//
+// The node leaves once: a Leave called while another is under way (a
+// signal handler beside a deferred Leave, say) waits for it and returns
+// its result, as does one called after it. A Leave of a node closed
+// without leaving returns ErrClosed.
 func (n *Node) Leave() error {
-	if n.closed.Load() {
-		return ErrClosed
-	}
-	err := n.leaveHandoff()
-	if cerr := n.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("cluster: leave: %w", err)
-	}
-	return nil
+	n.leaveOnce.Do(func() {
+		if n.closed.Load() {
+			n.leaveErr = ErrClosed
+			return
+		}
+		err := n.leaveHandoff()
+		if cerr := n.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			n.leaveErr = fmt.Errorf("cluster: leave: %w", err)
+		}
+	})
+	return n.leaveErr
 }
 
 // Close stops the node at once: inbound gRPC first, then serf, then the

@@ -183,18 +183,59 @@ var (
 	loadedZones    sync.Map // name -> *time.Location
 	numLoaded      atomic.Int64
 	maxLoadedZones = int64(1024)
+	// sameZones holds the callers' Locations found to be the zones their
+	// names load (checkLocation), up to maxLoadedZones of them.
+	sameZones sync.Map // *time.Location -> struct{}
+	numSame   atomic.Int64
 )
 
-// checkZone reports whether a Location named name travels between nodes
-// as the same zone: its name is an IANA name (CheckZoneName) that
-// time.LoadLocation loads. A zone built with time.FixedZone under a name
-// that loads is not told apart from the zone of that name.
-func checkZone(name string) error {
+// checkLocation reports whether loc travels between nodes as the same
+// zone: its name loads (LoadZone), and loc keeps the offsets of the zone
+// of that name (sameOffsets), which every other node loads for it. A zone
+// built with time.FixedZone under a real zone's name
+// (time.FixedZone("Europe/Paris", 3600)) is refused: this node would
+// align its windows to one offset and a node it forwards to, or a node
+// that takes the key over, to Paris's, so that one key's windows would
+// differ from node to node.
+func checkLocation(loc *time.Location) error {
+	name := loc.String()
 	if name == "" {
 		return CheckZoneName(name) // a zone without a name: refused
 	}
-	_, err := LoadZone(name)
-	return err
+	zone, err := LoadZone(name)
+	if err != nil || zone == loc {
+		return err
+	}
+	if _, ok := sameZones.Load(loc); ok {
+		return nil
+	}
+	if !sameOffsets(loc, zone) {
+		return fmt.Errorf("%w: the zone named %q is not the zone every node loads under that name (one built with time.FixedZone?); use time.LoadLocation(%q)", ErrInvalidLocation, name, name)
+	}
+	if numSame.Load() < maxLoadedZones {
+		if _, had := sameZones.LoadOrStore(loc, struct{}{}); !had {
+			numSame.Add(1)
+		}
+	}
+	return nil
+}
+
+// sameOffsets reports whether a and b give the same UTC offset on the
+// 1st and the 15th of every month from two years before the year of the
+// system's clock to three years after it: a zone with daylight saving
+// time and a fixed zone differ within that span, and zones of different
+// offsets differ everywhere.
+func sameOffsets(a, b *time.Location) bool {
+	y := time.Now().Year()
+	for m := time.Date(y-2, time.January, 1, 12, 0, 0, 0, time.UTC); m.Year() <= y+3; m = m.AddDate(0, 1, 0) {
+		for _, t := range [2]time.Time{m, m.AddDate(0, 0, 14)} {
+			_, oa := t.In(a).Zone()
+			if _, ob := t.In(b).Zone(); oa != ob {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // LoadZone returns the zone named name as every node loads it: nil (UTC)
@@ -427,7 +468,7 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: Hits %d, but %s with Limit %d and Burst %d admits at most %d at once", ErrHitsExceedLimit, r.Hits, r.Algorithm, r.Limit, r.Burst, c)
 	}
 	if r.Location != nil && r.Location != time.UTC {
-		return checkZone(r.Location.String())
+		return checkLocation(r.Location)
 	}
 	return nil
 }

@@ -80,6 +80,21 @@ func TestValidate(t *testing.T) {
 		{"zone that does not load", func(r *Request) {
 			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("UTC+1", 3600)
 		}, ErrInvalidLocation, "UTC+1"},
+		{"fixed zone under a real zone's name", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("Europe/Paris", 3600)
+		}, ErrInvalidLocation, `"Europe/Paris"`},
+		{"fixed zone under a real zone's name, in its summer offset", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("Europe/Paris", 7200)
+		}, ErrInvalidLocation, `"Europe/Paris"`},
+		{"fixed zone under a zone's name, another offset", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("Asia/Tokyo", 0)
+		}, ErrInvalidLocation, `"Asia/Tokyo"`},
+		{"fixed zone of a zone without daylight saving, under its name and offset", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, time.FixedZone("Asia/Tokyo", 9*3600)
+		}, nil, ""},
+		{"a zone with daylight saving loaded by the caller", func(r *Request) {
+			r.Algorithm, r.Calendar, r.Location = FixedWindow, Day, mustZone("Europe/Paris")
+		}, nil, ""},
 		{"zone without calendar", func(r *Request) { r.Location = time.Local }, ErrInvalidLocation, "Local"},
 		{"windows ignore burst", func(r *Request) { r.Algorithm, r.Burst, r.Hits = SlidingWindowLog, 20, 11 }, ErrHitsExceedLimit, "Hits"},
 	}

@@ -40,6 +40,8 @@ var zoneCases = []zoneCase{
 	{name: "Local", loc: time.Local, wire: "Local", inText: `"Local"`},
 	{name: "unnamed fixed zone", loc: time.FixedZone("", 3600), inText: "no name"},
 	{name: "fixed zone under a name no node loads", loc: time.FixedZone("UTC+1", 3600), wire: "UTC+1", inText: `"UTC+1"`},
+	// On the wire the name is the zone every node loads.
+	{name: "fixed zone under a real zone's name", loc: time.FixedZone("Europe/Paris", 3600), inText: `"Europe/Paris"`},
 }
 
 // zoneRequest is a daily fixed window in loc.
@@ -57,8 +59,9 @@ func zoneRequest(key string, loc *time.Location) limiter.Request {
 // given one.
 //
 // A zone built with time.FixedZone under a name that does not load
-// ("UTC+1") is refused too: Validate loads the name (once per name). One
-// under a name that loads but with another offset is not told apart.
+// ("UTC+1") is refused too: Validate loads the name (once per name). So
+// is one under a name that loads ("Europe/Paris") whose offsets are not
+// that zone's: the nodes it reaches by name would read other windows.
 func TestZoneRefusedOnEveryPath(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	store, err := limiter.NewStore(limiter.DefaultStoreConfig())

@@ -33,6 +33,19 @@ func persistNode(t *testing.T, dir string, at *atomic.Int64) *Node {
 	return n
 }
 
+// advanceBefore moves the clock at by step while it is before limit: a
+// loop that waits for the persister's write moves the node's time past
+// PersistInterval, and no further however long a loaded machine makes it
+// wait. Unbounded, a loaded run's loop took it past the 10 s lease of
+// TestLeaseHeldHitsRestoredFromDataDir before the write: the node wrote
+// the lease ended, and h's return freed nothing (600 remaining, as steps
+// of 500 ms reproduce).
+func advanceBefore(at *atomic.Int64, limit time.Time, step time.Duration) {
+	if at.Load() < limit.UnixNano() {
+		at.Add(int64(step))
+	}
+}
+
 // A node takes a hand-off state of a key of 100 a day counting 50, with a
 // grant of 20 to holder h, and is restarted from its DataDir (closed:
 // its last snapshot; or killed: its last segment, read from the
@@ -86,7 +99,7 @@ func TestLeaseGrantsRestoredFromDataDir(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("no segment holds the key's grant after 20s")
 				}
-				at.Add(int64(20 * time.Millisecond)) // past PersistInterval
+				advanceBefore(&at, t0.Add(500*time.Millisecond), 20*time.Millisecond) // past PersistInterval
 				states, err := ReadDataDir(dir)
 				if err != nil {
 					continue // a file renamed as it was listed
@@ -147,7 +160,7 @@ func TestLeaseHeldHitsRestoredFromDataDir(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("no segment holds the key after 20s")
 				}
-				at.Add(int64(20 * time.Millisecond)) // past PersistInterval
+				advanceBefore(&at, t0.Add(500*time.Millisecond), 20*time.Millisecond) // past PersistInterval
 				states, _ := ReadDataDir(dir)
 				var grants []limiter.LeaseGrant
 				for _, s := range states {

@@ -317,18 +317,22 @@ func BenchmarkLeaseCutsForwarded(b *testing.B) {
 }
 
 // checkUntilLeased checks req on nd until nd holds a lease, and returns the
-// checks admitted. Five callers check at once, so that the key's rate on
-// nd passes the lease threshold even when a starved process makes each
-// forwarded check take tens of milliseconds.
+// checks admitted. Each round's 50 checks are made by 25 callers at once,
+// two each: the first 25 reach nd within one of its rate intervals
+// however long a forwarded check takes, so that the key's rate passes
+// the lease threshold on a starved machine too (five callers checking
+// ten times each made fewer than 10 checks an interval once forwarded
+// checks took over 50 ms, in a -race run beside two other test runs).
 func checkUntilLeased(t *testing.T, nd *cluster.Node, req limiter.Request) int64 {
 	t.Helper()
+	const callers, each = 25, 2
 	var admitted atomic.Int64
-	err := testcluster.WaitFor(10*time.Second, func() error {
+	err := testcluster.WaitFor(30*time.Second, func() error {
 		var wg sync.WaitGroup
-		errs := make(chan error, 5)
-		for range 5 {
+		errs := make(chan error, callers)
+		for range callers {
 			wg.Go(func() {
-				for range 10 {
+				for range each {
 					d, err := nd.Check(context.Background(), req)
 					if err != nil {
 						errs <- err

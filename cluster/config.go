@@ -307,6 +307,10 @@ type Config struct {
 	// read the states it hands off and before it attaches their parts;
 	// tests use it to merge a state meanwhile.
 	afterHandoffRead func()
+	// afterChangesRead, when set, is called by the changes loop after it
+	// read the changed states it copies to replicas and before it queues
+	// them; tests use it to merge a state meanwhile.
+	afterChangesRead func()
 	// beforeStandinRecord, when set, is called by a stand-in decision
 	// that admitted hits, after its store counts them and before its
 	// record does; tests use it to hold the record back.

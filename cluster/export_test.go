@@ -38,6 +38,11 @@ func SetBeforeHandoffPass(c *Config, f func()) { c.beforeHandoffPass = f }
 // attaches their parts.
 func SetAfterHandoffRead(c *Config, f func()) { c.afterHandoffRead = f }
 
+// SetAfterChangesRead makes a node built from c call f each time its
+// changes loop has read the changed states it copies to replicas, before
+// it queues them.
+func SetAfterChangesRead(c *Config, f func()) { c.afterChangesRead = f }
+
 // CopyTo merges into to the state n holds of (name, key) with its parts,
 // read together under the key's decide lock, as a copy n's changes loop
 // sends a replica; false when n holds no state of the key or to refused

@@ -79,16 +79,25 @@ func (n *Node) takeChanges(owners *ownersCache) {
 		}
 	})
 	n.transfers.changedMu.Unlock()
+	// A copy carries the parts read with its state, under the key's
+	// decide lock, or none (attachConsistent): parts attached later may
+	// count hits the state read does not (a stand-in decision recorded
+	// or a hand-off merged meanwhile), which a replica, holding the parts
+	// as counted, would never count. So the stored hits become this
+	// node's own part before that read, and the leases' held hits are
+	// charged to the states so read, keeping their parts.
+	n.withStoredParts(batches)
 	for _, states := range batches {
 		n.attachConsistent(states)
 	}
-	n.withStoredParts(batches)
 	if replicate && n.grants.active() {
 		n.withHeldHits(batches, owners)
 	}
+	if f := n.cfg.afterChangesRead; f != nil {
+		f()
+	}
 	for to, states := range batches {
 		if _, ok := n.peers.Get(to); ok { // a member gone is no replica
-			n.standins.attach(states)
 			n.transfers.outbox.replicate(to, states)
 		}
 	}
@@ -137,7 +146,9 @@ func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *owner
 		}
 		var sp *limiter.Snapshot
 		if s, ok := n.store.Snapshot(req.Name, req.Key, now); ok {
-			sp = &s
+			ss := []limiter.Snapshot{s}
+			n.attachConsistent(ss)
+			sp = &ss[0]
 		}
 		c, ok := n.heldSnapshot(hash, sp, req.Name, req.Key, now)
 		if !ok {
@@ -151,7 +162,8 @@ func (n *Node) withHeldHits(batches map[string][]limiter.Snapshot, owners *owner
 
 // heldSnapshot returns s (nil: a fresh state) of (name, key), of hash,
 // with the hits that token bucket and GCRA leases of the key hold apart
-// charged at now; ok is false when none are held.
+// charged at now, and the parts read with s (leased hits are no part's);
+// ok is false when none are held.
 func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, now time.Time) (limiter.Snapshot, bool) {
 	mu := n.handover.lock(hash)
 	mu.RLock()
@@ -186,55 +198,53 @@ func (n *Node) heldSnapshot(hash uint64, s *limiter.Snapshot, name, key string, 
 	}
 	c, ok := scratch.Snapshot(name, key, now)
 	c.Grants = carried
+	if s != nil {
+		c.Settle = s.Settle
+	}
 	return c, ok
 }
 
 // attachConsistent reads again, each under its key's decide lock, the
-// states of ss whose keys have stand-in parts, and attaches the parts to
-// them (standins.attach). A stand-in decision counts its hits in the store
+// states of ss whose keys have an entry in the stand-in record (parts of
+// any algorithm, or a stand-in decision's reserve), and attaches the
+// parts to them (standins.attachParts), for copies of the keys: the only
+// parts a copy carries. A stand-in decision counts its hits in the store
 // and then records them as its part, under its key's decide lock held
-// shared: a state read apart from its parts may count hits its parts do
-// not (the receiver takes them for history before the cut, and a merge
-// that keeps the other history loses them), or parts may count hits the
-// state does not, and a receiver charges a part at most what the state
-// sent counts while it holds the part as counted, so that a state
-// carrying little beside its parts (a stand-in that held no copy) lost
-// those hits for good. Read together, the two count the same hits.
-func (n *Node) attachConsistent(ss []limiter.Snapshot) {
-	n.attachConsistentParts(ss, false, func(s *limiter.Snapshot) bool {
-		return n.standins.holds(s.Name, s.Key, s.Algorithm)
-	})
-}
+// shared, and a merge of a state with parts charges the store and keeps
+// the parts under it held alone: a state read apart from its parts may
+// count hits its parts do not (the receiver takes them for history
+// before the cut, and a merge that keeps the other history loses them),
+// or parts may count hits the state does not, and a receiver charges a
+// part at most what the state sent counts while it holds the part as
+// counted, so that a state carrying little beside its parts (a stand-in
+// that held no copy) lost those hits for good, and a replica holding its
+// own part as counted was charged nothing for a state that did not count
+// it. Read together, the two count the same hits. A state whose key has
+// no entry goes without parts: an entry made after the look comes of a
+// decision or a merge the state read does not count either.
+func (n *Node) attachConsistent(ss []limiter.Snapshot) { n.attachConsistentParts(ss, false) }
 
 // attachConsistentHandOff is attachConsistent for a hand-off to the keys'
-// next owners (standins.attachHandOff), for every state whose key has an
-// entry in the stand-in record, of any algorithm (a part charged to a
-// state of another algorithm goes with it). The hand-off pass and a leave
+// next owners (standins.attachHandOff). The hand-off pass and a leave
 // read their states apart from the decide locks: a state with parts
 // merged meanwhile (a copy from the key's owner on this side, which still
 // decides it standing in) grew the parts past what the state read counts,
 // and the owner, charged a part at most what the state sent counts and
 // holding it as counted, lost the difference wherever its own history
-// was the larger. A state whose key has no entry goes without parts: an
-// entry made after the look comes of a merge the state read does not
-// count either.
-func (n *Node) attachConsistentHandOff(ss []limiter.Snapshot) {
-	n.attachConsistentParts(ss, true, func(s *limiter.Snapshot) bool {
-		return n.standins.hasEntry(s.Name, s.Key)
-	})
-}
+// was the larger.
+func (n *Node) attachConsistentHandOff(ss []limiter.Snapshot) { n.attachConsistentParts(ss, true) }
 
 // attachConsistentParts reads again, under its key's decide lock, each
-// state of ss that carries no settlement and that has says has parts, and
-// attaches them (standins.attachParts).
-func (n *Node) attachConsistentParts(ss []limiter.Snapshot, handOff bool, has func(s *limiter.Snapshot) bool) {
+// state of ss that carries no settlement and whose key has an entry in
+// the stand-in record, and attaches its parts (standins.attachParts).
+func (n *Node) attachConsistentParts(ss []limiter.Snapshot, handOff bool) {
 	if n.standins.entries.Load() == 0 {
 		return
 	}
 	now := n.now()
 	for i := range ss {
 		s := &ss[i]
-		if s.Settle != nil || !has(s) {
+		if s.Settle != nil || !n.standins.hasEntry(s.Name, s.Key) {
 			continue
 		}
 		mu := n.handover.lock(ring.RouteHash(s.Name, s.Key))

@@ -977,19 +977,6 @@ func (t *standins) refunded(req *limiter.Request, gave int64) {
 	}
 }
 
-// holds reports whether the record has parts with hits of the key of name
-// and key decided under algo, or a stand-in decision of the key reserved
-// its entry and has not recorded its hits yet.
-func (t *standins) holds(name, key string, algo limiter.Algorithm) bool {
-	if t.entries.Load() == 0 {
-		return false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, ok := t.m[debtKey{name, key}]
-	return ok && (e.pins > 0 || e.req.Algorithm == algo && hasHits(e.parts))
-}
-
 // hasEntry reports whether the record holds an entry of the key of name
 // and key: parts, of any algorithm, or a stand-in decision's reserve.
 func (t *standins) hasEntry(name, key string) bool {
@@ -1001,10 +988,6 @@ func (t *standins) hasEntry(name, key string) bool {
 	_, ok := t.m[debtKey{name, key}]
 	return ok
 }
-
-// attach sets the settlement of every state of ss whose key has parts,
-// for copies of the keys (replication).
-func (t *standins) attach(ss []limiter.Snapshot) { t.attachParts(ss, false) }
 
 // attachHandOff sets the settlement of every state of ss whose key has
 // parts, for a hand-off to the keys' next owners: the states carry this

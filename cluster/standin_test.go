@@ -136,7 +136,7 @@ func TestStandinRecordMakesRoom(t *testing.T) {
 	r := key(0)
 	sent.record(&r, 5)
 	sn := []limiter.Snapshot{{Name: r.Name, Key: r.Key, Algorithm: r.Algorithm}}
-	sent.attach(sn)
+	sent.attachParts(sn, false)
 	store, err := limiter.NewStore(limiter.StoreConfig{Shards: 1})
 	if err != nil {
 		t.Fatal(err)

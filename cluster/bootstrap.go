@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/sluicehq/sluice/internal/clocks"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // A node is ready (it decides the keys it owns) only inside a cluster that
@@ -210,34 +212,77 @@ func (n *Node) rejoin() {
 
 // rejoinTargets returns the gossip addresses of seeds and of the
 // remembered members that no alive or leaving member has, this node's
-// left out.
+// left out. A remembered member is a target only once it has answered as
+// itself (answering): a restarted node whose cluster is gone does not
+// join, and glue its keys to, another cluster that now listens at a
+// remembered address.
 func (n *Node) rejoinTargets(seeds []string) []string {
 	n.rememberMu.Lock()
-	want := append([]string(nil), seeds...)
-	for _, m := range n.remembered {
-		want = append(want, m.Gossip)
-	}
+	remembered := slices.Clone(n.remembered)
 	n.rememberMu.Unlock()
-	if len(want) == 0 {
+	if len(seeds) == 0 && len(remembered) == 0 {
 		return nil
 	}
 	ctx, cancel := clocks.WithTimeout(n.transfers.ctx, n.clock, resolveTimeout)
 	defer cancel()
-	addrs, _ := resolveSeeds(ctx, n.resolver, want, n.selfGossip())
+	addrs, _ := resolveSeeds(ctx, n.resolver, seeds, n.selfGossip())
 	// A leaving member is going: joining it would only slow its leave.
-	alive := map[string]bool{}
+	skip := map[string]bool{n.selfGossip().String(): true}
 	for _, m := range n.serf.Members() {
 		if m.Status == serf.StatusAlive || m.Status == serf.StatusLeaving {
-			alive[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+			skip[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
 		}
 	}
-	return slices.DeleteFunc(addrs, func(a string) bool {
+	addrs = slices.DeleteFunc(addrs, func(a string) bool {
 		_, hostPort, named := strings.Cut(a, "/")
 		if !named {
 			hostPort = a
 		}
-		return alive[hostPort]
+		return skip[hostPort]
 	})
+	for _, a := range addrs { // a seed is joined as the operator named it
+		skip[a] = true
+	}
+	remembered = slices.DeleteFunc(remembered, func(m rememberedMember) bool {
+		return skip[m.Gossip] || m.Name == n.cfg.NodeName
+	})
+	return append(addrs, n.answering(remembered)...)
+}
+
+// answering returns the gossip addresses of the members in ms that
+// answer, at the gRPC address remembered with them, a challenge (the
+// proof a ring member gives, transport.Prove) under their remembered
+// name, within ProofTimeout: under a cluster secret the answer proves
+// it, under mutual TLS the certificate does, and with neither the name
+// must match. A member remembered without a gRPC address, from a members
+// file of version 1, is joined by address alone.
+func (n *Node) answering(ms []rememberedMember) []string {
+	ok := make([]bool, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		if m.GRPC == "" {
+			ok[i] = true
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := clocks.WithTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
+			defer cancel()
+			ok[i] = n.challenge(ctx, ring.Member{Name: m.Name, Addr: m.GRPC}) == nil
+		})
+	}
+	wg.Wait()
+	var out, silent []string
+	for i, m := range ms {
+		if ok[i] {
+			out = append(out, m.Gossip)
+		} else {
+			silent = append(silent, m.Name+"/"+m.GRPC)
+		}
+	}
+	if len(silent) > 0 {
+		n.logger.Debug("cluster: remembered members that did not answer as themselves at their gRPC addresses; not joined", "members", silent)
+	}
+	return out
 }
 
 // rememberMembers records the alive members of the ring, when there are
@@ -248,16 +293,17 @@ func (n *Node) rejoinTargets(seeds []string) []string {
 // so that a node retries only the members it lost all at once, and not,
 // for ever, addresses that may serve something else by now.
 func (n *Node) rememberMembers() {
-	inRing := map[string]bool{}
+	inRing := map[string]string{} // name: gRPC address
 	for _, m := range n.ring.Members() {
-		inRing[m.Name] = true
+		inRing[m.Name] = m.Addr
 	}
 	var now []rememberedMember
 	for _, m := range n.serf.Members() {
-		if m.Name == n.cfg.NodeName || !inRing[m.Name] || m.Status != serf.StatusAlive {
+		grpcAddr := inRing[m.Name]
+		if m.Name == n.cfg.NodeName || grpcAddr == "" || m.Status != serf.StatusAlive {
 			continue
 		}
-		now = append(now, rememberedMember{Name: m.Name, Gossip: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))})
+		now = append(now, rememberedMember{Name: m.Name, Gossip: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))), GRPC: grpcAddr})
 	}
 	if len(now) == 0 {
 		return

@@ -26,8 +26,10 @@ const membersFileName = "members.json"
 // is refused rather than misread.
 const membersFormat = "sluice-members"
 
-// membersFileVersion is the version of the file's format.
-const membersFileVersion = 1
+// membersFileVersion is the version of the file's format that this node
+// writes. Version 2 adds each member's gRPC address; a version 1 file is
+// still read, and its members are joined by gossip address alone.
+const membersFileVersion = 2
 
 // Bounds on what a members file may hold.
 const (
@@ -45,6 +47,9 @@ var ErrMembersFile = errors.New("cluster: bad members file")
 type rememberedMember struct {
 	Name   string `json:"name"`
 	Gossip string `json:"gossip"`
+	// GRPC is the member's gRPC address, where it is asked to prove
+	// itself before it is joined again; empty in a version 1 file.
+	GRPC string `json:"grpc,omitempty"`
 }
 
 type membersFile struct {
@@ -96,8 +101,8 @@ func parseMembersFile(b []byte) ([]rememberedMember, error) {
 	switch {
 	case mf.Format != membersFormat:
 		return nil, fmt.Errorf("format %q, want %q", mf.Format, membersFormat)
-	case mf.Version != membersFileVersion:
-		return nil, fmt.Errorf("version %d, this node reads %d", mf.Version, membersFileVersion)
+	case mf.Version != 1 && mf.Version != membersFileVersion:
+		return nil, fmt.Errorf("version %d, this node reads 1 and %d", mf.Version, membersFileVersion)
 	case len(mf.Members) > maxRememberedMembers:
 		return nil, fmt.Errorf("%d members, at most %d", len(mf.Members), maxRememberedMembers)
 	}
@@ -107,6 +112,17 @@ func parseMembersFile(b []byte) ([]rememberedMember, error) {
 		}
 		if _, _, err := splitHostPort(m.Gossip); err != nil || strings.Contains(m.Gossip, "/") {
 			return nil, fmt.Errorf("member %d (%s): gossip address %q is not host:port", i, m.Name, m.Gossip)
+		}
+		switch {
+		case mf.Version == 1 && m.GRPC != "":
+			return nil, fmt.Errorf("member %d (%s): a gRPC address in a version 1 file", i, m.Name)
+		case mf.Version == 1:
+		case len(m.GRPC) > maxMemberNameBytes || strings.Contains(m.GRPC, "/"):
+			return nil, fmt.Errorf("member %d (%s): gRPC address %q is not host:port", i, m.Name, m.GRPC)
+		default:
+			if _, _, err := splitHostPort(m.GRPC); err != nil {
+				return nil, fmt.Errorf("member %d (%s): gRPC address %q is not host:port", i, m.Name, m.GRPC)
+			}
 		}
 	}
 	return mf.Members, nil

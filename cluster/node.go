@@ -122,6 +122,10 @@ type Node struct {
 	// proofCtx ends the members' proofs in flight when the node closes.
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
+	// proveDial and proveKeys challenge a member (challenge): the ring's
+	// members, and the remembered members before they are joined.
+	proveDial []grpc.DialOption
+	proveKeys [][]byte
 
 	// joinedOnce is set once a join of the seeds has succeeded.
 	joinedOnce atomic.Bool
@@ -248,7 +252,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.peers, err = peer.NewPool(pcfg); err != nil {
 		return nil, err
 	}
-	proveDial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, pcfg.DialOptions...)
+	n.proveDial = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, pcfg.DialOptions...)
 	n.router.peers = n.peers
 	x := &n.transfers
 	counts := outboxCounts{handedOff: &x.handedOff, replicated: &x.replicated, failures: &x.failures, givenUp: &x.givenUp}
@@ -331,7 +335,8 @@ func New(cfg Config) (n *Node, err error) {
 	ip, _ := netip.AddrFromSlice(self.Addr)
 	n.self = advertised{gossip: netip.AddrPortFrom(ip.Unmap(), self.Port), grpc: grpcAddr}
 	n.rebuild(0)
-	n.goFunc(func() { n.proveLoop(proveDial, auth.Keys) })
+	n.proveKeys = auth.Keys
+	n.goFunc(n.proveLoop)
 	n.goFunc(n.eventLoop)
 	n.goFunc(n.sweepLoop)
 	n.goFunc(n.settleLoop)

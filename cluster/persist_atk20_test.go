@@ -327,13 +327,12 @@ func copyDir(t *testing.T, src, dst string) {
 }
 
 // A node remembers the members it saw (members.json) and joins their
-// addresses again on start. When its whole cluster is gone and another,
-// unrelated cluster now listens at a remembered address, the restarted
-// node must not glue itself, and its keys, to that cluster.
+// addresses again on start and every RetryJoinInterval. When its whole
+// cluster is gone and another, unrelated cluster now listens at a
+// remembered address, the restarted node must not glue itself, and its
+// keys, to that cluster, in either direction: a remembered member is
+// joined only once it answers as itself at its remembered gRPC address.
 func TestRememberedAddressNowAnotherCluster(t *testing.T) {
-	if os.Getenv("SLUICE_ATTACK") == "" {
-		t.Skip("attack: a node joins whatever cluster now listens at a remembered member's address, by address alone, and the two clusters merge into one ring (SLUICE_ATTACK=1)")
-	}
 	dirA := t.TempDir()
 	ca := cluster.TestConfig("a")
 	ca.DataDir = dirA
@@ -342,10 +341,10 @@ func TestRememberedAddressNowAnotherCluster(t *testing.T) {
 	cb.Seeds = []string{a.GossipAddr()}
 	b := startNode(t, cb)
 	converged(t, a, b)
-	bAddr := b.GossipAddr()
+	bAddr, bGRPC := b.GossipAddr(), b.GRPCAddr()
 	testwait.For(t, "a to remember b", func() bool {
 		text, _ := os.ReadFile(filepath.Join(dirA, "members.json"))
-		return strings.Contains(string(text), bAddr)
+		return strings.Contains(string(text), bAddr) && strings.Contains(string(text), bGRPC)
 	})
 	if err := b.Leave(); err != nil {
 		t.Fatal(err)
@@ -353,30 +352,67 @@ func TestRememberedAddressNowAnotherCluster(t *testing.T) {
 	if err := a.Leave(); err != nil {
 		t.Fatal(err)
 	}
-	// Another cluster, of other names, takes b's address.
-	cp := cluster.TestConfig("other-p")
-	cp.GossipAddr = bAddr
-	p := startNode(t, cp)
-	cq := cluster.TestConfig("other-q")
-	cq.Seeds = []string{p.GossipAddr()}
-	q := startNode(t, cq)
-	converged(t, p, q)
+	for _, tc := range []struct {
+		name string
+		p    func(*cluster.Config) // the other cluster's node at b's gossip address
+	}{
+		// Its gRPC port is another: nothing answers at b's.
+		{"another gRPC address", func(*cluster.Config) {}},
+		// b's gRPC address too: it answers under another name.
+		{"b's gRPC address", func(c *cluster.Config) { c.GRPCAddr = bGRPC }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := cluster.TestConfig("other-p")
+			cp.GossipAddr = bAddr
+			tc.p(&cp)
+			p := startNode(t, cp)
+			cq := cluster.TestConfig("other-q")
+			cq.Seeds = []string{p.GossipAddr()}
+			q := startNode(t, cq)
+			converged(t, p, q)
 
-	log := &logLines{}
-	ca.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ca.GossipAddr = cluster.TestConfig("a").GossipAddr
-	a = startNode(t, ca)
-	// The start's pass has tried the remembered address once it logged it.
-	testwait.For(t, "a's first pass over its remembered members", func() bool {
-		return log.find("remembered members") || len(p.RingMembers()) > 2
-	})
-	for _, n := range []*cluster.Node{a, p, q} {
-		for _, m := range n.RingMembers() {
-			if (n == a) != (m.Name == "a") {
-				t.Fatalf("%s routes to %v: a restarted node and an unrelated cluster at a remembered address merged", n.Name(), n.RingMembers())
+			log := &logLines{}
+			ca := ca
+			ca.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			ca.GossipAddr = cluster.TestConfig("a").GossipAddr
+			a := startNode(t, ca)
+			// The pass at start and two of the passes every
+			// RetryJoinInterval have tried the remembered member.
+			testwait.For(t, "three of a's passes over its remembered members", func() bool {
+				return log.count("remembered members that did not answer as themselves") >= 3 || len(p.RingMembers()) > 2
+			})
+			for _, n := range []*cluster.Node{a, p, q} {
+				for _, m := range n.RingMembers() {
+					if (n == a) != (m.Name == "a") {
+						t.Fatalf("%s routes to %v: a restarted node and an unrelated cluster at a remembered address merged", n.Name(), n.RingMembers())
+					}
+				}
 			}
-		}
+			a.Close()
+			q.Close()
+			p.Close()
+		})
 	}
+}
+
+// A members file of version 1, as a release before gRPC addresses were
+// remembered wrote it, is read on upgrade, and its members are joined
+// by gossip address alone; the node writes version 2 once it sees them.
+func TestMembersFileVersion1Rejoined(t *testing.T) {
+	b := startNode(t, cluster.TestConfig("b"))
+	dir := t.TempDir()
+	v1 := `{"format":"sluice-members","version":1,"members":[{"name":"b","gossip":"` + b.GossipAddr() + `"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "members.json"), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := cluster.TestConfig("a")
+	ca.DataDir = dir
+	a := startNode(t, ca)
+	converged(t, a, b)
+	testwait.For(t, "a to write version 2 with b's gRPC address", func() bool {
+		text, _ := os.ReadFile(filepath.Join(dir, "members.json"))
+		return strings.Contains(string(text), `"version": 2`) && strings.Contains(string(text), `"grpc": "`+b.GRPCAddr()+`"`)
+	})
 }
 
 // A cluster that kept no copies (Replicas 1) stops, and one node comes

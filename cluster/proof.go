@@ -212,13 +212,13 @@ func (p *proofs) refused() []RefusedMember {
 
 // proveLoop challenges every member whose attempt is due, each in a
 // goroutine of its own, until the node closes.
-func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
+func (n *Node) proveLoop() {
 	var t *clocks.Timer
 	defer func() { t.Stop() }()
 	for {
 		due, next := n.proofs.due(n.now())
 		for _, m := range due {
-			n.goFunc(func() { n.prove(m, dial, keys) })
+			n.goFunc(func() { n.prove(m) })
 		}
 		wait := time.Hour
 		if !next.IsZero() {
@@ -237,10 +237,10 @@ func (n *Node) proveLoop(dial []grpc.DialOption, keys [][]byte) {
 
 // prove challenges m once and applies the answer: a member whose status
 // changed is logged, once, and the ring rebuilt.
-func (n *Node) prove(m ring.Member, dial []grpc.DialOption, keys [][]byte) {
+func (n *Node) prove(m ring.Member) {
 	ctx, cancel := clocks.WithTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
 	defer cancel()
-	err := n.challenge(ctx, m, dial, keys)
+	err := n.challenge(ctx, m)
 	if n.closed.Load() {
 		return
 	}
@@ -259,13 +259,15 @@ func (n *Node) prove(m ring.Member, dial []grpc.DialOption, keys [][]byte) {
 }
 
 // challenge runs one transport.Prove of m on a connection of its own.
-func (n *Node) challenge(ctx context.Context, m ring.Member, dial []grpc.DialOption, keys [][]byte) error {
-	conn, err := grpc.NewClient(m.Addr, dial...)
+// With peer authentication off it still checks that the member answers
+// under m.Name.
+func (n *Node) challenge(ctx context.Context, m ring.Member) error {
+	conn, err := grpc.NewClient(m.Addr, n.proveDial...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	return transport.Prove(ctx, conn, n.cfg.NodeName, m.Name, keys)
+	return transport.Prove(ctx, conn, n.cfg.NodeName, m.Name, n.proveKeys)
 }
 
 // awaitProofs waits until every member known has answered its first

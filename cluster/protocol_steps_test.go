@@ -124,7 +124,13 @@ func TestMembersFileParse(t *testing.T) {
 		{"empty", ``, 0, "not a members file"},
 		{"foreign JSON", `{"nodes":["a"]}`, 0, "not a members file"},
 		{"another format", `{"format":"sluice-state","version":1,"members":[]}`, 0, "format"},
-		{"a later version", `{"format":"sluice-members","version":2,"members":[]}`, 0, "version 2"},
+		{"a later version", `{"format":"sluice-members","version":3,"members":[]}`, 0, "version 3"},
+		{"version 2", `{"format":"sluice-members","version":2,"members":[{"name":"a","gossip":"10.0.0.1:7946","grpc":"10.0.0.1:7947"}]}`, 1, ""},
+		{"version 2 without gRPC", `{"format":"sluice-members","version":2,"members":[{"name":"a","gossip":"10.0.0.1:7946"}]}`, 0, "gRPC address"},
+		{"version 2, gRPC with no port", `{"format":"sluice-members","version":2,"members":[{"name":"a","gossip":"10.0.0.1:7946","grpc":"10.0.0.1"}]}`, 0, "gRPC address"},
+		{"version 2, named gRPC", `{"format":"sluice-members","version":2,"members":[{"name":"a","gossip":"10.0.0.1:7946","grpc":"dns:///a:7947"}]}`, 0, "gRPC address"},
+		{"version 2, long gRPC", `{"format":"sluice-members","version":2,"members":[{"name":"a","gossip":"10.0.0.1:7946","grpc":"` + strings.Repeat("h", maxMemberNameBytes) + `:1"}]}`, 0, "gRPC address"},
+		{"version 1 with gRPC", `{"format":"sluice-members","version":1,"members":[{"name":"a","gossip":"10.0.0.1:7946","grpc":"10.0.0.1:7947"}]}`, 0, "version 1"},
 		{"data after", good + `{}`, 0, "data after"},
 		{"too many", many, 0, "at most"},
 		{"no name", `{"format":"sluice-members","version":1,"members":[{"name":"","gossip":"10.0.0.1:7946"}]}`, 0, "name"},
@@ -157,8 +163,8 @@ func TestMembersFileRoundTrip(t *testing.T) {
 		t.Fatalf("missing file: %v, %v", ms, err)
 	}
 	for _, want := range [][]rememberedMember{
-		{{Name: "a", Gossip: "10.0.0.1:7946"}},
-		{{Name: "a", Gossip: "10.0.0.1:7946"}, {Name: "b", Gossip: "10.0.0.2:7946"}},
+		{{Name: "a", Gossip: "10.0.0.1:7946", GRPC: "10.0.0.1:7947"}},
+		{{Name: "a", Gossip: "10.0.0.1:7946", GRPC: "10.0.0.1:7947"}, {Name: "b", Gossip: "10.0.0.2:7946", GRPC: "[fd00::2]:7947"}},
 	} {
 		if err := writeMembersFile(dir, want); err != nil {
 			t.Fatal(err)

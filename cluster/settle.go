@@ -185,7 +185,10 @@ type SettleStats struct {
 	// StandIn counts hits this node admitted standing in for a failed
 	// owner, recorded to be charged wherever its state meets the owner's
 	// (standin.go); Charged the hits of other nodes' stand-in records
-	// charged to this node's store on receipt;
+	// that this node's store counts by a merge on receipt: at most what
+	// the state that carried them still counted (a bucket's drained
+	// hits, or a window's that have left it, are not), none of a state
+	// expired on arrival, and a record seen again adds only its new hits;
 	// StandInDropped the hits of stand-in records not kept, the record
 	// being full (a part sent is charged all the same).
 	StandIn, Charged, StandInDropped int64

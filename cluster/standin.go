@@ -1195,14 +1195,14 @@ func (t *standins) mergeLocal(store *limiter.Store, sn *limiter.Snapshot, now ti
 	}
 	mine += stored
 	charge.Hits = min(theirs, limiter.MaxLimit)
-	changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
+	charged, changed, err := store.MergeCharged(sn, charge, min(mine, limiter.MaxLimit), now)
 	if err != nil {
 		if len(e.parts) == 0 && e.pins == 0 {
 			t.removeLocked(k, e)
 		}
 		return false, err
 	}
-	t.charged.Add(charge.Hits)
+	t.charged.Add(charged)
 	for _, p := range in {
 		if !t.addPartLocked(e, p.Origin, p.Gen, p.Hits, false) {
 			t.dropped.Add(p.Hits) // charged, not kept
@@ -1228,7 +1228,8 @@ func mergeStored(store *limiter.Store, sn *limiter.Snapshot, now time.Time, loca
 	}
 	charge := *local
 	charge.Hits = 0
-	return store.MergeCharged(sn, charge, stored, now)
+	_, changed, err := store.MergeCharged(sn, charge, stored, now)
+	return changed, err
 }
 
 // chargeUnkeptLocked merges sn, sent with parts that this node has no room
@@ -1242,11 +1243,11 @@ func (t *standins) chargeUnkeptLocked(store *limiter.Store, sn *limiter.Snapshot
 		theirs += max(p.Hits, 0)
 	}
 	charge.Hits = min(theirs, limiter.MaxLimit)
-	changed, err := store.MergeCharged(sn, charge, stored, now)
+	charged, changed, err := store.MergeCharged(sn, charge, stored, now)
 	if err != nil {
 		return false, err
 	}
-	t.charged.Add(charge.Hits)
+	t.charged.Add(charged)
 	t.dropped.Add(charge.Hits)
 	return changed, nil
 }

@@ -139,7 +139,7 @@ func TestAtk18bStandInResetMergedWithOwnersReset(t *testing.T) {
 				standin.Range(t0.Add(6*time.Second), func(s Snapshot) bool { sn = s; return false })
 				charge := base
 				charge.Hits = standinHits
-				if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(6*time.Second)); err != nil {
+				if _, _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(6*time.Second)); err != nil {
 					t.Fatal(err)
 				}
 				recount(t, owner)

@@ -286,7 +286,7 @@ func TestMergeChargedKeepsTheMark(t *testing.T) {
 				if !sn.HasResetMark() {
 					t.Fatalf("exported %+v, want a mark", sn)
 				}
-				if _, err := nu.MergeCharged(&sn, base, 0, t0.Add(2*time.Second)); err != nil {
+				if _, _, err := nu.MergeCharged(&sn, base, 0, t0.Add(2*time.Second)); err != nil {
 					t.Fatal(err)
 				}
 				recount(t, nu)

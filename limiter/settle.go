@@ -73,7 +73,9 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // is at most what the state it comes from still counts at now under
 // charge's rate (hits that have left its window, or drained from its
 // bucket, are not charged again). charge's Name, Key and Algorithm must be
-// sn's; its Behavior is ignored. It reports whether the key changed.
+// sn's; its Behavior is ignored. It returns how many of charge.Hits the
+// store counts by it (at most what sn still counts of them: none when sn
+// has expired) and whether the key changed.
 //
 // The hits enter the store's live state under the rate that state was
 // last decided at, in its own algorithm, whatever charge's rate (that of
@@ -91,26 +93,26 @@ func (st *Settlement) Validate(sn *Snapshot) error {
 // charging the hits of h2 the store has not counted to the store's state
 // and those of h1 sn has not counted to sn, the larger of the two is the
 // larger of b1 and b2 plus every stand-in hit, once.
-func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.Time) (bool, error) {
+func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.Time) (charged int64, changed bool, err error) {
 	n := now.UnixNano()
 	if err := sn.Validate(); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	if err := sn.checkTimes(n); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	if sn.ExpireAt <= n {
 		// Fresh: it counts none of its hits any more, but its reset
 		// mark may last.
-		return sn.markLasts(n) && s.merge(sn, n), nil
+		return 0, sn.markLasts(n) && s.merge(sn, n), nil
 	}
 	theirs := charge.Hits
 	charge.Hits, charge.Behavior = 0, 0
 	if charge.Name != sn.Name || charge.Key != sn.Key || charge.Algorithm != sn.Algorithm {
-		return false, fmt.Errorf("%w: charge of %q/%q (%s) with a state of %q/%q (%s)", ErrInvalidSnapshot, charge.Name, charge.Key, charge.Algorithm, sn.Name, sn.Key, sn.Algorithm)
+		return 0, false, fmt.Errorf("%w: charge of %q/%q (%s) with a state of %q/%q (%s)", ErrInvalidSnapshot, charge.Name, charge.Key, charge.Algorithm, sn.Name, sn.Key, sn.Algorithm)
 	}
 	if err := charge.Validate(); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	in, inLog := snapshotState(sn), snapshotLog(sn)
 	if theirs > 0 {
@@ -123,8 +125,14 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 	defer sh.mu.Unlock()
 	at := sh.readingLocked(n)
 	e, ok := sh.m[string(k)]
+	theirs = max(theirs, 0)
 	if !ok || e.expireAt <= at {
-		return s.mergeLocked(sh, k, sn, at), nil
+		// sn, which counts theirs, is adopted, unless the store keeps
+		// what it holds (a reset mark that sn predates).
+		if !s.mergeLocked(sh, k, sn, at) {
+			return 0, false, nil
+		}
+		return theirs, true, nil
 	}
 	var lg *windowLog
 	if e.algo() == SlidingWindowLog {
@@ -146,7 +154,6 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 		c.ResetAt, c.ResetUntil = sn.ResetAt, sn.ResetUntil
 		merged = &c
 	}
-	changed := false
 	if theirs > 0 {
 		before := logBytes(lg)
 		chargeOwn(&e.state, lg, theirs, &charge, at)
@@ -164,7 +171,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 			// consumption, which a decision's clamp must not drop.
 			e.clearReceived()
 		}
-		return changed, nil
+		return theirs, changed, nil
 	}
 	if own {
 		e.clearReceived()
@@ -174,7 +181,7 @@ func (s *Store) MergeCharged(sn *Snapshot, charge Request, mine int64, now time.
 			e.setTATLead(max(e.tat()-at, 0))
 		}
 	}
-	return true, nil
+	return theirs, true, nil
 }
 
 // chargeOwn adds hits, admitted at now, to st, a live state, and to its

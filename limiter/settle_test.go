@@ -24,16 +24,16 @@ func TestMergeChargedAddsThenMerges(t *testing.T) {
 			sn, _ := standIn.Snapshot("n", "k", t0.Add(time.Second))
 			charge := req
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
-				t.Fatal(err)
+			if n, _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil || n != 30 {
+				t.Fatalf("charged %d, %v; want 30", n, err)
 			}
 			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
 				t.Fatalf("%d remaining after 50 and 30 more charged, want 20", r)
 			}
 			// Charged again with the same state, as a second copy would
 			// be without its parts: the charge adds up, past the limit.
-			if _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil {
-				t.Fatal(err)
+			if n, _, err := owner.MergeCharged(&sn, charge, 0, t0.Add(2*time.Second)); err != nil || n != 30 {
+				t.Fatalf("charged again %d, %v; want 30", n, err)
 			}
 			if r := remainingAt(t, owner, req, t0.Add(2*time.Second)); r != 0 {
 				t.Fatalf("%d remaining after 110 charged, want 0", r)
@@ -53,7 +53,7 @@ func TestMergeChargedChargesTheStateMerged(t *testing.T) {
 		checkHits(t, owner, req, 50, t0)
 		checkHits(t, standIn, req, 30, t0.Add(time.Second))
 		sn, _ := owner.Snapshot("n", "k", t0.Add(time.Second))
-		if _, err := standIn.MergeCharged(&sn, req, 30, t0.Add(2*time.Second)); err != nil {
+		if _, _, err := standIn.MergeCharged(&sn, req, 30, t0.Add(2*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if r := remainingAt(t, standIn, req, t0.Add(2*time.Second)); r > 20 || r < 19 {
@@ -63,25 +63,47 @@ func TestMergeChargedChargesTheStateMerged(t *testing.T) {
 }
 
 // A state that counts fewer hits than the charge (its window ended, its
-// bucket drained) charges only what it counts.
+// bucket drained) charges only what it counts, and MergeCharged says how
+// many it charged: to a live state of the store, to none (the state is
+// adopted), and of a state expired on arrival, none.
 func TestMergeChargedAtMostWhatTheStateCounts(t *testing.T) {
 	t0 := time.Unix(1_700_000_040, 0).Truncate(time.Minute)
 	req := Request{Name: "n", Key: "k", Limit: 100, Period: time.Minute, Algorithm: TokenBucket}
-	owner, standIn := newTestStore(t), newTestStore(t)
+	standIn := newTestStore(t)
 	checkHits(t, standIn, req, 40, t0)
 	sn, _ := standIn.Snapshot("n", "k", t0)
 	charge := req
 	charge.Hits = 40
 	later := t0.Add(18 * time.Second) // 30 of 40 drained
-	if _, err := owner.MergeCharged(&sn, charge, 0, later); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		owner int64 // hits the owner admitted at later, 0 for no state
+		at    time.Time
+		want  int64 // hits charged
+		left  int64 // remaining after, at most and at least one less
+	}{
+		{"adopted", 0, later, 10, 90},
+		{"live state", 5, later, 10, 85},
+		{"expired on arrival", 5, t0.Add(time.Minute), 0, 95},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			owner := newTestStore(t)
+			if tc.owner > 0 {
+				checkHits(t, owner, req, tc.owner, tc.at)
+			}
+			n, _, err := owner.MergeCharged(&sn, charge, 0, tc.at)
+			if err != nil || n != tc.want {
+				t.Fatalf("charged %d, %v; want %d of the 40: what the state still counts", n, err, tc.want)
+			}
+			if r := remainingAt(t, owner, req, tc.at); r < tc.left-1 || r > tc.left {
+				t.Fatalf("%d remaining, want %d", r, tc.left)
+			}
+		})
 	}
-	if r := remainingAt(t, owner, req, later); r < 89 || r > 90 {
-		t.Fatalf("%d remaining, want 90: only the 10 the state still counts are charged", r)
-	}
+	owner := newTestStore(t)
 	charge.Key = "other"
-	if _, err := owner.MergeCharged(&sn, charge, 0, later); !errors.Is(err, ErrInvalidSnapshot) {
-		t.Fatalf("a charge of another key: err %v, want ErrInvalidSnapshot", err)
+	if n, _, err := owner.MergeCharged(&sn, charge, 0, later); !errors.Is(err, ErrInvalidSnapshot) || n != 0 {
+		t.Fatalf("a charge of another key: charged %d, err %v; want 0, ErrInvalidSnapshot", n, err)
 	}
 }
 
@@ -136,7 +158,7 @@ func TestMergeChargedUnderTheOwnersRate(t *testing.T) {
 				sn, _ := standIn.Snapshot("n", "k", now)
 				charge := req
 				charge.Hits = 30
-				if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+				if _, _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
 					t.Fatal(err)
 				}
 				for _, limit := range []int64{tc.ownerLimit, 100, 200} {
@@ -172,7 +194,7 @@ func TestMergeChargedKeepsTheOwnersPeriod(t *testing.T) {
 			sn, _ := standIn.Snapshot("n", "k", now)
 			charge := hour
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+			if _, _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
 				t.Fatal(err)
 			}
 			later := now.Add(90 * time.Minute)
@@ -220,7 +242,7 @@ func TestMergeChargedInALaterWindow(t *testing.T) {
 			checkHits(t, standIn, charge, 30, charged)
 			sn, _ := standIn.Snapshot("n", "k", charged)
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, 0, charged); err != nil {
+			if _, _, err := owner.MergeCharged(&sn, charge, 0, charged); err != nil {
 				t.Fatal(err)
 			}
 			for i, at := range tc.at {
@@ -270,8 +292,12 @@ func FuzzMergeCharged(f *testing.F) {
 		before := mustCheck(t, owner, peek, t1).Remaining
 		charge := sent
 		charge.Hits = abs(theirs) % (limiterMaxTest + 1)
-		if _, err := owner.MergeCharged(&sn, charge, abs(mine)%(limiterMaxTest+1), t1); err != nil {
+		charged, _, err := owner.MergeCharged(&sn, charge, abs(mine)%(limiterMaxTest+1), t1)
+		if err != nil {
 			t.Fatalf("%+v with %+v: %v", sn, charge, err)
+		}
+		if charged < 0 || charged > charge.Hits {
+			t.Fatalf("%+v with %+v: %d charged of %d", sn, charge, charged, charge.Hits)
 		}
 		after := mustCheck(t, owner, peek, t1).Remaining
 		if after > before {
@@ -333,12 +359,12 @@ func TestMergeChargedPastTheLimitStays(t *testing.T) {
 			sn, _ := standIn.Snapshot("n", "k", now)
 			charge := req
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+			if _, _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
 				t.Fatal(err)
 			}
 			later := now.Add(time.Second)
 			charge.Hits = 0
-			if _, err := owner.MergeCharged(&copied, charge, 30, later); err != nil {
+			if _, _, err := owner.MergeCharged(&copied, charge, 30, later); err != nil {
 				t.Fatal(err)
 			}
 			lower.Hits = 1
@@ -383,7 +409,7 @@ func TestMergeChargedAfterACopyStays(t *testing.T) {
 			sn, _ := standIn.Snapshot("n", "k", now)
 			charge := req
 			charge.Hits = 30
-			if _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
+			if _, _, err := owner.MergeCharged(&sn, charge, 0, now); err != nil {
 				t.Fatal(err)
 			}
 			later := now.Add(time.Second)

@@ -292,7 +292,7 @@ func TestKeepStrictestMergeChargedKeepsTheLaterWindow(t *testing.T) {
 		sn := snapOf(t, from, two, at)
 		charge := three
 		charge.Hits = 0
-		if _, err := to.MergeCharged(&sn, charge, 2, at); err != nil {
+		if _, _, err := to.MergeCharged(&sn, charge, 2, at); err != nil {
 			t.Fatal(err)
 		}
 		when := base6h.Add(3*time.Hour + 30*time.Minute) // the 3-hour window has ended, the 2-hour one not

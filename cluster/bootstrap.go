@@ -227,10 +227,14 @@ func (n *Node) rejoinTargets(seeds []string) []string {
 	defer cancel()
 	addrs, _ := resolveSeeds(ctx, n.resolver, seeds, n.selfGossip())
 	// A leaving member is going: joining it would only slow its leave.
+	// A remembered member that is a member under its name, wherever it
+	// listens now, is not challenged again.
 	skip := map[string]bool{n.selfGossip().String(): true}
+	members := map[string]bool{n.cfg.NodeName: true}
 	for _, m := range n.serf.Members() {
 		if m.Status == serf.StatusAlive || m.Status == serf.StatusLeaving {
 			skip[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+			members[m.Name] = true
 		}
 	}
 	addrs = slices.DeleteFunc(addrs, func(a string) bool {
@@ -244,7 +248,7 @@ func (n *Node) rejoinTargets(seeds []string) []string {
 		skip[a] = true
 	}
 	remembered = slices.DeleteFunc(remembered, func(m rememberedMember) bool {
-		return skip[m.Gossip] || m.Name == n.cfg.NodeName
+		return skip[m.Gossip] || members[m.Name]
 	})
 	return append(addrs, n.answering(remembered)...)
 }
@@ -254,27 +258,37 @@ func (n *Node) rejoinTargets(seeds []string) []string {
 // proof a ring member gives, transport.Prove) under their remembered
 // name, within ProofTimeout: under a cluster secret the answer proves
 // it, under mutual TLS the certificate does, and with neither the name
-// must match. A member remembered without a gRPC address, from a members
-// file of version 1, is joined by address alone.
+// must match. The address joined is the one the member reports in its
+// answer, where it listens now, and the remembered one only from a
+// member that reports none (a release before the report). A member
+// remembered without a gRPC address, from a members file of version 1,
+// is joined by address alone.
 func (n *Node) answering(ms []rememberedMember) []string {
-	ok := make([]bool, len(ms))
+	at := make([]string, len(ms))
 	var wg sync.WaitGroup
 	for i, m := range ms {
 		if m.GRPC == "" {
-			ok[i] = true
+			at[i] = m.Gossip
 			continue
 		}
 		wg.Go(func() {
 			ctx, cancel := clocks.WithTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
 			defer cancel()
-			ok[i] = n.challenge(ctx, ring.Member{Name: m.Name, Addr: m.GRPC}) == nil
+			gossip, err := n.challenge(ctx, ring.Member{Name: m.Name, Addr: m.GRPC})
+			switch {
+			case err != nil:
+			case gossip == "":
+				at[i] = m.Gossip
+			case gossip != n.selfGossip().String():
+				at[i] = gossip
+			}
 		})
 	}
 	wg.Wait()
 	var out, silent []string
 	for i, m := range ms {
-		if ok[i] {
-			out = append(out, m.Gossip)
+		if at[i] != "" {
+			out = append(out, at[i])
 		} else {
 			silent = append(silent, m.Name+"/"+m.GRPC)
 		}

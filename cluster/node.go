@@ -122,6 +122,9 @@ type Node struct {
 	// proofCtx ends the members' proofs in flight when the node closes.
 	proofCtx    context.Context
 	proofCancel context.CancelFunc
+	// gossipAdvert is self's gossip address once serf has started, for
+	// the Prove answers the gRPC server gives from before then.
+	gossipAdvert atomic.Value // string
 	// proveDial and proveKeys challenge a member (challenge): the ring's
 	// members, and the remembered members before they are joined.
 	proveDial []grpc.DialOption
@@ -192,6 +195,11 @@ func New(cfg Config) (n *Node, err error) {
 	scfg := cfg.Store
 	// For the replicator and the persister.
 	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 || cfg.DataDir != ""
+	if scfg.MergeSkew == 0 {
+		// A copy taken before a reset by more than the skew the cluster
+		// tolerates counts none of the hits the reset cleared.
+		scfg.MergeSkew = min(cfg.MaxClockSkew, limiter.MaxClockSkew)
+	}
 	if n.store, err = limiter.NewStore(scfg); err != nil {
 		return nil, err
 	}
@@ -284,7 +292,8 @@ func New(cfg Config) (n *Node, err error) {
 	sopts = append(sopts, cfg.ServerOptions...)
 	n.grpc = grpc.NewServer(sopts...)
 	transport.RegisterPeer(n.grpc, ownerChecker{n}, transport.WithStateSink(stateSink{n}), transport.WithLeaser(n),
-		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName), transport.WithClock(n.now))
+		transport.WithInspector(ownerInspector{n}), transport.WithPeerAuth(auth), transport.WithProver(cfg.NodeName), transport.WithClock(n.now),
+		transport.WithProverGossip(n.advertisedGossip))
 	if cfg.ServePublicAPI {
 		n.RegisterPublicAPI(n.grpc)
 	}
@@ -334,6 +343,7 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	ip, _ := netip.AddrFromSlice(self.Addr)
 	n.self = advertised{gossip: netip.AddrPortFrom(ip.Unmap(), self.Port), grpc: grpcAddr}
+	n.gossipAdvert.Store(n.self.gossip.String())
 	n.rebuild(0)
 	n.proveKeys = auth.Keys
 	n.goFunc(n.proveLoop)
@@ -439,6 +449,12 @@ func (n *Node) Name() string { return n.cfg.NodeName }
 
 // GossipAddr returns the address other nodes join this one at.
 func (n *Node) GossipAddr() string { return n.self.gossip.String() }
+
+// advertisedGossip returns GossipAddr once serf has started, "" before.
+func (n *Node) advertisedGossip() string {
+	s, _ := n.gossipAdvert.Load().(string)
+	return s
+}
 
 // GRPCAddr returns the address the node serves gRPC on, as advertised.
 func (n *Node) GRPCAddr() string { return n.self.grpc }

@@ -240,7 +240,7 @@ func (n *Node) proveLoop() {
 func (n *Node) prove(m ring.Member) {
 	ctx, cancel := clocks.WithTimeout(n.proofCtx, n.clock, n.cfg.ProofTimeout)
 	defer cancel()
-	err := n.challenge(ctx, m)
+	_, err := n.challenge(ctx, m)
 	if n.closed.Load() {
 		return
 	}
@@ -258,16 +258,17 @@ func (n *Node) prove(m ring.Member) {
 	n.rebuild(0)
 }
 
-// challenge runs one transport.Prove of m on a connection of its own.
-// With peer authentication off it still checks that the member answers
-// under m.Name.
-func (n *Node) challenge(ctx context.Context, m ring.Member) error {
+// challenge runs one transport.Prove of m on a connection of its own,
+// and returns the gossip address m reports ("" for none). With peer
+// authentication off it still checks that the member answers under
+// m.Name.
+func (n *Node) challenge(ctx context.Context, m ring.Member) (gossip string, err error) {
 	conn, err := grpc.NewClient(m.Addr, n.proveDial...)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer conn.Close()
-	return transport.Prove(ctx, conn, n.cfg.NodeName, m.Name, n.proveKeys)
+	return transport.ProveGossip(ctx, conn, n.cfg.NodeName, m.Name, n.proveKeys)
 }
 
 // awaitProofs waits until every member known has answered its first

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,6 +47,12 @@ var ErrUnproven = errors.New("transport: member did not prove it belongs to the 
 // keys). Without it, Prove is Unimplemented.
 func WithProver(name string) ServerOption {
 	return func(s *serverConfig) { s.self = name }
+}
+
+// WithProverGossip makes Prove report gossip(), the node's gossip address
+// as it advertises it, or none while it returns "".
+func WithProverGossip(gossip func() string) ServerOption {
+	return func(s *serverConfig) { s.gossip = gossip }
 }
 
 // ProveMAC is the MAC that answers the challenge nonce that from sent to
@@ -97,6 +104,9 @@ func (p *peerServer) Prove(ctx context.Context, in *pb.ProveRequest) (*pb.ProveR
 	out := &pb.ProveResponse{Version: ProofVersion, Name: p.cfg.self, ReceivedUnixNano: received.UnixNano()}
 	if a := p.cfg.auth; a != nil && len(a.Keys) > 0 {
 		out.Mac = ProveMAC(a.Keys[0], in.From, in.To, in.Nonce)
+	}
+	if p.cfg.gossip != nil {
+		out.GossipAddr = p.cfg.gossip()
 	}
 	out.SentUnixNano = p.clock().UnixNano()
 	return out, nil
@@ -153,26 +163,38 @@ func ProbeClock(ctx context.Context, conn grpc.ClientConnInterface, from, to str
 // TLS, conn's credentials verify the member's certificate
 // (VerifyPeerIdentity). Every failure wraps ErrUnproven.
 func Prove(ctx context.Context, conn grpc.ClientConnInterface, from, to string, keys [][]byte) error {
+	_, err := ProveGossip(ctx, conn, from, to, keys)
+	return err
+}
+
+// ProveGossip is Prove, returning too the gossip address the member
+// reports (WithProverGossip) when it proves itself: an IP:port, or ""
+// when it reports none or one that is not.
+func ProveGossip(ctx context.Context, conn grpc.ClientConnInterface, from, to string, keys [][]byte) (gossip string, err error) {
 	nonce := make([]byte, ProofNonceLen)
 	rand.Read(nonce) // never fails (crypto/rand)
 	resp, err := pb.NewPeerClient(conn).Prove(ctx, &pb.ProveRequest{Version: ProofVersion, From: from, To: to, Nonce: nonce})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnproven, err)
+		return "", fmt.Errorf("%w: %w", ErrUnproven, err)
 	}
 	switch {
 	case resp.Version != ProofVersion:
-		return fmt.Errorf("%w: answer of version %d, want %d", ErrUnproven, resp.Version, ProofVersion)
+		return "", fmt.Errorf("%w: answer of version %d, want %d", ErrUnproven, resp.Version, ProofVersion)
 	case resp.Name != to:
-		return fmt.Errorf("%w: answer names %q, want %q", ErrUnproven, cleanText(resp.Name, 64), to)
-	case len(keys) == 0:
-		return nil
+		return "", fmt.Errorf("%w: answer names %q, want %q", ErrUnproven, cleanText(resp.Name, 64), to)
+	}
+	if ap, err := netip.ParseAddrPort(resp.GossipAddr); err == nil && ap.Port() != 0 && !ap.Addr().IsUnspecified() {
+		gossip = ap.String()
+	}
+	if len(keys) == 0 {
+		return gossip, nil
 	}
 	for _, k := range keys {
 		if hmac.Equal(resp.Mac, ProveMAC(k, from, to, nonce)) {
-			return nil
+			return gossip, nil
 		}
 	}
-	return fmt.Errorf("%w: answer does not prove the cluster secret", ErrUnproven)
+	return "", fmt.Errorf("%w: answer does not prove the cluster secret", ErrUnproven)
 }
 
 // VerifyPeerIdentity returns a tls.Config.VerifyConnection function, for

@@ -3,6 +3,7 @@ package transport
 import (
 	"crypto/tls"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
@@ -129,5 +130,43 @@ func TestProveIdentity(t *testing.T) {
 				t.Errorf("%s: CheckBatch: %v, want Unavailable", tc.name, cerr)
 			}
 		}
+	}
+}
+
+// TestProveGossip: a member's answer gives the gossip address its server
+// reports, and ProveGossip returns it once the member has proved itself;
+// an address that is no IP:port to join (none yet, a name, port 0, the
+// unspecified address, text) is returned as "", and an unproven answer
+// returns none.
+func TestProveGossip(t *testing.T) {
+	key, _ := PeerKey([]byte("correct horse battery staple"))
+	for _, tc := range []struct{ reported, want string }{
+		{"127.0.0.1:7946", "127.0.0.1:7946"},
+		{"[::1]:7946", "[::1]:7946"},
+		{"", ""},
+		{"gossip.example:7946", ""},
+		{"127.0.0.1:0", ""},
+		{"0.0.0.0:7946", ""},
+		{"127.0.0.1:7946\x00evil", ""},
+	} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := grpc.NewServer(ServerOptions()...)
+		RegisterPeer(s, &echoChecker{owner: "owner"}, WithPeerAuth(&PeerAuth{Keys: [][]byte{key}}), WithProver("owner"),
+			WithProverGossip(func() string { return tc.reported }))
+		go s.Serve(lis)
+		conn := dial(t, lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(PeerCredentials(key, nil)))
+		got, err := ProveGossip(ctxT(t), conn, "caller", "owner", [][]byte{key})
+		if err != nil || got != tc.want {
+			t.Errorf("reported %q: got %q, %v; want %q", tc.reported, got, err, tc.want)
+		}
+		other, _ := PeerKey([]byte("another cluster's secret"))
+		if got, err := ProveGossip(ctxT(t), conn, "caller", "owner", [][]byte{other}); !errors.Is(err, ErrUnproven) || got != "" {
+			t.Errorf("reported %q, unproven: got %q, %v; want \"\", ErrUnproven", tc.reported, got, err)
+		}
+		s.Stop()
 	}
 }

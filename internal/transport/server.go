@@ -109,6 +109,8 @@ type serverConfig struct {
 	// inspectPermit: who may call the Sluice service's Inspect; nil: anyone.
 	inspectPermit InspectPermit
 	self          string // the name Prove answers as; "": Unimplemented
+	// gossip is the gossip address Prove reports; nil or "": none.
+	gossip func() string
 	// now is the clock Prove reports to the caller; time.Now when nil.
 	now func() time.Time
 }

@@ -72,8 +72,10 @@ func TestSnapshotProtoRoundTrip(t *testing.T) {
 		// A member that reads only the earlier form (words and log)
 		// reads the same state from the same message.
 		old, err := snapshotFromWords(m)
-		if err != nil || !reflect.DeepEqual(old, sn) {
-			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Algorithm, old, err, sn)
+		earlier := sn
+		earlier.TakenAt = 0 // a field the earlier form does not read
+		if err != nil || !reflect.DeepEqual(old, earlier) {
+			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Algorithm, old, err, earlier)
 		}
 		// And a message from such a member, without state, reads too.
 		m.State = nil
@@ -127,8 +129,10 @@ func TestSnapshotProtoCalendarRate(t *testing.T) {
 			t.Errorf("%s: round trip gave %+v, %v, want %+v", sn.Key, got, err, sn)
 		}
 		old, err := snapshotFromWords(m)
-		if err != nil || !reflect.DeepEqual(old, sn) {
-			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Key, old, err, sn)
+		earlier := sn
+		earlier.TakenAt = 0 // a field the earlier form does not read
+		if err != nil || !reflect.DeepEqual(old, earlier) {
+			t.Errorf("%s: earlier form gave %+v, %v, want %+v", sn.Key, old, err, earlier)
 		}
 		// What a member without the calendar fields reads: the state,
 		// without its rate.

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/transport"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/ring"
@@ -338,65 +337,5 @@ func TestAtk18bStandInResetDuringAPartition(t *testing.T) {
 			t.Logf("%s (%s): refund of %s gave back %d", r.Key, r.Algorithm, x.name, d.Remaining-base)
 			base = d.Remaining
 		}
-	}
-}
-
-// TestStaleCopyAfterTheResetOverTheWire: a replica (node 1) holds a copy
-// of a key its owner (node 0) charged 3, the owner resets the key, and
-// then a copy the owner took before the reset reaches the replica as a
-// Transfer, late. With MaxClockSkew under the copy's age the replica
-// merges none of its hits, for every algorithm: the instant it was taken
-// crosses the wire and is moved onto the replica's clock. A copy without
-// that instant (from a node of the previous release) or within the skew
-// of the reset is merged as any copy, counting the 3 again: never fewer.
-func TestStaleCopyAfterTheResetOverTheWire(t *testing.T) {
-	skipNearDayEnd(t)
-	for _, tc := range []struct {
-		name  string
-		skew  time.Duration
-		taken bool // the copy carries its instant
-		want  int64
-	}{
-		{"taken before the skew", time.Millisecond, true, 10},
-		{"no instant", time.Millisecond, false, 7},
-		{"within the skew", time.Hour, true, 7},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testcluster.New(t, 2, testcluster.WithConfig(func(_ int, cfg *cluster.Config) {
-				cfg.Replicas, cfg.MaxClockSkew = 2, tc.skew
-			}))
-			owner, replica := c.Node(0), c.Node(1)
-			for _, a := range allAlgorithms {
-				var req limiter.Request
-				for i := range 10_000 {
-					req = limiter.Request{Name: "stale", Key: fmt.Sprintf("%s-%d", a, i), Limit: 10, Period: 24 * time.Hour, Algorithm: a}
-					if c.Owner(req.Name, req.Key) == owner {
-						break
-					}
-				}
-				markCheck(t, owner, req, 3, 0, limiter.Window{})
-				stale, ok := owner.Store().Snapshot(req.Name, req.Key, time.Now())
-				if !ok || stale.TakenAt == 0 {
-					t.Fatalf("%s: the owner's copy %+v, %v", a, stale, ok)
-				}
-				if !tc.taken {
-					stale.TakenAt = 0
-				}
-				// The reset comes later than the copy by more than 1ms.
-				testwait.For(t, "the clock past the copy", func() bool { return time.Now().UnixNano() > stale.TakenAt+int64(2*time.Millisecond) })
-				markCheck(t, owner, req, 0, limiter.Reset, limiter.Window{})
-				testwait.For(t, "the replica to hold the reset's mark", func() bool {
-					_, ok := replica.Store().ResetMark(req.Name, req.Key, time.Now())
-					return ok
-				})
-				transferTo(t, replica, owner.Name(), pb.TransferReason_TRANSFER_REASON_REPLICA, []*pb.KeyState{transport.SnapshotToProto(&stale)})
-				peek := req
-				d, err := replica.Store().CheckAt(peek, time.Now())
-				if err != nil || d.Remaining != tc.want {
-					m, _ := replica.Store().ResetMark(req.Name, req.Key, time.Now())
-					t.Errorf("%s: the replica after a copy from before the reset: %+v, %v; want remaining %d; stale %+v mark %+v", a, d, err, tc.want, stale, m)
-				}
-			}
-		})
 	}
 }

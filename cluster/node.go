@@ -195,11 +195,6 @@ func New(cfg Config) (n *Node, err error) {
 	scfg := cfg.Store
 	// For the replicator and the persister.
 	scfg.TrackChanges = scfg.TrackChanges || cfg.Replicas > 1 || cfg.DataDir != ""
-	if scfg.MergeSkew == 0 {
-		// A copy taken before a reset by more than the skew the cluster
-		// tolerates counts none of the hits the reset cleared.
-		scfg.MergeSkew = min(cfg.MaxClockSkew, limiter.MaxClockSkew)
-	}
 	if n.store, err = limiter.NewStore(scfg); err != nil {
 		return nil, err
 	}

@@ -39,9 +39,6 @@ func (s *Snapshot) checkTimes(now int64) error {
 	if err := future("ExpireAt", s.ExpireAt, last, MaxStateLife+MaxClockSkew); err != nil {
 		return err
 	}
-	if err := future("TakenAt", s.TakenAt, late, MaxClockSkew); err != nil {
-		return err
-	}
 	if s.HasResetMark() {
 		if err := future("ResetAt", s.ResetAt, late, MaxClockSkew); err != nil {
 			return err

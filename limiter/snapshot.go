@@ -44,13 +44,6 @@ type Snapshot struct {
 	// carries the mark alone (its state is fresh): its Words, Log and
 	// rate are zero.
 	ResetAt, ResetUntil int64
-	// TakenAt is when the state was taken, on the clock of the store
-	// that took it (Unix ns); 0 or less: unknown. Every hit the state counts was
-	// decided no later than that. A store that holds a reset mark of the
-	// key whose instant is more than StoreConfig.MergeSkew after TakenAt
-	// (and that the snapshot does not carry) merges none of its hits,
-	// which that reset cleared, only its mark (see Store.Merge).
-	TakenAt int64
 	// Settle, when set, says which hits the state counts that stand-in
 	// owners admitted (see Settlement); Store.Merge ignores it, and
 	// Store.MergeCharged charges them. Nil in the snapshots a store
@@ -65,10 +58,7 @@ type Snapshot struct {
 
 // ShiftTimes moves the instants s carries by d, as another node's clock
 // that reads d more than the one that wrote s would date them: a bucket's
-// level time, a GCRA arrival time, a log's entries and the expiry.
-// TakenAt stays on the clock that took it: a transfer's shift counts the
-// time the state spent on the way as clock offset, which would make a
-// copy delivered late read as taken late. A fixed
+// level time, a GCRA arrival time, a log's entries and the expiry. A fixed
 // window's or a sliding window counter's start stays, as windows are
 // aligned to multiples of Period (or calendar units) on every clock: their
 // counts stay in the window they were counted in. Times saturate instead
@@ -248,7 +238,7 @@ func (s *Snapshot) rateRequest() Request {
 // snapshotLocked exports e at now; its shard's lock must be held.
 func (sh *shard) snapshotLocked(e *entry, now int64) Snapshot {
 	name, key := splitStoreKey(e.key)
-	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords(), TakenAt: now}
+	s := Snapshot{Name: name, Key: key, Algorithm: e.algo(), ExpireAt: e.expireAt, Words: e.snapshotWords()}
 	if c := sh.rates[e]; c.known() {
 		s.RateLimit, s.RateBurst = c.limit, c.burst
 		if c.period > 0 {
@@ -302,7 +292,7 @@ func (sh *shard) exportLocked(e *entry, now int64) (Snapshot, bool) {
 	if m, ok := sh.resets[e]; ok && m.until > now && !m.drop() {
 		name, key := splitStoreKey(e.key)
 		at, until := m.exported(now)
-		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: at, ResetUntil: until, TakenAt: now}, true
+		return Snapshot{Name: name, Key: key, Algorithm: e.algo(), ResetAt: at, ResetUntil: until}, true
 	}
 	return Snapshot{}, false
 }
@@ -471,35 +461,7 @@ func (s *Store) merge(sn *Snapshot, now int64) bool {
 	sh := s.shardFor(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sn.ExpireAt > now && s.clearedLocked(sh, k, sn) {
-		// Every hit it counts was decided before the reset of the mark
-		// this store holds, which cleared them: its mark alone.
-		mark := Snapshot{Name: sn.Name, Key: sn.Key, Algorithm: sn.Algorithm, ResetAt: sn.ResetAt, ResetUntil: sn.ResetUntil}
-		return s.mergeLocked(sh, k, &mark, now)
-	}
 	return s.mergeLocked(sh, k, sn, now)
-}
-
-// clearedLocked reports whether every hit sn counts was decided before
-// the instant of the reset mark the store holds for k, by more than
-// MergeSkew on both clocks, and sn does not carry that mark: the reset
-// cleared them. It reads TakenAt alone, on the clock of the node that
-// took sn as the mark's instant is on the resetting node's: sn's own
-// times may have been moved by a transfer (ShiftTimes). A drop mark (see
-// decideKeyLocked) clears nothing here. sh.mu must be held.
-func (s *Store) clearedLocked(sh *shard, k []byte, sn *Snapshot) bool {
-	if sn.TakenAt <= 0 || len(sh.resets) == 0 {
-		return false
-	}
-	e, ok := sh.m[string(k)]
-	if !ok {
-		return false
-	}
-	m, ok := sh.resets[e]
-	if !ok || m.drop() || sn.ResetAt >= m.at {
-		return false
-	}
-	return addSat(sn.TakenAt, int64(s.mergeSkew)) < m.at
 }
 
 // mergeLocked is merge's work on k, the key of sn, in sh: its state if

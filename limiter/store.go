@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -48,13 +47,6 @@ type StoreConfig struct {
 	// effect at once; anything laxer (a raise, a shorter Period, another
 	// Algorithm) once the key's state is fresh, or after a Reset.
 	KeepStrictest bool
-	// MergeSkew is the largest offset between the clock of this store
-	// and the clocks of the stores whose snapshots it merges: Merge takes
-	// none of the hits of a snapshot taken (Snapshot.TakenAt) more than
-	// MergeSkew before the instant of a reset mark it holds for the key,
-	// as that reset cleared them. 0 means MaxClockSkew; at most
-	// MaxClockSkew.
-	MergeSkew time.Duration
 }
 
 // DefaultStoreConfig returns 128 shards, at most 1,000,000 entries and at
@@ -146,8 +138,6 @@ func (c StoreConfig) Validate() error {
 		return fmt.Errorf("%w: MaxEntries %d is below Shards %d", ErrInvalidStoreConfig, c.MaxEntries, c.Shards)
 	case c.MaxBytes < 0:
 		return fmt.Errorf("%w: MaxBytes %d is negative", ErrInvalidStoreConfig, c.MaxBytes)
-	case c.MergeSkew < 0 || c.MergeSkew > MaxClockSkew:
-		return fmt.Errorf("%w: MergeSkew %v is not in [0, %v]", ErrInvalidStoreConfig, c.MergeSkew, MaxClockSkew)
 	case c.MaxBytes > 0 && c.MaxBytes/int64(c.Shards) < MaxKeyBytes:
 		return fmt.Errorf("%w: MaxBytes %d leaves each of the %d shards less than MaxKeyBytes (%d), the most one key costs",
 			ErrInvalidStoreConfig, c.MaxBytes, c.Shards, MaxKeyBytes)
@@ -174,8 +164,6 @@ type Store struct {
 	perShard int   // max entries per shard, 0 = no bound
 	perBytes int64 // max bytes per shard, 0 = no bound
 	track    bool  // StoreConfig.TrackChanges
-	// mergeSkew is StoreConfig.MergeSkew, or MaxClockSkew for 0.
-	mergeSkew time.Duration
 
 	entries        atomic.Int64
 	bytes          atomic.Int64 // the sum of the shards' bytes
@@ -229,8 +217,6 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		shards: make([]shard, cfg.Shards),
 		mask:   uint64(cfg.Shards - 1),
 		track:  cfg.TrackChanges,
-		// 0: the most a received state's times may lie ahead.
-		mergeSkew: cmp.Or(cfg.MergeSkew, MaxClockSkew),
 	}
 	if cfg.MaxEntries > 0 {
 		// Rounded down, so that the shards together never hold more

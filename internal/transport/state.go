@@ -198,7 +198,6 @@ func SnapshotToProto(s *limiter.Snapshot) *pb.KeyState {
 		RateCalendar:       calendarToProto(s.RateCalendar),
 		ResetAtUnixNano:    s.ResetAt,
 		ResetUntilUnixNano: s.ResetUntil,
-		TakenUnixNano:      s.TakenAt,
 	}
 	if s.RateLocation != nil && s.RateLocation != time.UTC {
 		m.RateTimeZone = s.RateLocation.String()
@@ -257,23 +256,13 @@ func (c *Codec) settlementFromProto(m *pb.KeyState, s *limiter.Snapshot) error {
 // SnapshotFromProto converts m and validates it (limiter.Snapshot.Validate).
 // With m.State set it reads that (limiter.Snapshot.UnmarshalBinary), and
 // its name, key and algorithm must match the fields beside it; without it,
-// the earlier form of words and log. TakenAt is m.TakenUnixNano. With
-// m.RateCalendar set, the rate is
+// the earlier form of words and log. With m.RateCalendar set, the rate is
 // the calendar window's of the rate fields, and a state must carry none of
 // its own. With m.ResetAtUnixNano or m.ResetUntilUnixNano set, the mark
 // is theirs, and a state must carry none of its own either. The settlement
 // fields are not read (a Transfer's server reads them). Errors wrap
 // ErrInvalidArgument, limiter.ErrStateFormat or limiter.ErrInvalidSnapshot.
 func SnapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
-	s, err := snapshotFromProto(m)
-	if err != nil {
-		return s, err
-	}
-	s.TakenAt = m.TakenUnixNano
-	return s, nil
-}
-
-func snapshotFromProto(m *pb.KeyState) (limiter.Snapshot, error) {
 	if m == nil {
 		return limiter.Snapshot{}, fmt.Errorf("%w: nil KeyState", ErrInvalidArgument)
 	}

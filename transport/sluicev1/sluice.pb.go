@@ -991,15 +991,7 @@ type KeyState struct {
 	// it. A receiver drops the grants of a state (and merges the state)
 	// when one is invalid. Nodes that predate them ignore them, and the
 	// holders' returns then free nothing there.
-	LeaseGrants []*LeaseGrant `protobuf:"bytes,17,rep,name=lease_grants,json=leaseGrants,proto3" json:"lease_grants,omitempty"`
-	// When the sender took the state, on its clock (limiter.Snapshot.TakenAt);
-	// 0 unknown. At most limiter.MaxClockSkew after the receiver's now. It
-	// is not moved by sent_unix_nano as the state's other times are: a
-	// state delivered late still reads as taken when it was. A receiver
-	// that holds a reset mark of the key later than the instant by more
-	// than its tolerated clock skew merges none of the state's hits: the
-	// reset cleared them. Nodes that predate it ignore it.
-	TakenUnixNano int64 `protobuf:"varint,18,opt,name=taken_unix_nano,json=takenUnixNano,proto3" json:"taken_unix_nano,omitempty"`
+	LeaseGrants   []*LeaseGrant `protobuf:"bytes,17,rep,name=lease_grants,json=leaseGrants,proto3" json:"lease_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1151,13 +1143,6 @@ func (x *KeyState) GetLeaseGrants() []*LeaseGrant {
 		return x.LeaseGrants
 	}
 	return nil
-}
-
-func (x *KeyState) GetTakenUnixNano() int64 {
-	if x != nil {
-		return x.TakenUnixNano
-	}
-	return 0
 }
 
 // LeaseGrant is hits of a key leased to the node named holder, unused and
@@ -2801,7 +2786,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\x05items\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x18\n" +
-	"\apadding\x18\x0f \x01(\fR\apadding\"\xf0\x05\n" +
+	"\apadding\x18\x0f \x01(\fR\apadding\"\xc8\x05\n" +
 	"\bKeyState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
@@ -2822,8 +2807,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0esettle_request\x18\x0e \x01(\v2\x1b.sluice.v1.RateLimitRequestR\rsettleRequest\x12+\n" +
 	"\x12reset_at_unix_nano\x18\x0f \x01(\x03R\x0fresetAtUnixNano\x121\n" +
 	"\x15reset_until_unix_nano\x18\x10 \x01(\x03R\x12resetUntilUnixNano\x128\n" +
-	"\flease_grants\x18\x11 \x03(\v2\x15.sluice.v1.LeaseGrantR\vleaseGrants\x12&\n" +
-	"\x0ftaken_unix_nano\x18\x12 \x01(\x03R\rtakenUnixNano\"\xf6\x01\n" +
+	"\flease_grants\x18\x11 \x03(\v2\x15.sluice.v1.LeaseGrantR\vleaseGrants\"\xf6\x01\n" +
 	"\n" +
 	"LeaseGrant\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x12\n" +

@@ -49,6 +49,28 @@ func apart(t *testing.T, groups ...[]*cluster.Node) {
 	}
 }
 
+// rememberedThenGone starts a (with a DataDir) and b, joined, waits until
+// a's members file names b, and closes both: it returns a's config, with
+// the addresses it had, and b's gossip and gRPC addresses. secret, when
+// not nil, is both nodes' ClusterSecret.
+func rememberedThenGone(t *testing.T, secret []byte) (ca cluster.Config, dirA, bGossip, bGRPC string) {
+	t.Helper()
+	dirA = t.TempDir()
+	ca = cluster.TestConfig("a")
+	ca.DataDir, ca.ClusterSecret = dirA, secret
+	a := startNode(t, ca)
+	cb := cluster.TestConfig("b")
+	cb.Seeds, cb.ClusterSecret = []string{a.GossipAddr()}, secret
+	b := startNode(t, cb)
+	converged(t, a, b)
+	remembers(t, dirA, b)
+	bGossip, bGRPC = b.GossipAddr(), b.GRPCAddr()
+	ca.GossipAddr, ca.GRPCAddr = a.GossipAddr(), a.GRPCAddr()
+	b.Close()
+	a.Close()
+	return ca, dirA, bGossip, bGRPC
+}
+
 // A whole cluster of three, each with a DataDir, is closed (a crash, not a
 // leave) and restarted at the same addresses with no seeds, in an order
 // other than the one it formed in; the last node comes back only once the
@@ -98,19 +120,7 @@ func TestAtkRememberFullRestartAnyOrder(t *testing.T) {
 // the restarted node joins b there, and never the other cluster at the
 // old one.
 func TestAtkRememberProofNotBoundToGossipAddress(t *testing.T) {
-	dirA := t.TempDir()
-	ca := cluster.TestConfig("a")
-	ca.DataDir = dirA
-	a := startNode(t, ca)
-	cb := cluster.TestConfig("b")
-	cb.Seeds = []string{a.GossipAddr()}
-	b := startNode(t, cb)
-	converged(t, a, b)
-	remembers(t, dirA, b)
-	bGossip, bGRPC := b.GossipAddr(), b.GRPCAddr()
-	ca.GossipAddr, ca.GRPCAddr = a.GossipAddr(), a.GRPCAddr()
-	b.Close()
-	a.Close()
+	ca, dirA, bGossip, bGRPC := rememberedThenGone(t, nil)
 
 	// b comes back alone, same name and gRPC address, another gossip port.
 	cb2 := cluster.TestConfig("b")
@@ -127,7 +137,7 @@ func TestAtkRememberProofNotBoundToGossipAddress(t *testing.T) {
 
 	log := &logLines{}
 	ca.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a = startNode(t, ca)
+	a := startNode(t, ca)
 	converged(t, a, b2)
 	// a's pass joined b where b is now; a now remembers b there.
 	remembers(t, dirA, b2)
@@ -140,19 +150,7 @@ func TestAtkRememberProofNotBoundToGossipAddress(t *testing.T) {
 func TestAtkRememberSameNameOtherSecret(t *testing.T) {
 	secret := []byte("a secret the members of one share")
 	other := []byte("a secret of another cluster entirely")
-	dirA := t.TempDir()
-	ca := cluster.TestConfig("a")
-	ca.DataDir, ca.ClusterSecret = dirA, secret
-	a := startNode(t, ca)
-	cb := cluster.TestConfig("b")
-	cb.Seeds, cb.ClusterSecret = []string{a.GossipAddr()}, secret
-	b := startNode(t, cb)
-	converged(t, a, b)
-	remembers(t, dirA, b)
-	bGossip, bGRPC := b.GossipAddr(), b.GRPCAddr()
-	ca.GossipAddr, ca.GRPCAddr = a.GossipAddr(), a.GRPCAddr()
-	b.Close()
-	a.Close()
+	ca, _, bGossip, bGRPC := rememberedThenGone(t, secret)
 
 	cb2 := cluster.TestConfig("b")
 	cb2.GossipAddr, cb2.GRPCAddr, cb2.ClusterSecret = bGossip, bGRPC, other
@@ -164,7 +162,7 @@ func TestAtkRememberSameNameOtherSecret(t *testing.T) {
 
 	log := &logLines{}
 	ca.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a = startNode(t, ca)
+	a := startNode(t, ca)
 	testwait.For(t, "three of a's passes over its remembered members", func() bool {
 		return log.count("remembered members that did not answer as themselves") >= 3 || len(b2.RingMembers()) > 2
 	})
@@ -175,19 +173,7 @@ func TestAtkRememberSameNameOtherSecret(t *testing.T) {
 // member's name and gRPC address is joined: the docs say so. Confirm it
 // (the docs are honest) — the test passes when the clusters DO merge.
 func TestAtkRememberSameNameSameGRPCOpenMerges(t *testing.T) {
-	dirA := t.TempDir()
-	ca := cluster.TestConfig("a")
-	ca.DataDir = dirA
-	a := startNode(t, ca)
-	cb := cluster.TestConfig("b")
-	cb.Seeds = []string{a.GossipAddr()}
-	b := startNode(t, cb)
-	converged(t, a, b)
-	remembers(t, dirA, b)
-	bGossip, bGRPC := b.GossipAddr(), b.GRPCAddr()
-	ca.GossipAddr, ca.GRPCAddr = a.GossipAddr(), a.GRPCAddr()
-	b.Close()
-	a.Close()
+	ca, _, bGossip, bGRPC := rememberedThenGone(t, nil)
 
 	cb2 := cluster.TestConfig("b")
 	cb2.GossipAddr, cb2.GRPCAddr = bGossip, bGRPC
@@ -196,7 +182,7 @@ func TestAtkRememberSameNameSameGRPCOpenMerges(t *testing.T) {
 	cq.Seeds = []string{b2.GossipAddr()}
 	q := startNode(t, cq)
 	converged(t, b2, q)
-	a = startNode(t, ca)
+	a := startNode(t, ca)
 	converged(t, a, b2, q)
 }
 

@@ -619,6 +619,29 @@ local function gcraBehind(t)
   return behind
 end
 
+-- gcraNanos is, for a peek (which writes nothing) at an emission
+-- interval that is not a whole number of microseconds (Period/Limit:
+-- 3 s/7 is 428571.43 us) on a state written at another interval,
+-- limiter's interval in nanoseconds (Period/Limit rounded up to one) and
+-- the state's outstanding time rescheduled at it, in nanoseconds, rounded
+-- up: limiter's gcraBehind, whose times the peek reports rounded up to a
+-- microsecond once. Rescheduled at t, that interval rounded up to a
+-- microsecond, every hit outstanding would count up to a microsecond
+-- more (2 hits of 100 ms at 3 s/7: 857144 us, limiter's 857142.858 us),
+-- with no state of limiter's at that interval to tell the caller why. A
+-- decision that writes keeps t: its TAT is in whole microseconds, and
+-- limiter's state then has the interval. nil otherwise, or past 2^50 ns.
+local NANOMAX = 1125899906842624 -- 2^50
+local function gcraNanos(t)
+  local old = st.w[2]
+  if not reads or period % limit == 0 or old == 0 or old == t or st.w[1] <= now then return nil end
+  local tns = muldiv(period, 1000, limit, true, EXACT)
+  if capacity * tns >= NANOMAX or tns + old >= NANOMAX then return nil end
+  local b = muldiv(st.w[1] - now, tns, old, true, NANOMAX)
+  if b >= NANOMAX then return nil end
+  return tns, b
+end
+
 -- periodOf is the request's Period, or with a calendar the length of the
 -- window that holds now.
 local function periodOf()
@@ -730,18 +753,35 @@ local function decideAlgorithm(h, drain)
   elseif algo == GCRA then
     local t = gcraInterval()
     local ahead = HORIZON - now
-    local behind = gcraBehind(t)
-    local tolerance = capacity * t
-    local room = tolerance - probe * t
-    if behind <= room then
-      allowed = 1
-      behind = math.min(behind + h * t, ahead)
-      if h > 0 then windowStart, windowEnd = now, now end
+    local behind
+    local tns, b = gcraNanos(t)
+    if tns then
+      -- A peek at a fraction of a microsecond a hit: decided in
+      -- nanoseconds at limiter's interval, the ResetAt and RetryAfter
+      -- rounded up to a microsecond once (see gcraNanos).
+      local tolerance = capacity * tns
+      local room = tolerance - tns
+      if b <= room then
+        allowed = 1
+      else
+        retry = floordiv(b - room + 999, 1000)
+      end
+      remaining = math.max(floordiv(tolerance - b, tns), 0)
+      behind = math.min(floordiv(b + 999, 1000), ahead)
     else
-      if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
-      retry = behind - room
+      behind = gcraBehind(t)
+      local tolerance = capacity * t
+      local room = tolerance - probe * t
+      if behind <= room then
+        allowed = 1
+        behind = math.min(behind + h * t, ahead)
+        if h > 0 then windowStart, windowEnd = now, now end
+      else
+        if drain and behind < tolerance then behind = math.min(tolerance, ahead) end
+        retry = behind - room
+      end
+      remaining = math.max(math.floor((tolerance - behind) / t), 0)
     end
-    remaining = math.max(math.floor((tolerance - behind) / t), 0)
     -- The third word is tatLead: how far ahead of now this TAT is.
     st.w[1], st.w[2], st.w[3] = now + behind, t, behind
     st.exp = now + behind

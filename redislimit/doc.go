@@ -26,7 +26,10 @@
 //     microsecond, never faster than Limit per Period: where Period/Limit
 //     is a whole number of microseconds GCRA decides as limiter's, and
 //     otherwise its times are later by less than a microsecond per hit
-//     outstanding;
+//     outstanding, but for a peek (which writes nothing) on a state
+//     written at another interval: that is decided at limiter's interval,
+//     Period/Limit rounded up to a nanosecond, and its times rounded up
+//     to a microsecond once;
 //   - time saturates at limiter's horizon (2262-04-11), and from 2^53
 //     microseconds (2255-06-05, past which Lua's numbers hold even
 //     integers only) on it is whole to 2 microseconds;

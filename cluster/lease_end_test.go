@@ -358,7 +358,11 @@ func TestLeaseReturnAfterHandoff(t *testing.T) {
 			)
 			open := func() { once.Do(func() { close(release) }) }
 			c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *cluster.Config) {
-				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 2 * time.Second, Share: 0.5}
+				// A lease unused for a quarter of its TTL goes back: the
+				// TTL outlasts the set-up (a replica copy, a partition
+				// converged) on a loaded machine, so that node 0 is cut off
+				// holding leased hits.
+				cfg.Lease = cluster.LeaseConfig{Threshold: 100, TTL: 10 * time.Second, Share: 0.5}
 				cfg.Unreachable = sluice.PolicyDeny
 				cfg.Replicas = 2
 				if i == 0 {

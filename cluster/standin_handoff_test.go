@@ -31,10 +31,32 @@ import (
 // Each hook waits up to orderWait for the step it follows: a hook that
 // gives up lets its pass run out of order (node 2's copies for a replica
 // could reach node 1 before node 1's pass reads its states), so the wait
-// is long enough for a loaded -race run to take the step before it.
+// is long enough for a loaded -race run to take the step before it. Node
+// 2's copies to its replica, node 0, are sent by its changes loop too,
+// which no hook holds: on a loaded machine they may reach node 0, and node
+// 0's copies node 1, before node 1's pass reads its states. The order is
+// then not the one under test, and the scenario runs again on new nodes,
+// at most three times.
 func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
-	const orderWait = time.Minute
 	skipNearDayEnd(t)
+	for attempt := 1; attempt <= 3; attempt++ {
+		ordered := false
+		t.Run(fmt.Sprintf("attempt %d", attempt), func(t *testing.T) {
+			standinHandoffReadBeforeAMerge(t)
+			ordered = true
+		})
+		if ordered || t.Failed() {
+			return
+		}
+	}
+	t.Fatal("the passes did not run in the order under test in 3 attempts")
+}
+
+// standinHandoffReadBeforeAMerge is one attempt of
+// TestStandinHandoffReadBeforeAMerge; it skips when the passes did not
+// run in the order under test.
+func standinHandoffReadBeforeAMerge(t *testing.T) {
+	const orderWait = time.Minute
 	noLeaksAfter(t)
 	var (
 		nodes    [3]atomic.Pointer[cluster.Node]
@@ -180,7 +202,7 @@ func TestStandinHandoffReadBeforeAMerge(t *testing.T) {
 	c.WaitConverged()
 	wg.Wait()
 	if armed1.Load() || merged.Load() != int64(len(reqs)) || lagging.Load() != int64(len(reqs)) {
-		t.Fatalf("node 1's heal pass read %d of %d keys at node 0's 30 (%v) and was sent %d copies (hook armed still: %v)",
+		t.Skipf("not the order under test: node 1's heal pass read %d of %d keys at node 0's 30 (%v) and was sent %d copies (hook armed still: %v)",
 			lagging.Load(), len(reqs), seen.Load(), merged.Load(), armed1.Load())
 	}
 	defer func() {

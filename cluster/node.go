@@ -99,10 +99,13 @@ type Node struct {
 	self advertised
 
 	serfEvents chan serf.Event
-	shutdown   chan struct{} // closed by Close: every loop selects on it
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
-	closed     atomic.Bool
+	// learnedWake tells eventLoop that the members cut off hold one
+	// learned from a report: it rebuilds once the earliest's hold ends.
+	learnedWake chan struct{}
+	shutdown    chan struct{} // closed by Close: every loop selects on it
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	closed      atomic.Bool
 	// leaveOnce runs the one leave of the node; every Leave waits for it
 	// and returns its result, leaveErr.
 	leaveOnce sync.Once
@@ -151,16 +154,17 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	cfg.Seeds = append([]string(nil), cfg.Seeds...)
 	n = &Node{
-		cfg:        cfg,
-		logger:     cfg.Logger,
-		clock:      cfg.Clock,
-		serfEvents: make(chan serf.Event, 1024),
-		shutdown:   make(chan struct{}),
-		readyWake:  make(chan struct{}, 1),
-		transfers:  newTransfers(),
-		versions:   newVersions(cfg.protocolRange()),
-		debts:      newDebts(),
-		statuses:   newMemberStatuses(),
+		cfg:         cfg,
+		logger:      cfg.Logger,
+		clock:       cfg.Clock,
+		serfEvents:  make(chan serf.Event, 1024),
+		learnedWake: make(chan struct{}, 1),
+		shutdown:    make(chan struct{}),
+		readyWake:   make(chan struct{}, 1),
+		transfers:   newTransfers(),
+		versions:    newVersions(cfg.protocolRange()),
+		debts:       newDebts(),
+		statuses:    newMemberStatuses(),
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)
@@ -613,16 +617,26 @@ func (n *Node) eventLoop() {
 	// system's timer, not the node's Clock: serf's statuses change at
 	// gossip's pace, on the system's time, and a test's clock that stands
 	// still must not keep the ring from following them.
-	var look *time.Timer
+	// A member learned from a report is held until a time
+	// (standins.learnFrom), which only a rebuild looks at: one follows
+	// when the earliest hold ends, events or none. Its timer is also the
+	// system's; a test clock that stands still finds the hold not over,
+	// and the timer armed again for what is left of it.
+	var look, expire *time.Timer
 	defer func() {
-		if look != nil {
-			look.Stop()
+		for _, t := range []*time.Timer{look, expire} {
+			if t != nil {
+				t.Stop()
+			}
 		}
 	}()
 	for {
-		var looked <-chan time.Time
+		var looked, expired <-chan time.Time
 		if look != nil {
 			looked = look.C
+		}
+		if expire != nil {
+			expired = expire.C
 		}
 		select {
 		case <-n.shutdown:
@@ -633,6 +647,16 @@ func (n *Node) eventLoop() {
 			if n.statuses.changed(n.serf.Members()) {
 				n.rebuild(0)
 			}
+		case <-n.learnedWake:
+			if until, ok := n.standins.learnedExpiry(); ok {
+				if expire != nil {
+					expire.Stop()
+				}
+				expire = time.NewTimer(max(until.Sub(n.now()), learnedLook) + learnedLook)
+			}
+		case <-expired:
+			expire = nil
+			n.rebuild(0)
 		case e := <-n.serfEvents:
 			me, ok := e.(serf.MemberEvent)
 			if !ok {
@@ -685,13 +709,37 @@ func (n *Node) rebuild(kind MemberEventKind, changed ...serf.Member) {
 	// key that moved here, rather than stay settled, so that no two nodes
 	// decide it as its plain owner at once.
 	unkeep := n.standins.view().stoodInForBack(prev, members)
+	reported := n.standins.cutReport()
+	var reaped []serf.Member
+	if kind == MemberReaped {
+		reaped = changed
+	}
+	n.standins.noteReaped(reaped, serfMembers, n.now())
 	n.standins.update(serfMembers, prev, members, n.ring.Config(), n.now(), ho)
+	if _, ok := n.standins.learnedExpiry(); ok {
+		select {
+		case n.learnedWake <- struct{}{}:
+		default:
+		}
+	}
 	if err := n.handover.adopt(members, n.now(), unkeep); err != nil {
 		n.logger.Error("cluster: ring rebuild failed, keeping the previous ring", "err", err)
 	} else {
 		n.transfers.noteAdopted(n.ring.Members())
 	}
 	n.standins.publish(members, n.ring.Config())
+	if !sameCutOff(reported, n.standins.cutReport()) {
+		// What this node holds cut off changed (a member failed, was
+		// reaped, came back): the members that hold its last report
+		// get the new one with its confirmation again, so that none
+		// keeps standing in for a member reaped here (learnFrom).
+		fp := n.handover.fingerprint()
+		for _, m := range members {
+			if m.Name != n.cfg.NodeName {
+				n.transfers.outbox.reconfirm(m.Name, fp, false)
+			}
+		}
+	}
 	n.transfers.wakeHandoff()
 	if !n.handover.ready.Load() {
 		n.wakeReady()

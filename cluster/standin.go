@@ -144,6 +144,12 @@ type standins struct {
 	// it); rebuild alone touches it.
 	learned     map[string]learnedMember
 	learnedHold time.Duration
+	// reaped holds the members serf reaped here after they failed, each
+	// with when, for twice learnedHold: reports that still name one (sent
+	// before their senders reaped it, or from a member that learned it
+	// and holds it for learnedHold after the last report that named it)
+	// do not make it cut off again; rebuild alone touches it.
+	reaped map[string]time.Time
 	// cut is what this node holds cut off, for its hand-over
 	// confirmations (cutReport).
 	cut atomic.Pointer[transport.CutOff]
@@ -375,7 +381,7 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 			continue
 		}
 		for _, c := range rep.Members {
-			if c.Name == t.self {
+			if _, gone := t.reaped[c.Name]; c.Name == t.self || gone {
 				continue
 			}
 			addr, err := checkGRPCTag(c.GRPCAddr)
@@ -417,6 +423,11 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 			delete(t.learned, name)
 			continue
 		}
+		if _, gone := t.reaped[name]; gone && !listed {
+			// Reaped here since: it is not coming back.
+			delete(t.learned, name)
+			continue
+		}
 		if _, ok := failed[name]; !ok {
 			failed[name] = l.m
 		}
@@ -429,23 +440,30 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 
 // learn keeps cut, what the member from holds cut off (its hand-over
 // confirmation's), and reports whether it names a member cut off or a
-// newcomer that this node does not hold so: the caller then rebuilds the
-// ring, before it takes the confirmation. The rest waits for the next
-// rebuild.
+// newcomer that this node does not hold so, or no longer names a member
+// its last report named (the member reaped it, or it is back): the caller
+// then rebuilds the ring, before it takes the confirmation. The rest
+// waits for the next rebuild.
 func (t *standins) learn(from string, cut transport.CutOff) bool {
 	t.reportMu.Lock()
 	defer t.reportMu.Unlock()
+	prev, had := t.reports[from]
 	if len(cut.Members) == 0 && len(cut.Newcomers) == 0 {
 		delete(t.reports, from)
-		return false
+		return had && len(prev.Members) > 0
 	}
-	if _, had := t.reports[from]; !had && len(t.reports) >= maxConfirmations {
+	if !had && len(t.reports) >= maxConfirmations {
 		return false
 	}
 	if t.reports == nil {
 		t.reports = map[string]transport.CutOff{}
 	}
 	t.reports[from] = cut
+	for _, m := range prev.Members {
+		if !slices.ContainsFunc(cut.Members, func(c transport.CutOffMember) bool { return c.Name == m.Name }) {
+			return true
+		}
+	}
 	held := t.cutReport()
 	for _, m := range cut.Members {
 		if m.Name != t.self && !slices.ContainsFunc(held.Members, func(h transport.CutOffMember) bool { return h.Name == m.Name }) {
@@ -458,6 +476,64 @@ func (t *standins) learn(from string, cut transport.CutOff) bool {
 		}
 	}
 	return false
+}
+
+// learnedLook is the least wait for the end of a learned member's hold
+// (Node.eventLoop), and how long after it the rebuild comes.
+const learnedLook = 50 * time.Millisecond
+
+// learnedExpiry returns when the earliest hold of a member learned from a
+// report ends, and false when none is held.
+func (t *standins) learnedExpiry() (time.Time, bool) {
+	t.reportMu.Lock()
+	defer t.reportMu.Unlock()
+	var first time.Time
+	for _, l := range t.learned {
+		if first.IsZero() || l.until.Before(first) {
+			first = l.until
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// noteReaped records that serf reaped the members of ms that had failed
+// (not those that left: a member that left while members were cut off is
+// held as gone), and forgets the records older than twice learnedHold and
+// those of members serf lists again (they joined again). At most
+// maxConfirmations are kept, the latest. listed is serf's members now.
+// Called by rebuild, before update.
+func (t *standins) noteReaped(ms, listed []serf.Member, now time.Time) {
+	t.reportMu.Lock()
+	defer t.reportMu.Unlock()
+	for name, at := range t.reaped {
+		if now.Sub(at) > 2*t.learnedHold || slices.ContainsFunc(listed, func(m serf.Member) bool { return m.Name == name }) {
+			delete(t.reaped, name)
+		}
+	}
+	for _, m := range ms {
+		if m.Status != serf.StatusFailed || m.Name == t.self {
+			continue
+		}
+		if t.reaped == nil {
+			t.reaped = map[string]time.Time{}
+		}
+		if len(t.reaped) >= maxConfirmations {
+			oldest, at := "", now
+			for name, when := range t.reaped {
+				if !when.After(at) {
+					oldest, at = name, when
+				}
+			}
+			delete(t.reaped, oldest)
+		}
+		t.reaped[m.Name] = now
+	}
+}
+
+// sameCutOff reports whether a and b name the same members cut off and
+// the same newcomers, in the same order (cutReport sorts both).
+func sameCutOff(a, b transport.CutOff) bool {
+	return slices.Equal(a.Members, b.Members) && slices.Equal(a.Newcomers, b.Newcomers)
 }
 
 // cutReport returns what this node holds cut off, for its hand-over

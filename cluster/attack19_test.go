@@ -242,6 +242,7 @@ func TestAttackTwoLeaveAtOnce(t *testing.T) {
 				if leases {
 					cfg.Lease.Threshold = 20
 				}
+				cfg.LeaveTimeout = busyLeaveTimeout
 			}))
 			reqs := transitionRequests("twoleave", limiter.TokenBucket, 300, 10)
 			tr := startTraffic(t, c, reqs, 16, 1<<30, trafficBound)

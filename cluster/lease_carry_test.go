@@ -68,6 +68,7 @@ func TestLeaseReturnAfterJoin(t *testing.T) {
 			noLeaksAfter(t)
 			c := leaseEndCluster(t, 3, 3*time.Second, 0.5, 1)
 			req := keyMovingOnJoin(t, c, "joinlease", a, 1000, 1, "node-3")
+			start := time.Now() // a bucket refills from here: mostAdmitted
 			admitted := checkUntilLeased(t, c.Node(0), req)
 			admitted += checkN(c.Node(0), req, 10)
 			if j := c.Add(); c.Owner(req.Name, req.Key) != j {
@@ -76,7 +77,7 @@ func TestLeaseReturnAfterJoin(t *testing.T) {
 			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0))
 			t.Logf("callers admitted %d of %d; %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
 			switch {
-			case admitted > req.Limit:
+			case admitted > mostAdmitted(req, start):
 				t.Errorf("admitted %d of %d, more than the limit", admitted, req.Limit)
 			case admitted < req.Limit:
 				leaseHitsLost(t, "admitted %d of %d, want exactly the limit", admitted, req.Limit)
@@ -98,6 +99,7 @@ func TestLeaseReturnsOfTwoHoldersAfterOwnerLeft(t *testing.T) {
 			noLeaksAfter(t)
 			c := leaseEndCluster(t, 4, 3*time.Second, 0.4, 1)
 			req := keyMovingTo(t, c, "twoholders", a, 1000, 1, 3)
+			start := time.Now() // a bucket refills from here: mostAdmitted
 			admitted := checkUntilLeased(t, c.Node(0), req)
 			admitted += checkUntilLeased(t, c.Node(2), req)
 			admitted += checkN(c.Node(0), req, 10)
@@ -107,7 +109,7 @@ func TestLeaseReturnsOfTwoHoldersAfterOwnerLeft(t *testing.T) {
 			admitted = admitAll(t, c, req, admitted, 20*time.Second, c.Node(0), c.Node(2))
 			t.Logf("callers admitted %d of %d; node 0 %+v, node 2 %+v", admitted, req.Limit, c.Node(0).Stats().Leases, c.Node(2).Stats().Leases)
 			switch {
-			case admitted > req.Limit:
+			case admitted > mostAdmitted(req, start):
 				t.Errorf("admitted %d of %d, more than the limit", admitted, req.Limit)
 			case admitted < req.Limit:
 				leaseHitsLost(t, "admitted %d of %d, want exactly the limit", admitted, req.Limit)
@@ -134,6 +136,7 @@ func TestLeaseReturnAfterOwnerKilled(t *testing.T) {
 				noLeaksAfter(t)
 				c := leaseEndCluster(t, 3, 3*time.Second, 0.5, 2)
 				req := keyMovingTo(t, c, "ownerkilled2", a, 1000, 1, next)
+				start := time.Now() // a bucket refills from here: mostAdmitted
 				admitted := checkUntilLeased(t, c.Node(0), req)
 				admitted += checkN(c.Node(0), req, 10)
 				admitted += replicated(t, c.Node(1), req)
@@ -144,7 +147,7 @@ func TestLeaseReturnAfterOwnerKilled(t *testing.T) {
 				unused := st.HitsLeased - st.Local
 				t.Logf("callers admitted %d of %d, %d less, the holder's unused hits %d; %+v", admitted, req.Limit, req.Limit-admitted, unused, st)
 				switch {
-				case admitted > req.Limit:
+				case admitted > mostAdmitted(req, start):
 					t.Errorf("admitted %d of %d: over the limit", admitted, req.Limit)
 				case admitted < req.Limit-unused:
 					t.Errorf("admitted %d of %d within 5 s of the kill: more than the holder's %d unused hits less", admitted, req.Limit, unused)
@@ -174,6 +177,7 @@ func TestLeaseReturnAfterOwnerKilledAndReaped(t *testing.T) {
 					cluster.SetReconnectTimeout(cfg, 3*time.Second)
 				}))
 				req := keyMovingTo(t, c, "ownerreaped", a, 1000, 1, next)
+				start := time.Now() // a bucket refills from here: mostAdmitted
 				admitted := checkUntilLeased(t, c.Node(0), req)
 				admitted += checkN(c.Node(0), req, 10)
 				admitted += replicated(t, c.Node(1), req)
@@ -182,7 +186,7 @@ func TestLeaseReturnAfterOwnerKilledAndReaped(t *testing.T) {
 				admitted = admitAll(t, c, req, admitted, 30*time.Second, c.Node(0))
 				t.Logf("callers admitted %d of %d; %+v", admitted, req.Limit, c.Node(0).Stats().Leases)
 				switch {
-				case admitted > req.Limit:
+				case admitted > mostAdmitted(req, start):
 					t.Errorf("admitted %d of %d: over the limit", admitted, req.Limit)
 				case admitted < req.Limit:
 					t.Errorf("admitted %d of %d once the failed owner was reaped, want exactly the limit", admitted, req.Limit)

@@ -144,12 +144,17 @@ type standins struct {
 	// it); rebuild alone touches it.
 	learned     map[string]learnedMember
 	learnedHold time.Duration
-	// reaped holds the members serf reaped here after they failed, each
-	// with when, for twice learnedHold: reports that still name one (sent
-	// before their senders reaped it, or from a member that learned it
-	// and holds it for learnedHold after the last report that named it)
-	// do not make it cut off again; rebuild alone touches it.
+	// reaped holds the members this node let go of, each with when, for
+	// twice learnedHold: those serf reaped here after they failed, and
+	// those learned whose hold ended. A report that names one as learned
+	// (its sender holds it only for another's report) does not make it
+	// cut off again; one that names it as seen failed does. Guarded by
+	// reportMu.
 	reaped map[string]time.Time
+	// learnedOnly holds the members of failed held only because a report
+	// named them, which this node's reports name as learned; rebuild
+	// alone touches it.
+	learnedOnly map[string]bool
 	// cut is what this node holds cut off, for its hand-over
 	// confirmations (cutReport).
 	cut atomic.Pointer[transport.CutOff]
@@ -320,7 +325,7 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 			}
 		}
 	}
-	selfNew, told := t.learnFrom(status, in, failed, now)
+	selfNew, told, learnedOnly := t.learnFrom(status, in, failed, now)
 	if ho == handoverSettled && len(gone) > 0 && len(gone) == len(failed) {
 		// No member is cut off but those that left: nothing they
 		// handed away is apart from this node's states any more.
@@ -348,7 +353,7 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 			newcomers[t.self] = true
 		}
 	}
-	t.failed, t.newcomers, t.unreachable = failed, newcomers, unreachable
+	t.failed, t.newcomers, t.unreachable, t.learnedOnly = failed, newcomers, unreachable, learnedOnly
 	t.gone.Store(&gone)
 	t.goneOnly.Store(len(gone) > 0 && len(gone) == len(failed))
 	// Members back from a partition are among members: the ring over
@@ -360,17 +365,22 @@ func (t *standins) update(ms []serf.Member, prev, members []ring.Member, cfg rin
 // learnFrom adds to failed the members cut off that this node learned
 // from the reports of the members of ms (by name, their status) and does
 // not hold cut off itself: not in its ring (in), not gone from serf's list
-// after it knew them, not left. A member a report names is held for
-// learnedHold from then, as serf holds a failed member, so that it stays
-// cut off when the member that reported it leaves. selfNew is set when
+// after it knew them, not left, and returns those it adds (learnedOnly),
+// which its own reports name as learned. A member a report names as seen
+// failed is held for learnedHold from then, as serf holds a failed
+// member, so that it stays cut off when the member that reported it
+// leaves; one a report names as learned is held for learnedHold from the
+// first such report, never renewed, and not at all by a node that let it
+// go (reaped): two members that each hold a member for the other's report
+// do not keep it for good. selfNew is set when
 // this node did not know one of them (serf did not list it when it was
 // learned), told holds the newcomers the reports name. Reports of members
 // that left are dropped; those of members not in ms are passed over (a
 // confirmation may come before gossip tells of its sender).
-func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]bool, failed map[string]ring.Member, now time.Time) (selfNew bool, told map[string]bool) {
+func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]bool, failed map[string]ring.Member, now time.Time) (selfNew bool, told, learnedOnly map[string]bool) {
 	t.reportMu.Lock()
 	defer t.reportMu.Unlock()
-	named := map[string]bool{} // by a report of a member that has not left
+	named := map[string]bool{} // as seen failed, by a report of a member that has not left
 	for from, rep := range t.reports {
 		st, ok := status[from]
 		if ok && st != serf.StatusAlive && st != serf.StatusFailed {
@@ -381,7 +391,12 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 			continue
 		}
 		for _, c := range rep.Members {
-			if _, gone := t.reaped[c.Name]; c.Name == t.self || gone {
+			// A member named as learned, the sender holding it only for
+			// another's report, is taken only by a node that did not let
+			// it go (a joiner that never saw it), and never renews a
+			// hold: two nodes that each hold a member for the other's
+			// report let it go when their holds end.
+			if _, letGo := t.reaped[c.Name]; c.Name == t.self || c.Learned && letGo {
 				continue
 			}
 			addr, err := checkGRPCTag(c.GRPCAddr)
@@ -394,11 +409,13 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 				if t.learned == nil {
 					t.learned = map[string]learnedMember{}
 				}
-				l = learnedMember{m: ring.Member{Name: c.Name, Addr: addr}, known: known}
+				l = learnedMember{m: ring.Member{Name: c.Name, Addr: addr}, known: known, until: now.Add(t.learnedHold)}
 			}
-			l.until = now.Add(t.learnedHold)
+			if !c.Learned {
+				l.until = now.Add(t.learnedHold)
+				named[c.Name] = true
+			}
 			t.learned[c.Name] = l
-			named[c.Name] = true
 		}
 		for _, name := range rep.Newcomers {
 			if told == nil {
@@ -410,9 +427,14 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 	for name, l := range t.learned {
 		st, listed := status[name]
 		switch {
-		case in[name], now.After(l.until):
-			// Back in the ring, or held long enough.
+		case in[name]:
+			// Back in the ring.
 			delete(t.learned, name)
+			continue
+		case now.After(l.until):
+			// Held long enough: let go.
+			delete(t.learned, name)
+			t.letGo(name, now)
 			continue
 		case named[name]:
 			// A member that left (or that serf forgot) while members
@@ -423,19 +445,18 @@ func (t *standins) learnFrom(status map[string]serf.MemberStatus, in map[string]
 			delete(t.learned, name)
 			continue
 		}
-		if _, gone := t.reaped[name]; gone && !listed {
-			// Reaped here since: it is not coming back.
-			delete(t.learned, name)
-			continue
-		}
 		if _, ok := failed[name]; !ok {
 			failed[name] = l.m
+			if learnedOnly == nil {
+				learnedOnly = map[string]bool{}
+			}
+			learnedOnly[name] = true
 		}
 		if !l.known {
 			selfNew = true
 		}
 	}
-	return selfNew, told
+	return selfNew, told, learnedOnly
 }
 
 // learn keeps cut, what the member from holds cut off (its hand-over
@@ -496,12 +517,12 @@ func (t *standins) learnedExpiry() (time.Time, bool) {
 	return first, !first.IsZero()
 }
 
-// noteReaped records that serf reaped the members of ms that had failed
-// (not those that left: a member that left while members were cut off is
-// held as gone), and forgets the records older than twice learnedHold and
-// those of members serf lists again (they joined again). At most
-// maxConfirmations are kept, the latest. listed is serf's members now.
-// Called by rebuild, before update.
+// noteReaped records that this node let go of the members of ms that
+// serf reaped after they failed (not those that left: a member that left
+// while members were cut off is held as gone), and forgets the records
+// older than twice learnedHold and those of members serf lists again
+// (they joined again). listed is serf's members now. Called by rebuild,
+// before update.
 func (t *standins) noteReaped(ms, listed []serf.Member, now time.Time) {
 	t.reportMu.Lock()
 	defer t.reportMu.Unlock()
@@ -514,20 +535,27 @@ func (t *standins) noteReaped(ms, listed []serf.Member, now time.Time) {
 		if m.Status != serf.StatusFailed || m.Name == t.self {
 			continue
 		}
-		if t.reaped == nil {
-			t.reaped = map[string]time.Time{}
-		}
-		if len(t.reaped) >= maxConfirmations {
-			oldest, at := "", now
-			for name, when := range t.reaped {
-				if !when.After(at) {
-					oldest, at = name, when
-				}
-			}
-			delete(t.reaped, oldest)
-		}
-		t.reaped[m.Name] = now
+		t.letGo(m.Name, now)
 	}
+}
+
+// letGo records that this node let go of the member name at now (see
+// reaped), keeping at most maxConfirmations records, the latest. The
+// caller holds reportMu.
+func (t *standins) letGo(name string, now time.Time) {
+	if t.reaped == nil {
+		t.reaped = map[string]time.Time{}
+	}
+	if _, ok := t.reaped[name]; !ok && len(t.reaped) >= maxConfirmations {
+		oldest, at := "", now
+		for n, when := range t.reaped {
+			if !when.After(at) {
+				oldest, at = n, when
+			}
+		}
+		delete(t.reaped, oldest)
+	}
+	t.reaped[name] = now
 }
 
 // sameCutOff reports whether a and b name the same members cut off and
@@ -592,7 +620,7 @@ func (t *standins) store(members []ring.Member, cfg ring.Config, keep bool, left
 	}
 	for name, m := range t.failed {
 		if !gone[name] {
-			report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr})
+			report.Members = append(report.Members, transport.CutOffMember{Name: name, GRPCAddr: m.Addr, Learned: t.learnedOnly[name]})
 		}
 	}
 	for name := range t.newcomers {

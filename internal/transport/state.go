@@ -84,14 +84,18 @@ type CutOff struct {
 	Newcomers []string
 }
 
-// CutOffMember is a member cut off.
-type CutOffMember struct{ Name, GRPCAddr string }
+// CutOffMember is a member cut off. Learned is set when the sender holds
+// it only because another member's report named it.
+type CutOffMember struct {
+	Name, GRPCAddr string
+	Learned        bool
+}
 
 // CutOffToProto sets the cut-off members and newcomers of in, a hand-over
 // confirmation, to c's, at most MaxCutOff of each.
 func CutOffToProto(c CutOff, in *pb.TransferRequest) {
 	for _, m := range c.Members[:min(len(c.Members), MaxCutOff)] {
-		in.CutOff = append(in.CutOff, &pb.CutOffMember{Name: m.Name, GrpcAddr: m.GRPCAddr})
+		in.CutOff = append(in.CutOff, &pb.CutOffMember{Name: m.Name, GrpcAddr: m.GRPCAddr, Learned: m.Learned})
 	}
 	in.Newcomers = c.Newcomers[:min(len(c.Newcomers), MaxCutOff)]
 }
@@ -108,7 +112,7 @@ func cutOffFromProto(in *pb.TransferRequest) CutOff {
 		if m == nil || m.Name == "" || len(m.Name) > limiter.MaxNameLen || len(m.GrpcAddr) > maxAddrLen {
 			continue
 		}
-		c.Members = append(c.Members, CutOffMember{Name: m.Name, GRPCAddr: m.GrpcAddr})
+		c.Members = append(c.Members, CutOffMember{Name: m.Name, GRPCAddr: m.GrpcAddr, Learned: m.Learned})
 	}
 	for _, name := range in.Newcomers {
 		if len(c.Newcomers) >= MaxCutOff {

@@ -1491,7 +1491,13 @@ type CutOffMember struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Its gRPC address, as its membership tag gave it.
-	GrpcAddr      string `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	GrpcAddr string `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// Set when the sender holds the member cut off only because another
+	// member's report named it (it never saw it fail, or saw it reaped): a
+	// receiver takes such a naming only for a member it never let go of, and
+	// it never renews a hold. Senders before this field name every member
+	// as seen failed.
+	Learned       bool `protobuf:"varint,3,opt,name=learned,proto3" json:"learned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1538,6 +1544,13 @@ func (x *CutOffMember) GetGrpcAddr() string {
 		return x.GrpcAddr
 	}
 	return ""
+}
+
+func (x *CutOffMember) GetLearned() bool {
+	if x != nil {
+		return x.Learned
+	}
+	return false
 }
 
 // TransferResponse says how the states were taken.
@@ -2833,10 +2846,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0esent_unix_nano\x18\x05 \x01(\x03R\fsentUnixNano\x12+\n" +
 	"\x11want_confirmation\x18\x06 \x01(\bR\x10wantConfirmation\x120\n" +
 	"\acut_off\x18\a \x03(\v2\x17.sluice.v1.CutOffMemberR\x06cutOff\x12\x1c\n" +
-	"\tnewcomers\x18\b \x03(\tR\tnewcomers\"?\n" +
+	"\tnewcomers\x18\b \x03(\tR\tnewcomers\"Y\n" +
 	"\fCutOffMember\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
-	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"F\n" +
+	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x18\n" +
+	"\alearned\x18\x03 \x01(\bR\alearned\"F\n" +
 	"\x10TransferResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x05R\x06merged\x12\x1a\n" +
 	"\brejected\x18\x02 \x01(\x05R\brejected\"\xa7\x01\n" +

@@ -46,11 +46,17 @@ func listsAll(nd *cluster.Node, names ...string) error {
 	return nil
 }
 
-// remainingAtMost checks every key of reqs through its owner, one hit at
-// a time, until denied: more than want is over-admission (an error), fewer
+// remainingAtMost waits up to 20 s until no node peeks more than want
+// remaining of a key of reqs, then checks every key through its owner,
+// one hit at a time, until denied: more than want is over-admission (an error), fewer
 // is logged (tolerated). It returns how many keys admitted more.
 func remainingAtMost(t *testing.T, c *testcluster.Cluster, reqs []limiter.Request, want int) (over int) {
 	t.Helper()
+	// Wait, a while, for the states to meet: what is still over after it
+	// is counted below.
+	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, int64(want)) }); err != nil {
+		t.Logf("after 20 s: %v", err)
+	}
 	for _, r := range reqs {
 		owner := c.Owner(r.Name, r.Key)
 		more := admitUntilDenied(t, owner, r, int(r.Limit))
@@ -139,9 +145,6 @@ func TestAtkReapPartitionOutlastsReconnectTimeout(t *testing.T) {
 				t.Logf("healed, %s: ring %v, %+v", nd.Name(), nd.RingMembers(), nd.Stats().Settle)
 			}
 			// Let the heal's hand-offs settle, then count.
-			if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 40) }); err != nil {
-				t.Logf("after 20 s: %v", err)
-			}
 			if over := remainingAtMost(t, c, reqs, 40); over > 0 {
 				t.Errorf("%d of %d keys over their limit", over, len(reqs))
 			}
@@ -198,9 +201,6 @@ func TestAtkReapedHereFailedThere(t *testing.T) {
 	for _, nd := range c.Nodes() {
 		t.Logf("node 1 reaped everywhere, %s: ring %v, %+v", nd.Name(), nd.RingMembers(), nd.Stats().Settle)
 	}
-	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 40) }); err != nil {
-		t.Logf("after 20 s: %v", err)
-	}
 	remainingAtMost(t, c, reqs, 40)
 }
 
@@ -244,9 +244,6 @@ func TestAtkForgedReportNamesReapedMember(t *testing.T) {
 	t.Logf("node 0 stood in for %d hits after the late forgeries (%d before)", n0.Stats().Settle.StandIn-standIn0, standIn0)
 	for _, nd := range c.Nodes() {
 		t.Logf("%s: ring %v, %+v", nd.Name(), nd.RingMembers(), nd.Stats().Settle)
-	}
-	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 30) }); err != nil {
-		t.Logf("after 20 s: %v", err)
 	}
 	remainingAtMost(t, c, reqs, 30) // 20 + 10 + 10 + 3×(5+5) admitted
 	back := c.Restart(1)
@@ -318,9 +315,6 @@ func TestAtkForgedReportFloodAfterReap(t *testing.T) {
 	cancel()
 	<-done
 	t.Logf("consumed %d of each key after the 20; node 0 %+v", hits, n0.Stats().Settle)
-	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, int64(80-hits)) }); err != nil {
-		t.Logf("after 20 s: %v", err)
-	}
 	remainingAtMost(t, c, reqs, 80-hits)
 }
 
@@ -407,9 +401,6 @@ func TestAtkJoinerHoldOutlivesPeersReap(t *testing.T) {
 		t.Logf("after the joiner's hold, %s: ring %v, %+v", nd.Name(), nd.RingMembers(), nd.Stats().Settle)
 	}
 	// 20 + 3 rounds × 3 nodes × 5 = 65
-	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 35) }); err != nil {
-		t.Logf("after 20 s: %v", err)
-	}
 	remainingAtMost(t, c, reqs, 35)
 }
 
@@ -469,9 +460,6 @@ func oneMemberReaps(t *testing.T, reap3 bool) {
 	}
 	c.Heal()
 	c.WaitConverged()
-	if err := testcluster.WaitFor(20*time.Second, func() error { return atMost(c, reqs, 40) }); err != nil {
-		t.Logf("after 20 s: %v", err)
-	}
 	remainingAtMost(t, c, reqs, 40)
 }
 

@@ -204,7 +204,7 @@ func TestStandinLeaverHeldWhileMembersAreCutOff(t *testing.T) {
 	rebuild(b, ms(map[string]serf.MemberStatus{"node-0": failed, "node-1": alive, "node-2": left}), rm("node-1", "node-2"), rm("node-1"), handoverUnder)
 	want("node-2 left node-1's side", b, notSelf)
 	rep := b.cutReport()
-	if fmt.Sprint(rep.Members) != "[{node-0 127.0.0.1:7000} {node-2 127.0.0.1:7002}]" {
+	if fmt.Sprint(rep.Members) != "[{node-0 127.0.0.1:7000 false} {node-2 127.0.0.1:7002 false}]" {
 		t.Fatalf("node-1 reports %v cut off, want node-0 and node-2", rep.Members)
 	}
 	if got := b.cutOff(rm("node-1")); fmt.Sprint(got) != "[node-0]" {
